@@ -1,0 +1,132 @@
+/* allocator.c: per-device memory accounting, limits, and the path an
+ * allocation takes when memory is short.
+ *
+ * Mechanism only: when to collect is the host's policy, expressed by the
+ * trigger it sets and the callback it registers. An allocation may call the
+ * callback (so callers must hold their own references across any call that
+ * allocates); freeing never calls anything, so it is safe during collections.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+static nd_collect_fn collect_fn = NULL;
+static void *collect_ctx = NULL;
+static int collecting = 0;
+static _Thread_local nd_oom_info last_oom = {-1, 0, 0, 0, -1};
+
+void nd_memory_set_collect_callback(nd_collect_fn fn, void *ctx) {
+    collect_fn = fn;
+    collect_ctx = ctx;
+}
+
+int nd_memory_collecting(void) { return collecting; }
+
+void nd_memory_set_trigger(nd_device *dev, int64_t trigger) {
+    dev->alloc.stats.trigger = trigger < 0 ? -1 : trigger;
+}
+
+void nd_memory_set_limit(nd_device *dev, int64_t limit) {
+    dev->alloc.stats.limit = limit < 0 ? -1 : limit;
+}
+
+int64_t nd_memory_get_limit(const nd_device *dev) { return dev->alloc.stats.limit; }
+
+void nd_memory_get_stats(const nd_device *dev, nd_memory_stats *out) { *out = dev->alloc.stats; }
+
+void nd_memory_reset_peaks(nd_device *dev) {
+    nd_memory_stats *st = &dev->alloc.stats;
+    st->allocated_peak = st->allocated_current;
+    st->reserved_peak = st->reserved_current;
+    st->blocks_peak = st->blocks_current;
+}
+
+int64_t nd_memory_empty_cache(nd_device *dev) {
+    return dev->backend->release_cache ? dev->backend->release_cache(dev) : 0;
+}
+
+void nd_last_oom(nd_oom_info *out) { *out = last_oom; }
+
+/* Backends call these around obtaining and returning memory, so the limit
+ * applies to what is really taken from the device, cache included. */
+nd_status nd_memory_reserve(nd_device *dev, int64_t nbytes) {
+    nd_memory_stats *st = &dev->alloc.stats;
+    if (st->limit >= 0 && st->reserved_current + nbytes > st->limit)
+        return nd_fail(ND_ERR_OOM, "the memory limit of %s would be passed", dev->name);
+    st->reserved_current += nbytes;
+    st->reserved_total += nbytes;
+    if (st->reserved_current > st->reserved_peak) st->reserved_peak = st->reserved_current;
+    return ND_OK;
+}
+
+void nd_memory_unreserve(nd_device *dev, int64_t nbytes) {
+    nd_memory_stats *st = &dev->alloc.stats;
+    st->reserved_current -= nbytes;
+    st->reserved_freed += nbytes;
+}
+
+static void run_collection(nd_device *dev, int64_t requested, nd_collect_reason reason) {
+    if (collect_fn == NULL || collecting) return;
+    nd_memory_stats *st = &dev->alloc.stats;
+    int64_t before = st->allocated_current;
+    collecting = 1;
+    st->num_collect_calls++;
+    collect_fn(collect_ctx, dev, requested, reason);
+    collecting = 0;
+    if (st->allocated_current < before) st->collect_freed_bytes += before - st->allocated_current;
+}
+
+nd_status nd_memory_alloc(nd_device *dev, int64_t nbytes, void **out) {
+    nd_memory_stats *st = &dev->alloc.stats;
+    *out = NULL;
+    if (nbytes < 0) return nd_fail(ND_ERR_VALUE, "negative allocation size %lld", (long long)nbytes);
+    if (!dev->available) return nd_fail(ND_ERR_DEVICE, "device %s is not available", dev->name);
+    if (st->trigger >= 0 && st->allocated_current + nbytes > st->trigger)
+        run_collection(dev, nbytes, ND_COLLECT_PRESSURE);
+
+    nd_status status = ND_OK;
+    if (nbytes > 0) {
+        status = dev->backend->raw_alloc(dev, nbytes, out);
+        /* The ladder: give back the cache, then ask for a collection. */
+        if (status == ND_ERR_OOM && nd_memory_empty_cache(dev) > 0) {
+            st->num_alloc_retries++;
+            status = dev->backend->raw_alloc(dev, nbytes, out);
+        }
+        if (status == ND_ERR_OOM && collect_fn != NULL && !collecting) {
+            run_collection(dev, nbytes, ND_COLLECT_OOM);
+            nd_memory_empty_cache(dev);
+            st->num_alloc_retries++;
+            status = dev->backend->raw_alloc(dev, nbytes, out);
+        }
+        if (status == ND_ERR_OOM) {
+            st->num_ooms++;
+            last_oom.device_id = dev->id;
+            last_oom.requested = nbytes;
+            last_oom.allocated = st->allocated_current;
+            last_oom.reserved = st->reserved_current;
+            last_oom.limit = st->limit;
+            return nd_fail(ND_ERR_OOM,
+                           "out of memory on %s: tried to allocate %lld bytes; %lld allocated, "
+                           "%lld reserved, limit %lld",
+                           dev->name, (long long)nbytes, (long long)st->allocated_current,
+                           (long long)st->reserved_current, (long long)st->limit);
+        }
+        if (status != ND_OK) return status;
+    }
+    st->allocated_current += nbytes;
+    st->allocated_total += nbytes;
+    if (st->allocated_current > st->allocated_peak) st->allocated_peak = st->allocated_current;
+    st->blocks_current++;
+    st->blocks_total++;
+    if (st->blocks_current > st->blocks_peak) st->blocks_peak = st->blocks_current;
+    return ND_OK;
+}
+
+void nd_memory_free(nd_device *dev, void *ptr, int64_t nbytes) {
+    nd_memory_stats *st = &dev->alloc.stats;
+    if (ptr != NULL) dev->backend->raw_free(dev, ptr, nbytes);
+    st->allocated_current -= nbytes;
+    st->allocated_freed += nbytes;
+    st->blocks_current--;
+    st->blocks_freed++;
+}

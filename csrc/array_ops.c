@@ -1,0 +1,292 @@
+/* array_ops.c: the device-independent front end of every array operation.
+ *
+ * Validates shapes and devices, works out broadcast layouts, allocates the
+ * result (the one place an operation can trigger a collection), then hands
+ * plain layouts and pointers to the device's backend.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void nd_array_release(nd_array *a) {
+    if (a->storage != NULL) nd_storage_release(a->storage);
+    memset(a, 0, sizeof *a);
+}
+
+nd_status nd_array_empty(nd_device *dev, int ndim, const int64_t *shape, nd_array *out) {
+    memset(out, 0, sizeof *out);
+    if (dev == NULL) return nd_fail(ND_ERR_DEVICE, "no device");
+    nd_layout layout;
+    nd_status status = nd_layout_contiguous(ndim, shape, &layout);
+    if (status != ND_OK) return status;
+    nd_storage *storage;
+    status = nd_storage_new(dev, nd_layout_numel(&layout), &storage);
+    if (status != ND_OK) return status;
+    out->storage = storage;
+    out->layout = layout;
+    return ND_OK;
+}
+
+static const nd_backend *backend_of(const nd_array *a) { return a->storage->device->backend; }
+
+static nd_status same_device(const nd_array *a, const nd_array *b) {
+    nd_device *da = a->storage->device, *db = b->storage->device;
+    if (da != db)
+        return nd_fail(ND_ERR_DEVICE, "expected all arrays on one device, got %s() and %s()",
+                       da->name, db->name);
+    return ND_OK;
+}
+
+static nd_kernel_operand array_operand(const nd_array *a, const nd_layout *layout) {
+    nd_kernel_operand op = {nd_storage_data(a->storage), layout, 0.0f};
+    return op;
+}
+
+static nd_status copy_between_devices(const nd_array *src, const nd_array *dst) {
+    nd_device *from = src->storage->device, *to = dst->storage->device;
+    float *dst_data = nd_storage_data(dst->storage);
+    if (from->kind == ND_DEVICE_CPU && to->kind == ND_DEVICE_CPU)
+        return nd_cpu_backend.copy(&dst->layout, dst_data, array_operand(src, &src->layout));
+    if (to->kind == ND_DEVICE_CPU)
+        return from->backend->to_host(&src->layout, nd_storage_data(src->storage), dst_data);
+    int64_t numel = nd_layout_numel(&src->layout);
+    float *host = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
+    if (host == NULL) return nd_fail(ND_ERR_OOM, "out of host memory for a device transfer");
+    nd_status status = from->backend->to_host(&src->layout, nd_storage_data(src->storage), host);
+    if (status == ND_OK) status = to->backend->from_host(&dst->layout, dst_data, host);
+    free(host);
+    return status;
+}
+
+nd_status nd_array_compact_copy(const nd_array *src, nd_device *dev, nd_array *out) {
+    if (dev == NULL) dev = src->storage->device;
+    nd_status status = nd_array_empty(dev, src->layout.ndim, src->layout.shape, out);
+    if (status != ND_OK) return status;
+    if (dev == src->storage->device)
+        status = backend_of(src)->copy(&out->layout, nd_storage_data(out->storage),
+                                       array_operand(src, &src->layout));
+    else
+        status = copy_between_devices(src, out);
+    if (status != ND_OK) nd_array_release(out);
+    return status;
+}
+
+nd_status nd_array_assign(const nd_array *dst, const nd_array *src) {
+    nd_status status = same_device(dst, src);
+    if (status != ND_OK) return status;
+    nd_layout src_layout;
+    status = nd_layout_broadcast_to(&src->layout, dst->layout.ndim, dst->layout.shape, &src_layout);
+    if (status != ND_OK) return status;
+    if (src->storage != dst->storage)
+        return backend_of(dst)->copy(&dst->layout, nd_storage_data(dst->storage),
+                                     array_operand(src, &src_layout));
+    /* Source and destination may overlap: copy the source out first. */
+    nd_array tmp;
+    status = nd_array_compact_copy(src, NULL, &tmp);
+    if (status != ND_OK) return status;
+    status = nd_layout_broadcast_to(&tmp.layout, dst->layout.ndim, dst->layout.shape, &src_layout);
+    if (status == ND_OK)
+        status = backend_of(dst)->copy(&dst->layout, nd_storage_data(dst->storage),
+                                       array_operand(&tmp, &src_layout));
+    nd_array_release(&tmp);
+    return status;
+}
+
+nd_status nd_array_fill(const nd_array *dst, float value) {
+    nd_kernel_operand scalar = {NULL, NULL, value};
+    return backend_of(dst)->copy(&dst->layout, nd_storage_data(dst->storage), scalar);
+}
+
+nd_status nd_array_to_host(const nd_array *src, float *host) {
+    return backend_of(src)->to_host(&src->layout, nd_storage_data(src->storage), host);
+}
+
+nd_status nd_array_from_host(const nd_array *dst, const float *host) {
+    return backend_of(dst)->from_host(&dst->layout, nd_storage_data(dst->storage), host);
+}
+
+nd_status nd_array_binary(nd_binary_op op, nd_operand a, nd_operand b, nd_array *out) {
+    memset(out, 0, sizeof *out);
+    if ((unsigned)op >= ND_BINARY_OP_COUNT) return nd_fail(ND_ERR_VALUE, "unknown binary op %d", op);
+    if (a.array == NULL && b.array == NULL)
+        return nd_fail(ND_ERR_VALUE, "a binary op needs at least one array operand");
+    const nd_array *any = a.array != NULL ? a.array : b.array;
+    nd_status status;
+    if (a.array != NULL && b.array != NULL && (status = same_device(a.array, b.array)) != ND_OK)
+        return status;
+    int ndim;
+    int64_t shape[ND_MAX_DIMS];
+    if (a.array != NULL && b.array != NULL) {
+        status = nd_broadcast_shapes(a.array->layout.ndim, a.array->layout.shape,
+                                     b.array->layout.ndim, b.array->layout.shape, &ndim, shape);
+        if (status != ND_OK) return status;
+    } else {
+        ndim = any->layout.ndim;
+        memcpy(shape, any->layout.shape, sizeof(int64_t) * (size_t)ndim);
+    }
+    nd_layout a_layout, b_layout;
+    nd_kernel_operand ka = {NULL, NULL, a.scalar}, kb = {NULL, NULL, b.scalar};
+    if (a.array != NULL) {
+        if ((status = nd_layout_broadcast_to(&a.array->layout, ndim, shape, &a_layout)) != ND_OK)
+            return status;
+        ka = array_operand(a.array, &a_layout);
+    }
+    if (b.array != NULL) {
+        if ((status = nd_layout_broadcast_to(&b.array->layout, ndim, shape, &b_layout)) != ND_OK)
+            return status;
+        kb = array_operand(b.array, &b_layout);
+    }
+    /* The operands' storages stay referenced by the caller while this
+     * allocation runs, even if it starts a collection. */
+    status = nd_array_empty(any->storage->device, ndim, shape, out);
+    if (status != ND_OK) return status;
+    status = backend_of(any)->binary(op, &out->layout, nd_storage_data(out->storage), ka, kb);
+    if (status != ND_OK) nd_array_release(out);
+    return status;
+}
+
+nd_status nd_array_unary(nd_unary_op op, const nd_array *a, nd_array *out) {
+    memset(out, 0, sizeof *out);
+    if ((unsigned)op >= ND_UNARY_OP_COUNT) return nd_fail(ND_ERR_VALUE, "unknown unary op %d", op);
+    nd_status status = nd_array_empty(a->storage->device, a->layout.ndim, a->layout.shape, out);
+    if (status != ND_OK) return status;
+    status = backend_of(a)->unary(op, &out->layout, nd_storage_data(out->storage), &a->layout,
+                                  nd_storage_data(a->storage));
+    if (status != ND_OK) nd_array_release(out);
+    return status;
+}
+
+nd_status nd_array_reduce(nd_reduce_op op, const nd_array *a, uint32_t axes_mask, int keepdims,
+                          nd_array *out) {
+    memset(out, 0, sizeof *out);
+    if ((unsigned)op >= ND_REDUCE_OP_COUNT) return nd_fail(ND_ERR_VALUE, "unknown reduction %d", op);
+    const nd_layout *in = &a->layout;
+    if (in->ndim < 32 && (axes_mask >> in->ndim) != 0)
+        return nd_fail(ND_ERR_AXIS, "reduction axis out of bounds for an array of dimension %d",
+                       in->ndim);
+    int64_t kept_shape[ND_MAX_DIMS], reduced_extent = 1;
+    for (int i = 0; i < in->ndim; i++) {
+        int reduced = (axes_mask >> i) & 1u;
+        kept_shape[i] = reduced ? 1 : in->shape[i];
+        if (reduced) reduced_extent *= in->shape[i];
+    }
+    if (reduced_extent == 0 && op != ND_REDUCE_SUM)
+        return nd_fail(ND_ERR_VALUE, "zero-size array to reduction operation %s which has no identity",
+                       op == ND_REDUCE_MAX ? "maximum" : "minimum");
+    nd_status status = nd_array_empty(a->storage->device, in->ndim, kept_shape, out);
+    if (status != ND_OK) return status;
+    nd_layout kernel_out = out->layout;
+    for (int i = 0; i < in->ndim; i++) {
+        kernel_out.shape[i] = in->shape[i];
+        if ((axes_mask >> i) & 1u) kernel_out.strides[i] = 0;
+    }
+    float identity = op == ND_REDUCE_SUM ? 0.0f : op == ND_REDUCE_MAX ? -__builtin_inff() : __builtin_inff();
+    status = nd_array_fill(out, identity);
+    if (status == ND_OK && nd_layout_numel(in) > 0)
+        status = backend_of(a)->reduce(op, &kernel_out, nd_storage_data(out->storage), in,
+                                       nd_storage_data(a->storage));
+    if (status != ND_OK) {
+        nd_array_release(out);
+        return status;
+    }
+    if (!keepdims) {
+        for (int i = in->ndim - 1; i >= 0; i--)
+            if ((axes_mask >> i) & 1u) nd_layout_drop_dim(&out->layout, i);
+    }
+    return ND_OK;
+}
+
+/* Describes one matmul operand's last two dims for BLAS: one inner stride
+ * must be 1 and the other a valid leading dimension; returns 0 otherwise. */
+static int blas_strides(const nd_layout *l, int64_t rows, int64_t cols, int64_t *row_stride,
+                        int64_t *col_stride) {
+    int64_t rs = l->strides[l->ndim - 2], cs = l->strides[l->ndim - 1];
+    int64_t min_rows = rows > 1 ? rows : 1, min_cols = cols > 1 ? cols : 1;
+    if ((cols == 1 || cs == 1) && (rows == 1 || rs >= min_cols)) {
+        *col_stride = 1;
+        *row_stride = rows == 1 ? min_cols : rs;
+        return 1;
+    }
+    if ((rows == 1 || rs == 1) && (cols == 1 || cs >= min_rows)) {
+        *row_stride = 1;
+        *col_stride = cols == 1 ? min_rows : cs;
+        return 1;
+    }
+    return 0;
+}
+
+nd_status nd_array_matmul(const nd_array *a, const nd_array *b, nd_array *out) {
+    memset(out, 0, sizeof *out);
+    nd_status status = same_device(a, b);
+    if (status != ND_OK) return status;
+    if (a->layout.ndim == 0 || b->layout.ndim == 0)
+        return nd_fail(ND_ERR_SHAPE, "matmul: operands must have at least one dimension");
+    nd_array a_view = *a, b_view = *b;
+    int drop_m = 0, drop_n = 0;
+    if (a_view.layout.ndim == 1) {
+        nd_layout_reshape(&a->layout, 2, (int64_t[]){1, a->layout.shape[0]}, &a_view.layout);
+        drop_m = 1;
+    }
+    if (b_view.layout.ndim == 1) {
+        nd_layout_reshape(&b->layout, 2, (int64_t[]){b->layout.shape[0], 1}, &b_view.layout);
+        drop_n = 1;
+    }
+    const nd_layout *la = &a_view.layout, *lb = &b_view.layout;
+    int64_t m = la->shape[la->ndim - 2], k = la->shape[la->ndim - 1];
+    int64_t k2 = lb->shape[lb->ndim - 2], n = lb->shape[lb->ndim - 1];
+    if (k != k2)
+        return nd_fail(ND_ERR_SHAPE, "matmul: inner dimensions differ (%lld and %lld)", (long long)k,
+                       (long long)k2);
+    int batch_ndim;
+    int64_t out_shape[ND_MAX_DIMS + 2];
+    status = nd_broadcast_shapes(la->ndim - 2, la->shape, lb->ndim - 2, lb->shape, &batch_ndim,
+                                 out_shape);
+    if (status != ND_OK) return status;
+    if (batch_ndim + 2 > ND_MAX_DIMS)
+        return nd_fail(ND_ERR_SHAPE, "arrays have at most %d dimensions", ND_MAX_DIMS);
+
+    /* Operands BLAS cannot read in place are compacted first. */
+    nd_array tmp_a = {0}, tmp_b = {0};
+    nd_matmul_desc desc;
+    memset(&desc, 0, sizeof desc);
+    if (!blas_strides(la, m, k, &desc.a_row_stride, &desc.a_col_stride)) {
+        if ((status = nd_array_compact_copy(&a_view, NULL, &tmp_a)) != ND_OK) return status;
+        a_view = tmp_a;
+        la = &a_view.layout;
+        blas_strides(la, m, k, &desc.a_row_stride, &desc.a_col_stride);
+    }
+    if (!blas_strides(lb, k, n, &desc.b_row_stride, &desc.b_col_stride)) {
+        if ((status = nd_array_compact_copy(&b_view, NULL, &tmp_b)) != ND_OK) goto done;
+        b_view = tmp_b;
+        lb = &b_view.layout;
+        blas_strides(lb, k, n, &desc.b_row_stride, &desc.b_col_stride);
+    }
+    out_shape[batch_ndim] = m;
+    out_shape[batch_ndim + 1] = n;
+    if ((status = nd_array_empty(a->storage->device, batch_ndim + 2, out_shape, out)) != ND_OK)
+        goto done;
+    desc.m = m;
+    desc.n = n;
+    desc.k = k;
+    desc.batch_ndim = batch_ndim;
+    for (int i = 0; i < batch_ndim; i++) {
+        desc.batch_shape[i] = out_shape[i];
+        int ai = i - (batch_ndim - (la->ndim - 2)), bi = i - (batch_ndim - (lb->ndim - 2));
+        desc.a_batch_strides[i] = (ai >= 0 && la->shape[ai] != 1) ? la->strides[ai] : 0;
+        desc.b_batch_strides[i] = (bi >= 0 && lb->shape[bi] != 1) ? lb->strides[bi] : 0;
+    }
+    desc.a = nd_storage_data(a_view.storage) + la->offset;
+    desc.b = nd_storage_data(b_view.storage) + lb->offset;
+    desc.out = nd_storage_data(out->storage);
+    if (nd_layout_numel(&out->layout) > 0 && (status = backend_of(a)->matmul(&desc)) != ND_OK) {
+        nd_array_release(out);
+        goto done;
+    }
+    if (drop_n) nd_layout_drop_dim(&out->layout, out->layout.ndim - 1);
+    if (drop_m) nd_layout_drop_dim(&out->layout, out->layout.ndim - (drop_n ? 1 : 2));
+done:
+    if (tmp_a.storage) nd_array_release(&tmp_a);
+    if (tmp_b.storage) nd_array_release(&tmp_b);
+    return status;
+}

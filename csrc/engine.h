@@ -1,0 +1,227 @@
+/* engine.h: the public interface of needle's array engine.
+ *
+ * The engine owns devices, the per-device allocator (accounting, limits, the
+ * collection callback), refcounted storages and strided float32 arrays, and
+ * runs operations on them through a per-device backend table.
+ *
+ * It must not include Python.h, call Python, print, exit or abort: every
+ * function reports an nd_status and, on failure, leaves a message that
+ * nd_last_error() returns. The caller serialises all calls (needle_c holds
+ * the GIL), so the engine keeps no locks.
+ *
+ * Strides and offsets are counted in elements, never in bytes.
+ */
+#ifndef NEEDLE_ENGINE_H
+#define NEEDLE_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ND_MAX_DIMS 16
+
+typedef enum nd_status {
+    ND_OK = 0,
+    ND_ERR_SHAPE,       /* incompatible or invalid shapes        -> ValueError   */
+    ND_ERR_AXIS,        /* axis out of range or repeated         -> ValueError   */
+    ND_ERR_INDEX,       /* index out of range, too many indices  -> IndexError   */
+    ND_ERR_VALUE,       /* any other bad argument value          -> ValueError   */
+    ND_ERR_NOT_VIEWABLE,/* a view is impossible; the caller may copy instead      */
+    ND_ERR_DEVICE,      /* mixing devices, device unavailable    -> DeviceError  */
+    ND_ERR_OOM,         /* allocation refused after the retries  -> OutOfMemoryError */
+    ND_ERR_BACKEND,     /* a backend (CUDA) call failed          -> DeviceError  */
+    ND_ERR_INTERNAL     /* a bug in the engine                   -> RuntimeError */
+} nd_status;
+
+/* The message of the last failure on this thread (never NULL). */
+const char *nd_last_error(void);
+
+/* ------------------------------------------------------------------ devices */
+
+typedef struct nd_device nd_device;
+
+typedef enum nd_device_kind { ND_DEVICE_CPU = 0, ND_DEVICE_CUDA = 1 } nd_device_kind;
+
+/* Devices are numbered 0..nd_device_count()-1. Device 0 is "cpu"; device 1 is
+ * "cpu_numpy", a second host device with its own accounting (the course's
+ * numpy-kernel device, kept distinct so that mixing devices is detectable);
+ * CUDA devices follow when a CUDA backend is registered. */
+int nd_device_count(void);
+nd_device *nd_device_at(int id);
+int nd_device_id(const nd_device *dev);
+const char *nd_device_name(const nd_device *dev);
+nd_device_kind nd_device_get_kind(const nd_device *dev);
+int nd_device_ordinal(const nd_device *dev);
+int nd_device_available(const nd_device *dev);
+/* Capacity in bytes (physical memory for the CPU); 0 when unknown. */
+int64_t nd_device_capacity(const nd_device *dev);
+
+/* ---------------------------------------------------------------- allocator */
+
+typedef struct nd_memory_stats {
+    int64_t allocated_current, allocated_peak, allocated_total, allocated_freed;
+    int64_t reserved_current, reserved_peak, reserved_total, reserved_freed;
+    int64_t blocks_current, blocks_peak, blocks_total, blocks_freed;
+    int64_t num_alloc_retries;      /* allocations retried after freeing memory */
+    int64_t num_ooms;               /* allocations refused                      */
+    int64_t num_collect_calls;      /* collection callbacks made (both reasons) */
+    int64_t collect_freed_bytes;    /* allocated bytes that dropped during them */
+    int64_t limit;                  /* bytes; -1 when there is none             */
+    int64_t trigger;                /* pressure trigger in bytes; -1 when off    */
+} nd_memory_stats;
+
+void nd_memory_get_stats(const nd_device *dev, nd_memory_stats *out);
+void nd_memory_reset_peaks(nd_device *dev);
+/* limit < 0 removes the limit. Limits apply to reserved bytes. */
+void nd_memory_set_limit(nd_device *dev, int64_t limit);
+int64_t nd_memory_get_limit(const nd_device *dev);
+/* Releases cached, unused blocks; returns the bytes released. */
+int64_t nd_memory_empty_cache(nd_device *dev);
+
+/* Why the engine asks for a collection. */
+typedef enum nd_collect_reason {
+    ND_COLLECT_PRESSURE = 0, /* an allocation would pass the device's trigger */
+    ND_COLLECT_OOM = 1       /* an allocation failed even after the cache was released */
+} nd_collect_reason;
+
+/* The callback through which the engine asks its host to collect garbage.
+ * It runs before the allocation it was asked for; it may free storages, and
+ * allocations made inside it never start another collection. */
+typedef void (*nd_collect_fn)(void *ctx, nd_device *dev, int64_t requested,
+                              nd_collect_reason reason);
+void nd_memory_set_collect_callback(nd_collect_fn fn, void *ctx);
+/* An allocation that would take allocated bytes past trigger first calls the
+ * callback with ND_COLLECT_PRESSURE. trigger < 0 switches that off. */
+void nd_memory_set_trigger(nd_device *dev, int64_t trigger);
+/* Nonzero while a collection callback is running. */
+int nd_memory_collecting(void);
+
+/* What the last refused allocation on this thread saw. */
+typedef struct nd_oom_info {
+    int device_id;
+    int64_t requested, allocated, reserved, limit;
+} nd_oom_info;
+void nd_last_oom(nd_oom_info *out);
+
+/* ------------------------------------------------------------------ storage */
+
+typedef struct nd_storage nd_storage;
+
+/* A refcounted buffer of `numel` float32 on a device (64-byte aligned on the
+ * host). The new storage has one reference. */
+nd_status nd_storage_new(nd_device *dev, int64_t numel, nd_storage **out);
+void nd_storage_retain(nd_storage *s);
+void nd_storage_release(nd_storage *s);
+float *nd_storage_data(const nd_storage *s);
+int64_t nd_storage_numel(const nd_storage *s);
+nd_device *nd_storage_device(const nd_storage *s);
+int64_t nd_storage_refcount(const nd_storage *s);
+
+/* ------------------------------------------------------------------- layout */
+
+/* Shape, strides (elements) and offset (elements) of a view into a storage. */
+typedef struct nd_layout {
+    int ndim;
+    int64_t offset;
+    int64_t shape[ND_MAX_DIMS];
+    int64_t strides[ND_MAX_DIMS];
+} nd_layout;
+
+nd_status nd_layout_contiguous(int ndim, const int64_t *shape, nd_layout *out);
+int64_t nd_layout_numel(const nd_layout *l);
+/* Row-major contiguous (strides of size-1 dims ignored). */
+int nd_layout_is_contiguous(const nd_layout *l);
+/* Smallest and one-past-largest element index the view touches (0,0 if empty). */
+void nd_layout_extent(const nd_layout *l, int64_t *lo, int64_t *hi);
+/* new_shape may hold one -1. ND_ERR_NOT_VIEWABLE when the data must be copied. */
+nd_status nd_layout_reshape(const nd_layout *in, int ndim, const int64_t *new_shape,
+                            nd_layout *out);
+/* Resolves one -1 in shape against numel; checks the element count. */
+nd_status nd_resolve_shape(int64_t numel, int ndim, const int64_t *shape, int64_t *resolved);
+nd_status nd_layout_permute(const nd_layout *in, const int *axes, nd_layout *out);
+/* NumPy rules: leading dims are added, size-1 dims are stretched (stride 0). */
+nd_status nd_layout_broadcast_to(const nd_layout *in, int ndim, const int64_t *shape,
+                                 nd_layout *out);
+/* Restricts dim to indices start, start+step, ... (length of them); the caller
+ * has already resolved Python slice semantics. keep_dim=0 drops the dim, which
+ * requires length 1. */
+nd_status nd_layout_slice(nd_layout *l, int dim, int64_t start, int64_t step, int64_t length);
+nd_status nd_layout_drop_dim(nd_layout *l, int dim);
+nd_status nd_layout_flip(const nd_layout *in, int naxes, const int *axes, nd_layout *out);
+/* Checks that a view stays inside a storage of numel elements. */
+nd_status nd_layout_check_bounds(const nd_layout *l, int64_t numel);
+nd_status nd_broadcast_shapes(int andim, const int64_t *ashape, int bndim,
+                              const int64_t *bshape, int *out_ndim, int64_t *out_shape);
+/* Normalises axis (negative counts from the end) against ndim. */
+nd_status nd_normalize_axis(int64_t axis, int ndim, int *out);
+
+/* ------------------------------------------------------------------- arrays */
+
+/* A view: one reference on storage plus a layout. Value type: whoever holds
+ * an nd_array owns its storage reference. */
+typedef struct nd_array {
+    nd_storage *storage;
+    nd_layout layout;
+} nd_array;
+
+/* Drops the storage reference and zeroes the array. */
+void nd_array_release(nd_array *a);
+/* A new contiguous array (uninitialised). */
+nd_status nd_array_empty(nd_device *dev, int ndim, const int64_t *shape, nd_array *out);
+/* A new contiguous copy of src, on dev (NULL: src's device). */
+nd_status nd_array_compact_copy(const nd_array *src, nd_device *dev, nd_array *out);
+/* Writes src, broadcast to dst's shape, into dst's view in place. */
+nd_status nd_array_assign(const nd_array *dst, const nd_array *src);
+nd_status nd_array_fill(const nd_array *dst, float value);
+/* Host transfers: host buffers are contiguous, row-major, numel floats. */
+nd_status nd_array_to_host(const nd_array *src, float *host);
+nd_status nd_array_from_host(const nd_array *dst, const float *host);
+
+typedef enum nd_binary_op {
+    ND_ADD, ND_SUB, ND_MUL, ND_DIV, ND_POW, ND_MAXIMUM, ND_MINIMUM,
+    ND_EQ, ND_NE, ND_GE, ND_GT, ND_LE, ND_LT,
+    ND_BINARY_OP_COUNT
+} nd_binary_op;
+
+typedef enum nd_unary_op {
+    ND_NEG, ND_LOG, ND_EXP, ND_TANH, ND_SQRT, ND_SIGMOID, ND_ABS, ND_RELU,
+    ND_UNARY_OP_COUNT
+} nd_unary_op;
+
+typedef enum nd_reduce_op { ND_REDUCE_SUM, ND_REDUCE_MAX, ND_REDUCE_MIN, ND_REDUCE_OP_COUNT } nd_reduce_op;
+
+/* An operand of a binary op: an array, or (array == NULL) a scalar. */
+typedef struct nd_operand {
+    const nd_array *array;
+    float scalar;
+} nd_operand;
+
+/* out = a op b, broadcast (NumPy rules), into a new contiguous array. At least
+ * one operand must be an array. Comparisons give 1.0 or 0.0. */
+nd_status nd_array_binary(nd_binary_op op, nd_operand a, nd_operand b, nd_array *out);
+nd_status nd_array_unary(nd_unary_op op, const nd_array *a, nd_array *out);
+/* Reduces over the axes set in axes_mask (bit i = axis i). keepdims keeps them
+ * as size-1 dims. Reducing an empty extent: sum gives 0, max/min fail. */
+nd_status nd_array_reduce(nd_reduce_op op, const nd_array *a, uint32_t axes_mask,
+                          int keepdims, nd_array *out);
+/* NumPy matmul semantics: 1-D operands are promoted, batch dims broadcast. */
+nd_status nd_array_matmul(const nd_array *a, const nd_array *b, nd_array *out);
+
+/* ------------------------------------------------------------ CPU settings */
+
+/* A row-major single-precision GEMM: C = alpha*op(A) op(B) + beta*C, where
+ * op transposes when trans_* is nonzero. The host may install a BLAS (needle_c
+ * installs NumPy's OpenBLAS); without one the engine uses its own kernel. */
+typedef void (*nd_sgemm_fn)(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                            float alpha, const float *a, int64_t lda, const float *b,
+                            int64_t ldb, float beta, float *c, int64_t ldc);
+void nd_cpu_set_sgemm(nd_sgemm_fn fn);
+nd_sgemm_fn nd_cpu_get_sgemm(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NEEDLE_ENGINE_H */

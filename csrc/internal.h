@@ -1,0 +1,104 @@
+/* internal.h: the engine's private structures: devices, their backend
+ * function tables and allocators, and storages.
+ *
+ * Only csrc/ (and csrc/cuda/) include this. The binding reaches these through
+ * the accessors of engine.h. Like the rest of the engine: no Python.h.
+ */
+#ifndef NEEDLE_INTERNAL_H
+#define NEEDLE_INTERNAL_H
+
+#include "engine.h"
+
+#include <stdarg.h>
+
+/* An operand as a backend kernel sees it: data plus a layout already
+ * broadcast to the output's shape, or a scalar (data == NULL). */
+typedef struct nd_kernel_operand {
+    const float *data;
+    const nd_layout *layout;
+    float scalar;
+} nd_kernel_operand;
+
+/* A batched matmul, row-major: out[b] (m x n, contiguous) = a[b] @ b[b].
+ * Batch dims are already broadcast (stride 0 where an operand is shared).
+ * a's element (i, p) is at a + a_batch_offset + i*a_row_stride + p*a_col_stride,
+ * where one of the two inner strides is 1 (the front end guarantees it). */
+typedef struct nd_matmul_desc {
+    int64_t m, n, k;
+    int batch_ndim;
+    int64_t batch_shape[ND_MAX_DIMS];
+    int64_t a_batch_strides[ND_MAX_DIMS];
+    int64_t b_batch_strides[ND_MAX_DIMS];
+    const float *a;
+    int64_t a_row_stride, a_col_stride;
+    const float *b;
+    int64_t b_row_stride, b_col_stride;
+    float *out; /* (batch..., m, n) contiguous */
+} nd_matmul_desc;
+
+/* What a device kind must provide. Every kernel takes layouts in elements and
+ * reports a status; none allocates device memory through the allocator. */
+typedef struct nd_backend {
+    const char *name;
+    nd_status (*raw_alloc)(nd_device *dev, int64_t nbytes, void **out);
+    void (*raw_free)(nd_device *dev, void *ptr, int64_t nbytes);
+    /* Returns cached bytes to the system; returns how many. */
+    int64_t (*release_cache)(nd_device *dev);
+    /* dst[view] = src broadcast to dst's shape (src->layout has dst's shape). */
+    nd_status (*copy)(const nd_layout *dst_layout, float *dst, nd_kernel_operand src);
+    nd_status (*binary)(nd_binary_op op, const nd_layout *out_layout, float *out,
+                        nd_kernel_operand a, nd_kernel_operand b);
+    nd_status (*unary)(nd_unary_op op, const nd_layout *out_layout, float *out,
+                       const nd_layout *a_layout, const float *a);
+    /* out has a's shape with stride 0 along the reduced axes; out's storage
+     * is contiguous over the kept axes. */
+    nd_status (*reduce)(nd_reduce_op op, const nd_layout *out_layout, float *out,
+                        const nd_layout *a_layout, const float *a);
+    nd_status (*matmul)(const nd_matmul_desc *desc);
+    nd_status (*to_host)(const nd_layout *src_layout, const float *src, float *host);
+    nd_status (*from_host)(const nd_layout *dst_layout, float *dst, const float *host);
+} nd_backend;
+
+typedef struct nd_allocator {
+    nd_memory_stats stats;
+} nd_allocator;
+
+struct nd_device {
+    int id;
+    nd_device_kind kind;
+    int ordinal;
+    int available;
+    int64_t capacity;
+    char name[32];
+    const nd_backend *backend;
+    nd_allocator alloc;
+};
+
+struct nd_storage {
+    int64_t refcount;
+    int64_t numel;
+    float *data;
+    nd_device *device;
+};
+
+/* Records the message of a failure and returns its status. */
+nd_status nd_fail(nd_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Allocator entry points used by storages. */
+nd_status nd_memory_alloc(nd_device *dev, int64_t nbytes, void **out);
+void nd_memory_free(nd_device *dev, void *ptr, int64_t nbytes);
+/* Backends take and return device memory through these (limit checked here). */
+nd_status nd_memory_reserve(nd_device *dev, int64_t nbytes);
+void nd_memory_unreserve(nd_device *dev, int64_t nbytes);
+
+/* Registers a device at start-up; returns NULL when the table is full. */
+nd_device *nd_device_register(nd_device_kind kind, int ordinal, const char *name,
+                              const nd_backend *backend, int64_t capacity, int available);
+
+extern const nd_backend nd_cpu_backend;
+
+#endif /* NEEDLE_INTERNAL_H */

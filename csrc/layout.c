@@ -1,0 +1,278 @@
+/* layout.c: shapes, strides and offsets: every view is computed here, on
+ * metadata alone, without touching device memory.
+ *
+ * Strides are in elements and may be 0 (broadcast) or negative (flips).
+ */
+#include "internal.h"
+
+#include <string.h>
+
+static nd_status check_ndim(int ndim) {
+    if (ndim < 0 || ndim > ND_MAX_DIMS)
+        return nd_fail(ND_ERR_SHAPE, "arrays have at most %d dimensions, got %d", ND_MAX_DIMS,
+                       ndim);
+    return ND_OK;
+}
+
+nd_status nd_layout_contiguous(int ndim, const int64_t *shape, nd_layout *out) {
+    nd_status status = check_ndim(ndim);
+    if (status != ND_OK) return status;
+    memset(out, 0, sizeof *out);
+    out->ndim = ndim;
+    int64_t stride = 1, numel = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        if (shape[i] < 0)
+            return nd_fail(ND_ERR_SHAPE, "negative dimension %lld", (long long)shape[i]);
+        out->shape[i] = shape[i];
+        out->strides[i] = stride;
+        if (shape[i] > 0 && numel > INT64_MAX / 8 / shape[i])
+            return nd_fail(ND_ERR_SHAPE, "array is too large");
+        numel *= shape[i];
+        stride *= shape[i] > 0 ? shape[i] : 1;
+    }
+    return ND_OK;
+}
+
+int64_t nd_layout_numel(const nd_layout *l) {
+    int64_t n = 1;
+    for (int i = 0; i < l->ndim; i++) n *= l->shape[i];
+    return n;
+}
+
+int nd_layout_is_contiguous(const nd_layout *l) {
+    int64_t expected = 1;
+    if (nd_layout_numel(l) == 0) return 1;
+    for (int i = l->ndim - 1; i >= 0; i--) {
+        if (l->shape[i] == 1) continue;
+        if (l->strides[i] != expected) return 0;
+        expected *= l->shape[i];
+    }
+    return 1;
+}
+
+void nd_layout_extent(const nd_layout *l, int64_t *lo, int64_t *hi) {
+    *lo = *hi = l->offset;
+    if (nd_layout_numel(l) == 0) return;
+    int64_t low = l->offset, high = l->offset;
+    for (int i = 0; i < l->ndim; i++) {
+        int64_t span = (l->shape[i] - 1) * l->strides[i];
+        if (span < 0) low += span;
+        else high += span;
+    }
+    *lo = low;
+    *hi = high + 1;
+}
+
+nd_status nd_resolve_shape(int64_t numel, int ndim, const int64_t *shape, int64_t *resolved) {
+    nd_status status = check_ndim(ndim);
+    if (status != ND_OK) return status;
+    int unknown = -1;
+    int64_t known = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] == -1) {
+            if (unknown >= 0) return nd_fail(ND_ERR_SHAPE, "can only specify one unknown dimension");
+            unknown = i;
+        } else if (shape[i] < 0) {
+            return nd_fail(ND_ERR_SHAPE, "negative dimension %lld", (long long)shape[i]);
+        } else {
+            known *= shape[i];
+        }
+        resolved[i] = shape[i];
+    }
+    if (unknown >= 0) {
+        if (known == 0 || numel % known != 0)
+            return nd_fail(ND_ERR_SHAPE, "cannot reshape array of size %lld with an unknown dimension",
+                           (long long)numel);
+        resolved[unknown] = numel / known;
+    } else if (known != numel) {
+        return nd_fail(ND_ERR_SHAPE, "cannot reshape array of size %lld into a shape of size %lld",
+                       (long long)numel, (long long)known);
+    }
+    return ND_OK;
+}
+
+nd_status nd_layout_reshape(const nd_layout *in, int ndim, const int64_t *new_shape,
+                            nd_layout *out) {
+    int64_t shape[ND_MAX_DIMS];
+    int64_t numel = nd_layout_numel(in);
+    nd_status status = nd_resolve_shape(numel, ndim, new_shape, shape);
+    if (status != ND_OK) return status;
+    nd_layout result;
+    if (numel == 0 || nd_layout_is_contiguous(in)) {
+        nd_layout_contiguous(ndim, shape, &result);
+        result.offset = in->offset;
+        *out = result;
+        return ND_OK;
+    }
+    /* NumPy's no-copy reshape: match groups of old and new dims with equal
+     * products; a group is viewable when its old dims are mutually contiguous. */
+    int64_t old_shape[ND_MAX_DIMS], old_strides[ND_MAX_DIMS];
+    int old_ndim = 0;
+    for (int i = 0; i < in->ndim; i++) {
+        if (in->shape[i] == 1) continue;
+        old_shape[old_ndim] = in->shape[i];
+        old_strides[old_ndim] = in->strides[i];
+        old_ndim++;
+    }
+    memset(&result, 0, sizeof result);
+    result.ndim = ndim;
+    result.offset = in->offset;
+    int oi = 0, oj = 1, ni = 0, nj = 1;
+    while (ni < ndim && oi < old_ndim) {
+        int64_t np = shape[ni], op = old_shape[oi];
+        while (np != op) {
+            if (np < op) {
+                if (nj >= ndim) return nd_fail(ND_ERR_INTERNAL, "reshape mismatch");
+                np *= shape[nj++];
+            } else {
+                if (oj >= old_ndim) return nd_fail(ND_ERR_INTERNAL, "reshape mismatch");
+                op *= old_shape[oj++];
+            }
+        }
+        for (int ok = oi; ok < oj - 1; ok++)
+            if (old_strides[ok] != old_shape[ok + 1] * old_strides[ok + 1])
+                return nd_fail(ND_ERR_NOT_VIEWABLE, "reshape needs a copy");
+        result.strides[nj - 1] = old_strides[oj - 1];
+        for (int nk = nj - 1; nk > ni; nk--) result.strides[nk - 1] = result.strides[nk] * shape[nk];
+        ni = nj++;
+        oi = oj++;
+    }
+    int64_t last = ni >= 1 ? result.strides[ni - 1] : 1;
+    for (int nk = ni; nk < ndim; nk++) result.strides[nk] = last;
+    for (int i = 0; i < ndim; i++) result.shape[i] = shape[i];
+    *out = result;
+    return ND_OK;
+}
+
+nd_status nd_normalize_axis(int64_t axis, int ndim, int *out) {
+    if (axis < -(int64_t)ndim || axis >= ndim)
+        return nd_fail(ND_ERR_AXIS, "axis %lld is out of bounds for an array of dimension %d",
+                       (long long)axis, ndim);
+    *out = (int)(axis < 0 ? axis + ndim : axis);
+    return ND_OK;
+}
+
+nd_status nd_layout_permute(const nd_layout *in, const int *axes, nd_layout *out) {
+    nd_layout result = *in;
+    int seen[ND_MAX_DIMS] = {0};
+    for (int i = 0; i < in->ndim; i++) {
+        int axis = 0;
+        nd_status status = nd_normalize_axis(axes[i], in->ndim, &axis);
+        if (status != ND_OK) return status;
+        if (seen[axis]) return nd_fail(ND_ERR_AXIS, "repeated axis %d in permutation", axis);
+        seen[axis] = 1;
+        result.shape[i] = in->shape[axis];
+        result.strides[i] = in->strides[axis];
+    }
+    *out = result;
+    return ND_OK;
+}
+
+nd_status nd_layout_broadcast_to(const nd_layout *in, int ndim, const int64_t *shape,
+                                 nd_layout *out) {
+    nd_status status = check_ndim(ndim);
+    if (status != ND_OK) return status;
+    if (ndim < in->ndim)
+        return nd_fail(ND_ERR_SHAPE, "cannot broadcast an array of %d dims to %d dims", in->ndim,
+                       ndim);
+    nd_layout result;
+    memset(&result, 0, sizeof result);
+    result.ndim = ndim;
+    result.offset = in->offset;
+    int lead = ndim - in->ndim;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) return nd_fail(ND_ERR_SHAPE, "negative dimension %lld", (long long)shape[i]);
+        result.shape[i] = shape[i];
+        if (i < lead) {
+            result.strides[i] = 0;
+            continue;
+        }
+        int64_t dim = in->shape[i - lead];
+        if (dim == shape[i]) {
+            result.strides[i] = in->strides[i - lead];
+        } else if (dim == 1) {
+            result.strides[i] = 0;
+        } else {
+            return nd_fail(ND_ERR_SHAPE, "cannot broadcast dimension %d of size %lld to size %lld",
+                           i - lead, (long long)dim, (long long)shape[i]);
+        }
+    }
+    *out = result;
+    return ND_OK;
+}
+
+nd_status nd_layout_slice(nd_layout *l, int dim, int64_t start, int64_t step, int64_t length) {
+    if (dim < 0 || dim >= l->ndim) return nd_fail(ND_ERR_INDEX, "too many indices");
+    if (step == 0) return nd_fail(ND_ERR_VALUE, "slice step cannot be zero");
+    if (length < 0) length = 0;
+    if (length > 0 && (start < 0 || start >= l->shape[dim] || start + (length - 1) * step < 0 ||
+                       start + (length - 1) * step >= l->shape[dim]))
+        return nd_fail(ND_ERR_INDEX, "slice out of range for dimension %d", dim);
+    if (length > 0) l->offset += start * l->strides[dim];
+    l->strides[dim] *= step;
+    l->shape[dim] = length;
+    return ND_OK;
+}
+
+nd_status nd_layout_drop_dim(nd_layout *l, int dim) {
+    if (dim < 0 || dim >= l->ndim || l->shape[dim] != 1)
+        return nd_fail(ND_ERR_INTERNAL, "only a size-1 dimension can be dropped");
+    for (int i = dim; i < l->ndim - 1; i++) {
+        l->shape[i] = l->shape[i + 1];
+        l->strides[i] = l->strides[i + 1];
+    }
+    l->ndim--;
+    return ND_OK;
+}
+
+nd_status nd_layout_flip(const nd_layout *in, int naxes, const int *axes, nd_layout *out) {
+    nd_layout result = *in;
+    int seen[ND_MAX_DIMS] = {0};
+    for (int i = 0; i < naxes; i++) {
+        int axis = 0;
+        nd_status status = nd_normalize_axis(axes[i], in->ndim, &axis);
+        if (status != ND_OK) return status;
+        if (seen[axis]) return nd_fail(ND_ERR_AXIS, "repeated axis %d in flip", axis);
+        seen[axis] = 1;
+        if (result.shape[axis] > 0) result.offset += (result.shape[axis] - 1) * result.strides[axis];
+        result.strides[axis] = -result.strides[axis];
+    }
+    *out = result;
+    return ND_OK;
+}
+
+nd_status nd_layout_check_bounds(const nd_layout *l, int64_t numel) {
+    nd_status status = check_ndim(l->ndim);
+    if (status != ND_OK) return status;
+    for (int i = 0; i < l->ndim; i++)
+        if (l->shape[i] < 0) return nd_fail(ND_ERR_SHAPE, "negative dimension %lld", (long long)l->shape[i]);
+    int64_t lo, hi;
+    nd_layout_extent(l, &lo, &hi);
+    if (nd_layout_numel(l) > 0 && (lo < 0 || hi > numel))
+        return nd_fail(ND_ERR_VALUE, "view reaches elements [%lld, %lld) outside a storage of %lld",
+                       (long long)lo, (long long)hi, (long long)numel);
+    return ND_OK;
+}
+
+nd_status nd_broadcast_shapes(int andim, const int64_t *ashape, int bndim, const int64_t *bshape,
+                              int *out_ndim, int64_t *out_shape) {
+    int ndim = andim > bndim ? andim : bndim;
+    nd_status status = check_ndim(ndim);
+    if (status != ND_OK) return status;
+    for (int i = 0; i < ndim; i++) {
+        int ai = i - (ndim - andim), bi = i - (ndim - bndim);
+        int64_t a = ai >= 0 ? ashape[ai] : 1, b = bi >= 0 ? bshape[bi] : 1;
+        if (a == b || b == 1) {
+            out_shape[i] = a;
+        } else if (a == 1) {
+            out_shape[i] = b;
+        } else {
+            return nd_fail(ND_ERR_SHAPE,
+                           "operands could not be broadcast together: dimension %d has sizes %lld "
+                           "and %lld",
+                           i, (long long)a, (long long)b);
+        }
+    }
+    *out_ndim = ndim;
+    return ND_OK;
+}

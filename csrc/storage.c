@@ -1,0 +1,42 @@
+/* storage.c: refcounted device buffers, the only owners of device memory.
+ *
+ * Views (nd_array) hold one reference each; the buffer goes back to its
+ * device's allocator when the last reference is released.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+
+nd_status nd_storage_new(nd_device *dev, int64_t numel, nd_storage **out) {
+    *out = NULL;
+    if (numel < 0) return nd_fail(ND_ERR_VALUE, "negative element count %lld", (long long)numel);
+    if (numel > INT64_MAX / (int64_t)sizeof(float))
+        return nd_fail(ND_ERR_VALUE, "array of %lld elements is too large", (long long)numel);
+    nd_storage *s = malloc(sizeof *s);
+    if (s == NULL) return nd_fail(ND_ERR_OOM, "out of host memory for a storage header");
+    void *data = NULL;
+    nd_status status = nd_memory_alloc(dev, numel * (int64_t)sizeof(float), &data);
+    if (status != ND_OK) {
+        free(s);
+        return status;
+    }
+    s->refcount = 1;
+    s->numel = numel;
+    s->data = data;
+    s->device = dev;
+    *out = s;
+    return ND_OK;
+}
+
+void nd_storage_retain(nd_storage *s) { s->refcount++; }
+
+void nd_storage_release(nd_storage *s) {
+    if (s == NULL || --s->refcount > 0) return;
+    nd_memory_free(s->device, s->data, s->numel * (int64_t)sizeof(float));
+    free(s);
+}
+
+float *nd_storage_data(const nd_storage *s) { return s->data; }
+int64_t nd_storage_numel(const nd_storage *s) { return s->numel; }
+nd_device *nd_storage_device(const nd_storage *s) { return s->device; }
+int64_t nd_storage_refcount(const nd_storage *s) { return s->refcount; }

@@ -1,0 +1,126 @@
+/* blas.c: finds a BLAS sgemm for the CPU backend at import time.
+ *
+ * NumPy wheels ship OpenBLAS (symbols prefixed scipy_, 64-bit ints); using
+ * it gives NumPy's matmul speed with no extra dependency. Elsewhere a system
+ * OpenBLAS/CBLAS is tried, and without any the engine keeps its own GEMM.
+ * NEEDLE_BLAS=0 forces the engine's GEMM.
+ */
+#include "needle_c.h"
+
+#include "../csrc/cpu_gemm.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112 };
+
+typedef void (*cblas_sgemm64_fn)(int, int, int, int64_t, int64_t, int64_t, float, const float *,
+                                 int64_t, const float *, int64_t, float, float *, int64_t);
+typedef void (*cblas_sgemm32_fn)(int, int, int, int, int, int, float, const float *, int,
+                                 const float *, int, float, float *, int);
+
+static cblas_sgemm64_fn sgemm64 = NULL;
+static cblas_sgemm32_fn sgemm32 = NULL;
+static char description[512] = "needle's built-in GEMM";
+
+static void call_sgemm64(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                         int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    sgemm64(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS, tb ? CBLAS_TRANS : CBLAS_NO_TRANS, m, n,
+            k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+static void call_sgemm32(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                         int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    sgemm32(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS, tb ? CBLAS_TRANS : CBLAS_NO_TRANS, (int)m,
+            (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
+
+/* 32-bit CBLAS cannot take dims past INT_MAX; those go to needle's GEMM. */
+static void call_sgemm32_checked(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                                 const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                                 float *c, int64_t ldc) {
+    const int64_t big = 0x7fffffff;
+    if (m > big || n > big || k > big || lda > big || ldb > big || ldc > big)
+        nd_cpu_sgemm_fallback(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    else
+        call_sgemm32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+static int try_library(const char *path) {
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) return 0;
+    void *sym = dlsym(lib, "scipy_cblas_sgemm64_");
+    if (sym == NULL) sym = dlsym(lib, "cblas_sgemm64_");
+    if (sym != NULL) {
+        sgemm64 = (cblas_sgemm64_fn)sym;
+        nd_cpu_set_sgemm(call_sgemm64);
+        snprintf(description, sizeof description, "OpenBLAS (ILP64) from %s", path);
+        return 1;
+    }
+    sym = dlsym(lib, "cblas_sgemm");
+    if (sym != NULL) {
+        sgemm32 = (cblas_sgemm32_fn)sym;
+        nd_cpu_set_sgemm(call_sgemm32_checked);
+        snprintf(description, sizeof description, "CBLAS from %s", path);
+        return 1;
+    }
+    dlclose(lib);
+    return 0;
+}
+
+/* The numpy.libs folder beside the installed numpy package. */
+static int try_numpy_libs(void) {
+    PyObject *numpy = PyImport_ImportModule("numpy");
+    if (numpy == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *file = PyObject_GetAttrString(numpy, "__file__");
+    Py_DECREF(numpy);
+    const char *path = file ? PyUnicode_AsUTF8(file) : NULL;
+    if (path == NULL) {
+        PyErr_Clear();
+        Py_XDECREF(file);
+        return 0;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    Py_DECREF(file);
+    /* .../site-packages/numpy/__init__.py -> .../site-packages/numpy.libs */
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL) return 0;
+    *slash = '\0';
+    size_t len = strlen(dir);
+    if (len + 6 >= sizeof dir) return 0;
+    strcat(dir, ".libs");
+    DIR *d = opendir(dir);
+    if (d == NULL) return 0;
+    int found = 0;
+    struct dirent *entry;
+    while (!found && (entry = readdir(d)) != NULL) {
+        if (strstr(entry->d_name, "openblas") == NULL || strstr(entry->d_name, ".so") == NULL) continue;
+        char full[4608];
+        snprintf(full, sizeof full, "%s/%s", dir, entry->d_name);
+        found = try_library(full);
+    }
+    closedir(d);
+    return found;
+}
+
+void install_blas(void) {
+    const char *env = getenv("NEEDLE_BLAS");
+    if (env != NULL && strcmp(env, "0") == 0) {
+        nd_cpu_set_sgemm(NULL);
+        snprintf(description, sizeof description, "needle's built-in GEMM (NEEDLE_BLAS=0)");
+        return;
+    }
+    if (try_numpy_libs()) return;
+    static const char *candidates[] = {"libopenblas.so.0", "libopenblas.so", "libcblas.so.3",
+                                       "libblas.so.3"};
+    for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; i++)
+        if (try_library(candidates[i])) return;
+}
+
+const char *blas_description(void) { return description; }

@@ -1,0 +1,126 @@
+/* memory.c: the engine's per-device memory accounting, exposed to
+ * needle.memory: statistics, peaks, limits and the pressure trigger.
+ *
+ * Devices are named by engine id here; needle.memory resolves user-facing
+ * device arguments and units. Policy (when to collect) stays in Python.
+ */
+#include "needle_c.h"
+
+static nd_device *device_arg(PyObject *arg) {
+    int id = PyLong_AsLong(arg);
+    if (id == -1 && PyErr_Occurred()) return NULL;
+    nd_device *dev = nd_device_at(id);
+    if (dev == NULL) PyErr_Format(PyExc_ValueError, "no device with engine id %d", id);
+    return dev;
+}
+
+static int set_item(PyObject *dict, const char *key, int64_t value) {
+    PyObject *v = PyLong_FromLongLong(value);
+    if (v == NULL) return -1;
+    int rc = PyDict_SetItemString(dict, key, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+static PyObject *memory_stats(PyObject *module, PyObject *arg) {
+    (void)module;
+    nd_device *dev = device_arg(arg);
+    if (dev == NULL) return NULL;
+    nd_memory_stats s;
+    nd_memory_get_stats(dev, &s);
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    if (set_item(d, "allocated_bytes.all.current", s.allocated_current) < 0 ||
+        set_item(d, "allocated_bytes.all.peak", s.allocated_peak) < 0 ||
+        set_item(d, "allocated_bytes.all.allocated", s.allocated_total) < 0 ||
+        set_item(d, "allocated_bytes.all.freed", s.allocated_freed) < 0 ||
+        set_item(d, "reserved_bytes.all.current", s.reserved_current) < 0 ||
+        set_item(d, "reserved_bytes.all.peak", s.reserved_peak) < 0 ||
+        set_item(d, "reserved_bytes.all.allocated", s.reserved_total) < 0 ||
+        set_item(d, "reserved_bytes.all.freed", s.reserved_freed) < 0 ||
+        set_item(d, "allocation.all.current", s.blocks_current) < 0 ||
+        set_item(d, "allocation.all.peak", s.blocks_peak) < 0 ||
+        set_item(d, "allocation.all.allocated", s.blocks_total) < 0 ||
+        set_item(d, "allocation.all.freed", s.blocks_freed) < 0 ||
+        set_item(d, "num_alloc_retries", s.num_alloc_retries) < 0 ||
+        set_item(d, "num_ooms", s.num_ooms) < 0 ||
+        set_item(d, "num_collect_calls", s.num_collect_calls) < 0 ||
+        set_item(d, "collect_freed_bytes", s.collect_freed_bytes) < 0 ||
+        set_item(d, "memory_limit_bytes", s.limit) < 0 ||
+        set_item(d, "gc_trigger_bytes", s.trigger) < 0 ||
+        set_item(d, "device_capacity_bytes", nd_device_capacity(dev)) < 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* The hot getters skip building the dict. */
+static PyObject *memory_allocated(PyObject *module, PyObject *arg) {
+    (void)module;
+    nd_device *dev = device_arg(arg);
+    if (dev == NULL) return NULL;
+    nd_memory_stats s;
+    nd_memory_get_stats(dev, &s);
+    return PyLong_FromLongLong(s.allocated_current);
+}
+
+static PyObject *memory_reset_peaks(PyObject *module, PyObject *arg) {
+    (void)module;
+    nd_device *dev = device_arg(arg);
+    if (dev == NULL) return NULL;
+    nd_memory_reset_peaks(dev);
+    Py_RETURN_NONE;
+}
+
+static PyObject *memory_empty_cache(PyObject *module, PyObject *arg) {
+    (void)module;
+    nd_device *dev = device_arg(arg);
+    if (dev == NULL) return NULL;
+    return PyLong_FromLongLong(nd_memory_empty_cache(dev));
+}
+
+static PyObject *memory_set_limit(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_set_memory_limit(device_id, bytes or -1)");
+        return NULL;
+    }
+    nd_device *dev = device_arg(args[0]);
+    if (dev == NULL) return NULL;
+    long long limit = PyLong_AsLongLong(args[1]);
+    if (limit == -1 && PyErr_Occurred()) return NULL;
+    nd_memory_set_limit(dev, limit);
+    Py_RETURN_NONE;
+}
+
+static PyObject *memory_set_trigger(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_set_gc_trigger(device_id, bytes or -1)");
+        return NULL;
+    }
+    nd_device *dev = device_arg(args[0]);
+    if (dev == NULL) return NULL;
+    long long trigger = PyLong_AsLongLong(args[1]);
+    if (trigger == -1 && PyErr_Occurred()) return NULL;
+    nd_memory_set_trigger(dev, trigger);
+    Py_RETURN_NONE;
+}
+
+PyMethodDef memory_module_functions[] = {
+    {"_memory_stats", memory_stats, METH_O,
+     "_memory_stats(device_id, /)\n--\n\nThe device's allocator statistics as a flat dict."},
+    {"_memory_allocated", memory_allocated, METH_O,
+     "_memory_allocated(device_id, /)\n--\n\nBytes held by live storages on the device."},
+    {"_reset_peak_memory_stats", memory_reset_peaks, METH_O,
+     "_reset_peak_memory_stats(device_id, /)\n--\n\nSets every peak to its current value."},
+    {"_empty_cache", memory_empty_cache, METH_O,
+     "_empty_cache(device_id, /)\n--\n\nReleases cached blocks; returns the bytes released."},
+    {"_set_memory_limit", (PyCFunction)(void (*)(void))memory_set_limit, METH_FASTCALL,
+     "_set_memory_limit(device_id, limit, /)\n--\n\nLimit in bytes on reserved memory; -1 removes it."},
+    {"_set_gc_trigger", (PyCFunction)(void (*)(void))memory_set_trigger, METH_FASTCALL,
+     "_set_gc_trigger(device_id, trigger, /)\n--\n\nCollect before allocated bytes pass trigger; -1 "
+     "switches it off."},
+    {NULL, NULL, 0, NULL},
+};

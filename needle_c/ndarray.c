@@ -1,0 +1,623 @@
+/* ndarray.c: the NDArray type: construction and conversion to and from
+ * NumPy, properties, indexing, and views (reshape, permute, broadcast_to,
+ * flip, as_strided). Arithmetic lives in ndarray_ops.c.
+ *
+ * An NDArray holds no Python references (only an engine storage reference),
+ * so it is not a GC container.
+ */
+#include "ndarray_internal.h"
+
+#define PY_ARRAY_UNIQUE_SYMBOL needle_c_ARRAY_API
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+/* The type's method table: the view methods of this file followed by the
+ * arithmetic of ndarray_ops.c, joined once at start-up. */
+static PyMethodDef ndarray_methods[64];
+
+static void join_method_tables(void);
+
+int ndarray_module_init(void) {
+    import_array1(-1);
+    join_method_tables();
+    return 0;
+}
+
+void ndarray_dealloc(PyObject *op) {
+    NDArrayObject *self = NDArray_CAST(op);
+    PyTypeObject *tp = Py_TYPE(op);
+    if (self->weakreflist != NULL) PyObject_ClearWeakRefs(op);
+    nd_array_release(&self->array);
+    tp->tp_free(op);
+    Py_DECREF(tp);
+}
+
+int ndarray_check(needle_state *st, PyObject *obj) { return Py_IS_TYPE(obj, st->ndarray_type); }
+
+PyObject *ndarray_wrap(needle_state *st, nd_array *arr) {
+    PyObject *obj = st->ndarray_type->tp_alloc(st->ndarray_type, 0);
+    if (obj == NULL) {
+        nd_array_release(arr);
+        return NULL;
+    }
+    NDArray_CAST(obj)->array = *arr;
+    arr->storage = NULL;
+    return obj;
+}
+
+/* A new NDArray viewing self's storage with another layout. */
+PyObject *ndarray_view(needle_state *st, NDArrayObject *self, const nd_layout *layout) {
+    nd_array view = {self->array.storage, *layout};
+    nd_storage_retain(view.storage);
+    return ndarray_wrap(st, &view);
+}
+
+int parse_shape(PyObject *obj, int *ndim, int64_t *shape) {
+    if (PyIndex_Check(obj)) {
+        Py_ssize_t v = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
+        if (v == -1 && PyErr_Occurred()) return -1;
+        *ndim = 1;
+        shape[0] = v;
+        return 0;
+    }
+    if (!PyTuple_Check(obj) && !PyList_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "a shape must be a tuple of ints, got %.100s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    PyObject *seq = PySequence_Fast(obj, "a shape must be a sequence");
+    if (seq == NULL) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > ND_MAX_DIMS) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "arrays have at most %d dimensions, got %zd", ND_MAX_DIMS, n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyIndex_Check(item)) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_TypeError, "shape entries must be integers, got %.100s",
+                         Py_TYPE(item)->tp_name);
+            return -1;
+        }
+        Py_ssize_t v = PyNumber_AsSsize_t(item, PyExc_OverflowError);
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        shape[i] = v;
+    }
+    Py_DECREF(seq);
+    *ndim = (int)n;
+    return 0;
+}
+
+int parse_axis_list(PyObject *obj, int ndim, int *naxes, int *axes) {
+    if (PyIndex_Check(obj)) {
+        Py_ssize_t v = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
+        if (v == -1 && PyErr_Occurred()) return -1;
+        *naxes = 1;
+        axes[0] = (int)(v < -1000 ? -1000 : v > 1000 ? 1000 : v);
+        return 0;
+    }
+    int64_t values[ND_MAX_DIMS];
+    int n;
+    if (parse_shape(obj, &n, values) < 0) return -1;
+    (void)ndim;
+    for (int i = 0; i < n; i++) axes[i] = (int)(values[i] < -1000 ? -1000 : values[i] > 1000 ? 1000 : values[i]);
+    *naxes = n;
+    return 0;
+}
+
+/* ------------------------------------------------------ construction */
+
+PyObject *ndarray_from_object(needle_state *st, PyObject *obj, nd_device *dev) {
+    nd_status status;
+    nd_array arr;
+    if (ndarray_check(st, obj)) {
+        status = nd_array_compact_copy(&NDArray_CAST(obj)->array, dev, &arr);
+        if (status != ND_OK) return raise_status(st, status);
+        return ndarray_wrap(st, &arr);
+    }
+    PyArrayObject *natural = (PyArrayObject *)PyArray_FromAny(obj, NULL, 0, 0, 0, NULL);
+    if (natural == NULL) return NULL;
+    int type = PyArray_TYPE(natural);
+    if (!(PyTypeNum_ISBOOL(type) || PyTypeNum_ISINTEGER(type) || PyTypeNum_ISFLOAT(type))) {
+        PyErr_Format(PyExc_TypeError,
+                     "needle arrays hold float32; cannot convert data of dtype %R (from %.100s)",
+                     (PyObject *)PyArray_DESCR(natural), Py_TYPE(obj)->tp_name);
+        Py_DECREF(natural);
+        return NULL;
+    }
+    if (PyArray_NDIM(natural) > ND_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "arrays have at most %d dimensions, got %d", ND_MAX_DIMS,
+                     PyArray_NDIM(natural));
+        Py_DECREF(natural);
+        return NULL;
+    }
+    PyArrayObject *host = (PyArrayObject *)PyArray_FromArray(
+        natural, PyArray_DescrFromType(NPY_FLOAT32),
+        NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST);
+    Py_DECREF(natural);
+    if (host == NULL) return NULL;
+    int ndim = PyArray_NDIM(host);
+    int64_t shape[ND_MAX_DIMS];
+    for (int i = 0; i < ndim; i++) shape[i] = PyArray_DIM(host, i);
+    status = nd_array_empty(dev, ndim, shape, &arr);
+    if (status == ND_OK && (status = nd_array_from_host(&arr, PyArray_DATA(host))) != ND_OK)
+        nd_array_release(&arr);
+    Py_DECREF(host);
+    if (status != ND_OK) return raise_status(st, status);
+    return ndarray_wrap(st, &arr);
+}
+
+static PyObject *ndarray_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"other", "device", NULL};
+    PyObject *other, *device = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:NDArray", kwlist, &other, &device)) return NULL;
+    needle_state *st = state_of_type(type);
+    if (st == NULL) return NULL;
+    nd_device *dev;
+    if (device == Py_None && ndarray_check(st, other))
+        dev = nd_storage_device(NDArray_CAST(other)->array.storage);
+    else if ((dev = device_from_object(st, device)) == NULL)
+        return NULL;
+    return ndarray_from_object(st, other, dev);
+}
+
+/* ------------------------------------------------------- conversion */
+
+PyObject *ndarray_numpy(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    NDArrayObject *self = NDArray_CAST(op);
+    const nd_layout *l = &self->array.layout;
+    npy_intp dims[ND_MAX_DIMS];
+    for (int i = 0; i < l->ndim; i++) dims[i] = (npy_intp)l->shape[i];
+    PyObject *result = PyArray_SimpleNew(l->ndim, dims, NPY_FLOAT32);
+    if (result == NULL) return NULL;
+    nd_status status = nd_array_to_host(&self->array, PyArray_DATA((PyArrayObject *)result));
+    if (status != ND_OK) {
+        Py_DECREF(result);
+        return raise_status(PyType_GetModuleState(Py_TYPE(op)), status);
+    }
+    return result;
+}
+
+static PyObject *ndarray_array(PyObject *op, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"dtype", "copy", NULL};
+    PyObject *dtype = Py_None, *copy = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO:__array__", kwlist, &dtype, &copy)) return NULL;
+    if (copy == Py_False) {
+        PyErr_SetString(PyExc_ValueError,
+                        "needle arrays are converted to NumPy by copying; copy=False is impossible");
+        return NULL;
+    }
+    PyObject *result = ndarray_numpy(op, NULL);
+    if (result == NULL || dtype == Py_None) return result;
+    PyObject *cast = PyObject_CallMethod(result, "astype", "O", dtype);
+    Py_DECREF(result);
+    return cast;
+}
+
+static PyObject *ndarray_repr(PyObject *op) {
+    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    PyObject *values = ndarray_numpy(op, NULL);
+    if (values == NULL) return NULL;
+    PyObject *text = PyObject_Str(values);
+    Py_DECREF(values);
+    if (text == NULL) return NULL;
+    PyObject *result = PyUnicode_FromFormat(
+        "NDArray(%U, device=%R)", text,
+        device_object(st, nd_storage_device(NDArray_CAST(op)->array.storage)));
+    Py_DECREF(text);
+    return result;
+}
+
+/* ------------------------------------------------------- properties */
+
+static PyObject *int_tuple(const int64_t *values, int n) {
+    PyObject *t = PyTuple_New(n);
+    if (t == NULL) return NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromLongLong(values[i]);
+        if (v == NULL) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
+}
+
+static PyObject *get_shape(PyObject *op, void *c) {
+    (void)c;
+    return int_tuple(NDArray_CAST(op)->array.layout.shape, NDArray_CAST(op)->array.layout.ndim);
+}
+static PyObject *get_strides(PyObject *op, void *c) {
+    (void)c;
+    return int_tuple(NDArray_CAST(op)->array.layout.strides, NDArray_CAST(op)->array.layout.ndim);
+}
+static PyObject *get_offset(PyObject *op, void *c) {
+    (void)c;
+    return PyLong_FromLongLong(NDArray_CAST(op)->array.layout.offset);
+}
+static PyObject *get_size(PyObject *op, void *c) {
+    (void)c;
+    return PyLong_FromLongLong(nd_layout_numel(&NDArray_CAST(op)->array.layout));
+}
+static PyObject *get_nbytes(PyObject *op, void *c) {
+    (void)c;
+    return PyLong_FromLongLong(nd_layout_numel(&NDArray_CAST(op)->array.layout) * 4);
+}
+static PyObject *get_ndim(PyObject *op, void *c) {
+    (void)c;
+    return PyLong_FromLong(NDArray_CAST(op)->array.layout.ndim);
+}
+static PyObject *get_dtype(PyObject *op, void *c) {
+    (void)op;
+    (void)c;
+    return PyUnicode_FromString("float32");
+}
+static PyObject *get_device(PyObject *op, void *c) {
+    (void)c;
+    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    return Py_NewRef(device_object(st, nd_storage_device(NDArray_CAST(op)->array.storage)));
+}
+static PyObject *get_storage_refcount(PyObject *op, void *c) {
+    (void)c;
+    return PyLong_FromLongLong(nd_storage_refcount(NDArray_CAST(op)->array.storage));
+}
+static PyObject *get_storage_numel(PyObject *op, void *c) {
+    (void)c;
+    return PyLong_FromLongLong(nd_storage_numel(NDArray_CAST(op)->array.storage));
+}
+
+static Py_ssize_t ndarray_length(PyObject *op) {
+    const nd_layout *l = &NDArray_CAST(op)->array.layout;
+    if (l->ndim == 0) {
+        PyErr_SetString(PyExc_TypeError, "len() of a 0-d array");
+        return -1;
+    }
+    return (Py_ssize_t)l->shape[0];
+}
+
+/* ------------------------------------------------------------ views */
+
+static PyObject *ndarray_reshape(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
+    NDArrayObject *self = NDArray_CAST(op);
+    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    int ndim;
+    int64_t shape[ND_MAX_DIMS];
+    if (nargs == 1) {
+        if (parse_shape(args[0], &ndim, shape) < 0) return NULL;
+    } else {
+        PyObject *t = PyTuple_New(nargs);
+        if (t == NULL) return NULL;
+        for (Py_ssize_t i = 0; i < nargs; i++) PyTuple_SET_ITEM(t, i, Py_NewRef(args[i]));
+        int rc = parse_shape(t, &ndim, shape);
+        Py_DECREF(t);
+        if (rc < 0) return NULL;
+    }
+    nd_layout layout;
+    nd_status status = nd_layout_reshape(&self->array.layout, ndim, shape, &layout);
+    if (status == ND_OK) return ndarray_view(st, self, &layout);
+    if (status != ND_ERR_NOT_VIEWABLE) return raise_status(st, status);
+    nd_array copy;
+    if ((status = nd_array_compact_copy(&self->array, NULL, &copy)) != ND_OK) return raise_status(st, status);
+    status = nd_layout_reshape(&copy.layout, ndim, shape, &layout);
+    if (status != ND_OK) {
+        nd_array_release(&copy);
+        return raise_status(st, status);
+    }
+    copy.layout = layout;
+    return ndarray_wrap(st, &copy);
+}
+
+static PyObject *ndarray_permute(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
+    NDArrayObject *self = NDArray_CAST(op);
+    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    int naxes, axes[ND_MAX_DIMS];
+    PyObject *spec = NULL;
+    if (nargs == 1 && !PyIndex_Check(args[0])) {
+        spec = Py_NewRef(args[0]);
+    } else {
+        spec = PyTuple_New(nargs);
+        if (spec == NULL) return NULL;
+        for (Py_ssize_t i = 0; i < nargs; i++) PyTuple_SET_ITEM(spec, i, Py_NewRef(args[i]));
+    }
+    int rc = parse_axis_list(spec, self->array.layout.ndim, &naxes, axes);
+    Py_DECREF(spec);
+    if (rc < 0) return NULL;
+    if (naxes != self->array.layout.ndim) {
+        PyErr_Format(PyExc_ValueError, "permute: expected %d axes, got %d", self->array.layout.ndim, naxes);
+        return NULL;
+    }
+    nd_layout layout;
+    nd_status status = nd_layout_permute(&self->array.layout, axes, &layout);
+    if (status != ND_OK) return raise_status(st, status);
+    return ndarray_view(st, self, &layout);
+}
+
+PyObject *ndarray_broadcast_to(PyObject *op, PyObject *shape_obj) {
+    NDArrayObject *self = NDArray_CAST(op);
+    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    int ndim;
+    int64_t shape[ND_MAX_DIMS];
+    if (parse_shape(shape_obj, &ndim, shape) < 0) return NULL;
+    nd_layout layout;
+    nd_status status = nd_layout_broadcast_to(&self->array.layout, ndim, shape, &layout);
+    if (status != ND_OK) return raise_status(st, status);
+    return ndarray_view(st, self, &layout);
+}
+
+PyObject *ndarray_flip(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
+    NDArrayObject *self = NDArray_CAST(op);
+    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    int naxes, axes[ND_MAX_DIMS];
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "flip() takes one argument (axes)");
+        return NULL;
+    }
+    if (nargs == 0 || args[0] == Py_None) {
+        naxes = self->array.layout.ndim;
+        for (int i = 0; i < naxes; i++) axes[i] = i;
+    } else if (parse_axis_list(args[0], self->array.layout.ndim, &naxes, axes) < 0) {
+        return NULL;
+    }
+    nd_layout layout;
+    nd_status status = nd_layout_flip(&self->array.layout, naxes, axes, &layout);
+    if (status != ND_OK) return raise_status(st, status);
+    return ndarray_view(st, self, &layout);
+}
+
+static PyObject *ndarray_as_strided(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
+    NDArrayObject *self = NDArray_CAST(op);
+    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "as_strided() takes two arguments (shape, strides)");
+        return NULL;
+    }
+    nd_layout layout;
+    int nstrides;
+    int64_t strides[ND_MAX_DIMS];
+    memset(&layout, 0, sizeof layout);
+    if (parse_shape(args[0], &layout.ndim, layout.shape) < 0) return NULL;
+    if (parse_shape(args[1], &nstrides, strides) < 0) return NULL;
+    if (nstrides != layout.ndim) {
+        PyErr_Format(PyExc_ValueError, "as_strided: %d dims but %d strides", layout.ndim, nstrides);
+        return NULL;
+    }
+    memcpy(layout.strides, strides, sizeof strides);
+    layout.offset = self->array.layout.offset;
+    nd_status status = nd_layout_check_bounds(&layout, nd_storage_numel(self->array.storage));
+    if (status != ND_OK) return raise_status(st, status);
+    return ndarray_view(st, self, &layout);
+}
+
+static PyObject *ndarray_compact(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    NDArrayObject *self = NDArray_CAST(op);
+    if (nd_layout_is_contiguous(&self->array.layout)) return Py_NewRef(op);
+    nd_array copy;
+    nd_status status = nd_array_compact_copy(&self->array, NULL, &copy);
+    if (status != ND_OK) return raise_status(PyType_GetModuleState(Py_TYPE(op)), status);
+    return ndarray_wrap(PyType_GetModuleState(Py_TYPE(op)), &copy);
+}
+
+static PyObject *ndarray_is_compact(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    return PyBool_FromLong(nd_layout_is_contiguous(&NDArray_CAST(op)->array.layout));
+}
+
+static PyObject *get_flat(PyObject *op, void *c) {
+    (void)c;
+    PyObject *size = PyLong_FromLongLong(nd_layout_numel(&NDArray_CAST(op)->array.layout));
+    if (size == NULL) return NULL;
+    PyObject *result = ndarray_reshape(op, &size, 1);
+    Py_DECREF(size);
+    return result;
+}
+
+static PyObject *ndarray_to(PyObject *op, PyObject *device) {
+    NDArrayObject *self = NDArray_CAST(op);
+    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    nd_device *dev = device_from_object(st, device);
+    if (dev == NULL) return NULL;
+    if (dev == nd_storage_device(self->array.storage)) return Py_NewRef(op);
+    return ndarray_from_object(st, op, dev);
+}
+
+static PyObject *ndarray_fill(PyObject *op, PyObject *value) {
+    double v = PyFloat_AsDouble(value);
+    if (v == -1.0 && PyErr_Occurred()) return NULL;
+    nd_status status = nd_array_fill(&NDArray_CAST(op)->array, (float)v);
+    if (status != ND_OK) return raise_status(PyType_GetModuleState(Py_TYPE(op)), status);
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------- indexing */
+
+/* The course's indexing: an integer keeps its dim as size 1. */
+static int index_layout(NDArrayObject *self, PyObject *key, nd_layout *out) {
+    nd_layout l = self->array.layout;
+    PyObject *items = PyTuple_Check(key) ? Py_NewRef(key) : PyTuple_Pack(1, key);
+    if (items == NULL) return -1;
+    Py_ssize_t n = PyTuple_GET_SIZE(items), explicit_count = 0, ellipses = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyTuple_GET_ITEM(items, i) == Py_Ellipsis) ellipses++;
+        else explicit_count++;
+    }
+    int rc = -1;
+    if (ellipses > 1) {
+        PyErr_SetString(PyExc_IndexError, "an index can only have a single ellipsis ('...')");
+        goto done;
+    }
+    if (explicit_count > l.ndim) {
+        PyErr_Format(PyExc_IndexError, "too many indices for array: array is %d-dimensional, but %zd were indexed",
+                     l.ndim, explicit_count);
+        goto done;
+    }
+    int dim = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        if (item == Py_Ellipsis) {
+            dim += (int)(l.ndim - explicit_count);
+            continue;
+        }
+        nd_status status;
+        if (PySlice_Check(item)) {
+            Py_ssize_t start, stop, step;
+            if (PySlice_Unpack(item, &start, &stop, &step) < 0) goto done;
+            Py_ssize_t length = PySlice_AdjustIndices((Py_ssize_t)l.shape[dim], &start, &stop, step);
+            status = nd_layout_slice(&l, dim, start, step, length);
+        } else if (PyIndex_Check(item) && !PyFloat_Check(item)) {
+            Py_ssize_t index = PyNumber_AsSsize_t(item, PyExc_IndexError);
+            if (index == -1 && PyErr_Occurred()) goto done;
+            if (index < 0) index += (Py_ssize_t)l.shape[dim];
+            if (index < 0 || index >= l.shape[dim]) {
+                PyErr_Format(PyExc_IndexError, "index %zd is out of bounds for axis %d with size %lld",
+                             PyNumber_AsSsize_t(item, NULL), dim, (long long)l.shape[dim]);
+                goto done;
+            }
+            status = nd_layout_slice(&l, dim, index, 1, 1);
+        } else {
+            PyErr_Format(PyExc_TypeError,
+                         "only integers, slices and Ellipsis are valid indices, got %.100s",
+                         Py_TYPE(item)->tp_name);
+            goto done;
+        }
+        if (status != ND_OK) {
+            raise_status(PyType_GetModuleState(Py_TYPE(self)), status);
+            goto done;
+        }
+        dim++;
+    }
+    *out = l;
+    rc = 0;
+done:
+    Py_DECREF(items);
+    return rc;
+}
+
+static PyObject *ndarray_getitem(PyObject *op, PyObject *key) {
+    NDArrayObject *self = NDArray_CAST(op);
+    nd_layout layout;
+    if (index_layout(self, key, &layout) < 0) return NULL;
+    return ndarray_view(PyType_GetModuleState(Py_TYPE(op)), self, &layout);
+}
+
+static int ndarray_setitem(PyObject *op, PyObject *key, PyObject *value) {
+    NDArrayObject *self = NDArray_CAST(op);
+    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    if (value == NULL) {
+        PyErr_SetString(PyExc_TypeError, "cannot delete array elements");
+        return -1;
+    }
+    nd_layout layout;
+    if (index_layout(self, key, &layout) < 0) return -1;
+    nd_array view = {self->array.storage, layout};
+    nd_status status;
+    nd_operand scalar;
+    if (ndarray_check(st, value)) {
+        status = nd_array_assign(&view, &NDArray_CAST(value)->array);
+    } else if (as_operand(value, &scalar) == 1) {
+        status = nd_array_fill(&view, scalar.scalar);
+    } else {
+        if (PyErr_Occurred()) return -1;
+        if (value == Py_None || PyUnicode_Check(value) || PyBytes_Check(value)) {
+            PyErr_Format(PyExc_TypeError, "cannot assign %.100s to an NDArray", Py_TYPE(value)->tp_name);
+            return -1;
+        }
+        PyObject *converted = ndarray_from_object(st, value, nd_storage_device(self->array.storage));
+        if (converted == NULL) return -1;
+        status = nd_array_assign(&view, &NDArray_CAST(converted)->array);
+        Py_DECREF(converted);
+    }
+    if (status != ND_OK) {
+        raise_status(st, status);
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- type */
+
+static PyMethodDef ndarray_view_methods[] = {
+    {"numpy", ndarray_numpy, METH_NOARGS, "numpy($self, /)\n--\n\nA float32 NumPy copy."},
+    {"__array__", (PyCFunction)(void (*)(void))ndarray_array, METH_VARARGS | METH_KEYWORDS,
+     "__array__($self, /, dtype=None, copy=None)\n--\n\nNumPy conversion (always a copy)."},
+    {"compact", ndarray_compact, METH_NOARGS,
+     "compact($self, /)\n--\n\nself when contiguous, else a contiguous copy."},
+    {"is_compact", ndarray_is_compact, METH_NOARGS,
+     "is_compact($self, /)\n--\n\nTrue when the view is row-major contiguous."},
+    {"reshape", (PyCFunction)(void (*)(void))ndarray_reshape, METH_FASTCALL,
+     "reshape($self, /, *shape)\n--\n\nA view with a new shape (one -1 allowed); a copy when no "
+     "view is possible."},
+    {"permute", (PyCFunction)(void (*)(void))ndarray_permute, METH_FASTCALL,
+     "permute($self, /, *axes)\n--\n\nA view with the axes reordered."},
+    {"broadcast_to", ndarray_broadcast_to, METH_O,
+     "broadcast_to($self, shape, /)\n--\n\nA stride-0 view broadcast to shape (NumPy rules)."},
+    {"flip", (PyCFunction)(void (*)(void))ndarray_flip, METH_FASTCALL,
+     "flip($self, axes=None, /)\n--\n\nA view reversed along axes (all when None)."},
+    {"as_strided", (PyCFunction)(void (*)(void))ndarray_as_strided, METH_FASTCALL,
+     "as_strided($self, shape, strides, /)\n--\n\nA view with explicit strides (elements), "
+     "bounds-checked against the storage."},
+    {"to", ndarray_to, METH_O, "to($self, device, /)\n--\n\nself on device (a copy when it moves)."},
+    {"fill", ndarray_fill, METH_O, "fill($self, value, /)\n--\n\nSets every element, in place."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef ndarray_getset[] = {
+    {"shape", get_shape, NULL, "The shape, a tuple of ints.", NULL},
+    {"strides", get_strides, NULL, "Strides in elements (not bytes).", NULL},
+    {"_offset", get_offset, NULL, "Offset of the first element in the storage, in elements.", NULL},
+    {"size", get_size, NULL, "Number of elements.", NULL},
+    {"nbytes", get_nbytes, NULL, "Bytes of data the view covers.", NULL},
+    {"ndim", get_ndim, NULL, "Number of dimensions.", NULL},
+    {"dtype", get_dtype, NULL, "Always 'float32'.", NULL},
+    {"device", get_device, NULL, "The device holding the data.", NULL},
+    {"flat", get_flat, NULL, "The array reshaped to (size,).", NULL},
+    {"_storage_refcount", get_storage_refcount, NULL, "Views sharing the storage.", NULL},
+    {"_storage_size", get_storage_numel, NULL, "Elements in the underlying storage.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef ndarray_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(NDArrayObject, weakreflist), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot ndarray_type_slots[] = {
+    {Py_tp_doc, "NDArray(other, device=None)\n--\n\nA strided float32 array on a device. other is "
+                "an NDArray (copied), a NumPy array or anything np.array accepts."},
+    {Py_tp_new, ndarray_new},
+    {Py_tp_dealloc, ndarray_dealloc},
+    {Py_tp_repr, ndarray_repr},
+    {Py_tp_methods, ndarray_methods},
+    {Py_tp_getset, ndarray_getset},
+    {Py_tp_members, ndarray_members},
+    {Py_tp_richcompare, ndarray_richcompare},
+    {Py_mp_subscript, ndarray_getitem},
+    {Py_mp_ass_subscript, ndarray_setitem},
+    {Py_mp_length, ndarray_length},
+    {Py_nb_add, ndarray_add},
+    {Py_nb_subtract, ndarray_subtract},
+    {Py_nb_multiply, ndarray_multiply},
+    {Py_nb_true_divide, ndarray_true_divide},
+    {Py_nb_power, ndarray_power},
+    {Py_nb_negative, ndarray_negative},
+    {Py_nb_absolute, ndarray_absolute},
+    {Py_nb_matrix_multiply, ndarray_matmul_slot},
+    {0, NULL},
+};
+
+PyType_Spec ndarray_type_spec = {
+    .name = "needle_c.NDArray",
+    .basicsize = sizeof(NDArrayObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = ndarray_type_slots,
+};
+
+static void join_method_tables(void) {
+    size_t n = 0;
+    for (PyMethodDef *m = ndarray_view_methods; m->ml_name != NULL; m++) ndarray_methods[n++] = *m;
+    for (PyMethodDef *m = ndarray_op_methods; m->ml_name != NULL && n < 63; m++) ndarray_methods[n++] = *m;
+    memset(&ndarray_methods[n], 0, sizeof ndarray_methods[n]);
+}

@@ -1,0 +1,37 @@
+/* ndarray_internal.h: what ndarray.c (the type, views, indexing) and
+ * ndarray_ops.c (arithmetic, reductions, matmul) share. */
+#ifndef NEEDLE_NDARRAY_INTERNAL_H
+#define NEEDLE_NDARRAY_INTERNAL_H
+
+#include "needle_c.h"
+
+#include <structmember.h>
+
+void ndarray_dealloc(PyObject *op);
+/* Our NDArray type, recognised without a module lookup (it cannot be
+ * subclassed, so its dealloc identifies it). */
+#define IS_NDARRAY(o) (Py_TYPE(o)->tp_dealloc == ndarray_dealloc)
+
+PyObject *ndarray_view(needle_state *st, NDArrayObject *self, const nd_layout *layout);
+PyObject *ndarray_numpy(PyObject *op, PyObject *ignored);
+PyObject *ndarray_broadcast_to(PyObject *op, PyObject *shape_obj);
+PyObject *ndarray_flip(PyObject *op, PyObject *const *args, Py_ssize_t nargs);
+int parse_axis_list(PyObject *obj, int ndim, int *naxes, int *axes);
+
+/* 1: obj is an NDArray or a real number (filled in); 0: neither (no error
+ * set); -1: error. */
+int as_operand(PyObject *obj, nd_operand *out);
+
+/* Slots and methods defined in ndarray_ops.c. */
+PyObject *ndarray_richcompare(PyObject *a, PyObject *b, int op);
+PyObject *ndarray_add(PyObject *a, PyObject *b);
+PyObject *ndarray_subtract(PyObject *a, PyObject *b);
+PyObject *ndarray_multiply(PyObject *a, PyObject *b);
+PyObject *ndarray_true_divide(PyObject *a, PyObject *b);
+PyObject *ndarray_power(PyObject *a, PyObject *b, PyObject *mod);
+PyObject *ndarray_negative(PyObject *a);
+PyObject *ndarray_absolute(PyObject *a);
+PyObject *ndarray_matmul_slot(PyObject *a, PyObject *b);
+extern PyMethodDef ndarray_op_methods[];
+
+#endif /* NEEDLE_NDARRAY_INTERNAL_H */

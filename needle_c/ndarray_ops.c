@@ -1,0 +1,402 @@
+/* ndarray_ops.c: NDArray arithmetic: elementwise operators with NumPy
+ * broadcasting, unary functions, reductions, matmul, pad, and the module
+ * functions empty/full/stack.
+ *
+ * Every function validates its Python arguments here and leaves shapes,
+ * devices and memory to the engine.
+ */
+#include "ndarray_internal.h"
+
+#define NO_IMPORT_ARRAY
+#define PY_ARRAY_UNIQUE_SYMBOL needle_c_ARRAY_API
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+int as_operand(PyObject *obj, nd_operand *out) {
+    out->array = NULL;
+    out->scalar = 0.0f;
+    if (IS_NDARRAY(obj)) {
+        out->array = &NDArray_CAST(obj)->array;
+        return 1;
+    }
+    double v;
+    if (PyFloat_CheckExact(obj)) {
+        v = PyFloat_AS_DOUBLE(obj);
+    } else if (PyLong_Check(obj) || PyFloat_Check(obj) ||
+               (PyArray_IsScalar(obj, Number) && !PyArray_IsScalar(obj, ComplexFloating)) ||
+               PyArray_IsScalar(obj, Bool)) {
+        v = PyFloat_AsDouble(obj);
+        if (v == -1.0 && PyErr_Occurred()) return -1;
+    } else {
+        return 0;
+    }
+    out->scalar = (float)v;
+    return 1;
+}
+
+static needle_state *state_of_operands(PyObject *a, PyObject *b) {
+    return PyType_GetModuleState(Py_TYPE(IS_NDARRAY(a) ? a : b));
+}
+
+static PyObject *binary(PyObject *a, PyObject *b, nd_binary_op op) {
+    nd_operand x, y;
+    int ra = as_operand(a, &x), rb = ra == 1 ? as_operand(b, &y) : 0;
+    if (ra < 0 || rb < 0) return NULL;
+    if (ra == 0 || rb == 0 || (x.array == NULL && y.array == NULL)) Py_RETURN_NOTIMPLEMENTED;
+    needle_state *st = state_of_operands(a, b);
+    nd_array out;
+    nd_status status = nd_array_binary(op, x, y, &out);
+    if (status != ND_OK) return raise_status(st, status);
+    return ndarray_wrap(st, &out);
+}
+
+PyObject *ndarray_add(PyObject *a, PyObject *b) { return binary(a, b, ND_ADD); }
+PyObject *ndarray_subtract(PyObject *a, PyObject *b) { return binary(a, b, ND_SUB); }
+PyObject *ndarray_multiply(PyObject *a, PyObject *b) { return binary(a, b, ND_MUL); }
+PyObject *ndarray_true_divide(PyObject *a, PyObject *b) { return binary(a, b, ND_DIV); }
+
+PyObject *ndarray_power(PyObject *a, PyObject *b, PyObject *mod) {
+    if (mod != Py_None) {
+        PyErr_SetString(PyExc_TypeError, "pow() with a modulus is not supported by NDArray");
+        return NULL;
+    }
+    return binary(a, b, ND_POW);
+}
+
+PyObject *ndarray_richcompare(PyObject *a, PyObject *b, int op) {
+    static const nd_binary_op ops[] = {[Py_LT] = ND_LT, [Py_LE] = ND_LE, [Py_EQ] = ND_EQ,
+                                       [Py_NE] = ND_NE, [Py_GT] = ND_GT, [Py_GE] = ND_GE};
+    return binary(a, b, ops[op]);
+}
+
+static PyObject *unary(PyObject *a, nd_unary_op op) {
+    needle_state *st = PyType_GetModuleState(Py_TYPE(a));
+    nd_array out;
+    nd_status status = nd_array_unary(op, &NDArray_CAST(a)->array, &out);
+    if (status != ND_OK) return raise_status(st, status);
+    return ndarray_wrap(st, &out);
+}
+
+PyObject *ndarray_negative(PyObject *a) { return unary(a, ND_NEG); }
+PyObject *ndarray_absolute(PyObject *a) { return unary(a, ND_ABS); }
+
+#define UNARY_METHOD(name, op)                                                            \
+    static PyObject *ndarray_##name(PyObject *a, PyObject *Py_UNUSED(ignored)) {          \
+        return unary(a, op);                                                              \
+    }
+UNARY_METHOD(log, ND_LOG)
+UNARY_METHOD(exp, ND_EXP)
+UNARY_METHOD(tanh, ND_TANH)
+UNARY_METHOD(sqrt, ND_SQRT)
+UNARY_METHOD(sigmoid, ND_SIGMOID)
+UNARY_METHOD(abs, ND_ABS)
+UNARY_METHOD(relu, ND_RELU)
+
+static PyObject *ndarray_maximum(PyObject *a, PyObject *b) {
+    PyObject *r = binary(a, b, ND_MAXIMUM);
+    if (r == Py_NotImplemented) {
+        Py_DECREF(r);
+        PyErr_Format(PyExc_TypeError, "maximum: expected an NDArray or a number, got %.100s",
+                     Py_TYPE(b)->tp_name);
+        return NULL;
+    }
+    return r;
+}
+
+static PyObject *ndarray_minimum(PyObject *a, PyObject *b) {
+    PyObject *r = binary(a, b, ND_MINIMUM);
+    if (r == Py_NotImplemented) {
+        Py_DECREF(r);
+        PyErr_Format(PyExc_TypeError, "minimum: expected an NDArray or a number, got %.100s",
+                     Py_TYPE(b)->tp_name);
+        return NULL;
+    }
+    return r;
+}
+
+PyObject *ndarray_matmul_slot(PyObject *a, PyObject *b) {
+    if (!IS_NDARRAY(a) || !IS_NDARRAY(b)) Py_RETURN_NOTIMPLEMENTED;
+    needle_state *st = PyType_GetModuleState(Py_TYPE(a));
+    nd_array out;
+    nd_status status = nd_array_matmul(&NDArray_CAST(a)->array, &NDArray_CAST(b)->array, &out);
+    if (status != ND_OK) return raise_status(st, status);
+    return ndarray_wrap(st, &out);
+}
+
+static PyObject *ndarray_matmul(PyObject *a, PyObject *b) {
+    if (!IS_NDARRAY(b)) {
+        PyErr_Format(PyExc_TypeError, "matmul: expected an NDArray, got %.100s", Py_TYPE(b)->tp_name);
+        return NULL;
+    }
+    return ndarray_matmul_slot(a, b);
+}
+
+/* -------------------------------------------------------- reductions */
+
+/* Positional and keyword arguments of a FASTCALL method, by name. */
+static int parse_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                      const char *const *names, int count, PyObject **values, const char *fname) {
+    if (nargs > count) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments (%zd given)", fname, count, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) values[i] = args[i];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int found = 0;
+        for (int i = 0; i < count; i++) {
+            if (PyUnicode_CompareWithASCIIString(key, names[i]) == 0) {
+                if (values[i] != NULL) {
+                    PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", fname,
+                                 names[i]);
+                    return -1;
+                }
+                values[i] = args[nargs + k];
+                found = 1;
+            }
+        }
+        if (!found) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fname, key);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int axes_mask(PyObject *axis, int ndim, uint32_t *mask) {
+    *mask = 0;
+    if (axis == NULL || axis == Py_None) {
+        *mask = ndim >= 32 ? 0xFFFFFFFFu : ((1u << ndim) - 1u);
+        return 0;
+    }
+    if (!PyIndex_Check(axis) && !PyTuple_Check(axis) && !PyList_Check(axis)) {
+        PyErr_Format(PyExc_TypeError, "axis must be None, an int or a tuple of ints, got %.100s",
+                     Py_TYPE(axis)->tp_name);
+        return -1;
+    }
+    int naxes, axes[ND_MAX_DIMS];
+    if (parse_axis_list(axis, ndim, &naxes, axes) < 0) return -1;
+    for (int i = 0; i < naxes; i++) {
+        int a;
+        if (nd_normalize_axis(axes[i], ndim, &a) != ND_OK) {
+            PyErr_SetString(PyExc_ValueError, nd_last_error());
+            return -1;
+        }
+        if (*mask & (1u << a)) {
+            PyErr_SetString(PyExc_ValueError, "duplicate value in 'axis'");
+            return -1;
+        }
+        *mask |= 1u << a;
+    }
+    return 0;
+}
+
+static PyObject *reduce(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                        nd_reduce_op rop, const char *fname) {
+    static const char *const names[] = {"axis", "keepdims"};
+    PyObject *values[2] = {NULL, NULL};
+    if (parse_args(args, nargs, kwnames, names, 2, values, fname) < 0) return NULL;
+    NDArrayObject *self = NDArray_CAST(op);
+    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    int keepdims = values[1] ? PyObject_IsTrue(values[1]) : 0;
+    if (keepdims < 0) return NULL;
+    uint32_t mask;
+    if (axes_mask(values[0], self->array.layout.ndim, &mask) < 0) return NULL;
+    nd_array out;
+    nd_status status = nd_array_reduce(rop, &self->array, mask, keepdims, &out);
+    if (status != ND_OK) return raise_status(st, status);
+    if ((values[0] == NULL || values[0] == Py_None) && !keepdims) {
+        /* The course's convention: a full reduction has shape (1,). */
+        int64_t one = 1;
+        nd_layout_contiguous(1, &one, &out.layout);
+    }
+    return ndarray_wrap(st, &out);
+}
+
+static PyObject *ndarray_sum(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kw) {
+    return reduce(op, args, nargs, kw, ND_REDUCE_SUM, "sum");
+}
+static PyObject *ndarray_max(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kw) {
+    return reduce(op, args, nargs, kw, ND_REDUCE_MAX, "max");
+}
+static PyObject *ndarray_min(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kw) {
+    return reduce(op, args, nargs, kw, ND_REDUCE_MIN, "min");
+}
+
+/* --------------------------------------------------------------- pad */
+
+static PyObject *ndarray_pad(PyObject *op, PyObject *axes) {
+    NDArrayObject *self = NDArray_CAST(op);
+    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    const nd_layout *in = &self->array.layout;
+    PyObject *seq = PySequence_Fast(axes, "pad: axes must be a sequence of (before, after) pairs");
+    if (seq == NULL) return NULL;
+    if (PySequence_Fast_GET_SIZE(seq) != in->ndim) {
+        PyErr_Format(PyExc_ValueError, "pad: expected %d (before, after) pairs, got %zd", in->ndim,
+                     PySequence_Fast_GET_SIZE(seq));
+        Py_DECREF(seq);
+        return NULL;
+    }
+    int64_t before[ND_MAX_DIMS], shape[ND_MAX_DIMS];
+    for (int i = 0; i < in->ndim; i++) {
+        int n;
+        int64_t pair[ND_MAX_DIMS];
+        if (parse_shape(PySequence_Fast_GET_ITEM(seq, i), &n, pair) < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (n != 2 || pair[0] < 0 || pair[1] < 0) {
+            PyErr_SetString(PyExc_ValueError, "pad: each axis needs a (before, after) pair of non-negative ints");
+            Py_DECREF(seq);
+            return NULL;
+        }
+        before[i] = pair[0];
+        shape[i] = in->shape[i] + pair[0] + pair[1];
+    }
+    Py_DECREF(seq);
+    nd_array out;
+    nd_status status = nd_array_empty(nd_storage_device(self->array.storage), in->ndim, shape, &out);
+    if (status != ND_OK) return raise_status(st, status);
+    nd_array interior = out;
+    for (int i = 0; i < in->ndim; i++) nd_layout_slice(&interior.layout, i, before[i], 1, in->shape[i]);
+    if ((status = nd_array_fill(&out, 0.0f)) != ND_OK ||
+        (status = nd_array_assign(&interior, &self->array)) != ND_OK) {
+        nd_array_release(&out);
+        return raise_status(st, status);
+    }
+    return ndarray_wrap(st, &out);
+}
+
+PyMethodDef ndarray_op_methods[] = {
+    {"log", ndarray_log, METH_NOARGS, "log($self, /)\n--\n\nNatural logarithm, elementwise."},
+    {"exp", ndarray_exp, METH_NOARGS, "exp($self, /)\n--\n\nExponential, elementwise."},
+    {"tanh", ndarray_tanh, METH_NOARGS, "tanh($self, /)\n--\n\nHyperbolic tangent, elementwise."},
+    {"sqrt", ndarray_sqrt, METH_NOARGS, "sqrt($self, /)\n--\n\nSquare root, elementwise."},
+    {"sigmoid", ndarray_sigmoid, METH_NOARGS, "sigmoid($self, /)\n--\n\n1 / (1 + exp(-x))."},
+    {"abs", ndarray_abs, METH_NOARGS, "abs($self, /)\n--\n\nAbsolute value, elementwise."},
+    {"relu", ndarray_relu, METH_NOARGS, "relu($self, /)\n--\n\nmax(x, 0), elementwise."},
+    {"maximum", ndarray_maximum, METH_O,
+     "maximum($self, other, /)\n--\n\nElementwise maximum with an NDArray or a number."},
+    {"minimum", ndarray_minimum, METH_O,
+     "minimum($self, other, /)\n--\n\nElementwise minimum with an NDArray or a number."},
+    {"matmul", ndarray_matmul, METH_O, "matmul($self, other, /)\n--\n\nself @ other (NumPy rules)."},
+    {"sum", (PyCFunction)(void (*)(void))ndarray_sum, METH_FASTCALL | METH_KEYWORDS,
+     "sum($self, /, axis=None, keepdims=False)\n--\n\nSum over axis (None, an int or a tuple). "
+     "axis=None without keepdims gives shape (1,), as in the course."},
+    {"max", (PyCFunction)(void (*)(void))ndarray_max, METH_FASTCALL | METH_KEYWORDS,
+     "max($self, /, axis=None, keepdims=False)\n--\n\nMaximum over axis; see sum."},
+    {"min", (PyCFunction)(void (*)(void))ndarray_min, METH_FASTCALL | METH_KEYWORDS,
+     "min($self, /, axis=None, keepdims=False)\n--\n\nMinimum over axis; see sum."},
+    {"pad", ndarray_pad, METH_O,
+     "pad($self, axes, /)\n--\n\nA zero-padded copy; axes holds a (before, after) pair per dim."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* --------------------------------------------------- module functions */
+
+static PyObject *module_stack(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"arrays", "axis", NULL};
+    PyObject *arrays;
+    Py_ssize_t axis = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|n:stack", kwlist, &arrays, &axis)) return NULL;
+    needle_state *st = state_of_module(module);
+    PyObject *seq = PySequence_Fast(arrays, "stack: expected a sequence of NDArrays");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *result = NULL;
+    if (n == 0) {
+        PyErr_SetString(PyExc_ValueError, "stack: need at least one array");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!ndarray_check(st, PySequence_Fast_GET_ITEM(seq, i))) {
+            PyErr_Format(PyExc_TypeError, "stack: item %zd is a %.100s, not an NDArray", i,
+                         Py_TYPE(PySequence_Fast_GET_ITEM(seq, i))->tp_name);
+            goto done;
+        }
+    }
+    const nd_array *first = &NDArray_CAST(PySequence_Fast_GET_ITEM(seq, 0))->array;
+    int ndim = first->layout.ndim;
+    for (Py_ssize_t i = 1; i < n; i++) {
+        const nd_layout *l = &NDArray_CAST(PySequence_Fast_GET_ITEM(seq, i))->array.layout;
+        if (l->ndim != ndim || memcmp(l->shape, first->layout.shape, sizeof(int64_t) * (size_t)ndim) != 0) {
+            PyErr_SetString(PyExc_ValueError, "stack: all input arrays must have the same shape");
+            goto done;
+        }
+    }
+    int ax;
+    if (nd_normalize_axis(axis, ndim + 1, &ax) != ND_OK || ndim + 1 > ND_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "stack: axis %zd is out of bounds for the result of dimension %d",
+                     axis, ndim + 1);
+        goto done;
+    }
+    int64_t shape[ND_MAX_DIMS];
+    for (int i = 0, j = 0; i < ndim + 1; i++) shape[i] = i == ax ? n : first->layout.shape[j++];
+    nd_array out;
+    nd_status status = nd_array_empty(nd_storage_device(first->storage), ndim + 1, shape, &out);
+    if (status != ND_OK) {
+        raise_status(st, status);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n && status == ND_OK; i++) {
+        nd_array slot = out;
+        nd_layout_slice(&slot.layout, ax, i, 1, 1);
+        nd_layout_drop_dim(&slot.layout, ax);
+        status = nd_array_assign(&slot, &NDArray_CAST(PySequence_Fast_GET_ITEM(seq, i))->array);
+    }
+    if (status != ND_OK) {
+        nd_array_release(&out);
+        raise_status(st, status);
+        goto done;
+    }
+    result = ndarray_wrap(st, &out);
+done:
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyObject *module_empty(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"shape", "device", NULL};
+    PyObject *shape_obj, *device = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:empty", kwlist, &shape_obj, &device)) return NULL;
+    needle_state *st = state_of_module(module);
+    nd_device *dev = device_from_object(st, device);
+    if (dev == NULL) return NULL;
+    int ndim;
+    int64_t shape[ND_MAX_DIMS];
+    if (parse_shape(shape_obj, &ndim, shape) < 0) return NULL;
+    nd_array arr;
+    nd_status status = nd_array_empty(dev, ndim, shape, &arr);
+    if (status != ND_OK) return raise_status(st, status);
+    return ndarray_wrap(st, &arr);
+}
+
+static PyObject *module_full(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"shape", "fill_value", "device", NULL};
+    PyObject *shape_obj, *device = Py_None;
+    double value;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Od|O:full", kwlist, &shape_obj, &value, &device))
+        return NULL;
+    needle_state *st = state_of_module(module);
+    nd_device *dev = device_from_object(st, device);
+    if (dev == NULL) return NULL;
+    int ndim;
+    int64_t shape[ND_MAX_DIMS];
+    if (parse_shape(shape_obj, &ndim, shape) < 0) return NULL;
+    nd_array arr;
+    nd_status status = nd_array_empty(dev, ndim, shape, &arr);
+    if (status == ND_OK && (status = nd_array_fill(&arr, (float)value)) != ND_OK) nd_array_release(&arr);
+    if (status != ND_OK) return raise_status(st, status);
+    return ndarray_wrap(st, &arr);
+}
+
+PyMethodDef ndarray_module_functions[] = {
+    {"stack", (PyCFunction)(void (*)(void))module_stack, METH_VARARGS | METH_KEYWORDS,
+     "stack(arrays, axis=0)\n--\n\nJoins equally shaped arrays along a new axis."},
+    {"empty", (PyCFunction)(void (*)(void))module_empty, METH_VARARGS | METH_KEYWORDS,
+     "empty(shape, device=None)\n--\n\nAn uninitialised float32 array."},
+    {"full", (PyCFunction)(void (*)(void))module_full, METH_VARARGS | METH_KEYWORDS,
+     "full(shape, fill_value, device=None)\n--\n\nA float32 array filled with fill_value."},
+    {NULL, NULL, 0, NULL},
+};

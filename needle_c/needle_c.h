@@ -1,0 +1,82 @@
+/* needle_c.h: what the files of the needle_c extension share: the module
+ * state, the object layouts, and the helpers that turn engine statuses into
+ * Python exceptions.
+ *
+ * needle_c is the only layer that talks to both Python and the engine.
+ */
+#ifndef NEEDLE_C_H
+#define NEEDLE_C_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "../csrc/engine.h"
+
+#if PY_VERSION_HEX < 0x030B0000
+#error "needle_c needs Python 3.11 or newer (PyType_GetModuleByDef)"
+#endif
+
+#define NEEDLE_MAX_CUDA_DEVICES 16
+
+typedef struct {
+    PyTypeObject *device_type;
+    PyTypeObject *ndarray_type;
+    PyObject *device_error;      /* needle.DeviceError (RuntimeError) */
+    PyObject *out_of_memory;     /* needle.OutOfMemoryError (MemoryError) */
+    /* Device objects by engine id, and placeholders for CUDA devices the
+     * engine does not have (enabled() is False). */
+    PyObject *devices[64];
+    PyObject *cuda_placeholder;
+    PyObject *numpy_random;      /* numpy.random, for Device.rand/randn */
+} needle_state;
+
+typedef struct {
+    PyObject_HEAD
+    int engine_id;          /* -1: a device this process cannot use */
+    int ordinal;
+    char name[32];
+} DeviceObject;
+
+typedef struct {
+    PyObject_HEAD
+    nd_array array;         /* owns one reference on its storage */
+    PyObject *weakreflist;
+} NDArrayObject;
+
+#define Device_CAST(op) ((DeviceObject *)(op))
+#define NDArray_CAST(op) ((NDArrayObject *)(op))
+
+extern PyModuleDef needle_c_module;
+
+needle_state *state_of_module(PyObject *module);
+/* The state reached from any of our objects' types (NULL + exception if
+ * the type is not ours). */
+needle_state *state_of_type(PyTypeObject *type);
+
+/* Raises the exception that matches status, with the engine's message. */
+PyObject *raise_status(needle_state *st, nd_status status);
+
+/* Device helpers (module.c). */
+PyObject *device_object(needle_state *st, const nd_device *dev); /* borrowed */
+/* Resolves None (cpu), a Device, or a name like "cpu", "cuda:0". */
+nd_device *device_from_object(needle_state *st, PyObject *obj);
+
+/* NDArray helpers (ndarray.c). */
+int ndarray_check(needle_state *st, PyObject *obj);
+/* Wraps arr in a new NDArray, taking over its storage reference. */
+PyObject *ndarray_wrap(needle_state *st, nd_array *arr);
+/* A new NDArray on dev from any array-like (NumPy array, list, scalar). */
+PyObject *ndarray_from_object(needle_state *st, PyObject *obj, nd_device *dev);
+int parse_shape(PyObject *obj, int *ndim, int64_t *shape);
+extern PyType_Spec ndarray_type_spec;
+int ndarray_module_init(void); /* NumPy C API import */
+
+/* Module-level functions defined in other files. */
+extern PyMethodDef ndarray_module_functions[];
+extern PyMethodDef memory_module_functions[];
+
+/* BLAS discovery (blas.c): installs NumPy's OpenBLAS sgemm in the engine. */
+void install_blas(void);
+const char *blas_description(void);
+
+#endif /* NEEDLE_C_H */
