@@ -1,0 +1,33 @@
+"""Builds and runs the engine's C unit tests (tests/c/test_*.c) against csrc/.
+
+The engine has no Python in it, so its own tests are plain C programs; this
+file compiles each with the project's warning flags and checks it passes.
+"""
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+C_TESTS = sorted((ROOT / "tests" / "c").glob("test_*.c"))
+ENGINE_SOURCES = sorted((ROOT / "csrc").glob("*.c"))
+COMPILER = shutil.which("cc") or shutil.which("gcc")
+
+
+@pytest.mark.skipif(COMPILER is None, reason="no C compiler on this machine")
+@pytest.mark.parametrize("source", C_TESTS, ids=[p.stem for p in C_TESTS])
+def test_c_program(source, tmp_path):
+    binary = tmp_path / source.stem
+    build = subprocess.run(
+        [COMPILER, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fno-math-errno",
+         f"-I{ROOT / 'csrc'}", str(source), *map(str, ENGINE_SOURCES), "-lm", "-o", str(binary)],
+        capture_output=True, text=True)
+    assert build.returncode == 0, f"compiling {source.name} failed:\n{build.stderr}"
+    run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, f"{source.name} failed:\n{run.stdout}\n{run.stderr}"
+
+
+def test_c_tests_exist():
+    names = {p.name for p in C_TESTS}
+    assert "test_engine.c" in names
