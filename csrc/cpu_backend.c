@@ -252,6 +252,33 @@ ND_SIMD_CLONES static double sum_contiguous(const float *a, int64_t n) {
     return total;
 }
 
+/* max/min of a contiguous row in independent lanes: a select chain over one
+ * accumulator cannot vectorise, sixteen of them can. NaN wins, as in NumPy. */
+#define DEFINE_EXTREMUM_ROW(name, better)                                                 \
+    ND_SIMD_CLONES static float name##_contiguous(const float *a, int64_t n, float init) { \
+        enum { LANES = 16 };                                                              \
+        float acc[LANES];                                                                 \
+        for (int l = 0; l < LANES; l++) acc[l] = init;                                    \
+        int64_t i = 0;                                                                    \
+        int nan[LANES] = {0};                                                             \
+        for (; i + LANES <= n; i += LANES)                                                \
+            for (int l = 0; l < LANES; l++) {                                             \
+                const float x = a[i + l];                                                 \
+                acc[l] = better(x, acc[l]) ? x : acc[l];                                  \
+                nan[l] |= x != x;                                                         \
+            }                                                                             \
+        float r = init;                                                                   \
+        for (int l = 0; l < LANES; l++)                                                   \
+            if (nan[l]) return __builtin_nanf("");                                        \
+        for (int l = 0; l < LANES; l++) r = (better(acc[l], r) || acc[l] != acc[l]) ? acc[l] : r; \
+        for (; i < n; i++) r = (better(a[i], r) || a[i] != a[i]) ? a[i] : r;            \
+        return r;                                                                         \
+    }
+#define GREATER(x, y) ((x) > (y))
+#define LESS(x, y) ((x) < (y))
+DEFINE_EXTREMUM_ROW(max, GREATER)
+DEFINE_EXTREMUM_ROW(min, LESS)
+
 #define DEFINE_REDUCE(name, combine)                                                      \
     ND_SIMD_CLONES static void reduce_##name(int64_t n, float **p, const int64_t *s,      \
                                              const void *ctx) {                           \
@@ -259,7 +286,9 @@ ND_SIMD_CLONES static double sum_contiguous(const float *a, int64_t n) {
         float *o = p[0];                                                                  \
         const float *a = p[1];                                                            \
         int64_t so = s[0], sa = s[1];                                                     \
-        if (so == 0) {                                                                    \
+        if (so == 0 && sa == 1) {                                                         \
+            o[0] = name##_contiguous(a, n, o[0]);                                         \
+        } else if (so == 0) {                                                             \
             float acc = o[0];                                                             \
             for (int64_t i = 0; i < n; i++) {                                             \
                 const float x = a[i * sa];                                                \
@@ -281,7 +310,18 @@ ND_SIMD_CLONES static double sum_contiguous(const float *a, int64_t n) {
 
 DEFINE_REDUCE(max, (x > acc || x != x) ? x : acc)
 DEFINE_REDUCE(min, (x < acc || x != x) ? x : acc)
-DEFINE_REDUCE(sum_strided, acc + x)
+
+ND_SIMD_CLONES static void reduce_sum_strided(int64_t n, float **p, const int64_t *s, const void *ctx) {
+    (void)ctx;
+    float *o = p[0];
+    const float *a = p[1];
+    int64_t so = s[0], sa = s[1];
+    if (so == 1 && sa == 1) {
+        for (int64_t i = 0; i < n; i++) o[i] += a[i];
+    } else {
+        for (int64_t i = 0; i < n; i++) o[i * so] += a[i * sa];
+    }
+}
 
 static void reduce_sum(int64_t n, float **p, const int64_t *s, const void *ctx) {
     if (s[0] == 0 && s[1] == 1) {

@@ -304,7 +304,7 @@ static PyObject *device_one_hot(PyObject *op, PyObject *args, PyObject *kwargs) 
     }
     PyObject *numpy = PyImport_ImportModule("numpy");
     if (numpy == NULL) return NULL;
-    PyObject *eye = PyObject_CallMethod(numpy, "eye", "ns", n, "float32");
+    PyObject *eye = PyObject_CallMethod(numpy, "eye", "nnns", n, n, (Py_ssize_t)0, "float32");
     Py_DECREF(numpy);
     if (eye == NULL) return NULL;
     PyObject *rows = PyObject_GetItem(eye, index);
@@ -489,6 +489,10 @@ static int needle_c_exec(PyObject *module) {
     if (st->device_type == NULL || PyModule_AddType(module, st->device_type) < 0) return -1;
     st->ndarray_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ndarray_type_spec, NULL);
     if (st->ndarray_type == NULL || PyModule_AddType(module, st->ndarray_type) < 0) return -1;
+    /* NumPy then hands mixed operations (np.float32(2) + a) back to NDArray's
+     * reflected operators instead of converting the NDArray itself. */
+    if (PyDict_SetItemString(st->ndarray_type->tp_dict, "__array_ufunc__", Py_None) < 0) return -1;
+    PyType_Modified(st->ndarray_type);
 
     st->device_error = PyErr_NewExceptionWithDoc(
         "needle.DeviceError",

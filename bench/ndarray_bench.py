@@ -1,0 +1,111 @@
+"""NDArray against NumPy, same machine, same run.
+
+Prints one JSON line per case, then a table. Each case times the needle op
+and the matching NumPy op on the same data (float32) and reports the median
+of several repeats of a timed loop.
+
+    python bench/ndarray_bench.py [--quick]
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import needle as ndl
+from needle import backend_ndarray as nd
+
+
+def timeit(fn, min_time=0.2, repeats=5):
+    """Median seconds per call over `repeats` loops that each last about min_time."""
+    fn()
+    number = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_time / repeats or number >= 1 << 20:
+            break
+        number *= 2
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - start) / number)
+    return statistics.median(samples)
+
+
+def cases(quick):
+    rng = np.random.default_rng(0)
+    n = 1 << 20
+    x = rng.standard_normal(n).astype(np.float32)
+    y = rng.standard_normal(n).astype(np.float32)
+    xa, ya = nd.array(x), nd.array(y)
+    yield "add 1M", lambda: xa + ya, lambda: x + y
+    yield "mul 1M", lambda: xa * ya, lambda: x * y
+    yield "add scalar 1M", lambda: xa + 1.5, lambda: x + np.float32(1.5)
+    yield "exp 1M", lambda: xa.exp(), lambda: np.exp(x)
+    yield "tanh 1M", lambda: xa.tanh(), lambda: np.tanh(x)
+    yield "log 1M", lambda: xa.abs().log(), lambda: np.log(np.abs(x))
+    m = x.reshape(1024, 1024)
+    ma = nd.array(m)
+    yield "sum axis=0 1024x1024", lambda: ma.sum(axis=0), lambda: m.sum(axis=0)
+    yield "sum axis=1 1024x1024", lambda: ma.sum(axis=1), lambda: m.sum(axis=1)
+    yield "sum all 1M", lambda: ma.sum(), lambda: m.sum()
+    yield "max axis=1 1024x1024", lambda: ma.max(axis=1), lambda: m.max(axis=1)
+    yield "compact transpose 1024x1024", lambda: ma.permute((1, 0)).compact(), \
+        lambda: np.ascontiguousarray(m.T)
+    b = rng.standard_normal((1024, 1)).astype(np.float32)
+    ba = nd.array(b)
+    yield "broadcast add 1024x1024 + 1024x1", lambda: ma + ba, lambda: m + b
+    one_a, one_b = nd.array([1.0]), nd.array([2.0])
+    one_x, one_y = np.array([1.0], np.float32), np.array([2.0], np.float32)
+    yield "add 1 element", lambda: one_a + one_b, lambda: one_x + one_y
+    sizes = (64, 128, 256, 512) if quick else (64, 128, 256, 512, 1024)
+    for s in sizes:
+        p = rng.standard_normal((s, s)).astype(np.float32)
+        q = rng.standard_normal((s, s)).astype(np.float32)
+        pa, qa = nd.array(p), nd.array(q)
+        yield f"matmul {s}^3", lambda pa=pa, qa=qa: pa @ qa, lambda p=p, q=q: p @ q
+    p = rng.standard_normal((64, 128, 64)).astype(np.float32)
+    q = rng.standard_normal((64, 64, 128)).astype(np.float32)
+    pa, qa = nd.array(p), nd.array(q)
+    yield "batched matmul 64x(128,64)@(64,128)", lambda: pa @ qa, lambda: p @ q
+    pt = nd.array(p).permute((0, 2, 1))
+    yield "batched matmul, transposed lhs view", lambda: pt @ pt.permute((0, 2, 1)).compact(), \
+        lambda: np.matmul(p.transpose(0, 2, 1), np.ascontiguousarray(p))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer and smaller cases")
+    args = parser.parse_args()
+    machine = {
+        "machine": platform.machine(), "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(), "python": sys.version.split()[0], "numpy": np.__version__,
+        "needle": ndl.__version__, "blas": ndl._c._blas(),
+    }
+    print(json.dumps({"machine": machine}))
+    rows = []
+    for name, needle_fn, numpy_fn in cases(args.quick):
+        t_needle = timeit(needle_fn, min_time=0.1 if args.quick else 0.3)
+        t_numpy = timeit(numpy_fn, min_time=0.1 if args.quick else 0.3)
+        row = {"case": name, "needle_s": t_needle, "numpy_s": t_numpy,
+               "ratio": t_needle / t_numpy}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print()
+    print(f"{'case':<40}{'needle':>12}{'numpy':>12}{'needle/numpy':>14}")
+    for row in rows:
+        print(f"{row['case']:<40}{row['needle_s'] * 1e6:>10.1f}us{row['numpy_s'] * 1e6:>10.1f}us"
+              f"{row['ratio']:>14.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,12 @@
+"""pytest configuration for needle's array-layer tests.
+
+Deliberately light: it only registers the markers the suite uses. Shared
+parametrisation lives in ``devices.py`` (importable because pytest puts this
+directory on ``sys.path``; ``tests/`` has no ``__init__.py``).
+"""
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "cuda: test needs the CUDA backend (built and a GPU present)"
+    )
