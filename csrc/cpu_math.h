@@ -6,11 +6,17 @@
  * jump), so GCC -O3 if-converts and auto-vectorizes such loops with plain
  * SSE2 as well as with AVX2/FMA target attributes.
  *
- * Accuracy against the exact result, for all float inputs:
- *   nd_expf, nd_logf, nd_tanhf, nd_sigmoidf  <= 2 ulp
- *   nd_powf                                  <= 1 ulp (double internally)
+ * Bound: <= 2 ulp from the exact result for every input (libm's is < 1).
+ * Measured over all 2^32 inputs (pow: ~1e8 samples spanning its range):
+ *   nd_expf 0.99, nd_logf 0.83, nd_tanhf 1.33, nd_sigmoidf 1.97, nd_powf 0.98
  * Subnormal results are gradual and correctly scaled; special values (inf,
- * nan, signed zero, C99 Annex F pow cases) follow libm.
+ * nan, signed zero, C99 Annex F pow cases) follow libm;
+ * tests/c/test_cpu_math.c checks the bounds and the cases.
+ *
+ * Speed on 1M-element loops (AMD EPYC): exp/log/tanh/sigmoid run 1.4-6x
+ * faster than glibc with plain SSE2 and 3-13x with AVX2. nd_powf needs double
+ * precision inside, so with plain SSE2 it is ~1.6x slower than glibc's scalar
+ * powf, and only ~1.3x faster with AVX2.
  *
  * Assumes only IEEE-754 binary32/binary64 and round-to-nearest; stays correct
  * with or without FMA contraction, but not under -ffast-math (the rounding
@@ -36,8 +42,9 @@ static inline double nd__u2d(uint64_t u) { double d; memcpy(&d, &u, sizeof d); r
  * clamp to a constant into a separate path; either leaves control flow in the
  * loop and blocks vectorization. Masks keep every arm computed and the loop
  * body a single basic block. c must be 0 or 1. There is deliberately no
- * double version: SSE2 cannot select 64-bit lanes on a double comparison, so
- * nd_powf makes all its decisions on float lanes. */
+ * double version: GCC 12 cannot vectorize a 64-bit select on a double
+ * comparison for plain SSE2, so nd_powf makes all its decisions on float
+ * lanes. */
 static inline float nd__self(int c, float a, float b)
 {
     uint32_t m = 0u - (uint32_t)c;
@@ -52,14 +59,38 @@ static inline uint32_t nd__selu(int c, uint32_t a, uint32_t b)
 #define ND__INF nd__u2f(0x7F800000u)
 #define ND__NAN nd__u2f(0x7FC00000u)
 
+/* e^r for |r| <= ~0.35: Cephes expf polynomial, ~1 ulp. */
+static inline float nd__exp_poly(float r)
+{
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    return p * r * r + r + 1.0f;
+}
+
+/* p * 2^n for p in [0.7, 1.5] and n in [-160, 130]. That is wider than one
+ * float exponent field, so two normal factors build 2^n. The first product
+ * is exact and the second rounds once: correct gradual underflow, and a
+ * natural overflow to +inf. */
+static inline float nd__scale(float p, int32_t n)
+{
+    int32_t n1 = n >> 1;
+    int32_t n2 = n - n1;
+    float s1 = nd__u2f((uint32_t)(n1 + 127) << 23);
+    float s2 = nd__u2f((uint32_t)(n2 + 127) << 23);
+    return p * s1 * s2;
+}
+
 /* exp(x): n = round(x / ln2), r = x - n*ln2 in two pieces (Cody-Waite, the
- * high piece has few bits so n*hi is exact), Cephes polynomial for e^r, then
- * scale by 2^n. */
+ * high piece has few bits so n*hi is exact), e^r by polynomial, times 2^n. */
 static inline float nd_expf(float x)
 {
     /* Beyond these bounds the result is already inf or rounds to 0; clamping
-     * keeps n inside the range the scaling below can build. The comparisons
-     * are written so that a NaN falls through unchanged. */
+     * keeps n inside the range nd__scale handles. The comparisons are
+     * written so that a NaN falls through unchanged. */
     x = nd__self(x > 89.0f, 89.0f, x);
     x = nd__self(x < -104.0f, -104.0f, x);
 
@@ -74,24 +105,7 @@ static inline float nd_expf(float x)
 
     float r = x - nf * 0.693359375f;
     r = r - nf * -2.12194440e-4f;
-
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-
-    /* n spans [-150, 128], wider than one float exponent field; two normal
-     * scale factors cover it. The first product is exact, so the second
-     * rounds only once: a correct gradual underflow and a natural overflow
-     * to +inf. */
-    int32_t n1 = n >> 1;
-    int32_t n2 = n - n1;
-    float s1 = nd__u2f((uint32_t)(n1 + 127) << 23);
-    float s2 = nd__u2f((uint32_t)(n2 + 127) << 23);
-    return p * s1 * s2;
+    return nd__scale(nd__exp_poly(r), n);
 }
 
 /* log(x) = e*ln2 + log(m) with m in [sqrt(1/2), sqrt(2)): Cephes logf. */
@@ -180,11 +194,12 @@ static inline float nd_sigmoidf(float x)
     return q - q * (lo / d);
 }
 
-/* pow(x, y) = 2^(y*log2|x|), with the logarithm and the exponential in
- * double: y*log2|x| reaches about +-150, so float would lose ~8 bits there.
- * The double evaluation is accurate to ~1e-12, leaving the final rounding to
- * float as the only visible error. Signs and the Annex F cases are selects
- * applied afterwards. */
+/* pow(x, y) = 2^(y*log2|x|). |y*log2|x|| reaches ~150 before the result
+ * saturates, and an absolute error d there is a relative error 0.69*d in the
+ * result, so log2|x| and the product are computed in double (~1e-11). Once
+ * the product is split into integer and fraction, the fraction is small and
+ * the rest runs in float, twice as many lanes wide. Signs and the Annex F
+ * cases are selects applied at the end. */
 static inline float nd_powf(float x, float y)
 {
     float ax = nd__u2f(nd__f2u(x) & 0x7FFFFFFFu);
@@ -199,27 +214,26 @@ static inline float nd_powf(float x, float y)
     double m = (double)nd__u2f((off & 0x007FFFFFu) + 0x3F3504F3u);
 
     /* ln m = 2 atanh(s), s = (m-1)/(m+1), |s| <= 0.1716; the series through
-     * s^17 is below 1e-13 relative. */
+     * s^13 is within 5e-11 relative. Estrin's scheme rather than Horner: the
+     * loop body is long enough to be latency-bound. */
     double s = (m - 1.0) / (m + 1.0);
     double s2 = s * s;
-    double q = 1.0 / 17;
-    q = q * s2 + 1.0 / 15;
-    q = q * s2 + 1.0 / 13;
-    q = q * s2 + 1.0 / 11;
-    q = q * s2 + 1.0 / 9;
-    q = q * s2 + 1.0 / 7;
-    q = q * s2 + 1.0 / 5;
-    q = q * s2 + 1.0 / 3;
+    double s4 = s2 * s2;
+    double qa = 1.0 / 3 + 1.0 / 5 * s2;
+    double qb = 1.0 / 7 + 1.0 / 9 * s2;
+    double qc = 1.0 / 11 + 1.0 / 13 * s2;
+    double q = qa + s4 * (qb + s4 * qc);
     double lnm = 2.0 * s + 2.0 * s * s2 * q;
     /* log2 0 = -inf and log2 inf = inf enter as an added float term, so the
      * select stays on float lanes; the split above gave finite values there. */
     float l2_special = nd__self(ax == 0.0f, -ND__INF, nd__self(ax == ND__INF, ND__INF, 0.0f));
     double l2 = ((double)e + lnm * 1.44269504088896340736) + (double)l2_special;
 
-    /* 2^t in double, valid for t in [-160, 130]; outside it (and for a NaN t
-     * from 0*inf or NaN inputs) the integer steps below produce garbage, which
-     * the selects after them replace by 0 or inf (NaN and 0*inf cases by the
-     * Annex F selects at the end). */
+    /* 2^t = 2^k * e^(f*ln2), valid for t in [-160, 130]; outside it (and for
+     * a NaN t from 0*inf or NaN inputs) the integer steps below produce
+     * garbage, which the selects after them replace by 0 or inf (and the NaN
+     * and 0*inf cases the Annex F selects at the end). t - k is exact, and
+     * rounding (t - k)*ln2 to float costs < 0.1 ulp of the result. */
     double t = (double)y * l2;
     float tf = (float)t;
     int t_over = tf > 130.0f;
@@ -227,26 +241,9 @@ static inline float nd_powf(float x, float y)
     const double shift = 0x1.8p52;
     double tk = t + shift;
     double kd = tk - shift;
-    double u = (t - kd) * 0.69314718055994530942;
-    /* Taylor series of e^u, |u| <= ln2/2: the degree-11 remainder is ~1e-14 */
-    double p = 1.0 / 39916800;
-    p = p * u + 1.0 / 3628800;
-    p = p * u + 1.0 / 362880;
-    p = p * u + 1.0 / 40320;
-    p = p * u + 1.0 / 5040;
-    p = p * u + 1.0 / 720;
-    p = p * u + 1.0 / 120;
-    p = p * u + 1.0 / 24;
-    p = p * u + 1.0 / 6;
-    p = p * u + 0.5;
-    p = p * u + 1.0;
-    p = p * u + 1.0;
-    /* The low bits of tk hold k (see nd_expf); k + 1023 lies in [863, 1153],
-     * so shifting it into the exponent field builds 2^k, which is normal in
-     * double. The float conversion is then the one rounding, subnormal and
-     * overflow cases included. */
-    double scale = nd__u2d((nd__d2u(tk) + 1023u) << 52);
-    float r = (float)(p * scale);
+    float fr = (float)((t - kd) * 0.69314718055994530942);
+    int32_t k = (int32_t)(uint32_t)nd__d2u(tk); /* low bits, as in nd_expf */
+    float r = nd__scale(nd__exp_poly(fr), k);
     r = nd__self(t_over, ND__INF, r);
     r = nd__self(t_under, 0.0f, r);
 

@@ -276,9 +276,15 @@ static void test_pow(stats *s)
     check_exact(s, -INFINITY, 3.0f, nd_powf(-INFINITY, 3.0f), -INFINITY);
     check_exact(s, -INFINITY, 2.5f, nd_powf(-INFINITY, 2.5f), INFINITY);
     check_exact(s, -INFINITY, -3.0f, nd_powf(-INFINITY, -3.0f), -0.0f);
-    check_exact(s, -2.0f, 3.0f, nd_powf(-2.0f, 3.0f), -8.0f);
-    check_exact(s, 3.0f, 2.0f, nd_powf(3.0f, 2.0f), 9.0f);
-    check_exact(s, 2.0f, -2.0f, nd_powf(2.0f, -2.0f), 0.25f);
+    /* Integer powers of integers that are exact in float come out exact, as
+     * with libm (nothing guarantees it, but callers notice when 3^2 != 9). */
+    for (int xi = -64; xi <= 64; xi++) {
+        for (int yi = -8; yi <= 12; yi++) {
+            double r = pow(xi, yi);
+            if (fabs(r) <= 0x1p24 && (double)(float)r == r)
+                check_exact(s, (float)xi, (float)yi, nd_powf((float)xi, (float)yi), (float)r);
+        }
+    }
 }
 
 int main(void)
