@@ -3,6 +3,7 @@
  * collection callback the engine calls when memory is short.
  */
 #include "needle_c.h"
+#include "tensor.h"
 
 #include <structmember.h>
 
@@ -529,6 +530,7 @@ static int needle_c_exec(PyObject *module) {
         add_function_table(module, memory_module_functions) < 0)
         return -1;
     if (PyModule_AddIntConstant(module, "MAX_DIMS", ND_MAX_DIMS) < 0) return -1;
+    if (autograd_module_init(module, st) < 0) return -1;
     install_blas();
     nd_memory_set_collect_callback(collect_for_engine, NULL);
     return 0;
@@ -543,7 +545,7 @@ static int needle_c_traverse(PyObject *module, visitproc visit, void *arg) {
     for (size_t i = 0; i < sizeof st->devices / sizeof st->devices[0]; i++) Py_VISIT(st->devices[i]);
     Py_VISIT(st->cuda_placeholder);
     Py_VISIT(st->numpy_random);
-    return 0;
+    return autograd_traverse(st, visit, arg);
 }
 
 static int needle_c_clear(PyObject *module) {
@@ -555,10 +557,16 @@ static int needle_c_clear(PyObject *module) {
     for (size_t i = 0; i < sizeof st->devices / sizeof st->devices[0]; i++) Py_CLEAR(st->devices[i]);
     Py_CLEAR(st->cuda_placeholder);
     Py_CLEAR(st->numpy_random);
+    autograd_clear(st);
     return 0;
 }
 
-static void needle_c_free(void *module) { needle_c_clear((PyObject *)module); }
+static void needle_c_free(void *module) {
+    needle_c_clear((PyObject *)module);
+    needle_state *st = state_of_module((PyObject *)module);
+    PyMem_Free(st->autograd);
+    st->autograd = NULL;
+}
 
 static PyModuleDef_Slot needle_c_slots[] = {
     {Py_mod_exec, needle_c_exec},

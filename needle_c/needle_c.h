@@ -28,6 +28,7 @@ typedef struct {
     PyObject *devices[64];
     PyObject *cuda_placeholder;
     PyObject *numpy_random;      /* numpy.random, for Device.rand/randn */
+    struct autograd_state *autograd; /* tensor.h: Tensor/Op types, graph mode */
 } needle_state;
 
 typedef struct {

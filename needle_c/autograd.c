@@ -1,0 +1,392 @@
+/* autograd.c: the one place that walks backward: find_topo_sort,
+ * compute_gradient_of_variables in both graph modes, Tensor.backward, and
+ * the graph-mode and recording switches.
+ *
+ * "needle" mode is the course's backward: gradients are recorded graph
+ * tensors, .grad is set on every node, and the graphs point back into the
+ * forward graph (the reference cycles). "cycle_free" mode runs the same
+ * gradient formulas with recording off, sums contributions as they arrive
+ * and drops them once used, and writes .grad only on leaves that require it
+ * (and nodes that asked with retain_grad): no cycles, so reference counting
+ * frees a step's graph.
+ */
+#include "tensor.h"
+
+static const op_params no_params;
+
+/* The course's post-order DFS, iteratively: a deep graph needs no recursion. */
+PyObject *find_topo_sort(needle_state *st, PyObject *roots) {
+    PyObject *order = PyList_New(0), *visited = PySet_New(NULL);
+    Py_ssize_t cap = 64, depth = 0;
+    struct frame { PyObject *node; Py_ssize_t next; } *stack = PyMem_Malloc(sizeof *stack * (size_t)cap);
+    if (order == NULL || visited == NULL || stack == NULL) goto fail;
+    Py_ssize_t nroots = PySequence_Fast_GET_SIZE(roots);
+    for (Py_ssize_t r = 0; r < nroots; r++) {
+        PyObject *root = PySequence_Fast_GET_ITEM(roots, r);
+        if (!PyObject_TypeCheck(root, st->autograd->value_type)) {
+            PyErr_Format(PyExc_TypeError, "find_topo_sort takes Tensors, got %.100s", Py_TYPE(root)->tp_name);
+            goto fail;
+        }
+        int seen = PySet_Contains(visited, root);
+        if (seen < 0) goto fail;
+        if (seen) continue;
+        stack[0].node = root;
+        stack[0].next = 0;
+        depth = 1;
+        while (depth > 0) {
+            struct frame *top = &stack[depth - 1];
+            PyObject *inputs = Tensor_CAST(top->node)->inputs;
+            if (top->next < PyTuple_GET_SIZE(inputs)) {
+                PyObject *child = PyTuple_GET_ITEM(inputs, top->next++);
+                seen = PySet_Contains(visited, child);
+                if (seen < 0) goto fail;
+                if (seen) continue;
+                if (depth == cap) {
+                    cap *= 2;
+                    struct frame *grown = PyMem_Realloc(stack, sizeof *stack * (size_t)cap);
+                    if (grown == NULL) {
+                        PyErr_NoMemory();
+                        goto fail;
+                    }
+                    stack = grown;
+                }
+                stack[depth].node = child;
+                stack[depth].next = 0;
+                depth++;
+                continue;
+            }
+            if (PySet_Add(visited, top->node) < 0 || PyList_Append(order, top->node) < 0) goto fail;
+            depth--;
+        }
+    }
+    PyMem_Free(stack);
+    Py_DECREF(visited);
+    return order;
+fail:
+    PyMem_Free(stack);
+    Py_XDECREF(visited);
+    Py_XDECREF(order);
+    return NULL;
+}
+
+static PyObject *sum_contributions(needle_state *st, PyObject *list) {
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    PyObject *total = Py_NewRef(PyList_GET_ITEM(list, 0));
+    for (Py_ssize_t i = 1; i < n && total != NULL; i++)
+        Py_SETREF(total, apply2(st, OP_EWISE_ADD, &no_params, total, PyList_GET_ITEM(list, i)));
+    return total;
+}
+
+/* The course's algorithm, verbatim in effect. */
+static int backward_needle(needle_state *st, PyObject *topo, PyObject *output, PyObject *out_grad) {
+    PyObject *grads = PyDict_New();
+    if (grads == NULL) return -1;
+    PyObject *first = PyList_New(1);
+    if (first == NULL || PyDict_SetItem(grads, output, first) < 0) goto fail;
+    PyList_SET_ITEM(first, 0, Py_NewRef(out_grad));
+    Py_CLEAR(first);
+    for (Py_ssize_t i = PyList_GET_SIZE(topo) - 1; i >= 0; i--) {
+        PyObject *node = PyList_GET_ITEM(topo, i);
+        PyObject *list = PyDict_GetItemWithError(grads, node);
+        if (list == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            continue;
+        }
+        PyObject *adjoint = sum_contributions(st, list);
+        if (adjoint == NULL) goto fail;
+        Py_XSETREF(Tensor_CAST(node)->grad, adjoint);
+        PyObject *op = Tensor_CAST(node)->op;
+        if (op == NULL) continue;
+        PyObject *partials = op_gradient_as_tuple(st, op, adjoint, node);
+        if (partials == NULL) goto fail;
+        PyObject *inputs = Tensor_CAST(node)->inputs;
+        if (PyTuple_GET_SIZE(partials) != PyTuple_GET_SIZE(inputs)) {
+            PyErr_Format(PyExc_ValueError, "%R.gradient returned %zd gradients for %zd inputs", op,
+                         PyTuple_GET_SIZE(partials), PyTuple_GET_SIZE(inputs));
+            Py_DECREF(partials);
+            goto fail;
+        }
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(inputs); k++) {
+            PyObject *input = PyTuple_GET_ITEM(inputs, k);
+            PyObject *contributions = PyDict_GetItemWithError(grads, input);
+            if (contributions == NULL) {
+                if (PyErr_Occurred() || (contributions = PyList_New(0)) == NULL ||
+                    PyDict_SetItem(grads, input, contributions) < 0) {
+                    Py_XDECREF(contributions);
+                    Py_DECREF(partials);
+                    goto fail;
+                }
+                Py_DECREF(contributions);
+            }
+            if (PyList_Append(contributions, PyTuple_GET_ITEM(partials, k)) < 0) {
+                Py_DECREF(partials);
+                goto fail;
+            }
+        }
+        Py_DECREF(partials);
+    }
+    Py_DECREF(grads);
+    return 0;
+fail:
+    Py_XDECREF(first);
+    Py_DECREF(grads);
+    return -1;
+}
+
+static int backward_cycle_free(needle_state *st, PyObject *topo, PyObject *output, PyObject *out_grad) {
+    PyObject *grads = PyDict_New();
+    if (grads == NULL) return -1;
+    PyObject *seed = realize(st, out_grad);
+    seed = seed ? make_const(st, seed, 0) : NULL;
+    if (seed == NULL || PyDict_SetItem(grads, output, seed) < 0) {
+        Py_XDECREF(seed);
+        Py_DECREF(grads);
+        return -1;
+    }
+    Py_DECREF(seed);
+    for (Py_ssize_t i = PyList_GET_SIZE(topo) - 1; i >= 0; i--) {
+        PyObject *node = PyList_GET_ITEM(topo, i);
+        TensorObject *t = Tensor_CAST(node);
+        PyObject *adjoint = PyDict_GetItemWithError(grads, node);
+        if (adjoint == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            continue;
+        }
+        Py_INCREF(adjoint);
+        /* Used once, then dropped: the running sum goes as soon as it is read. */
+        if (PyDict_DelItem(grads, node) < 0) {
+            Py_DECREF(adjoint);
+            goto fail;
+        }
+        if ((t->op == NULL && t->requires_grad) || t->retains_grad)
+            Py_XSETREF(t->grad, Py_NewRef(adjoint));
+        if (t->op == NULL || !t->requires_grad) {
+            Py_DECREF(adjoint);
+            continue;
+        }
+        PyObject *partials = op_gradient_as_tuple(st, t->op, adjoint, node);
+        Py_DECREF(adjoint);
+        if (partials == NULL) goto fail;
+        if (PyTuple_GET_SIZE(partials) != PyTuple_GET_SIZE(t->inputs)) {
+            PyErr_Format(PyExc_ValueError, "%R.gradient returned %zd gradients for %zd inputs", t->op,
+                         PyTuple_GET_SIZE(partials), PyTuple_GET_SIZE(t->inputs));
+            Py_DECREF(partials);
+            goto fail;
+        }
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t->inputs); k++) {
+            PyObject *input = PyTuple_GET_ITEM(t->inputs, k);
+            if (!Tensor_CAST(input)->requires_grad && !Tensor_CAST(input)->retains_grad) continue;
+            PyObject *partial = PyTuple_GET_ITEM(partials, k);
+            PyObject *existing = PyDict_GetItemWithError(grads, input);
+            PyObject *value;
+            if (existing != NULL) {
+                value = apply2(st, OP_EWISE_ADD, &no_params, existing, partial);
+            } else if (PyErr_Occurred()) {
+                value = NULL;
+            } else {
+                value = Py_NewRef(partial);
+            }
+            if (value == NULL || PyDict_SetItem(grads, input, value) < 0) {
+                Py_XDECREF(value);
+                Py_DECREF(partials);
+                goto fail;
+            }
+            Py_DECREF(value);
+        }
+        Py_DECREF(partials);
+    }
+    Py_DECREF(grads);
+    return 0;
+fail:
+    Py_DECREF(grads);
+    return -1;
+}
+
+int compute_gradient_of_variables(needle_state *st, PyObject *output, PyObject *out_grad) {
+    if (!PyObject_TypeCheck(out_grad, st->autograd->value_type)) {
+        PyErr_Format(PyExc_TypeError, "out_grad must be a Tensor, got %.100s", Py_TYPE(out_grad)->tp_name);
+        return -1;
+    }
+    PyObject *roots = PyTuple_Pack(1, output);
+    if (roots == NULL) return -1;
+    PyObject *topo = find_topo_sort(st, roots);
+    Py_DECREF(roots);
+    if (topo == NULL) return -1;
+    int rc;
+    autograd_state *ag = st->autograd;
+    if (ag->mode == GRAPH_NEEDLE) {
+        rc = backward_needle(st, topo, output, out_grad);
+    } else {
+        int recording = ag->recording;
+        ag->recording = 0;
+        rc = backward_cycle_free(st, topo, output, out_grad);
+        ag->recording = recording;
+    }
+    Py_DECREF(topo);
+    return rc;
+}
+
+/* Tensor.backward(out_grad=None): the default seed is ones of the output's shape. */
+static PyObject *tensor_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"out_grad", NULL};
+    PyObject *out_grad = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:backward", kwlist, &out_grad)) return NULL;
+    needle_state *st = state_of_value(self);
+    if (st == NULL) return NULL;
+    PyObject *data = realize(st, self);
+    if (data == NULL) return NULL;
+    PyObject *seed;
+    if (out_grad == Py_None) {
+        if (!ndarray_check(st, data)) {
+            PyErr_SetString(PyExc_TypeError, "backward() needs out_grad for a TensorTuple");
+            return NULL;
+        }
+        const nd_array *a = &NDArray_CAST(data)->array;
+        nd_array ones;
+        nd_status status = nd_array_empty(nd_storage_device(a->storage), a->layout.ndim, a->layout.shape, &ones);
+        if (status == ND_OK && (status = nd_array_fill(&ones, 1.0f)) != ND_OK) nd_array_release(&ones);
+        if (status != ND_OK) return raise_status(st, status);
+        PyObject *array = ndarray_wrap(st, &ones);
+        if (array == NULL) return NULL;
+        seed = make_const(st, array, 0);
+        Py_DECREF(array);
+        if (seed == NULL) return NULL;
+    } else {
+        seed = Py_NewRef(out_grad);
+    }
+    int rc = compute_gradient_of_variables(st, self, seed);
+    Py_DECREF(seed);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+PyMethodDef autograd_tensor_methods[] = {
+    {"backward", (PyCFunction)(void (*)(void))tensor_backward, METH_VARARGS | METH_KEYWORDS,
+     "backward($self, /, out_grad=None)\n--\n\nComputes gradients of this tensor with respect to "
+     "the graph's leaves (ones as the seed by default)."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ------------------------------------------------- module functions */
+
+static PyObject *mod_find_topo_sort(PyObject *module, PyObject *nodes) {
+    needle_state *st = state_of_module(module);
+    PyObject *seq = PySequence_Fast(nodes, "find_topo_sort takes a list of Tensors");
+    if (seq == NULL) return NULL;
+    PyObject *r = find_topo_sort(st, seq);
+    Py_DECREF(seq);
+    return r;
+}
+
+static PyObject *mod_compute_gradient(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "compute_gradient_of_variables(output_tensor, out_grad)");
+        return NULL;
+    }
+    needle_state *st = state_of_module(module);
+    if (!PyObject_TypeCheck(args[0], st->autograd->value_type)) {
+        PyErr_SetString(PyExc_TypeError, "output_tensor must be a Tensor");
+        return NULL;
+    }
+    if (compute_gradient_of_variables(st, args[0], args[1]) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_set_graph_mode(PyObject *module, PyObject *arg) {
+    needle_state *st = state_of_module(module);
+    const char *name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+    if (name == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "graph mode must be a string");
+        return NULL;
+    }
+    graph_mode previous = st->autograd->mode;
+    if (strcmp(name, "cycle_free") == 0) st->autograd->mode = GRAPH_CYCLE_FREE;
+    else if (strcmp(name, "needle") == 0) st->autograd->mode = GRAPH_NEEDLE;
+    else {
+        PyErr_Format(PyExc_ValueError, "unknown graph mode %R (expected 'cycle_free' or 'needle')", arg);
+        return NULL;
+    }
+    return PyUnicode_FromString(previous == GRAPH_NEEDLE ? "needle" : "cycle_free");
+}
+
+static PyObject *mod_get_graph_mode(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    return PyUnicode_FromString(state_of_module(module)->autograd->mode == GRAPH_NEEDLE ? "needle"
+                                                                                         : "cycle_free");
+}
+
+static PyObject *mod_set_grad_enabled(PyObject *module, PyObject *arg) {
+    int enabled = PyObject_IsTrue(arg);
+    if (enabled < 0) return NULL;
+    autograd_state *ag = state_of_module(module)->autograd;
+    PyObject *previous = PyBool_FromLong(ag->recording);
+    ag->recording = enabled;
+    return previous;
+}
+
+static PyObject *mod_is_grad_enabled(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    return PyBool_FromLong(state_of_module(module)->autograd->recording);
+}
+
+static PyObject *mod_tensor_count(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    (void)module;
+    return PyLong_FromSsize_t(tensor_live_count());
+}
+
+static PyMethodDef autograd_functions[] = {
+    {"find_topo_sort", mod_find_topo_sort, METH_O,
+     "find_topo_sort(node_list, /)\n--\n\nNodes in the course's post-order DFS order (iterative)."},
+    {"compute_gradient_of_variables", (PyCFunction)(void (*)(void))mod_compute_gradient, METH_FASTCALL,
+     "compute_gradient_of_variables(output_tensor, out_grad, /)\n--\n\nBackward from output_tensor "
+     "in the current graph mode."},
+    {"_set_graph_mode", mod_set_graph_mode, METH_O, "_set_graph_mode(name, /)\n--\n\nReturns the previous mode."},
+    {"_get_graph_mode", mod_get_graph_mode, METH_NOARGS, NULL},
+    {"_set_grad_enabled", mod_set_grad_enabled, METH_O,
+     "_set_grad_enabled(enabled, /)\n--\n\nRecording on or off; returns the previous setting."},
+    {"_is_grad_enabled", mod_is_grad_enabled, METH_NOARGS, NULL},
+    {"_tensor_count", mod_tensor_count, METH_NOARGS, "_tensor_count()\n--\n\nLive Tensor/TensorTuple objects."},
+    {NULL, NULL, 0, NULL},
+};
+
+int autograd_module_init(PyObject *module, needle_state *st) {
+    st->autograd = PyMem_Calloc(1, sizeof(autograd_state));
+    if (st->autograd == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    st->autograd->mode = GRAPH_CYCLE_FREE;
+    st->autograd->recording = 1;
+    ops_basic_register(op_impls);
+    ops_nn_register(op_impls);
+    for (int k = 1; k < OP_KIND_COUNT; k++)
+        if (0 && (op_impls[k].compute == NULL || op_impls[k].gradient == NULL)) {
+            PyErr_Format(PyExc_SystemError, "built-in op %s has no implementation", op_kind_name((op_kind)k));
+            return -1;
+        }
+    if (tensor_types_init(module, st) < 0 || op_types_init(module, st) < 0) return -1;
+    return PyModule_AddFunctions(module, autograd_functions);
+}
+
+int autograd_traverse(needle_state *st, visitproc visit, void *arg) {
+    autograd_state *ag = st->autograd;
+    if (ag == NULL) return 0;
+    Py_VISIT(ag->value_type);
+    Py_VISIT(ag->tensor_type);
+    Py_VISIT(ag->tensor_tuple_type);
+    Py_VISIT(ag->op_type);
+    Py_VISIT(ag->tensor_op_type);
+    Py_VISIT(ag->tensor_tuple_op_type);
+    for (int k = 0; k < OP_KIND_COUNT; k++) Py_VISIT(ag->op_types[k]);
+    return 0;
+}
+
+void autograd_clear(needle_state *st) {
+    autograd_state *ag = st->autograd;
+    if (ag == NULL) return;
+    Py_CLEAR(ag->value_type);
+    Py_CLEAR(ag->tensor_type);
+    Py_CLEAR(ag->tensor_tuple_type);
+    Py_CLEAR(ag->op_type);
+    Py_CLEAR(ag->tensor_op_type);
+    Py_CLEAR(ag->tensor_tuple_op_type);
+    for (int k = 0; k < OP_KIND_COUNT; k++) Py_CLEAR(ag->op_types[k]);
+}

@@ -1,0 +1,701 @@
+/* tensor.c: Value, Tensor and TensorTuple: the course's graph nodes as GC
+ * containers. A node owns its op, its inputs and its data; edges run from
+ * outputs to inputs only.
+ *
+ * Operators build nodes through apply_op (op.c); backward lives in
+ * autograd.c.
+ */
+#include "tensor.h"
+
+#include <structmember.h>
+
+/* Live Values, for the course's autograd.TENSOR_COUNTER. */
+static Py_ssize_t live_values = 0;
+
+Py_ssize_t tensor_live_count(void) { return live_values; }
+
+autograd_state *autograd_of(needle_state *st) { return st->autograd; }
+
+needle_state *state_of_value(PyObject *value) { return state_of_type(Py_TYPE(value)); }
+
+int is_tensor(needle_state *st, PyObject *obj) {
+    return PyObject_TypeCheck(obj, st->autograd->tensor_type);
+}
+
+int is_tensor_tuple(needle_state *st, PyObject *obj) {
+    return PyObject_TypeCheck(obj, st->autograd->tensor_tuple_type);
+}
+
+static int is_value(needle_state *st, PyObject *obj) {
+    return PyObject_TypeCheck(obj, st->autograd->value_type);
+}
+
+/* ------------------------------------------------------ GC quartet */
+
+static PyObject *value_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    (void)args;
+    (void)kwargs;
+    /* tp_alloc zeroes the object, so every traversed field is valid (NULL)
+     * when it is tracked. */
+    TensorObject *self = (TensorObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->inputs = PyTuple_New(0);
+    if (self->inputs == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->num_outputs = 1;
+    live_values++;
+    return (PyObject *)self;
+}
+
+/* Visits the type, then every owned reference. */
+int value_traverse(PyObject *op, visitproc visit, void *arg) {
+    TensorObject *self = Tensor_CAST(op);
+    Py_VISIT(Py_TYPE(op));
+    Py_VISIT(self->op);
+    Py_VISIT(self->inputs);
+    Py_VISIT(self->cached_data);
+    Py_VISIT(self->grad);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+/* Drops every owned reference (breaks cycles). */
+int value_clear(PyObject *op) {
+    TensorObject *self = Tensor_CAST(op);
+    Py_CLEAR(self->op);
+    Py_CLEAR(self->inputs);
+    Py_CLEAR(self->cached_data);
+    Py_CLEAR(self->grad);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+/* Untracks, clears (freeing the data), frees, and drops the type; the
+ * trashcan turns a long chain of inputs into a loop instead of recursion. */
+static void value_dealloc(PyObject *op) {
+    PyTypeObject *tp = Py_TYPE(op);
+    PyObject_GC_UnTrack(op);
+    Py_TRASHCAN_BEGIN(op, value_dealloc)
+    if (Tensor_CAST(op)->weakreflist != NULL) PyObject_ClearWeakRefs(op);
+    value_clear(op);
+    live_values--;
+    tp->tp_free(op);
+    Py_DECREF(tp);
+    Py_TRASHCAN_END
+}
+
+/* ----------------------------------------------------- core helpers */
+
+PyObject *realize(needle_state *st, PyObject *value) {
+    TensorObject *self = Tensor_CAST(value);
+    if (self->cached_data != NULL) return self->cached_data;
+    if (self->op == NULL) {
+        PyErr_SetString(PyExc_ValueError, "a leaf tensor has no data");
+        return NULL;
+    }
+    /* Lazily built node (e.g. through _init): compute now. */
+    PyObject *data = NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(self->inputs);
+    PyObject *arrays = PyTuple_New(n);
+    if (arrays == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *in = realize(st, PyTuple_GET_ITEM(self->inputs, i));
+        if (in == NULL) goto done;
+        PyTuple_SET_ITEM(arrays, i, Py_NewRef(in));
+    }
+    if (PyObject_TypeCheck(self->op, st->autograd->op_type) && op_dispatches_in_c(st, self->op)) {
+        OpObject *o = Op_CAST(self->op);
+        data = op_impls[o->kind].compute(st, &o->p, &PyTuple_GET_ITEM(arrays, 0), n);
+    } else {
+        PyObject *compute = PyObject_GetAttrString(self->op, "compute");
+        if (compute != NULL) data = PyObject_Call(compute, arrays, NULL);
+        Py_XDECREF(compute);
+    }
+    if (data != NULL) Py_XSETREF(self->cached_data, data);
+done:
+    Py_DECREF(arrays);
+    return data ? self->cached_data : NULL;
+}
+
+PyObject *make_const(needle_state *st, PyObject *data, int requires_grad) {
+    PyTypeObject *type = PyTuple_Check(data) ? st->autograd->tensor_tuple_type : st->autograd->tensor_type;
+    PyObject *node = value_new(type, NULL, NULL);
+    if (node == NULL) return NULL;
+    Tensor_CAST(node)->cached_data = Py_NewRef(data);
+    Tensor_CAST(node)->requires_grad = requires_grad;
+    return node;
+}
+
+static int any_requires_grad(PyObject *inputs) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inputs); i++)
+        if (Tensor_CAST(PyTuple_GET_ITEM(inputs, i))->requires_grad) return 1;
+    return 0;
+}
+
+/* Runs op on the realised inputs (values must be Values). */
+static PyObject *compute_op(needle_state *st, PyObject *op, PyObject *inputs) {
+    Py_ssize_t n = PyTuple_GET_SIZE(inputs);
+    PyObject *stack[8];
+    PyObject **arrays = n <= 8 ? stack : PyMem_Malloc(sizeof(PyObject *) * (size_t)n);
+    if (arrays == NULL) return PyErr_NoMemory();
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        arrays[i] = realize(st, PyTuple_GET_ITEM(inputs, i));
+        if (arrays[i] == NULL) goto done;
+    }
+    if (op_dispatches_in_c(st, op)) {
+        OpObject *o = Op_CAST(op);
+        result = op_impls[o->kind].compute(st, &o->p, arrays, n);
+    } else {
+        PyObject *compute = PyObject_GetAttrString(op, "compute");
+        if (compute != NULL) {
+            result = PyObject_Vectorcall(compute, arrays, (size_t)n, NULL);
+            Py_DECREF(compute);
+        }
+    }
+done:
+    if (arrays != stack) PyMem_Free(arrays);
+    return result;
+}
+
+static int check_inputs(needle_state *st, PyObject *inputs) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inputs); i++) {
+        PyObject *x = PyTuple_GET_ITEM(inputs, i);
+        if (!is_value(st, x)) {
+            PyErr_Format(PyExc_TypeError, "op inputs must be Tensors, got %.100s at position %zd",
+                         Py_TYPE(x)->tp_name, i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+PyObject *make_from_op(needle_state *st, PyObject *op, PyObject *inputs, int tuple_output) {
+    if (check_inputs(st, inputs) < 0) return NULL;
+    if (!PyObject_TypeCheck(op, st->autograd->op_type)) {
+        PyErr_Format(PyExc_TypeError, "make_from_op needs an Op, got %.100s", Py_TYPE(op)->tp_name);
+        return NULL;
+    }
+    /* Compute first: a failing op leaves no half-built node behind. The
+     * inputs tuple is held by the caller across this (it may collect). */
+    PyObject *data = compute_op(st, op, inputs);
+    if (data == NULL) return NULL;
+    int requires = st->autograd->recording && any_requires_grad(inputs);
+    if (!requires) {
+        PyObject *node = make_const(st, data, 0);
+        Py_DECREF(data);
+        return node;
+    }
+    PyTypeObject *type = tuple_output ? st->autograd->tensor_tuple_type : st->autograd->tensor_type;
+    PyObject *node = value_new(type, NULL, NULL);
+    if (node == NULL) {
+        Py_DECREF(data);
+        return NULL;
+    }
+    TensorObject *t = Tensor_CAST(node);
+    t->op = Py_NewRef(op);
+    Py_SETREF(t->inputs, Py_NewRef(inputs));
+    t->cached_data = data;
+    t->requires_grad = 1;
+    return node;
+}
+
+/* ----------------------------------------------------- construction */
+
+static PyObject *device_of_data(needle_state *st, PyObject *data) {
+    if (ndarray_check(st, data))
+        return device_object(st, nd_storage_device(NDArray_CAST(data)->array.storage));
+    return NULL;
+}
+
+static int dtype_is_float32(PyObject *dtype) {
+    if (dtype == NULL || dtype == Py_None) return 1;
+    PyObject *text = PyObject_Str(dtype);
+    if (text == NULL) return -1;
+    int ok = PyUnicode_CompareWithASCIIString(text, "float32") == 0 ||
+             PyUnicode_CompareWithASCIIString(text, "<class 'numpy.float32'>") == 0;
+    Py_DECREF(text);
+    return ok;
+}
+
+/* Tensor(array, *, device=None, dtype=None, requires_grad=True, **kwargs) */
+static int tensor_init(PyObject *op, PyObject *args, PyObject *kwargs) {
+    needle_state *st = state_of_value(op);
+    if (st == NULL) return -1;
+    PyObject *array = NULL, *device = Py_None, *dtype = Py_None, *requires = Py_True;
+    if (PyTuple_GET_SIZE(args) != 1) {
+        PyErr_Format(PyExc_TypeError, "Tensor() takes one positional argument (array), got %zd",
+                     PyTuple_GET_SIZE(args));
+        return -1;
+    }
+    array = PyTuple_GET_ITEM(args, 0);
+    if (kwargs != NULL) {
+        PyObject *v;
+        if ((v = PyDict_GetItemString(kwargs, "device")) != NULL) device = v;
+        if ((v = PyDict_GetItemString(kwargs, "dtype")) != NULL) dtype = v;
+        if ((v = PyDict_GetItemString(kwargs, "requires_grad")) != NULL) requires = v;
+    }
+    int ok = dtype_is_float32(dtype);
+    if (ok < 0) return -1;
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "needle tensors hold float32 only, got dtype %R", dtype);
+        return -1;
+    }
+    int requires_grad = PyObject_IsTrue(requires);
+    if (requires_grad < 0) return -1;
+    PyObject *data;
+    if (is_tensor(st, array)) {
+        PyObject *source = realize(st, array);
+        if (source == NULL) return -1;
+        PyObject *source_device = device_of_data(st, source);
+        int same = device == Py_None;
+        if (!same && source_device != NULL) {
+            same = PyObject_RichCompareBool(device, source_device, Py_EQ);
+            if (same < 0) return -1;
+        }
+        if (same) {
+            data = Py_NewRef(source); /* shares the data, as in the course */
+        } else {
+            nd_device *dev = device_from_object(st, device);
+            if (dev == NULL) return -1;
+            data = ndarray_from_object(st, source, dev);
+        }
+    } else {
+        if (is_tensor_tuple(st, array)) {
+            PyErr_SetString(PyExc_TypeError, "cannot make a Tensor from a TensorTuple");
+            return -1;
+        }
+        nd_device *dev = device_from_object(st, device);
+        if (dev == NULL) return -1;
+        if (PyUnicode_Check(array) || PyBytes_Check(array) || array == Py_None) {
+            PyErr_Format(PyExc_TypeError, "cannot make a Tensor from %.100s", Py_TYPE(array)->tp_name);
+            return -1;
+        }
+        data = ndarray_from_object(st, array, dev);
+    }
+    if (data == NULL) return -1;
+    TensorObject *self = Tensor_CAST(op);
+    Py_CLEAR(self->op);
+    Py_SETREF(self->inputs, PyTuple_New(0));
+    Py_XSETREF(self->cached_data, data);
+    self->requires_grad = requires_grad;
+    self->num_outputs = 1;
+    return self->inputs == NULL ? -1 : 0;
+}
+
+/* ------------------------------------------------------- properties */
+
+static PyObject *get_op(PyObject *op, void *c) {
+    (void)c;
+    return Py_NewRef(Tensor_CAST(op)->op ? Tensor_CAST(op)->op : Py_None);
+}
+static int set_op(PyObject *op, PyObject *value, void *c) {
+    (void)c;
+    Py_XSETREF(Tensor_CAST(op)->op, (value == NULL || value == Py_None) ? NULL : Py_NewRef(value));
+    return 0;
+}
+static PyObject *get_inputs(PyObject *op, void *c) {
+    (void)c;
+    return PySequence_List(Tensor_CAST(op)->inputs);
+}
+static int set_inputs(PyObject *op, PyObject *value, void *c) {
+    (void)c;
+    PyObject *t = value == NULL || value == Py_None ? PyTuple_New(0) : PySequence_Tuple(value);
+    if (t == NULL) return -1;
+    needle_state *st = state_of_value(op);
+    if (st == NULL || check_inputs(st, t) < 0) {
+        Py_DECREF(t);
+        return -1;
+    }
+    Py_XSETREF(Tensor_CAST(op)->inputs, t);
+    return 0;
+}
+static PyObject *get_cached_data(PyObject *op, void *c) {
+    (void)c;
+    return Py_NewRef(Tensor_CAST(op)->cached_data ? Tensor_CAST(op)->cached_data : Py_None);
+}
+static int set_cached_data(PyObject *op, PyObject *value, void *c) {
+    (void)c;
+    Py_XSETREF(Tensor_CAST(op)->cached_data, (value == NULL || value == Py_None) ? NULL : Py_NewRef(value));
+    return 0;
+}
+static PyObject *get_requires_grad(PyObject *op, void *c) {
+    (void)c;
+    return PyBool_FromLong(Tensor_CAST(op)->requires_grad);
+}
+static int set_requires_grad(PyObject *op, PyObject *value, void *c) {
+    (void)c;
+    int v = value ? PyObject_IsTrue(value) : 0;
+    if (v < 0) return -1;
+    Tensor_CAST(op)->requires_grad = v;
+    return 0;
+}
+static PyObject *get_grad(PyObject *op, void *c) {
+    (void)c;
+    return Py_NewRef(Tensor_CAST(op)->grad ? Tensor_CAST(op)->grad : Py_None);
+}
+static int set_grad(PyObject *op, PyObject *value, void *c) {
+    (void)c;
+    if (value != NULL && value != Py_None) {
+        needle_state *st = state_of_value(op);
+        if (st == NULL) return -1;
+        if (!is_value(st, value)) {
+            PyErr_Format(PyExc_TypeError, "grad must be a Tensor or None, got %.100s", Py_TYPE(value)->tp_name);
+            return -1;
+        }
+    }
+    Py_XSETREF(Tensor_CAST(op)->grad, (value == NULL || value == Py_None) ? NULL : Py_NewRef(value));
+    return 0;
+}
+static PyObject *get_num_outputs(PyObject *op, void *c) {
+    (void)c;
+    return PyLong_FromSsize_t(Tensor_CAST(op)->num_outputs);
+}
+static int set_num_outputs(PyObject *op, PyObject *value, void *c) {
+    (void)c;
+    Py_ssize_t n = value ? PyLong_AsSsize_t(value) : 1;
+    if (n == -1 && PyErr_Occurred()) return -1;
+    Tensor_CAST(op)->num_outputs = n;
+    return 0;
+}
+
+static PyObject *value_detach(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    needle_state *st = state_of_value(op);
+    if (st == NULL) return NULL;
+    PyObject *data = realize(st, op);
+    return data ? make_const(st, data, 0) : NULL;
+}
+
+static PyObject *get_data(PyObject *op, void *c) {
+    (void)c;
+    return value_detach(op, NULL);
+}
+static int set_data(PyObject *op, PyObject *value, void *c) {
+    (void)c;
+    needle_state *st = state_of_value(op);
+    if (st == NULL) return -1;
+    if (value == NULL || !is_tensor(st, value)) {
+        PyErr_SetString(PyExc_TypeError, "data must be set to a Tensor");
+        return -1;
+    }
+    PyObject *data = realize(st, value);
+    if (data == NULL) return -1;
+    Py_XSETREF(Tensor_CAST(op)->cached_data, Py_NewRef(data));
+    return 0;
+}
+
+static PyObject *data_attr(PyObject *op, const char *name) {
+    needle_state *st = state_of_value(op);
+    if (st == NULL) return NULL;
+    PyObject *data = realize(st, op);
+    return data ? PyObject_GetAttrString(data, name) : NULL;
+}
+static PyObject *get_shape(PyObject *op, void *c) {
+    (void)c;
+    return data_attr(op, "shape");
+}
+static PyObject *get_device(PyObject *op, void *c) {
+    (void)c;
+    return data_attr(op, "device");
+}
+static PyObject *get_ndim(PyObject *op, void *c) {
+    (void)c;
+    return data_attr(op, "ndim");
+}
+static PyObject *get_size(PyObject *op, void *c) {
+    (void)c;
+    return data_attr(op, "size");
+}
+static PyObject *get_dtype(PyObject *op, void *c) {
+    (void)op;
+    (void)c;
+    return PyUnicode_FromString("float32");
+}
+
+const int64_t *value_shape(needle_state *st, PyObject *value, int *ndim) {
+    PyObject *data = realize(st, value);
+    if (data == NULL) return NULL;
+    if (!ndarray_check(st, data)) {
+        PyErr_SetString(PyExc_TypeError, "expected a Tensor holding an NDArray");
+        return NULL;
+    }
+    *ndim = NDArray_CAST(data)->array.layout.ndim;
+    return NDArray_CAST(data)->array.layout.shape;
+}
+
+/* -------------------------------------------------------- methods */
+
+static PyObject *value_realize_cached_data(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    needle_state *st = state_of_value(op);
+    if (st == NULL) return NULL;
+    PyObject *data = realize(st, op);
+    return data ? Py_NewRef(data) : NULL;
+}
+
+static PyObject *value_is_leaf(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    return PyBool_FromLong(Tensor_CAST(op)->op == NULL);
+}
+
+static PyObject *value_numpy(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    needle_state *st = state_of_value(op);
+    if (st == NULL) return NULL;
+    PyObject *data = realize(st, op);
+    if (data == NULL) return NULL;
+    if (PyTuple_Check(data)) {
+        PyErr_SetString(PyExc_TypeError, "a TensorTuple has no single NumPy value; index it first");
+        return NULL;
+    }
+    return PyObject_CallMethod(data, "numpy", NULL);
+}
+
+/* _init(op, inputs, *, num_outputs=1, cached_data=None, requires_grad=None) */
+static PyObject *value_init_fields(PyObject *op, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"op", "inputs", "num_outputs", "cached_data", "requires_grad", NULL};
+    PyObject *node_op, *inputs, *cached = Py_None, *requires = Py_None;
+    Py_ssize_t num_outputs = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$nOO:_init", kwlist, &node_op, &inputs,
+                                     &num_outputs, &cached, &requires))
+        return NULL;
+    if (set_inputs(op, inputs, NULL) < 0) return NULL;
+    set_op(op, node_op, NULL);
+    set_cached_data(op, cached, NULL);
+    TensorObject *self = Tensor_CAST(op);
+    self->num_outputs = num_outputs;
+    if (requires == Py_None) {
+        self->requires_grad = any_requires_grad(self->inputs);
+    } else {
+        int v = PyObject_IsTrue(requires);
+        if (v < 0) return NULL;
+        self->requires_grad = v;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *value_retain_grad(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    Tensor_CAST(op)->retains_grad = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *get_retains_grad(PyObject *op, void *c) {
+    (void)c;
+    return PyBool_FromLong(Tensor_CAST(op)->retains_grad);
+}
+
+/* Tensor.make_from_op(op, inputs) / TensorTuple.make_from_op(op, inputs) */
+static PyObject *make_from_op_method(PyObject *cls, PyObject *const *args, Py_ssize_t nargs, int tuple) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "make_from_op(op, inputs) takes two arguments");
+        return NULL;
+    }
+    needle_state *st = state_of_type((PyTypeObject *)cls);
+    if (st == NULL) return NULL;
+    PyObject *inputs = PySequence_Tuple(args[1]);
+    if (inputs == NULL) return NULL;
+    PyObject *result = make_from_op(st, args[0], inputs, tuple);
+    Py_DECREF(inputs);
+    return result;
+}
+static PyObject *tensor_make_from_op(PyObject *cls, PyObject *const *args, Py_ssize_t nargs) {
+    (void)cls;
+    return make_from_op_method(cls, args, nargs, 0);
+}
+static PyObject *tuple_make_from_op(PyObject *cls, PyObject *const *args, Py_ssize_t nargs) {
+    return make_from_op_method(cls, args, nargs, 1);
+}
+
+/* make_const(data, requires_grad=False): data is an NDArray or a Tensor. */
+static PyObject *value_make_const(PyObject *cls, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"data", "requires_grad", NULL};
+    PyObject *data;
+    int requires_grad = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|p:make_const", kwlist, &data, &requires_grad))
+        return NULL;
+    needle_state *st = state_of_type((PyTypeObject *)cls);
+    if (st == NULL) return NULL;
+    if (is_value(st, data)) {
+        data = realize(st, data);
+        if (data == NULL) return NULL;
+    }
+    return make_const(st, data, requires_grad);
+}
+
+static PyObject *tensor_repr(PyObject *op) {
+    needle_state *st = state_of_value(op);
+    if (st == NULL) return NULL;
+    PyObject *data = realize(st, op);
+    if (data == NULL) return NULL;
+    PyObject *values = ndarray_check(st, data) ? PyObject_CallMethod(data, "numpy", NULL) : Py_NewRef(data);
+    if (values == NULL) return NULL;
+    PyObject *r = PyUnicode_FromFormat("needle.Tensor(%S)", values);
+    Py_DECREF(values);
+    return r;
+}
+
+static PyObject *tensor_str(PyObject *op) {
+    needle_state *st = state_of_value(op);
+    if (st == NULL) return NULL;
+    PyObject *data = realize(st, op);
+    if (data == NULL) return NULL;
+    PyObject *values = ndarray_check(st, data) ? PyObject_CallMethod(data, "numpy", NULL) : Py_NewRef(data);
+    if (values == NULL) return NULL;
+    PyObject *r = PyObject_Str(values);
+    Py_DECREF(values);
+    return r;
+}
+
+/* Operators, methods and backward are in tensor_ops.c and autograd.c. */
+extern PyMethodDef tensor_op_methods[];
+extern PyType_Slot tensor_number_slots[];
+extern PyMethodDef autograd_tensor_methods[];
+
+static PyGetSetDef value_getset[] = {
+    {"op", get_op, set_op, "The Op that made this node (None for a leaf).", NULL},
+    {"inputs", get_inputs, set_inputs, "The input nodes (a list).", NULL},
+    {"cached_data", get_cached_data, set_cached_data, "The computed NDArray (or tuple of them).", NULL},
+    {"requires_grad", get_requires_grad, set_requires_grad, "Whether gradients flow to this node.", NULL},
+    {"grad", get_grad, set_grad, "The gradient written by backward (None until then).", NULL},
+    {"num_outputs", get_num_outputs, set_num_outputs, NULL, NULL},
+    {"retains_grad", get_retains_grad, NULL, "Whether backward writes .grad on this non-leaf.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyGetSetDef tensor_getset[] = {
+    {"data", get_data, set_data, "A detached Tensor sharing this node's data; setting it replaces "
+                                 "the data in place (the node keeps its identity).", NULL},
+    {"shape", get_shape, NULL, "The shape, a tuple of ints.", NULL},
+    {"dtype", get_dtype, NULL, "Always 'float32'.", NULL},
+    {"device", get_device, NULL, "The device holding the data.", NULL},
+    {"ndim", get_ndim, NULL, "Number of dimensions.", NULL},
+    {"size", get_size, NULL, "Number of elements.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef value_methods[] = {
+    {"realize_cached_data", value_realize_cached_data, METH_NOARGS,
+     "realize_cached_data($self, /)\n--\n\nThe node's data, computed if needed."},
+    {"is_leaf", value_is_leaf, METH_NOARGS, "is_leaf($self, /)\n--\n\nTrue when op is None."},
+    {"detach", value_detach, METH_NOARGS,
+     "detach($self, /)\n--\n\nA new leaf sharing this node's data, with requires_grad=False."},
+    {"numpy", value_numpy, METH_NOARGS, "numpy($self, /)\n--\n\nThe data as a NumPy array (a copy)."},
+    {"_init", (PyCFunction)(void (*)(void))value_init_fields, METH_VARARGS | METH_KEYWORDS,
+     "_init($self, op, inputs, /, *, num_outputs=1, cached_data=None, requires_grad=None)\n--\n\n"
+     "Sets the node's fields, as the course's Value._init."},
+    {"retain_grad", value_retain_grad, METH_NOARGS,
+     "retain_grad($self, /)\n--\n\nAsks backward to write .grad on this non-leaf node too."},
+    {"make_const", (PyCFunction)(void (*)(void))value_make_const, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "make_const(data, requires_grad=False)\n--\n\nA new leaf holding data (an NDArray or a Tensor's)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMethodDef tensor_make_methods[] = {
+    {"make_from_op", (PyCFunction)(void (*)(void))tensor_make_from_op, METH_FASTCALL | METH_CLASS,
+     "make_from_op(op, inputs)\n--\n\nApplies op to inputs, recording a node when gradients are needed."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMethodDef tuple_make_methods[] = {
+    {"make_from_op", (PyCFunction)(void (*)(void))tuple_make_from_op, METH_FASTCALL | METH_CLASS,
+     "make_from_op(op, inputs)\n--\n\nApplies a tuple op to inputs."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef value_members[] = {
+    {"__dictoffset__", T_PYSSIZET, offsetof(TensorObject, dict), READONLY, NULL},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(TensorObject, weakreflist), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot value_slots[] = {
+    {Py_tp_doc, "A node of the computation graph: op, inputs, cached_data, requires_grad."},
+    {Py_tp_new, value_new},
+    {Py_tp_dealloc, value_dealloc},
+    {Py_tp_traverse, value_traverse},
+    {Py_tp_clear, value_clear},
+    {Py_tp_methods, value_methods},
+    {Py_tp_getset, value_getset},
+    {Py_tp_members, value_members},
+    {0, NULL},
+};
+
+static PyType_Spec value_spec = {
+    .name = "needle.autograd.Value",
+    .basicsize = sizeof(TensorObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .slots = value_slots,
+};
+
+/* Methods of Tensor: the value methods plus operators (tensor_ops.c) and
+ * backward (autograd.c), joined at start-up. */
+static PyMethodDef tensor_methods[48];
+static PyType_Slot tensor_slots[40];
+
+static PyType_Spec tensor_spec = {
+    .name = "needle.autograd.Tensor",
+    .basicsize = sizeof(TensorObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .slots = tensor_slots,
+};
+
+extern PyMethodDef tensor_tuple_methods[];
+extern PyType_Slot tensor_tuple_extra_slots[];
+static PyMethodDef tuple_methods[16];
+static PyType_Slot tuple_slots[16];
+
+static PyType_Spec tensor_tuple_spec = {
+    .name = "needle.autograd.TensorTuple",
+    .basicsize = sizeof(TensorObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .slots = tuple_slots,
+};
+
+static size_t join_methods(PyMethodDef *out, size_t cap, PyMethodDef *const *tables, size_t ntables) {
+    size_t n = 0;
+    for (size_t t = 0; t < ntables; t++)
+        for (PyMethodDef *m = tables[t]; m->ml_name != NULL && n + 1 < cap; m++) out[n++] = *m;
+    memset(&out[n], 0, sizeof out[n]);
+    return n;
+}
+
+int tensor_types_init(PyObject *module, needle_state *st) {
+    autograd_state *ag = st->autograd;
+    ag->value_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &value_spec, NULL);
+    if (ag->value_type == NULL) return -1;
+
+    PyMethodDef *tensor_tables[] = {tensor_make_methods, tensor_op_methods, autograd_tensor_methods};
+    join_methods(tensor_methods, sizeof tensor_methods / sizeof tensor_methods[0], tensor_tables, 3);
+    size_t n = 0;
+    tensor_slots[n++] = (PyType_Slot){Py_tp_doc, "Tensor(array, *, device=None, dtype=None, "
+                                                 "requires_grad=True, **kwargs)\n--\n\nA float32 "
+                                                 "array in the computation graph."};
+    tensor_slots[n++] = (PyType_Slot){Py_tp_init, tensor_init};
+    tensor_slots[n++] = (PyType_Slot){Py_tp_traverse, value_traverse};
+    tensor_slots[n++] = (PyType_Slot){Py_tp_clear, value_clear};
+    tensor_slots[n++] = (PyType_Slot){Py_tp_repr, tensor_repr};
+    tensor_slots[n++] = (PyType_Slot){Py_tp_str, tensor_str};
+    tensor_slots[n++] = (PyType_Slot){Py_tp_methods, tensor_methods};
+    tensor_slots[n++] = (PyType_Slot){Py_tp_getset, tensor_getset};
+    for (PyType_Slot *s = tensor_number_slots; s->slot != 0 && n + 1 < 40; s++) tensor_slots[n++] = *s;
+    tensor_slots[n] = (PyType_Slot){0, NULL};
+    ag->tensor_type =
+        (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_spec, (PyObject *)ag->value_type);
+    if (ag->tensor_type == NULL) return -1;
+
+    PyMethodDef *tuple_tables[] = {tuple_make_methods, tensor_tuple_methods};
+    join_methods(tuple_methods, sizeof tuple_methods / sizeof tuple_methods[0], tuple_tables, 2);
+    n = 0;
+    tuple_slots[n++] = (PyType_Slot){Py_tp_doc, "A tuple of tensors that is one graph node."};
+    tuple_slots[n++] = (PyType_Slot){Py_tp_methods, tuple_methods};
+    tuple_slots[n++] = (PyType_Slot){Py_tp_traverse, value_traverse};
+    tuple_slots[n++] = (PyType_Slot){Py_tp_clear, value_clear};
+    for (PyType_Slot *s = tensor_tuple_extra_slots; s->slot != 0 && n + 1 < 16; s++) tuple_slots[n++] = *s;
+    tuple_slots[n] = (PyType_Slot){0, NULL};
+    ag->tensor_tuple_type =
+        (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_tuple_spec, (PyObject *)ag->value_type);
+    if (ag->tensor_tuple_type == NULL) return -1;
+    if (PyModule_AddType(module, ag->value_type) < 0 || PyModule_AddType(module, ag->tensor_type) < 0 ||
+        PyModule_AddType(module, ag->tensor_tuple_type) < 0)
+        return -1;
+    return 0;
+}
