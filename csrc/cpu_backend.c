@@ -363,6 +363,11 @@ nd_sgemm_fn nd_cpu_get_sgemm(void) { return installed_sgemm; }
 
 /* Below this many multiply-adds a BLAS call costs more than the work. */
 #define SMALL_MATMUL_FLOPS 4096
+/* Below this many, the built-in single-threaded GEMM is as fast as a
+ * threaded BLAS and never waits on a thread pool (OpenBLAS's threads took
+ * milliseconds for 64x128x256 on a busy 2-core machine); bench/ndarray_bench.py
+ * measures both. */
+#define BLAS_MIN_FLOPS (256 * 256 * 256)
 
 static void small_matmul(const nd_matmul_desc *d, const float *a, const float *b, float *out) {
     for (int64_t i = 0; i < d->m; i++) {
@@ -380,7 +385,9 @@ static nd_status cpu_matmul(const nd_matmul_desc *d) {
     int64_t batches = 1;
     for (int i = 0; i < d->batch_ndim; i++) batches *= d->batch_shape[i];
     int64_t index[ND_MAX_DIMS] = {0};
-    nd_sgemm_fn gemm = installed_sgemm ? installed_sgemm : nd_cpu_sgemm_fallback;
+    nd_sgemm_fn gemm = installed_sgemm != NULL && d->m * d->n * d->k >= BLAS_MIN_FLOPS
+                           ? installed_sgemm
+                           : nd_cpu_sgemm_fallback;
     int small = d->m * d->n * d->k <= SMALL_MATMUL_FLOPS;
     int trans_a = d->a_col_stride != 1, trans_b = d->b_col_stride != 1;
     int64_t lda = trans_a ? d->a_col_stride : d->a_row_stride;
@@ -420,4 +427,6 @@ const nd_backend nd_cpu_backend = {
     .matmul = cpu_matmul,
     .to_host = cpu_to_host,
     .from_host = cpu_from_host,
+    .gather_rows = nd_cpu_gather_rows,
+    .scatter_add_rows = nd_cpu_scatter_add_rows,
 };

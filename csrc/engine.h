@@ -221,6 +221,23 @@ typedef void (*nd_sgemm_fn)(int trans_a, int trans_b, int64_t m, int64_t n, int6
 void nd_cpu_set_sgemm(nd_sgemm_fn fn);
 nd_sgemm_fn nd_cpu_get_sgemm(void);
 
+/* ------------------------------------------------------------- row indexing */
+
+/* Embedding-style row indexing. Indices are float32 arrays holding integer
+ * values (every array here is float32); an index that is not an integer or
+ * lies outside [0, rows) fails with ND_ERR_INDEX before anything is written.
+ * Negative indices are errors, not counted from the end. */
+
+/* out (indices.shape + (D,), new, contiguous) = table[indices], table (V, D). */
+nd_status nd_array_gather_rows(const nd_array *table, const nd_array *indices, nd_array *out);
+/* out (num_rows, D), new: zeros with src's rows added at their indices;
+ * src has shape indices.shape + (D,). Repeated indices accumulate. */
+nd_status nd_array_scatter_add_rows(const nd_array *src, const nd_array *indices, int64_t num_rows,
+                                    nd_array *out);
+/* The same, added in place into the existing 2-D view dst (num_rows, D). */
+nd_status nd_array_scatter_add_rows_into(const nd_array *dst, const nd_array *src,
+                                         const nd_array *indices);
+
 #ifdef __cplusplus
 }
 #endif

@@ -57,6 +57,14 @@ typedef struct nd_backend {
     nd_status (*matmul)(const nd_matmul_desc *desc);
     nd_status (*to_host)(const nd_layout *src_layout, const float *src, float *host);
     nd_status (*from_host)(const nd_layout *dst_layout, float *dst, const float *host);
+    /* Row r of out (n x d) = row idx[r] of table (rows x d); idx is 1-D (n).
+     * Checks every index (integer, in [0, rows)) before writing: ND_ERR_INDEX. */
+    nd_status (*gather_rows)(const nd_layout *out_layout, float *out, const nd_layout *table_layout,
+                             const float *table, const nd_layout *idx_layout, const float *idx);
+    /* Row idx[r] of out (rows x d) += row r of src (n x d), in index order, so
+     * repeated indices accumulate; indices checked first, as for gather_rows. */
+    nd_status (*scatter_add_rows)(const nd_layout *out_layout, float *out, const nd_layout *src_layout,
+                                  const float *src, const nd_layout *idx_layout, const float *idx);
 } nd_backend;
 
 typedef struct nd_allocator {
@@ -100,5 +108,11 @@ nd_device *nd_device_register(nd_device_kind kind, int ordinal, const char *name
                               const nd_backend *backend, int64_t capacity, int available);
 
 extern const nd_backend nd_cpu_backend;
+
+/* The CPU's row-indexing kernels (cpu_gather.c), entries of nd_cpu_backend. */
+nd_status nd_cpu_gather_rows(const nd_layout *out_layout, float *out, const nd_layout *table_layout,
+                             const float *table, const nd_layout *idx_layout, const float *idx);
+nd_status nd_cpu_scatter_add_rows(const nd_layout *out_layout, float *out, const nd_layout *src_layout,
+                                  const float *src, const nd_layout *idx_layout, const float *idx);
 
 #endif /* NEEDLE_INTERNAL_H */

@@ -1,0 +1,699 @@
+/* ops_nn.c: compute (NDArrays) and gradient (Tensors) of the neural-network
+ * ops: flip, dilate/undilate, convolution, logsumexp and log-softmax, row
+ * gathering and scattering (embeddings) and softmax cross-entropy.
+ *
+ * Gradients follow the course's formulas and are built from ops through
+ * apply (so "needle" mode records the course's graphs). Where a formula is
+ * only right for the course's easy shapes (a stride that divides the padded
+ * size, square images), the extra crop or pad is itself an op.
+ */
+#include "ops_util.h"
+
+#include <float.h>
+
+#define UNUSED(x) (void)(x)
+
+static const op_params no_params;
+
+static int check_arrays(needle_state *st, const char *name, PyObject *const *a, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!ndarray_check(st, a[i])) {
+            PyErr_Format(PyExc_TypeError, "%s needs Tensors holding NDArrays, got %.100s", name,
+                         Py_TYPE(a[i])->tp_name);
+            return -1;
+        }
+    return 0;
+}
+
+/* A copy of a Tensor's shape (the pointer value_shape gives is borrowed). */
+static int shape_of(needle_state *st, PyObject *value, int *ndim, int64_t *shape) {
+    const int64_t *s = value_shape(st, value, ndim);
+    if (s == NULL) return -1;
+    memcpy(shape, s, sizeof(int64_t) * (size_t)*ndim);
+    return 0;
+}
+
+/* ----------------------------------------------- Tensor building blocks */
+
+static PyObject *t_axes_op(needle_state *st, op_kind kind, PyObject *x, int naxes, const int *axes,
+                           int dilation) {
+    op_params p = no_params;
+    p.axes_given = 1;
+    p.naxes = naxes;
+    memcpy(p.axes, axes, sizeof(int) * (size_t)naxes);
+    p.dilation = dilation;
+    return apply1(st, kind, &p, x);
+}
+
+static PyObject *t_transpose(needle_state *st, PyObject *x, int a, int b) {
+    return t_axes_op(st, OP_TRANSPOSE, x, 2, (int[]){a, b}, 0);
+}
+
+static PyObject *t_conv(needle_state *st, PyObject *x, PyObject *w, int stride, int padding) {
+    op_params p = no_params;
+    p.stride = stride;
+    p.padding = padding;
+    return apply2(st, OP_CONV, &p, x, w);
+}
+
+static PyObject *t_sub(needle_state *st, PyObject *a, PyObject *b) {
+    PyObject *neg = t_unary(st, OP_NEGATE, b);
+    PyObject *r = neg ? t_add(st, a, neg) : NULL;
+    Py_XDECREF(neg);
+    return r;
+}
+
+/* A getitem key of slices start[i]:stop[i]. */
+static PyObject *slice_key(int ndim, const int64_t *start, const int64_t *stop) {
+    PyObject *key = PyTuple_New(ndim);
+    for (int i = 0; key != NULL && i < ndim; i++) {
+        PyObject *a = PyLong_FromLongLong(start[i]), *b = PyLong_FromLongLong(stop[i]);
+        PyObject *slice = a && b ? PySlice_New(a, b, NULL) : NULL;
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        if (slice == NULL) Py_CLEAR(key);
+        else PyTuple_SET_ITEM(key, i, slice);
+    }
+    return key;
+}
+
+/* x[start:stop] along every dim (a GetItem op). */
+static PyObject *t_slice(needle_state *st, PyObject *x, int ndim, const int64_t *start, const int64_t *stop) {
+    op_params p = no_params;
+    p.key = slice_key(ndim, start, stop);
+    if (p.key == NULL) return NULL;
+    PyObject *r = apply1(st, OP_GET_ITEM, &p, x);
+    Py_DECREF(p.key);
+    return r;
+}
+
+/* x (shape `from`) with zeros appended up to shape `to` (a ScatterSlice op). */
+static PyObject *t_pad_end(needle_state *st, PyObject *x, int ndim, const int64_t *from, const int64_t *to) {
+    int64_t zero[ND_MAX_DIMS] = {0};
+    op_params p = no_params;
+    p.key = slice_key(ndim, zero, from);
+    if (p.key == NULL) return NULL;
+    p.ndim = ndim;
+    memcpy(p.shape, to, sizeof(int64_t) * (size_t)ndim);
+    PyObject *r = apply1(st, OP_SET_ITEM_GRAD, &p, x);
+    Py_DECREF(p.key);
+    return r;
+}
+
+/* The zero gradient of an input that is not differentiable (indices). */
+static PyObject *t_zeros_like(needle_state *st, PyObject *x) {
+    PyObject *data = realize(st, x);
+    if (data == NULL) return NULL;
+    if (check_arrays(st, "a zero gradient", &data, 1) < 0) return NULL;
+    const nd_layout *l = array_layout(data);
+    PyObject *z = nd_full_like_shape(st, data, l->ndim, l->shape, 0.0f);
+    PyObject *r = z ? t_const(st, z) : NULL;
+    Py_XDECREF(z);
+    return r;
+}
+
+/* ------------------------------------------------------------- flip */
+
+static PyObject *flip_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+    if (check_arrays(st, "Flip", a, n) < 0) return NULL;
+    nd_layout out;
+    nd_status status = nd_layout_flip(array_layout(a[0]), p->naxes, p->axes, &out);
+    if (status != ND_OK) return raise_status(st, status);
+    return nd_layout_view(st, a[0], &out);
+}
+
+static PyObject *flip_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+    UNUSED(node);
+    return pack1(apply1(st, OP_FLIP, p, g));
+}
+
+/* -------------------------------------------------- dilate/undilate */
+
+static PyObject *dilate_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+    if (check_arrays(st, "Dilate", a, n) < 0) return NULL;
+    const nd_layout *l = array_layout(a[0]);
+    uint32_t mask;
+    if (axes_to_mask(p, l->ndim, &mask) < 0) return NULL;
+    int64_t step = (int64_t)p->dilation + 1, shape[ND_MAX_DIMS];
+    for (int i = 0; i < l->ndim; i++) shape[i] = (mask >> i) & 1u ? l->shape[i] * step : l->shape[i];
+    PyObject *out = nd_full_like_shape(st, a[0], l->ndim, shape, 0.0f);
+    if (out == NULL) return NULL;
+    /* The input goes to every step-th element of the zeros. */
+    nd_array slots = NDArray_CAST(out)->array;
+    for (int i = 0; i < l->ndim; i++)
+        if ((mask >> i) & 1u) nd_layout_slice(&slots.layout, i, 0, step, l->shape[i]);
+    nd_status status = nd_array_assign(&slots, &NDArray_CAST(a[0])->array);
+    if (status != ND_OK) {
+        Py_DECREF(out);
+        return raise_status(st, status);
+    }
+    return out;
+}
+
+static PyObject *dilate_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+    UNUSED(node);
+    return pack1(apply1(st, OP_UNDILATE, p, g));
+}
+
+static PyObject *undilate_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+    if (check_arrays(st, "UnDilate", a, n) < 0) return NULL;
+    nd_layout view = *array_layout(a[0]);
+    uint32_t mask;
+    if (axes_to_mask(p, view.ndim, &mask) < 0) return NULL;
+    int64_t step = (int64_t)p->dilation + 1;
+    for (int i = 0; i < view.ndim; i++)
+        if ((mask >> i) & 1u) nd_layout_slice(&view, i, 0, step, (view.shape[i] + step - 1) / step);
+    return nd_layout_view(st, a[0], &view);
+}
+
+static PyObject *undilate_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+    int ndim;
+    int64_t shape[ND_MAX_DIMS];
+    if (shape_of(st, node_input(node, 0), &ndim, shape) < 0) return NULL;
+    PyObject *d = apply1(st, OP_DILATE, p, g);
+    if (d == NULL) return NULL;
+    /* dilate() pads every axis to a multiple of the step; an input whose
+     * length was not one gets the extra (all-zero) tail cropped. */
+    int dnd;
+    int64_t dshape[ND_MAX_DIMS], zero[ND_MAX_DIMS] = {0};
+    if (shape_of(st, d, &dnd, dshape) < 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    if (dnd == ndim && memcmp(dshape, shape, sizeof(int64_t) * (size_t)ndim) != 0)
+        Py_SETREF(d, t_slice(st, d, ndim, zero, shape));
+    return pack1(d);
+}
+
+/* ------------------------------------------------------------- conv */
+
+static int conv_shapes(const nd_layout *x, const nd_layout *w, const op_params *p, int64_t *oh, int64_t *ow) {
+    if (x->ndim != 4 || w->ndim != 4) {
+        PyErr_Format(PyExc_ValueError,
+                     "conv needs a 4-D input (N, H, W, C_in) and a 4-D weight (K, K, C_in, C_out), "
+                     "got %d-D and %d-D",
+                     x->ndim, w->ndim);
+        return -1;
+    }
+    int64_t k = w->shape[0], hp = x->shape[1] + 2 * (int64_t)p->padding, wp = x->shape[2] + 2 * (int64_t)p->padding;
+    if (w->shape[1] != k || k < 1) {
+        PyErr_Format(PyExc_ValueError, "conv needs a square kernel of size >= 1, got %lld x %lld",
+                     (long long)w->shape[0], (long long)w->shape[1]);
+        return -1;
+    }
+    if (w->shape[2] != x->shape[3]) {
+        PyErr_Format(PyExc_ValueError, "conv: the input has %lld channels but the weight expects %lld",
+                     (long long)x->shape[3], (long long)w->shape[2]);
+        return -1;
+    }
+    if (k > hp || k > wp) {
+        PyErr_Format(PyExc_ValueError, "conv: kernel size %lld exceeds the padded input (%lld x %lld)",
+                     (long long)k, (long long)hp, (long long)wp);
+        return -1;
+    }
+    *oh = (hp - k) / p->stride + 1;
+    *ow = (wp - k) / p->stride + 1;
+    return 0;
+}
+
+/* x zero-padded by `pad` along H and W, as a compact array. */
+static PyObject *pad_hw(needle_state *st, PyObject *x, int64_t pad) {
+    const nd_layout *l = array_layout(x);
+    if (pad == 0) return nd_compact_array(st, x);
+    int64_t shape[4] = {l->shape[0], l->shape[1] + 2 * pad, l->shape[2] + 2 * pad, l->shape[3]};
+    PyObject *out = nd_full_like_shape(st, x, 4, shape, 0.0f);
+    if (out == NULL) return NULL;
+    nd_array inner = NDArray_CAST(out)->array;
+    nd_layout_slice(&inner.layout, 1, pad, 1, l->shape[1]);
+    nd_layout_slice(&inner.layout, 2, pad, 1, l->shape[2]);
+    nd_status status = nd_array_assign(&inner, &NDArray_CAST(x)->array);
+    if (status != ND_OK) {
+        Py_DECREF(out);
+        return raise_status(st, status);
+    }
+    return out;
+}
+
+static PyObject *conv_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+    if (check_arrays(st, "Conv", a, n) < 0) return NULL;
+    const nd_layout *xl = array_layout(a[0]), *wl = array_layout(a[1]);
+    int64_t oh, ow;
+    if (conv_shapes(xl, wl, p, &oh, &ow) < 0) return NULL;
+    int64_t batch = xl->shape[0], cin = xl->shape[3], k = wl->shape[0], cout = wl->shape[3];
+    int64_t s = p->stride;
+    PyObject *padded = pad_hw(st, a[0], p->padding);
+    if (padded == NULL) return NULL;
+    /* im2col as a strided view: (n, i, j) picks the window at (i*s, j*s),
+     * (a, b, c) walks inside it; compacting it is the only copy. */
+    const nd_layout *pl = array_layout(padded);
+    nd_layout col = {.ndim = 6, .offset = pl->offset};
+    const int64_t shape[6] = {batch, oh, ow, k, k, cin};
+    const int64_t strides[6] = {pl->strides[0], pl->strides[1] * s, pl->strides[2] * s,
+                                pl->strides[1], pl->strides[2], pl->strides[3]};
+    memcpy(col.shape, shape, sizeof shape);
+    memcpy(col.strides, strides, sizeof strides);
+    PyObject *window = nd_layout_view(st, padded, &col);
+    Py_DECREF(padded);
+    if (window == NULL) return NULL;
+    PyObject *cols = nd_reshape_array(st, window, 2, (int64_t[]){batch * oh * ow, k * k * cin});
+    Py_DECREF(window);
+    PyObject *wm = cols ? nd_reshape_array(st, a[1], 2, (int64_t[]){k * k * cin, cout}) : NULL;
+    PyObject *out = NULL;
+    if (wm != NULL) {
+        nd_array prod;
+        nd_status status = nd_array_matmul(&NDArray_CAST(cols)->array, &NDArray_CAST(wm)->array, &prod);
+        PyObject *flat = status == ND_OK ? ndarray_wrap(st, &prod) : raise_status(st, status);
+        if (flat != NULL) out = nd_reshape_array(st, flat, 4, (int64_t[]){batch, oh, ow, cout});
+        Py_XDECREF(flat);
+    }
+    Py_XDECREF(cols);
+    Py_XDECREF(wm);
+    return out;
+}
+
+/* The gradient (N, oh, ow, C_out) dilated by the stride and cut to
+ * [lo, hi) along H and W (lo_h, hi_h, lo_w, hi_w). */
+static PyObject *cut_hw(needle_state *st, PyObject *gd, const int64_t *gd_shape, const int64_t *bounds) {
+    if (bounds[0] == 0 && bounds[1] == gd_shape[1] && bounds[2] == 0 && bounds[3] == gd_shape[2])
+        return Py_NewRef(gd);
+    int64_t start[4] = {0, bounds[0], bounds[2], 0};
+    int64_t stop[4] = {gd_shape[0], bounds[1], bounds[3], gd_shape[3]};
+    return t_slice(st, gd, 4, start, stop);
+}
+
+/* dX = conv(dilate(g), flip(transpose(W, (2, 3)), (0, 1)), 1, K-1-p). The
+ * dilated gradient is cut to the rows the input reached: the tail a stride
+ * that does not divide H+2p-K leaves, and, when p > K-1, the head that only
+ * padding saw (a negative padding, which conv has not). */
+static PyObject *conv_grad_input(needle_state *st, PyObject *gd, const int64_t *gd_shape, PyObject *w,
+                                 const int64_t *x_shape, int64_t k, int64_t pad) {
+    int64_t q = k - 1 - pad, bounds[4];
+    for (int d = 0; d < 2; d++) {
+        int64_t len = x_shape[1 + d];
+        bounds[2 * d] = q >= 0 ? 0 : -q;
+        bounds[2 * d + 1] = q >= 0 ? len + 2 * pad - k + 1 : len + pad;
+    }
+    PyObject *gx = cut_hw(st, gd, gd_shape, bounds);
+    PyObject *wt = gx ? t_transpose(st, w, 2, 3) : NULL;
+    PyObject *wf = wt ? t_axes_op(st, OP_FLIP, wt, 2, (int[]){0, 1}, 0) : NULL;
+    PyObject *dx = wf ? t_conv(st, gx, wf, 1, (int)(q >= 0 ? q : 0)) : NULL;
+    Py_XDECREF(gx);
+    Py_XDECREF(wt);
+    Py_XDECREF(wf);
+    return dx;
+}
+
+/* dW = conv(transpose(X, (0, 3)), transpose(transpose(g, (0, 1)), (1, 2)), 1, p),
+ * transposed back to (K, K, C_in, C_out). The gradient, as a kernel, must be
+ * square: for H != W the shorter side of it and of X get zeros appended,
+ * which add nothing to the sums. */
+static PyObject *conv_grad_weight(needle_state *st, PyObject *gd, const int64_t *gd_shape, PyObject *x,
+                                  const int64_t *x_shape, int64_t k, int64_t pad) {
+    int64_t lh = x_shape[1] + 2 * pad - k + 1, lw = x_shape[2] + 2 * pad - k + 1;
+    PyObject *gk = cut_hw(st, gd, gd_shape, (int64_t[]){0, lh, 0, lw});
+    PyObject *xt = gk ? t_transpose(st, x, 0, 3) : NULL;
+    PyObject *g1 = xt ? t_transpose(st, gk, 0, 1) : NULL;
+    PyObject *gt = g1 ? t_transpose(st, g1, 1, 2) : NULL;
+    Py_XDECREF(gk);
+    Py_XDECREF(g1);
+    if (gt != NULL && lh != lw) {
+        int64_t l = lh > lw ? lh : lw;
+        int64_t gt_from[4] = {lh, lw, x_shape[0], gd_shape[3]}, gt_to[4] = {l, l, x_shape[0], gd_shape[3]};
+        int64_t xt_from[4] = {x_shape[3], x_shape[1], x_shape[2], x_shape[0]};
+        int64_t xt_to[4] = {x_shape[3], x_shape[1] + l - lh, x_shape[2] + l - lw, x_shape[0]};
+        Py_SETREF(gt, t_pad_end(st, gt, 4, gt_from, gt_to));
+        if (gt != NULL) Py_SETREF(xt, t_pad_end(st, xt, 4, xt_from, xt_to));
+    }
+    PyObject *c = gt && xt ? t_conv(st, xt, gt, 1, (int)pad) : NULL;
+    PyObject *c1 = c ? t_transpose(st, c, 0, 1) : NULL;
+    PyObject *dw = c1 ? t_transpose(st, c1, 1, 2) : NULL;
+    Py_XDECREF(xt);
+    Py_XDECREF(gt);
+    Py_XDECREF(c);
+    Py_XDECREF(c1);
+    return dw;
+}
+
+static PyObject *conv_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+    PyObject *x = node_input(node, 0), *w = node_input(node, 1);
+    int xnd, wnd;
+    int64_t x_shape[ND_MAX_DIMS], w_shape[ND_MAX_DIMS];
+    if (shape_of(st, x, &xnd, x_shape) < 0 || shape_of(st, w, &wnd, w_shape) < 0) return NULL;
+    int64_t k = w_shape[0], pad = p->padding;
+    /* dilate(g, (1, 2), 0) is g itself: stride 1 skips the copy. */
+    PyObject *gd = p->stride > 1 ? t_axes_op(st, OP_DILATE, g, 2, (int[]){1, 2}, p->stride - 1) : Py_NewRef(g);
+    int gnd;
+    int64_t gd_shape[ND_MAX_DIMS];
+    if (gd == NULL) return NULL;
+    if (shape_of(st, gd, &gnd, gd_shape) < 0) {
+        Py_DECREF(gd);
+        return NULL;
+    }
+    PyObject *dx = conv_grad_input(st, gd, gd_shape, w, x_shape, k, pad);
+    PyObject *dw = dx ? conv_grad_weight(st, gd, gd_shape, x, x_shape, k, pad) : NULL;
+    Py_DECREF(gd);
+    return pack2(dx, dw);
+}
+
+/* -------------------------------------------------------- logsumexp */
+
+/* log(sum(exp(a - m))) + m over the axes in mask, keeping them as size-1
+ * dims; m is the max, clamped to finite values so that an all -inf (or a
+ * +inf) slice gives -inf (inf) rather than nan. */
+static PyObject *lse_keepdims(needle_state *st, PyObject *a, uint32_t mask) {
+    PyObject *m = nd_reduce_array(st, ND_REDUCE_MAX, a, mask, 1);
+    PyObject *lo = m ? nd_binary_scalar(st, ND_MAXIMUM, m, -FLT_MAX, 0) : NULL;
+    PyObject *shift = lo ? nd_binary_scalar(st, ND_MINIMUM, lo, FLT_MAX, 0) : NULL;
+    Py_XDECREF(m);
+    Py_XDECREF(lo);
+    PyObject *centred = shift ? nd_binary_arrays(st, ND_SUB, a, shift) : NULL;
+    PyObject *e = centred ? nd_unary_array(st, ND_EXP, centred) : NULL;
+    Py_XDECREF(centred);
+    PyObject *sum = e ? nd_reduce_array(st, ND_REDUCE_SUM, e, mask, 1) : NULL;
+    Py_XDECREF(e);
+    PyObject *log = sum ? nd_unary_array(st, ND_LOG, sum) : NULL;
+    Py_XDECREF(sum);
+    PyObject *r = log ? nd_binary_arrays(st, ND_ADD, log, shift) : NULL;
+    Py_XDECREF(log);
+    Py_XDECREF(shift);
+    return r;
+}
+
+static PyObject *logsumexp_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+    if (check_arrays(st, "LogSumExp", a, n) < 0) return NULL;
+    const nd_layout *l = array_layout(a[0]);
+    uint32_t mask;
+    if (axes_to_mask(p, l->ndim, &mask) < 0) return NULL;
+    int64_t shape[ND_MAX_DIMS];
+    int ndim = 0;
+    for (int i = 0; i < l->ndim; i++)
+        if (!((mask >> i) & 1u)) shape[ndim++] = l->shape[i];
+    /* Like Summation: reducing everything (axes=None) gives shape (1,). */
+    if (!p->axes_given) {
+        ndim = 1;
+        shape[0] = 1;
+    }
+    PyObject *kept = lse_keepdims(st, a[0], mask);
+    if (kept == NULL) return NULL;
+    PyObject *r = nd_reshape_array(st, kept, ndim, shape);
+    Py_DECREF(kept);
+    return r;
+}
+
+static PyObject *logsumexp_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+    /* exp(Z - broadcast(node)) * broadcast(g), both reshaped to keep the
+     * reduced axes as size-1 dims */
+    PyObject *z = node_input(node, 0);
+    int ndim;
+    int64_t shape[ND_MAX_DIMS], kept[ND_MAX_DIMS];
+    uint32_t mask;
+    if (shape_of(st, z, &ndim, shape) < 0 || axes_to_mask(p, ndim, &mask) < 0) return NULL;
+    for (int i = 0; i < ndim; i++) kept[i] = (mask >> i) & 1u ? 1 : shape[i];
+    PyObject *nr = t_reshape(st, node, ndim, kept);
+    PyObject *nb = nr ? t_broadcast(st, nr, ndim, shape) : NULL;
+    PyObject *diff = nb ? t_sub(st, z, nb) : NULL;
+    PyObject *e = diff ? t_unary(st, OP_EXP, diff) : NULL;
+    PyObject *gr = e ? t_reshape(st, g, ndim, kept) : NULL;
+    PyObject *gb = gr ? t_broadcast(st, gr, ndim, shape) : NULL;
+    PyObject *r = gb ? t_mul(st, e, gb) : NULL;
+    Py_XDECREF(nr);
+    Py_XDECREF(nb);
+    Py_XDECREF(diff);
+    Py_XDECREF(e);
+    Py_XDECREF(gr);
+    Py_XDECREF(gb);
+    return pack1(r);
+}
+
+static PyObject *logsoftmax_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+    UNUSED(p);
+    if (check_arrays(st, "LogSoftmax", a, n) < 0) return NULL;
+    if (array_layout(a[0])->ndim != 2) {
+        PyErr_Format(PyExc_ValueError, "LogSoftmax needs a 2-D input, got %d-D", array_layout(a[0])->ndim);
+        return NULL;
+    }
+    PyObject *lse = lse_keepdims(st, a[0], 1u << 1);
+    PyObject *r = lse ? nd_binary_arrays(st, ND_SUB, a[0], lse) : NULL;
+    Py_XDECREF(lse);
+    return r;
+}
+
+static PyObject *logsoftmax_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+    UNUSED(p);
+    /* g - softmax * broadcast(sum(g, axis 1)), softmax = exp(node) */
+    int ndim;
+    int64_t shape[ND_MAX_DIMS];
+    if (shape_of(st, node, &ndim, shape) < 0) return NULL;
+    PyObject *s = t_sum_mask(st, g, 2, 1u << 1);
+    PyObject *sr = s ? t_reshape(st, s, 2, (int64_t[]){shape[0], 1}) : NULL;
+    PyObject *sb = sr ? t_broadcast(st, sr, 2, shape) : NULL;
+    PyObject *sm = sb ? t_unary(st, OP_EXP, node) : NULL;
+    PyObject *prod = sm ? t_mul(st, sm, sb) : NULL;
+    PyObject *r = prod ? t_sub(st, g, prod) : NULL;
+    Py_XDECREF(s);
+    Py_XDECREF(sr);
+    Py_XDECREF(sb);
+    Py_XDECREF(sm);
+    Py_XDECREF(prod);
+    return pack1(r);
+}
+
+/* ------------------------------------------------ gather / scatter rows */
+
+static PyObject *gather_rows_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+    UNUSED(p);
+    if (check_arrays(st, "GatherRows", a, n) < 0) return NULL;
+    nd_array out;
+    nd_status status = nd_array_gather_rows(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array, &out);
+    return status == ND_OK ? ndarray_wrap(st, &out) : raise_status(st, status);
+}
+
+static PyObject *gather_rows_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+    UNUSED(p);
+    PyObject *indices = node_input(node, 1);
+    int ndim;
+    int64_t shape[ND_MAX_DIMS];
+    if (shape_of(st, node_input(node, 0), &ndim, shape) < 0) return NULL;
+    op_params q = no_params;
+    q.index = (Py_ssize_t)shape[0];
+    PyObject *dt = apply2(st, OP_SCATTER_ADD_ROWS, &q, g, indices);
+    return pack2(dt, dt ? t_zeros_like(st, indices) : NULL);
+}
+
+static PyObject *scatter_add_rows_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                          Py_ssize_t n) {
+    if (check_arrays(st, "ScatterAddRows", a, n) < 0) return NULL;
+    nd_array out;
+    nd_status status = nd_array_scatter_add_rows(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array,
+                                                 (int64_t)p->index, &out);
+    return status == ND_OK ? ndarray_wrap(st, &out) : raise_status(st, status);
+}
+
+static PyObject *scatter_add_rows_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+    UNUSED(p);
+    PyObject *indices = node_input(node, 1);
+    PyObject *ds = apply2(st, OP_GATHER_ROWS, &no_params, g, indices);
+    return pack2(ds, ds ? t_zeros_like(st, indices) : NULL);
+}
+
+/* ---------------------------------------------- softmax cross-entropy */
+
+/* Row i's label is element i*C + label of the flattened (N, C) logits. Those
+ * flat indices are float32, exact only below 2**24, so rows go in chunks
+ * whose flat indices stay below that (one row per chunk past 2**24 classes). */
+#define EXACT_FLOAT_INTS ((int64_t)1 << 24)
+
+typedef struct label_rows {
+    int64_t n, c, chunk;
+    PyObject *offsets; /* (chunk,): 0, C, 2C, ... */
+} label_rows;
+
+/* Checks labels (N,) against C classes (integers in [0, C)) through a
+ * gather from a (C, 0) table, which reads every label and copies nothing;
+ * then prepares the per-chunk offsets. */
+static int label_rows_init(needle_state *st, label_rows *lr, PyObject *labels, int64_t n, int64_t c) {
+    lr->n = n;
+    lr->c = c;
+    lr->chunk = c > 0 && c < EXACT_FLOAT_INTS ? EXACT_FLOAT_INTS / c : 1;
+    if (lr->chunk > n) lr->chunk = n > 0 ? n : 1;
+    lr->offsets = NULL;
+    PyObject *empty_table = nd_empty_like_shape(st, labels, 2, (int64_t[]){c, 0});
+    if (empty_table == NULL) return -1;
+    nd_array none;
+    nd_status status = nd_array_gather_rows(&NDArray_CAST(empty_table)->array, &NDArray_CAST(labels)->array, &none);
+    Py_DECREF(empty_table);
+    if (status != ND_OK) {
+        raise_status(st, status);
+        return -1;
+    }
+    nd_array_release(&none);
+    float *host = PyMem_Malloc(sizeof(float) * (size_t)lr->chunk);
+    if (host == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int64_t i = 0; i < lr->chunk; i++) host[i] = (float)(i * c);
+    lr->offsets = nd_empty_like_shape(st, labels, 1, &lr->chunk);
+    status = lr->offsets ? nd_array_from_host(&NDArray_CAST(lr->offsets)->array, host) : ND_OK;
+    PyMem_Free(host);
+    if (status != ND_OK) Py_CLEAR(lr->offsets);
+    if (lr->offsets == NULL) {
+        if (status != ND_OK) raise_status(st, status);
+        return -1;
+    }
+    return 0;
+}
+
+/* Flat indices of rows [r0, r0+rows) into those rows' (rows*C, 1) view. */
+static PyObject *chunk_indices(needle_state *st, const label_rows *lr, PyObject *labels, int64_t r0, int64_t rows) {
+    nd_array lab = NDArray_CAST(labels)->array, off = NDArray_CAST(lr->offsets)->array;
+    nd_layout_slice(&lab.layout, 0, r0, 1, rows);
+    nd_layout_slice(&off.layout, 0, 0, 1, rows);
+    nd_array idx;
+    nd_status status = nd_array_binary(ND_ADD, (nd_operand){&lab, 0}, (nd_operand){&off, 0}, &idx);
+    return status == ND_OK ? ndarray_wrap(st, &idx) : raise_status(st, status);
+}
+
+/* Rows [r0, r0+rows) of a contiguous (N, C) array as a (rows*C, 1) table. */
+static nd_array chunk_table(PyObject *a, int64_t r0, int64_t rows, int64_t c) {
+    nd_array t = NDArray_CAST(a)->array;
+    nd_layout_contiguous(2, (int64_t[]){rows * c, 1}, &t.layout);
+    t.layout.offset = array_layout(a)->offset + r0 * c;
+    return t;
+}
+
+static int xent_shapes(const nd_layout *logits, const nd_layout *labels) {
+    if (logits->ndim != 2 || labels->ndim != 1 || labels->shape[0] != logits->shape[0]) {
+        PyErr_SetString(PyExc_ValueError,
+                        "SoftmaxCrossEntropy needs logits (N, C) and labels (N,) holding class ids");
+        return -1;
+    }
+    return 0;
+}
+
+/* (N, 1): each row's logit at its label (logits contiguous). */
+static PyObject *pick_labels(needle_state *st, const label_rows *lr, PyObject *logits, PyObject *labels) {
+    PyObject *out = nd_empty_like_shape(st, logits, 2, (int64_t[]){lr->n, 1});
+    for (int64_t r0 = 0; out != NULL && r0 < lr->n; r0 += lr->chunk) {
+        int64_t rows = lr->n - r0 < lr->chunk ? lr->n - r0 : lr->chunk;
+        PyObject *idx = chunk_indices(st, lr, labels, r0, rows);
+        if (idx == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        nd_array table = chunk_table(logits, r0, rows, lr->c), got;
+        nd_status status = nd_array_gather_rows(&table, &NDArray_CAST(idx)->array, &got);
+        Py_DECREF(idx);
+        if (status == ND_OK) {
+            nd_array dst = NDArray_CAST(out)->array;
+            nd_layout_slice(&dst.layout, 0, r0, 1, rows);
+            status = nd_array_assign(&dst, &got);
+            nd_array_release(&got);
+        }
+        if (status != ND_OK) {
+            Py_CLEAR(out);
+            raise_status(st, status);
+        }
+    }
+    return out;
+}
+
+static PyObject *xent_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+    UNUSED(p);
+    if (check_arrays(st, "SoftmaxCrossEntropy", a, n) < 0) return NULL;
+    if (xent_shapes(array_layout(a[0]), array_layout(a[1])) < 0) return NULL;
+    int64_t rows = array_layout(a[0])->shape[0], classes = array_layout(a[0])->shape[1];
+    label_rows lr;
+    if (label_rows_init(st, &lr, a[1], rows, classes) < 0) return NULL;
+    /* mean over rows of logsumexp(row) - row[label] */
+    PyObject *logits = nd_compact_array(st, a[0]);
+    PyObject *picked = logits ? pick_labels(st, &lr, logits, a[1]) : NULL;
+    PyObject *lse = picked ? lse_keepdims(st, logits, 1u << 1) : NULL;
+    PyObject *diff = lse ? nd_binary_arrays(st, ND_SUB, lse, picked) : NULL;
+    PyObject *total = diff ? nd_reduce_array(st, ND_REDUCE_SUM, diff, 3u, 0) : NULL;
+    PyObject *total1 = total ? nd_reshape_array(st, total, 1, (int64_t[]){1}) : NULL;
+    PyObject *r = total1 ? nd_binary_scalar(st, ND_DIV, total1, (double)rows, 0) : NULL;
+    Py_XDECREF(lr.offsets);
+    Py_XDECREF(logits);
+    Py_XDECREF(picked);
+    Py_XDECREF(lse);
+    Py_XDECREF(diff);
+    Py_XDECREF(total);
+    Py_XDECREF(total1);
+    return r;
+}
+
+/* (softmax(logits) - one_hot(labels)) / N, the one-hot part as N in-place
+ * adds of -1/N at the labels rather than an (N, C) matrix. */
+static PyObject *xent_weights(needle_state *st, PyObject *logits, PyObject *labels) {
+    int64_t rows = array_layout(logits)->shape[0], classes = array_layout(logits)->shape[1];
+    if (rows == 0) return nd_full_like_shape(st, logits, 2, (int64_t[]){0, classes}, 0.0f);
+    label_rows lr;
+    if (label_rows_init(st, &lr, labels, rows, classes) < 0) return NULL;
+    /* exp(z - lse - log N) is softmax / N, without another (N, C) pass. */
+    PyObject *lse = lse_keepdims(st, logits, 1u << 1);
+    PyObject *shift = lse ? nd_binary_scalar(st, ND_ADD, lse, log((double)rows), 0) : NULL;
+    PyObject *centred = shift ? nd_binary_arrays(st, ND_SUB, logits, shift) : NULL;
+    PyObject *w = centred ? nd_unary_array(st, ND_EXP, centred) : NULL;
+    float step = (float)(-1.0 / (double)rows);
+    PyObject *minus = w ? nd_full_like_shape(st, w, 2, (int64_t[]){lr.chunk, 1}, step) : NULL;
+    Py_XDECREF(lse);
+    Py_XDECREF(shift);
+    Py_XDECREF(centred);
+    if (minus == NULL) Py_CLEAR(w);
+    for (int64_t r0 = 0; w != NULL && r0 < rows; r0 += lr.chunk) {
+        int64_t n = rows - r0 < lr.chunk ? rows - r0 : lr.chunk;
+        PyObject *idx = chunk_indices(st, &lr, labels, r0, n);
+        if (idx == NULL) {
+            Py_CLEAR(w);
+            break;
+        }
+        nd_array table = chunk_table(w, r0, n, classes), src = NDArray_CAST(minus)->array;
+        nd_layout_slice(&src.layout, 0, 0, 1, n);
+        nd_status status = nd_array_scatter_add_rows_into(&table, &src, &NDArray_CAST(idx)->array);
+        Py_DECREF(idx);
+        if (status != ND_OK) {
+            Py_CLEAR(w);
+            raise_status(st, status);
+        }
+    }
+    Py_XDECREF(minus);
+    Py_XDECREF(lr.offsets);
+    return w;
+}
+
+static PyObject *xent_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+    UNUSED(p);
+    PyObject *logits = node_input(node, 0), *labels = node_input(node, 1);
+    PyObject *z = realize(st, logits), *y = z ? realize(st, labels) : NULL;
+    if (y == NULL) return NULL;
+    PyObject *arrays[2] = {z, y};
+    if (check_arrays(st, "SoftmaxCrossEntropy", arrays, 2) < 0 ||
+        xent_shapes(array_layout(z), array_layout(y)) < 0)
+        return NULL;
+    PyObject *weights = xent_weights(st, z, y);
+    PyObject *wt = weights ? t_const(st, weights) : NULL;
+    Py_XDECREF(weights);
+    if (wt == NULL) return NULL;
+    const nd_layout *l = array_layout(z);
+    int64_t shape[2] = {l->shape[0], l->shape[1]};
+    PyObject *gr = t_reshape(st, g, 2, (int64_t[]){1, 1});
+    PyObject *gb = gr ? t_broadcast(st, gr, 2, shape) : NULL;
+    PyObject *r = gb ? t_mul(st, gb, wt) : NULL;
+    Py_XDECREF(gr);
+    Py_XDECREF(gb);
+    Py_DECREF(wt);
+    return pack2(r, r ? t_zeros_like(st, labels) : NULL);
+}
+
+void ops_nn_register(op_impl *t) {
+    t[OP_FLIP] = (op_impl){flip_compute, flip_gradient};
+    t[OP_DILATE] = (op_impl){dilate_compute, dilate_gradient};
+    t[OP_UNDILATE] = (op_impl){undilate_compute, undilate_gradient};
+    t[OP_CONV] = (op_impl){conv_compute, conv_gradient};
+    t[OP_LOG_SOFTMAX] = (op_impl){logsoftmax_compute, logsoftmax_gradient};
+    t[OP_LOG_SUM_EXP] = (op_impl){logsumexp_compute, logsumexp_gradient};
+    t[OP_GATHER_ROWS] = (op_impl){gather_rows_compute, gather_rows_gradient};
+    t[OP_SCATTER_ADD_ROWS] = (op_impl){scatter_add_rows_compute, scatter_add_rows_gradient};
+    t[OP_SOFTMAX_XENT] = (op_impl){xent_compute, xent_gradient};
+}
