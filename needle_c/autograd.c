@@ -69,11 +69,18 @@ fail:
     return NULL;
 }
 
+/* a + b for gradient contributions: EWiseAdd for tensors, the course's
+ * elementwise make_tuple for TensorTuples (tuple ops' adjoints). */
+static PyObject *add_gradients(needle_state *st, PyObject *a, PyObject *b) {
+    if (is_tensor_tuple(st, a) || is_tensor_tuple(st, b)) return PyNumber_Add(a, b);
+    return apply2(st, OP_EWISE_ADD, &no_params, a, b);
+}
+
 static PyObject *sum_contributions(needle_state *st, PyObject *list) {
     Py_ssize_t n = PyList_GET_SIZE(list);
     PyObject *total = Py_NewRef(PyList_GET_ITEM(list, 0));
     for (Py_ssize_t i = 1; i < n && total != NULL; i++)
-        Py_SETREF(total, apply2(st, OP_EWISE_ADD, &no_params, total, PyList_GET_ITEM(list, i)));
+        Py_SETREF(total, add_gradients(st, total, PyList_GET_ITEM(list, i)));
     return total;
 }
 
@@ -95,15 +102,21 @@ static int backward_needle(needle_state *st, PyObject *topo, PyObject *output, P
         PyObject *adjoint = sum_contributions(st, list);
         if (adjoint == NULL) goto fail;
         Py_XSETREF(Tensor_CAST(node)->grad, adjoint);
-        PyObject *op = Tensor_CAST(node)->op;
-        if (op == NULL) continue;
+        if (Tensor_CAST(node)->op == NULL) continue;
+        /* A gradient may run Python code (and the collector): own what we use. */
+        PyObject *op = Py_NewRef(Tensor_CAST(node)->op);
+        PyObject *inputs = Py_NewRef(Tensor_CAST(node)->inputs);
         PyObject *partials = op_gradient_as_tuple(st, op, adjoint, node);
-        if (partials == NULL) goto fail;
-        PyObject *inputs = Tensor_CAST(node)->inputs;
+        Py_DECREF(op);
+        if (partials == NULL) {
+            Py_DECREF(inputs);
+            goto fail;
+        }
         if (PyTuple_GET_SIZE(partials) != PyTuple_GET_SIZE(inputs)) {
-            PyErr_Format(PyExc_ValueError, "%R.gradient returned %zd gradients for %zd inputs", op,
-                         PyTuple_GET_SIZE(partials), PyTuple_GET_SIZE(inputs));
+            PyErr_Format(PyExc_ValueError, "%R.gradient returned %zd gradients for %zd inputs",
+                         Tensor_CAST(node)->op, PyTuple_GET_SIZE(partials), PyTuple_GET_SIZE(inputs));
             Py_DECREF(partials);
+            Py_DECREF(inputs);
             goto fail;
         }
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(inputs); k++) {
@@ -114,16 +127,19 @@ static int backward_needle(needle_state *st, PyObject *topo, PyObject *output, P
                     PyDict_SetItem(grads, input, contributions) < 0) {
                     Py_XDECREF(contributions);
                     Py_DECREF(partials);
+                    Py_DECREF(inputs);
                     goto fail;
                 }
                 Py_DECREF(contributions);
             }
             if (PyList_Append(contributions, PyTuple_GET_ITEM(partials, k)) < 0) {
                 Py_DECREF(partials);
+                Py_DECREF(inputs);
                 goto fail;
             }
         }
         Py_DECREF(partials);
+        Py_DECREF(inputs);
     }
     Py_DECREF(grads);
     return 0;
@@ -164,23 +180,26 @@ static int backward_cycle_free(needle_state *st, PyObject *topo, PyObject *outpu
             Py_DECREF(adjoint);
             continue;
         }
-        PyObject *partials = op_gradient_as_tuple(st, t->op, adjoint, node);
+        PyObject *op = Py_NewRef(t->op), *inputs = Py_NewRef(t->inputs);
+        PyObject *partials = op_gradient_as_tuple(st, op, adjoint, node);
         Py_DECREF(adjoint);
-        if (partials == NULL) goto fail;
-        if (PyTuple_GET_SIZE(partials) != PyTuple_GET_SIZE(t->inputs)) {
-            PyErr_Format(PyExc_ValueError, "%R.gradient returned %zd gradients for %zd inputs", t->op,
-                         PyTuple_GET_SIZE(partials), PyTuple_GET_SIZE(t->inputs));
-            Py_DECREF(partials);
+        Py_DECREF(op);
+        if (partials == NULL || PyTuple_GET_SIZE(partials) != PyTuple_GET_SIZE(inputs)) {
+            if (partials != NULL)
+                PyErr_Format(PyExc_ValueError, "%R.gradient returned %zd gradients for %zd inputs", t->op,
+                             PyTuple_GET_SIZE(partials), PyTuple_GET_SIZE(inputs));
+            Py_XDECREF(partials);
+            Py_DECREF(inputs);
             goto fail;
         }
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(t->inputs); k++) {
-            PyObject *input = PyTuple_GET_ITEM(t->inputs, k);
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(inputs); k++) {
+            PyObject *input = PyTuple_GET_ITEM(inputs, k);
             if (!Tensor_CAST(input)->requires_grad && !Tensor_CAST(input)->retains_grad) continue;
             PyObject *partial = PyTuple_GET_ITEM(partials, k);
             PyObject *existing = PyDict_GetItemWithError(grads, input);
             PyObject *value;
             if (existing != NULL) {
-                value = apply2(st, OP_EWISE_ADD, &no_params, existing, partial);
+                value = add_gradients(st, existing, partial);
             } else if (PyErr_Occurred()) {
                 value = NULL;
             } else {
@@ -189,11 +208,13 @@ static int backward_cycle_free(needle_state *st, PyObject *topo, PyObject *outpu
             if (value == NULL || PyDict_SetItem(grads, input, value) < 0) {
                 Py_XDECREF(value);
                 Py_DECREF(partials);
+                Py_DECREF(inputs);
                 goto fail;
             }
             Py_DECREF(value);
         }
         Py_DECREF(partials);
+        Py_DECREF(inputs);
     }
     Py_DECREF(grads);
     return 0;
@@ -358,7 +379,7 @@ int autograd_module_init(PyObject *module, needle_state *st) {
     ops_basic_register(op_impls);
     ops_nn_register(op_impls);
     for (int k = 1; k < OP_KIND_COUNT; k++)
-        if (0 && (op_impls[k].compute == NULL || op_impls[k].gradient == NULL)) {
+        if (op_impls[k].compute == NULL || op_impls[k].gradient == NULL) {
             PyErr_Format(PyExc_SystemError, "built-in op %s has no implementation", op_kind_name((op_kind)k));
             return -1;
         }

@@ -335,15 +335,7 @@ static PyObject *op_compute(PyObject *op, PyObject *const *args, Py_ssize_t narg
         PyErr_Format(PyExc_NotImplementedError, "%.100s does not implement compute()", Py_TYPE(op)->tp_name);
         return NULL;
     }
-    for (Py_ssize_t i = 0; i < nargs; i++) {
-        int ok = ndarray_check(st, args[i]) || (self->kind == OP_STACK && PyTuple_Check(args[i])) ||
-                 (self->kind == OP_TUPLE_GET_ITEM && PyTuple_Check(args[i]));
-        if (!ok) {
-            PyErr_Format(PyExc_TypeError, "%s.compute() takes NDArrays, got %.100s",
-                         op_table[self->kind].name, Py_TYPE(args[i])->tp_name);
-            return NULL;
-        }
-    }
+    if (check_compute_inputs(st, self->kind, args, nargs) < 0) return NULL;
     return op_impls[self->kind].compute(st, &self->p, args, nargs);
 }
 
@@ -448,6 +440,11 @@ static PyObject *op_repr(PyObject *op) {
     return PyUnicode_FromFormat("%s()", op_table[self->kind].name);
 }
 
+static PyGetSetDef op_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyMethodDef op_methods[] = {
     {"compute", (PyCFunction)(void (*)(void))op_compute, METH_FASTCALL,
      "compute($self, /, *args)\n--\n\nThe forward computation on NDArrays."},
@@ -474,6 +471,7 @@ static PyType_Slot op_slots[] = {
     {Py_tp_call, op_base_call},
     {Py_tp_methods, op_methods},
     {Py_tp_members, op_members},
+    {Py_tp_getset, op_getset},
     {Py_tp_repr, op_repr},
     {0, NULL},
 };
@@ -549,6 +547,40 @@ int op_types_init(PyObject *module, needle_state *st) {
     return 0;
 }
 
+/* Built-in computes trust their inputs' count and kinds: check them once,
+ * here, before any of them runs. */
+static Py_ssize_t op_arity(op_kind kind) {
+    switch (kind) {
+    case OP_EWISE_ADD: case OP_EWISE_MUL: case OP_EWISE_POW: case OP_EWISE_DIV: case OP_MATMUL:
+    case OP_CONV: case OP_GATHER_ROWS: case OP_SCATTER_ADD_ROWS: case OP_SOFTMAX_XENT:
+        return 2;
+    case OP_MAKE_TUPLE:
+        return -1; /* any number */
+    default:
+        return 1;
+    }
+}
+
+int check_compute_inputs(needle_state *st, op_kind kind, PyObject *const *arrays, Py_ssize_t n) {
+    Py_ssize_t arity = op_arity(kind);
+    if (arity >= 0 && n != arity) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd input%s, got %zd", op_table[kind].name, arity,
+                     arity == 1 ? "" : "s", n);
+        return -1;
+    }
+    int wants_tuple = kind == OP_STACK || kind == OP_TUPLE_GET_ITEM;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int ok = wants_tuple ? PyTuple_Check(arrays[i]) : ndarray_check(st, arrays[i]);
+        if (!ok) {
+            PyErr_Format(PyExc_TypeError, "%s expects %s, got %.100s at position %zd", op_table[kind].name,
+                         wants_tuple ? "a TensorTuple" : "Tensors (not TensorTuples)",
+                         Py_TYPE(arrays[i])->tp_name, i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------- apply_op */
 
 static int inputs_require_grad(PyObject *inputs) {
@@ -572,7 +604,7 @@ PyObject *apply_op(needle_state *st, op_kind kind, const op_params *p, PyObject 
     }
     /* Nothing to record: compute and wrap, no Op object at all. */
     Py_ssize_t n = PyTuple_GET_SIZE(inputs);
-    PyObject *arrays[8];
+    PyObject *arrays[8] = {NULL};
     if (n > 8) {
         PyErr_SetString(PyExc_SystemError, "apply_op: too many inputs");
         return NULL;
@@ -584,9 +616,15 @@ PyObject *apply_op(needle_state *st, op_kind kind, const op_params *p, PyObject 
                          Py_TYPE(x)->tp_name);
             return NULL;
         }
-        if ((arrays[i] = realize(st, x)) == NULL) return NULL;
+        if ((arrays[i] = realize(st, x)) == NULL) {
+            for (Py_ssize_t k = 0; k < i; k++) Py_DECREF(arrays[k]);
+            return NULL;
+        }
+        Py_INCREF(arrays[i]); /* compute allocates, which may run the collector */
     }
-    PyObject *data = op_impls[kind].compute(st, p, arrays, n);
+    PyObject *data = check_compute_inputs(st, kind, arrays, n) < 0 ? NULL
+                                                                     : op_impls[kind].compute(st, p, arrays, n);
+    for (Py_ssize_t i = 0; i < n; i++) Py_DECREF(arrays[i]);
     if (data == NULL) return NULL;
     PyObject *result = make_const(st, data, 0);
     Py_DECREF(data);

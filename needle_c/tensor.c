@@ -107,7 +107,8 @@ PyObject *realize(needle_state *st, PyObject *value) {
     }
     if (PyObject_TypeCheck(self->op, st->autograd->op_type) && op_dispatches_in_c(st, self->op)) {
         OpObject *o = Op_CAST(self->op);
-        data = op_impls[o->kind].compute(st, &o->p, &PyTuple_GET_ITEM(arrays, 0), n);
+        if (check_compute_inputs(st, o->kind, &PyTuple_GET_ITEM(arrays, 0), n) == 0)
+            data = op_impls[o->kind].compute(st, &o->p, &PyTuple_GET_ITEM(arrays, 0), n);
     } else {
         PyObject *compute = PyObject_GetAttrString(self->op, "compute");
         if (compute != NULL) data = PyObject_Call(compute, arrays, NULL);
@@ -141,13 +142,17 @@ static PyObject *compute_op(needle_state *st, PyObject *op, PyObject *inputs) {
     PyObject **arrays = n <= 8 ? stack : PyMem_Malloc(sizeof(PyObject *) * (size_t)n);
     if (arrays == NULL) return PyErr_NoMemory();
     PyObject *result = NULL;
+    Py_ssize_t held = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         arrays[i] = realize(st, PyTuple_GET_ITEM(inputs, i));
         if (arrays[i] == NULL) goto done;
+        Py_INCREF(arrays[i]); /* compute allocates, which may run the collector */
+        held++;
     }
     if (op_dispatches_in_c(st, op)) {
         OpObject *o = Op_CAST(op);
-        result = op_impls[o->kind].compute(st, &o->p, arrays, n);
+        if (check_compute_inputs(st, o->kind, arrays, n) == 0)
+            result = op_impls[o->kind].compute(st, &o->p, arrays, n);
     } else {
         PyObject *compute = PyObject_GetAttrString(op, "compute");
         if (compute != NULL) {
@@ -156,6 +161,7 @@ static PyObject *compute_op(needle_state *st, PyObject *op, PyObject *inputs) {
         }
     }
 done:
+    for (Py_ssize_t i = 0; i < held; i++) Py_DECREF(arrays[i]);
     if (arrays != stack) PyMem_Free(arrays);
     return result;
 }
@@ -551,6 +557,7 @@ extern PyType_Slot tensor_number_slots[];
 extern PyMethodDef autograd_tensor_methods[];
 
 static PyGetSetDef value_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
     {"op", get_op, set_op, "The Op that made this node (None for a leaf).", NULL},
     {"inputs", get_inputs, set_inputs, "The input nodes (a list).", NULL},
     {"cached_data", get_cached_data, set_cached_data, "The computed NDArray (or tuple of them).", NULL},
@@ -682,8 +689,8 @@ int tensor_types_init(PyObject *module, needle_state *st) {
         (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_spec, (PyObject *)ag->value_type);
     if (ag->tensor_type == NULL) return -1;
 
-    PyMethodDef *tuple_tables[] = {tuple_make_methods, tensor_tuple_methods};
-    join_methods(tuple_methods, sizeof tuple_methods / sizeof tuple_methods[0], tuple_tables, 2);
+    PyMethodDef *tuple_tables[] = {tuple_make_methods, tensor_tuple_methods, autograd_tensor_methods};
+    join_methods(tuple_methods, sizeof tuple_methods / sizeof tuple_methods[0], tuple_tables, 3);
     n = 0;
     tuple_slots[n++] = (PyType_Slot){Py_tp_doc, "A tuple of tensors that is one graph node."};
     tuple_slots[n++] = (PyType_Slot){Py_tp_methods, tuple_methods};

@@ -150,6 +150,8 @@ PyObject *apply2(needle_state *st, op_kind kind, const op_params *p, PyObject *a
 /* True when op is exactly a built-in op class (its C code runs directly). */
 int op_dispatches_in_c(needle_state *st, PyObject *op);
 int op_is_tuple_output(op_kind kind);
+/* Checks the inputs' count and kinds before a built-in compute (0 or -1). */
+int check_compute_inputs(needle_state *st, op_kind kind, PyObject *const *arrays, Py_ssize_t n);
 const char *op_kind_name(op_kind kind);
 /* op.gradient(out_grad, node) as a new tuple. */
 PyObject *op_gradient_as_tuple(needle_state *st, PyObject *op, PyObject *out_grad, PyObject *node);
