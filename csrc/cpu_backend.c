@@ -233,10 +233,11 @@ static nd_status cpu_unary(nd_unary_op op, const nd_layout *out_layout, float *o
 
 /* -------------------------------------------------------- reductions */
 
-/* Sums a contiguous row in 16 float lanes, flushed into a double every
- * block, so long rows keep float32-level accuracy at vector speed. */
+/* Sums a contiguous row in 64 float lanes (several independent vector
+ * accumulators, so the adds pipeline), flushed into a double every block, so
+ * long rows keep float32-level accuracy at vector speed. */
 ND_SIMD_CLONES static double sum_contiguous(const float *a, int64_t n) {
-    enum { LANES = 16, BLOCK = 1024 };
+    enum { LANES = 64, BLOCK = 1024 };
     double total = 0.0;
     int64_t i = 0;
     while (n - i >= LANES) {
@@ -253,10 +254,11 @@ ND_SIMD_CLONES static double sum_contiguous(const float *a, int64_t n) {
 }
 
 /* max/min of a contiguous row in independent lanes: a select chain over one
- * accumulator cannot vectorise, sixteen of them can. NaN wins, as in NumPy. */
+ * accumulator cannot vectorise, 64 of them vectorise and pipeline. NaN wins,
+ * as in NumPy. */
 #define DEFINE_EXTREMUM_ROW(name, better)                                                 \
     ND_SIMD_CLONES static float name##_contiguous(const float *a, int64_t n, float init) { \
-        enum { LANES = 16 };                                                              \
+        enum { LANES = 64 };                                                              \
         float acc[LANES];                                                                 \
         for (int l = 0; l < LANES; l++) acc[l] = init;                                    \
         int64_t i = 0;                                                                    \
