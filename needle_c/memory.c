@@ -48,7 +48,7 @@ static PyObject *memory_stats(PyObject *module, PyObject *arg) {
         set_item(d, "collect_freed_bytes", s.collect_freed_bytes) < 0 ||
         set_item(d, "memory_limit_bytes", s.limit) < 0 ||
         set_item(d, "gc_trigger_bytes", s.trigger) < 0 ||
-        set_item(d, "device_capacity_bytes", nd_device_capacity(dev)) < 0) {
+        set_item(d, "device_capacity_bytes", nd_device_capacity(dev)) < 0 || pressure_add_stats(dev, d) < 0) {
         Py_DECREF(d);
         return NULL;
     }
@@ -91,6 +91,7 @@ static PyObject *memory_set_limit(PyObject *module, PyObject *const *args, Py_ss
     long long limit = PyLong_AsLongLong(args[1]);
     if (limit == -1 && PyErr_Occurred()) return NULL;
     nd_memory_set_limit(dev, limit);
+    pressure_refresh(dev);
     Py_RETURN_NONE;
 }
 

@@ -449,34 +449,6 @@ static PyMethodDef module_functions[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* -------------------------------------------------- collection callback */
-
-/* Runs a full collection for the engine. Used on the out-of-memory path,
- * where gc.disable() is deliberately not honoured: an OOM is worse than an
- * unwanted collection. The pressure path's policy belongs to
- * needle.memory, which sets the trigger. */
-static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested,
-                               nd_collect_reason reason) {
-    (void)ctx;
-    (void)dev;
-    (void)requested;
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    PyObject *gc = PyImport_ImportModule("gc");
-    if (gc != NULL) {
-        PyObject *enabled = reason == ND_COLLECT_PRESSURE ? PyObject_CallMethod(gc, "isenabled", NULL)
-                                                          : Py_NewRef(Py_True);
-        if (enabled == Py_True) {
-            PyObject *result = PyObject_CallMethod(gc, "collect", NULL);
-            Py_XDECREF(result);
-        }
-        Py_XDECREF(enabled);
-        Py_DECREF(gc);
-    }
-    if (PyErr_Occurred()) PyErr_WriteUnraisable(NULL);
-    PyErr_Restore(type, value, traceback);
-}
-
 /* ------------------------------------------------------------- module */
 
 static int add_function_table(PyObject *module, PyMethodDef *table) {
@@ -527,12 +499,13 @@ static int needle_c_exec(PyObject *module) {
 
     if (add_function_table(module, module_functions) < 0 ||
         add_function_table(module, ndarray_module_functions) < 0 ||
-        add_function_table(module, memory_module_functions) < 0)
+        add_function_table(module, memory_module_functions) < 0 ||
+        add_function_table(module, pressure_module_functions) < 0)
         return -1;
     if (PyModule_AddIntConstant(module, "MAX_DIMS", ND_MAX_DIMS) < 0) return -1;
     if (autograd_module_init(module, st) < 0) return -1;
     install_blas();
-    nd_memory_set_collect_callback(collect_for_engine, NULL);
+    pressure_install();
     return 0;
 }
 

@@ -76,6 +76,13 @@ int ndarray_module_init(void); /* NumPy C API import */
 extern PyMethodDef ndarray_module_functions[];
 extern PyMethodDef memory_module_functions[];
 
+/* The collection policy (pressure.c). */
+extern PyMethodDef pressure_module_functions[];
+void pressure_install(void);
+void pressure_refresh(nd_device *dev);
+int pressure_add_stats(const nd_device *dev, PyObject *dict);
+int needle_gc_visible(void);
+
 /* BLAS discovery (blas.c): installs NumPy's OpenBLAS sgemm in the engine. */
 void install_blas(void);
 const char *blas_description(void);

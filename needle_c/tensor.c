@@ -52,6 +52,7 @@ static PyObject *value_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 /* Visits the type, then every owned reference. */
 int value_traverse(PyObject *op, visitproc visit, void *arg) {
     TensorObject *self = Tensor_CAST(op);
+    if (!needle_gc_visible()) return 0; /* the gc_blind demonstration */
     Py_VISIT(Py_TYPE(op));
     Py_VISIT(self->op);
     Py_VISIT(self->inputs);

@@ -19,7 +19,8 @@ import needle_c as _c
 __all__ = [
     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
     "memory_stats", "reset_peak_memory_stats", "empty_cache", "set_memory_limit",
-    "get_memory_limit", "memory_summary", "parse_size",
+    "get_memory_limit", "memory_summary", "parse_size", "set_gc_policy", "get_gc_policy",
+    "set_gc_visible", "gc_visible",
 ]
 
 _UNITS = {
@@ -194,6 +195,83 @@ def memory_summary(device=None):
     return "\n".join(lines) + "\n"
 
 
+def set_gc_policy(enabled=None, growth=None, min_growth=None, high_water=None,
+                  max_gc_fraction=None, watermark=...):
+    """Configures when device-memory pressure runs Python's collector; omitted values keep
+    their current setting.
+
+    - ``enabled``: False switches pressure and out-of-memory collections off (the course's
+      behaviour, which leaks cyclic garbage until Python's own collector gets to it).
+    - ``growth`` (0.25) and ``min_growth`` (64 MiB, a size): collect before allocations pass
+      ``max(survivors * (1 + growth), survivors + min_growth)``, where survivors is what was
+      allocated after the last pressure collection...
+    - ``high_water`` (0.8): ...capped at ``high_water * budget`` (the device limit, or a GPU's
+      capacity; a CPU without a limit has no budget and no pressure collections).
+    - ``max_gc_fraction`` (0.05): the collector's share of wall time (0.5 near the budget).
+    - ``watermark``: a size (``"1.5GiB"``, bytes, or a fraction of the device limit) that
+      replaces the computed trigger: collect when allocations pass it. ``None`` restores the
+      computed trigger.
+    """
+    kwargs = {}
+    if enabled is not None:
+        kwargs["enabled"] = bool(enabled)
+    for name, value in (("growth", growth), ("high_water", high_water),
+                        ("max_gc_fraction", max_gc_fraction)):
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+            kwargs[name] = float(value)
+    if min_growth is not None:
+        kwargs["min_growth"] = parse_size(min_growth)
+    if watermark is not ...:
+        if watermark is None:
+            kwargs["watermark"] = -1
+        else:
+            limit = get_memory_limit()
+            kwargs["watermark"] = parse_size(watermark, limit)
+    _c._set_gc_policy(**kwargs)
+
+
+def get_gc_policy():
+    """The pressure policy: enabled, growth, min_growth, high_water, max_gc_fraction,
+    watermark (None when computed)."""
+    return _c._get_gc_policy()
+
+
+def set_gc_visible(visible):
+    """``False`` makes Tensor and Op traversal report nothing to the collector, emulating a C
+    extension whose types the garbage collector cannot see: reference cycles through them
+    then leak for good. For demonstrating that failure only. Returns the previous value."""
+    return _c._set_gc_visible(bool(visible))
+
+
+def gc_visible():
+    """Whether the collector can traverse Tensors and Ops (see :func:`set_gc_visible`)."""
+    previous = _c._set_gc_visible(True)
+    _c._set_gc_visible(previous)
+    return previous
+
+
+def _policy_from_environment():
+    env = os.environ
+    kwargs = {}
+    try:
+        if "NEEDLE_GC" in env:
+            kwargs["enabled"] = env["NEEDLE_GC"].strip().lower() not in ("0", "false", "off", "no")
+        for key, name in (("NEEDLE_GC_GROWTH", "growth"), ("NEEDLE_GC_HIGH_WATER", "high_water"),
+                          ("NEEDLE_GC_MAX_FRACTION", "max_gc_fraction")):
+            if key in env:
+                kwargs[name] = float(env[key])
+        if "NEEDLE_GC_MIN_GROWTH" in env:
+            kwargs["min_growth"] = env["NEEDLE_GC_MIN_GROWTH"]
+        if env.get("NEEDLE_GC_WATERMARK", "").strip():
+            kwargs["watermark"] = env["NEEDLE_GC_WATERMARK"].strip()
+        if kwargs:
+            set_gc_policy(**kwargs)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"needle gc policy from the environment: {err}") from None
+
+
 def _limits_from_environment():
     text = os.environ.get("NEEDLE_MEMORY_LIMIT", "").strip()
     if not text:
@@ -214,3 +292,4 @@ def _limits_from_environment():
 
 
 _limits_from_environment()
+_policy_from_environment()

@@ -1,0 +1,249 @@
+/* pressure.c: when to run Python's collector for device memory (the policy
+ * of DESIGN.md "Memory: accounting, limits, pressure"), registered as the
+ * engine's collection callback.
+ *
+ * Trigger: collect before an allocation that would take allocated bytes
+ * past max(survivors * (1 + growth), survivors + min_growth), capped at
+ * high_water * budget, where survivors is what was allocated right after
+ * the last pressure collection and budget is the device limit (or a CUDA
+ * device's capacity). A fixed watermark replaces the computed trigger. The
+ * CPU without a limit has no budget, hence no pressure collections.
+ * Pacing: a collection that took d seconds is followed by at least
+ * d / fraction - d seconds without one (fraction: max_gc_fraction, 0.5 near
+ * the budget), so the collector's share of wall time stays bounded. A
+ * collection that frees almost nothing doubles a cooldown (bytes that must
+ * be allocated before the next try), so a legitimately large live set does
+ * not cause a collection per allocation.
+ * The soft path honours gc.disable(); the out-of-memory path does not.
+ * enabled=False turns both off (how the course's leak is reproduced).
+ */
+#include "needle_c.h"
+
+#include <time.h>
+
+#define MAX_TRACKED_DEVICES 64
+
+typedef struct gc_policy {
+    int enabled;
+    double growth;
+    int64_t min_growth;
+    double high_water;
+    double max_gc_fraction;
+    int64_t watermark; /* -1: computed trigger */
+} gc_policy;
+
+typedef struct device_pressure {
+    int64_t survivors;
+    int64_t cooldown;
+    double last_end, last_duration;
+    int64_t pressure_collections, oom_collections, skipped, freed_bytes;
+    double seconds;
+} device_pressure;
+
+static gc_policy policy = {1, 0.25, (int64_t)64 << 20, 0.8, 0.05, -1};
+static device_pressure pressure[MAX_TRACKED_DEVICES];
+static int gc_visible = 1;
+
+int needle_gc_visible(void) { return gc_visible; }
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int64_t allocated_of(const nd_device *dev) {
+    nd_memory_stats s;
+    nd_memory_get_stats(dev, &s);
+    return s.allocated_current;
+}
+
+/* The bytes a device may use before collections are due; -1 when unknown. */
+static int64_t budget_of(const nd_device *dev) {
+    int64_t limit = nd_memory_get_limit(dev);
+    if (limit >= 0) return limit;
+    if (nd_device_get_kind(dev) == ND_DEVICE_CUDA) return nd_device_capacity(dev);
+    return -1;
+}
+
+static int64_t next_trigger(const nd_device *dev, const device_pressure *ps, int64_t allocated) {
+    if (!policy.enabled) return -1;
+    int64_t trigger;
+    if (policy.watermark >= 0) {
+        trigger = policy.watermark;
+    } else {
+        int64_t budget = budget_of(dev);
+        if (budget < 0) return -1;
+        double grown = (double)ps->survivors * (1.0 + policy.growth);
+        double stepped = (double)ps->survivors + (double)policy.min_growth;
+        double t = grown > stepped ? grown : stepped;
+        double cap = policy.high_water * (double)budget;
+        trigger = (int64_t)(t < cap ? t : cap);
+    }
+    if (ps->cooldown > 0 && trigger < allocated + ps->cooldown) trigger = allocated + ps->cooldown;
+    return trigger;
+}
+
+void pressure_refresh(nd_device *dev) {
+    int id = nd_device_id(dev);
+    if (id < 0 || id >= MAX_TRACKED_DEVICES) return;
+    device_pressure *ps = &pressure[id];
+    int64_t allocated = allocated_of(dev);
+    ps->survivors = allocated;
+    ps->cooldown = 0;
+    nd_memory_set_trigger(dev, next_trigger(dev, ps, allocated));
+}
+
+/* Runs a full collection; on the OOM path through gc.collect(), which
+ * ignores gc.disable(). Returns 0 on success. */
+static void run_collection(nd_collect_reason reason) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    if (reason == ND_COLLECT_PRESSURE) {
+        PyGC_Collect();
+    } else {
+        PyObject *gc = PyImport_ImportModule("gc");
+        PyObject *result = gc ? PyObject_CallMethod(gc, "collect", NULL) : NULL;
+        Py_XDECREF(result);
+        Py_XDECREF(gc);
+    }
+    /* A finalizer's exception must not surface inside an unrelated op. */
+    if (PyErr_Occurred()) PyErr_WriteUnraisable(NULL);
+    PyErr_Restore(type, value, traceback);
+}
+
+static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested, nd_collect_reason reason) {
+    (void)ctx;
+    int id = nd_device_id(dev);
+    if (!policy.enabled || id < 0 || id >= MAX_TRACKED_DEVICES) return;
+    device_pressure *ps = &pressure[id];
+    double start = now_seconds();
+    int64_t before = allocated_of(dev);
+    if (reason == ND_COLLECT_PRESSURE) {
+        if (!PyGC_IsEnabled()) {
+            ps->skipped++;
+            return;
+        }
+        int64_t budget = budget_of(dev);
+        double fraction = policy.max_gc_fraction;
+        if (budget > 0 && (double)(before + requested) > 0.9 * (double)budget) fraction = 0.5;
+        if (ps->last_duration > 0.0 && start - ps->last_end < ps->last_duration * (1.0 / fraction - 1.0)) {
+            ps->skipped++;
+            return;
+        }
+    }
+    run_collection(reason);
+    double end = now_seconds();
+    int64_t after = allocated_of(dev);
+    int64_t freed = before > after ? before - after : 0;
+    ps->seconds += end - start;
+    ps->freed_bytes += freed;
+    ps->last_end = end;
+    ps->last_duration = end - start;
+    if (reason == ND_COLLECT_PRESSURE) ps->pressure_collections++;
+    else ps->oom_collections++;
+    /* Almost nothing freed: the live set is real; wait longer next time. */
+    if (freed * 100 < before) {
+        int64_t base = policy.min_growth > requested ? policy.min_growth : requested;
+        ps->cooldown = ps->cooldown > 0 ? ps->cooldown * 2 : base;
+    } else {
+        ps->cooldown = 0;
+    }
+    ps->survivors = after;
+    nd_memory_set_trigger(dev, next_trigger(dev, ps, after));
+}
+
+void pressure_install(void) { nd_memory_set_collect_callback(collect_for_engine, NULL); }
+
+int pressure_add_stats(const nd_device *dev, PyObject *dict) {
+    int id = nd_device_id(dev);
+    device_pressure empty = {0};
+    const device_pressure *ps = id >= 0 && id < MAX_TRACKED_DEVICES ? &pressure[id] : &empty;
+    struct { const char *key; PyObject *value; } items[] = {
+        {"num_pressure_collections", PyLong_FromLongLong(ps->pressure_collections)},
+        {"num_oom_collections", PyLong_FromLongLong(ps->oom_collections)},
+        {"num_pressure_skips", PyLong_FromLongLong(ps->skipped)},
+        {"gc_seconds", PyFloat_FromDouble(ps->seconds)},
+        {"gc_freed_bytes", PyLong_FromLongLong(ps->freed_bytes)},
+        {"gc_survivor_bytes", PyLong_FromLongLong(ps->survivors)},
+    };
+    int rc = 0;
+    for (size_t i = 0; i < sizeof items / sizeof items[0]; i++) {
+        if (rc == 0 && (items[i].value == NULL || PyDict_SetItemString(dict, items[i].key, items[i].value) < 0))
+            rc = -1;
+        Py_XDECREF(items[i].value);
+    }
+    return rc;
+}
+
+/* ------------------------------------------------- module functions */
+
+static void refresh_all(void) {
+    for (int id = 0; id < nd_device_count(); id++) pressure_refresh(nd_device_at(id));
+}
+
+static PyObject *set_gc_policy(PyObject *module, PyObject *args, PyObject *kwargs) {
+    (void)module;
+    static char *kwlist[] = {"enabled", "growth", "min_growth", "high_water", "max_gc_fraction", "watermark", NULL};
+    gc_policy p = policy;
+    long long min_growth = p.min_growth, watermark = p.watermark;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$pddLdL:_set_gc_policy", kwlist, &p.enabled, &p.growth,
+                                     &min_growth, &p.high_water, &p.max_gc_fraction, &watermark))
+        return NULL;
+    if (p.growth < 0.0 || min_growth < 0 || p.high_water <= 0.0 || p.high_water > 1.0 ||
+        p.max_gc_fraction <= 0.0 || p.max_gc_fraction > 0.5) {
+        PyErr_SetString(PyExc_ValueError, "gc policy: need growth >= 0, min_growth >= 0, 0 < high_water <= 1 "
+                                          "and 0 < max_gc_fraction <= 0.5");
+        return NULL;
+    }
+    p.min_growth = min_growth;
+    p.watermark = watermark < 0 ? -1 : watermark;
+    policy = p;
+    refresh_all();
+    Py_RETURN_NONE;
+}
+
+static PyObject *get_gc_policy(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    (void)module;
+    PyObject *watermark = policy.watermark < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(policy.watermark);
+    if (watermark == NULL) return NULL;
+    return Py_BuildValue("{s:O,s:d,s:L,s:d,s:d,s:N}", "enabled", policy.enabled ? Py_True : Py_False, "growth",
+                         policy.growth, "min_growth", (long long)policy.min_growth, "high_water",
+                         policy.high_water, "max_gc_fraction", policy.max_gc_fraction, "watermark", watermark);
+}
+
+static PyObject *set_gc_visible(PyObject *module, PyObject *arg) {
+    (void)module;
+    int visible = PyObject_IsTrue(arg);
+    if (visible < 0) return NULL;
+    PyObject *previous = PyBool_FromLong(gc_visible);
+    gc_visible = visible;
+    return previous;
+}
+
+static PyObject *reset_pressure_stats(PyObject *module, PyObject *arg) {
+    (void)module;
+    int id = PyLong_AsLong(arg);
+    if (id == -1 && PyErr_Occurred()) return NULL;
+    nd_device *dev = nd_device_at(id);
+    if (dev == NULL || id >= MAX_TRACKED_DEVICES) {
+        PyErr_Format(PyExc_ValueError, "no device with engine id %d", id);
+        return NULL;
+    }
+    memset(&pressure[id], 0, sizeof pressure[id]);
+    pressure_refresh(dev);
+    Py_RETURN_NONE;
+}
+
+PyMethodDef pressure_module_functions[] = {
+    {"_set_gc_policy", (PyCFunction)(void (*)(void))set_gc_policy, METH_VARARGS | METH_KEYWORDS,
+     "_set_gc_policy(*, enabled, growth, min_growth, high_water, max_gc_fraction, watermark)\n--\n\n"
+     "Sets the pressure policy (omitted values are kept; watermark -1 means computed)."},
+    {"_get_gc_policy", get_gc_policy, METH_NOARGS, "_get_gc_policy()\n--\n\nThe pressure policy as a dict."},
+    {"_set_gc_visible", set_gc_visible, METH_O,
+     "_set_gc_visible(visible, /)\n--\n\nFalse makes Tensor/Op traversal report nothing (a demonstration of "
+     "an extension invisible to the collector: cycles leak for good). Returns the previous value."},
+    {"_reset_pressure_stats", reset_pressure_stats, METH_O,
+     "_reset_pressure_stats(device_id, /)\n--\n\nZeroes the device's collection statistics."},
+    {NULL, NULL, 0, NULL},
+};
