@@ -353,7 +353,22 @@ static PyObject *mod_tensor_count(PyObject *module, PyObject *Py_UNUSED(ignored)
     return PyLong_FromSsize_t(tensor_live_count());
 }
 
+void set_record_history(int on);
+int get_record_history(void);
+
+static PyObject *mod_record_history(PyObject *module, PyObject *arg) {
+    (void)module;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    PyObject *previous = PyBool_FromLong(get_record_history());
+    set_record_history(on);
+    return previous;
+}
+
 static PyMethodDef autograd_functions[] = {
+    {"_record_history", mod_record_history, METH_O,
+     "_record_history(on, /)\n--\n\nWhen on, new tensors keep the frames that created them in "
+     "_alloc_site. Returns the previous setting."},
     {"find_topo_sort", mod_find_topo_sort, METH_O,
      "find_topo_sort(node_list, /)\n--\n\nNodes in the course's post-order DFS order (iterative)."},
     {"compute_gradient_of_variables", (PyCFunction)(void (*)(void))mod_compute_gradient, METH_FASTCALL,

@@ -12,6 +12,48 @@
 /* Live Values, for the course's autograd.TENSOR_COUNTER. */
 static Py_ssize_t live_values = 0;
 
+/* needle.memory.record_history(True): each new Value remembers the Python
+ * frames that created it (innermost first), for leak reports. */
+static int record_history = 0;
+#define HISTORY_DEPTH 12
+
+void set_record_history(int on) { record_history = on; }
+int get_record_history(void) { return record_history; }
+
+static void remember_site(PyObject *value) {
+    PyFrameObject *frame = PyEval_GetFrame(); /* borrowed */
+    PyObject *frames = PyList_New(0);
+    if (frames == NULL) goto fail;
+    Py_XINCREF(frame);
+    for (int depth = 0; frame != NULL && depth < HISTORY_DEPTH; depth++) {
+        PyCodeObject *code = PyFrame_GetCode(frame);
+        PyObject *entry = Py_BuildValue("(OiO)", code->co_filename, PyFrame_GetLineNumber(frame), code->co_name);
+        Py_DECREF(code);
+        if (entry == NULL || PyList_Append(frames, entry) < 0) {
+            Py_XDECREF(entry);
+            Py_DECREF(frame);
+            goto fail;
+        }
+        Py_DECREF(entry);
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(frame);
+        frame = back;
+    }
+    Py_XDECREF(frame);
+    PyObject *site = PyList_AsTuple(frames);
+    if (site == NULL || PyObject_SetAttrString(value, "_alloc_site", site) < 0) {
+        Py_XDECREF(site);
+        goto fail;
+    }
+    Py_DECREF(site);
+    Py_DECREF(frames);
+    return;
+fail:
+    Py_XDECREF(frames);
+    /* Diagnostics must never break the op that is being recorded. */
+    PyErr_Clear();
+}
+
 Py_ssize_t tensor_live_count(void) { return live_values; }
 
 autograd_state *autograd_of(needle_state *st) { return st->autograd; }
@@ -46,6 +88,7 @@ static PyObject *value_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     }
     self->num_outputs = 1;
     live_values++;
+    if (record_history) remember_site((PyObject *)self);
     return (PyObject *)self;
 }
 
