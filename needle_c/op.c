@@ -605,27 +605,26 @@ PyObject *apply_op(needle_state *st, op_kind kind, const op_params *p, PyObject 
     }
     /* Nothing to record: compute and wrap, no Op object at all. */
     Py_ssize_t n = PyTuple_GET_SIZE(inputs);
-    PyObject *arrays[8] = {NULL};
-    if (n > 8) {
-        PyErr_SetString(PyExc_SystemError, "apply_op: too many inputs");
-        return NULL;
-    }
+    PyObject *stack[8] = {NULL};
+    PyObject **arrays = n <= 8 ? stack : PyMem_Calloc((size_t)n, sizeof(PyObject *));
+    if (arrays == NULL) return PyErr_NoMemory();
+    PyObject *data = NULL;
+    Py_ssize_t held = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *x = PyTuple_GET_ITEM(inputs, i);
         if (!PyObject_TypeCheck(x, ag->value_type)) {
             PyErr_Format(PyExc_TypeError, "%s expects Tensors, got %.100s", op_table[kind].name,
                          Py_TYPE(x)->tp_name);
-            return NULL;
+            goto done;
         }
-        if ((arrays[i] = realize(st, x)) == NULL) {
-            for (Py_ssize_t k = 0; k < i; k++) Py_DECREF(arrays[k]);
-            return NULL;
-        }
+        if ((arrays[i] = realize(st, x)) == NULL) goto done;
         Py_INCREF(arrays[i]); /* compute allocates, which may run the collector */
+        held++;
     }
-    PyObject *data = check_compute_inputs(st, kind, arrays, n) < 0 ? NULL
-                                                                     : op_impls[kind].compute(st, p, arrays, n);
-    for (Py_ssize_t i = 0; i < n; i++) Py_DECREF(arrays[i]);
+    if (check_compute_inputs(st, kind, arrays, n) == 0) data = op_impls[kind].compute(st, p, arrays, n);
+done:
+    for (Py_ssize_t i = 0; i < held; i++) Py_DECREF(arrays[i]);
+    if (arrays != stack) PyMem_Free(arrays);
     if (data == NULL) return NULL;
     PyObject *result = make_const(st, data, 0);
     Py_DECREF(data);

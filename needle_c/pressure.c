@@ -187,7 +187,7 @@ static PyObject *set_gc_policy(PyObject *module, PyObject *args, PyObject *kwarg
     static char *kwlist[] = {"enabled", "growth", "min_growth", "high_water", "max_gc_fraction", "watermark", NULL};
     gc_policy p = policy;
     long long min_growth = p.min_growth, watermark = p.watermark;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$pddLdL:_set_gc_policy", kwlist, &p.enabled, &p.growth,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$pdLddL:_set_gc_policy", kwlist, &p.enabled, &p.growth,
                                      &min_growth, &p.high_water, &p.max_gc_fraction, &watermark))
         return NULL;
     if (p.growth < 0.0 || min_growth < 0 || p.high_water <= 0.0 || p.high_water > 1.0 ||
