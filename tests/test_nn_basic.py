@@ -1,0 +1,418 @@
+"""Tests for the basic modules of ``needle.nn`` (nn_basic.py).
+
+Each module is checked against a NumPy reference written here: forward values,
+gradients by central finite differences (float64, on the NumPy reference) for the
+small layers, the course's parameter initialisation (NumPy RNG draw order), the
+Dropout masks, Module.parameters() order and train()/eval() recursion, and the
+errors raised on bad input shapes.
+"""
+import numpy as np
+import pytest
+
+import needle as ndl
+from needle import nn
+from devices import DEVICES
+
+MODES = ("cycle_free", "needle")
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _t(a, device, requires_grad=True):
+    return ndl.Tensor(np.asarray(a, dtype=np.float32), device=device,
+                      requires_grad=requires_grad)
+
+
+def _flatten(out):
+    if isinstance(out, (tuple, list)):
+        return [y for o in out for y in _flatten(o)]
+    return [out]
+
+
+def _numeric_grad(f, arrays, index, eps=1e-6):
+    """Central differences of the scalar f(*arrays) (float64) w.r.t. arrays[index]."""
+    arrays = [np.array(a, dtype=np.float64) for a in arrays]
+    x = arrays[index]
+    g = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        old = x[idx]
+        x[idx] = old + eps
+        fp = f(*arrays)
+        x[idx] = old - eps
+        fm = f(*arrays)
+        x[idx] = old
+        g[idx] = (fp - fm) / (2 * eps)
+    return g
+
+
+def check_module(module, inputs, reference, device, forward=None, grads=True,
+                 atol=1e-5, grad_rtol=2e-3, grad_atol=2e-4):
+    """Runs ``module`` on ``inputs`` (NumPy arrays, fed as Tensors) under both graph modes.
+
+    ``reference(*inputs, *params)`` (float64 NumPy, params in ``parameters()`` order)
+    must give the same output(s); with ``grads`` the gradients of a weighted sum of the
+    outputs w.r.t. every input and parameter are compared with finite differences.
+    ``forward(module, *tensors)`` defaults to ``module(*tensors)``.
+    """
+    forward = forward or (lambda m, *ts: m(*ts))
+    params = module.parameters()
+    p_arrays = [p.numpy().astype(np.float64) for p in params]
+    arrays = [np.asarray(a, dtype=np.float32).astype(np.float64) for a in inputs]
+    refs = [np.asarray(r) for r in _flatten(reference(*arrays, *p_arrays))]
+    rng = np.random.default_rng(0)
+    weights = [rng.uniform(0.5, 1.5, size=r.shape) for r in refs]
+    results = []
+    for mode in MODES:
+        for p in params:
+            p.grad = None
+        with ndl.autograd.graph_mode(mode):
+            tensors = [_t(a, device) for a in arrays]
+            outs = _flatten(forward(module, *tensors))
+            assert len(outs) == len(refs)
+            for o, r in zip(outs, refs):
+                assert tuple(o.shape) == r.shape
+                assert o.device == device
+                np.testing.assert_allclose(o.numpy(), r, rtol=1e-5, atol=atol)
+            if not grads:
+                return
+            loss = None
+            for o, w in zip(outs, weights):
+                term = (o * _t(w, device, requires_grad=False)).sum()
+                loss = term if loss is None else loss + term
+            loss.backward()
+            results.append([t.grad.numpy() for t in tensors] + [p.grad.numpy() for p in params])
+
+    def f(*a):
+        return sum(float(np.sum(r * w)) for r, w in zip(_flatten(reference(*a)), weights))
+
+    all_arrays = arrays + p_arrays
+    for i in range(len(all_arrays)):
+        num = _numeric_grad(f, all_arrays, i)
+        for res in results:
+            np.testing.assert_allclose(res[i], num, rtol=grad_rtol, atol=grad_atol,
+                                       err_msg=f"gradient of array {i}")
+
+
+def _uniform_draw(shape, low, high):
+    """What init.rand draws: one np.random.rand, then float32 arithmetic."""
+    u = np.random.rand(*shape).astype(np.float32)
+    return u * np.float32(high - low) + np.float32(low)
+
+
+# --------------------------------------------------------------------------- Linear
+
+def test_linear_course_values():
+    np.random.seed(1337)
+    layer = nn.Linear(7, 4)
+    assert layer.weight.shape == (7, 4)
+    assert layer.bias.shape == (1, 4)
+    np.testing.assert_allclose(layer.weight.numpy()[0], [-0.4406, -0.6320, -0.4108, -0.0753],
+                               atol=1e-4)
+    np.testing.assert_allclose(layer.bias.numpy()[0], [0.0776, 0.8141, -0.7710, 1.1203],
+                               atol=1e-4)
+
+
+def test_linear_draw_order():
+    np.random.seed(3)
+    layer = nn.Linear(5, 3)
+    np.random.seed(3)
+    bw = np.sqrt(6 / 5)
+    w = _uniform_draw((5, 3), -bw, bw)
+    bb = np.sqrt(6 / 3)
+    b = _uniform_draw((3, 1), -bb, bb).T
+    np.testing.assert_allclose(layer.weight.numpy(), w, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(layer.bias.numpy(), b, rtol=1e-6, atol=1e-7)
+    assert isinstance(layer.weight, nn.Parameter) and layer.weight.requires_grad
+    assert layer.parameters()[0] is layer.weight and layer.parameters()[1] is layer.bias
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_forward_backward(device):
+    np.random.seed(0)
+    layer = nn.Linear(4, 3, device=device)
+    x = np.random.randn(5, 4)
+    check_module(layer, [x], lambda x, w, b: x @ w + b, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_nd_input_and_no_bias(device):
+    np.random.seed(0)
+    layer = nn.Linear(4, 3, bias=False, device=device)
+    assert layer.bias is None and len(layer.parameters()) == 1
+    x = np.random.randn(2, 3, 4)
+    check_module(layer, [x], lambda x, w: x @ w, device)
+
+
+def test_linear_bad_input():
+    layer = nn.Linear(4, 3)
+    with pytest.raises(ValueError, match="last dimension 4"):
+        layer(_t(np.ones((2, 5)), ndl.cpu()))
+    with pytest.raises(TypeError):
+        layer(np.ones((2, 4), dtype=np.float32))
+
+
+# --------------------------------------------------------------------------- simple modules
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_flatten(device):
+    x = np.random.randn(2, 3, 4, 5)
+    check_module(nn.Flatten(), [x], lambda x: x.reshape(2, 60), device, grads=False)
+    y = nn.Flatten()(_t(np.ones((3, 2)), device))
+    assert y.shape == (3, 2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name, ref", [
+    ("ReLU", lambda x: np.maximum(x, 0)),
+    ("Tanh", np.tanh),
+    ("Sigmoid", lambda x: 1 / (1 + np.exp(-x))),
+])
+def test_activations(device, name, ref):
+    np.random.seed(1)
+    x = np.random.randn(3, 4)
+    x[np.abs(x) < 1e-2] = 0.5  # keep ReLU away from its kink for finite differences
+    check_module(getattr(nn, name)(), [x], ref, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_identity_and_residual(device):
+    np.random.seed(2)
+    x = np.random.randn(3, 4)
+    check_module(nn.Identity(), [x], lambda x: x, device, grads=False)
+    lin = nn.Linear(4, 4, device=device)
+    check_module(nn.Residual(lin), [x], lambda x, w, b: x + x @ w + b, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sequential(device):
+    np.random.seed(3)
+    model = nn.Sequential(nn.Linear(4, 5, device=device), nn.ReLU(),
+                          nn.Linear(5, 2, device=device))
+    assert isinstance(model.modules, tuple) and len(model.modules) == 3
+    x = np.random.randn(6, 4)
+
+    def ref(x, w1, b1, w2, b2):
+        return np.maximum(x @ w1 + b1, 0) @ w2 + b2
+
+    check_module(model, [x], ref, device, grads=False)
+    check_module(nn.Sequential(), [x], lambda x: x, device, grads=False)
+
+
+# --------------------------------------------------------------------------- SoftmaxLoss
+
+def _logsumexp(z):
+    m = z.max(axis=1, keepdims=True)
+    return (np.log(np.exp(z - m).sum(axis=1, keepdims=True)) + m)[:, 0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_softmax_loss(device):
+    np.random.seed(4)
+    logits = np.random.randn(6, 5) * 3
+    y = np.array([0, 4, 2, 2, 1, 3])
+    expected = np.mean(_logsumexp(logits) - logits[np.arange(6), y])
+    z = _t(logits, device)
+    loss = nn.SoftmaxLoss()(z, _t(y, device, requires_grad=False))
+    assert loss.numpy().size == 1
+    np.testing.assert_allclose(float(loss.numpy().reshape(-1)[0]), expected, rtol=1e-5)
+    loss.backward()
+    soft = np.exp(logits - _logsumexp(logits)[:, None])
+    onehot = np.eye(5)[y]
+    np.testing.assert_allclose(z.grad.numpy(), (soft - onehot) / 6, rtol=1e-4, atol=1e-6)
+
+
+def test_softmax_loss_bad_shapes():
+    z = _t(np.zeros((4, 3)), ndl.cpu())
+    with pytest.raises(ValueError):
+        nn.SoftmaxLoss()(z, _t(np.zeros(3), ndl.cpu()))
+    with pytest.raises(ValueError):
+        nn.SoftmaxLoss()(_t(np.zeros((4, 3, 2)), ndl.cpu()), _t(np.zeros(4), ndl.cpu()))
+
+
+# --------------------------------------------------------------------------- BatchNorm
+
+def _bn_ref(x, w, b, eps=1e-5):
+    mean = x.mean(axis=0)
+    var = x.var(axis=0)
+    return (x - mean) / np.sqrt(var + eps) * w + b
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batchnorm1d_train_forward_backward(device):
+    np.random.seed(5)
+    bn = nn.BatchNorm1d(3, device=device)
+    bn.weight.data = _t(np.random.randn(3), device)
+    bn.bias.data = _t(np.random.randn(3), device)
+    x = np.random.randn(5, 3) * 2 + 1
+    check_module(bn, [x], _bn_ref, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batchnorm1d_running_stats_and_eval(device):
+    np.random.seed(6)
+    bn = nn.BatchNorm1d(4, momentum=0.2, device=device)
+    assert len(bn.parameters()) == 2  # the running stats are not parameters
+    rm, rv = np.zeros(4), np.ones(4)
+    for _ in range(3):
+        x = np.random.randn(8, 4) * 3 + 2
+        bn(_t(x, device))
+        rm = 0.8 * rm + 0.2 * x.mean(axis=0)
+        rv = 0.8 * rv + 0.2 * x.var(axis=0)
+    np.testing.assert_allclose(bn.running_mean.numpy(), rm, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(bn.running_var.numpy(), rv, rtol=1e-5, atol=1e-5)
+    assert not bn.running_mean.requires_grad
+    bn.eval()
+    x = np.random.randn(3, 4)
+    y = bn(_t(x, device)).numpy()
+    np.testing.assert_allclose(y, (x - rm) / np.sqrt(rv + 1e-5), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(bn.running_mean.numpy(), rm, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batchnorm2d(device):
+    np.random.seed(7)
+    bn = nn.BatchNorm2d(3, device=device)
+    bn.weight.data = _t(np.random.randn(3), device)
+    bn.bias.data = _t(np.random.randn(3), device)
+    x = np.random.randn(2, 3, 2, 3)
+
+    def ref(x, w, b):
+        mean = x.mean(axis=(0, 2, 3), keepdims=True)
+        var = x.var(axis=(0, 2, 3), keepdims=True)
+        return (x - mean) / np.sqrt(var + 1e-5) * w.reshape(1, 3, 1, 1) + b.reshape(1, 3, 1, 1)
+
+    check_module(bn, [x], ref, device, grads=False)
+    np.testing.assert_allclose(bn.running_mean.numpy(), 0.1 * x.mean(axis=(0, 2, 3)),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(bn.running_var.numpy(), 0.9 + 0.1 * x.var(axis=(0, 2, 3)),
+                               rtol=1e-5, atol=1e-6)
+    bn.eval()
+    rm = bn.running_mean.numpy().reshape(1, 3, 1, 1)
+    rv = bn.running_var.numpy().reshape(1, 3, 1, 1)
+    w = bn.weight.numpy().reshape(1, 3, 1, 1)
+    b = bn.bias.numpy().reshape(1, 3, 1, 1)
+    np.testing.assert_allclose(bn(_t(x, device)).numpy(), (x - rm) / np.sqrt(rv + 1e-5) * w + b,
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_batchnorm_bad_shapes():
+    with pytest.raises(ValueError):
+        nn.BatchNorm1d(3)(_t(np.zeros((4, 2)), ndl.cpu()))
+    with pytest.raises(ValueError):
+        nn.BatchNorm2d(3)(_t(np.zeros((4, 3)), ndl.cpu()))
+
+
+# --------------------------------------------------------------------------- LayerNorm1d
+
+def _ln_ref(x, w, b, eps=1e-5):
+    mean = x.mean(axis=-1, keepdims=True)
+    var = x.var(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * w + b
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(4, 5), (2, 3, 5)])
+def test_layernorm1d(device, shape):
+    np.random.seed(8)
+    ln = nn.LayerNorm1d(5, device=device)
+    assert [p is q for p, q in zip(ln.parameters(), (ln.w, ln.b))] == [True, True]
+    np.testing.assert_array_equal(ln.w.numpy(), np.ones(5))
+    np.testing.assert_array_equal(ln.b.numpy(), np.zeros(5))
+    ln.w.data = _t(np.random.randn(5), device)
+    ln.b.data = _t(np.random.randn(5), device)
+    x = np.random.randn(*shape) * 2 + 1
+    check_module(ln, [x], _ln_ref, device, grads=(len(shape) == 2))
+    if len(shape) == 3:
+        check_module(ln, [x], _ln_ref, device, grads=False)
+
+
+def test_layernorm1d_bad_shape():
+    with pytest.raises(ValueError):
+        nn.LayerNorm1d(5)(_t(np.zeros((3, 4)), ndl.cpu()))
+
+
+# --------------------------------------------------------------------------- Dropout
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("p", [0.0, 0.3, 0.5, 0.9])
+def test_dropout_mask_matches_numpy(device, p):
+    x = np.random.randn(6, 7).astype(np.float32)
+    np.random.seed(11)
+    y = nn.Dropout(p)(_t(x, device)).numpy()
+    after = np.random.rand()
+    np.random.seed(11)
+    mask = np.random.rand(6, 7).astype(np.float32) <= np.float32(1 - p)
+    assert np.random.rand() == after  # exactly one draw of x's size, also when p == 0
+    np.testing.assert_allclose(y, x * mask / np.float32(1 - p), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dropout_gradient_and_eval(device):
+    np.random.seed(12)
+    x = _t(np.random.randn(4, 5), device)
+    d = nn.Dropout(0.4)
+    y = d(x)
+    y.sum().backward()
+    mask = y.numpy() != 0
+    np.testing.assert_allclose(x.grad.numpy(), mask / 0.6, rtol=1e-6)
+    d.eval()
+    state = np.random.get_state()[1].copy()
+    np.testing.assert_array_equal(d(x).numpy(), x.numpy())
+    np.testing.assert_array_equal(np.random.get_state()[1], state)  # no draw in eval
+
+
+def test_dropout_edge_cases():
+    x = _t(np.ones((3, 3)), ndl.cpu())
+    np.testing.assert_array_equal(nn.Dropout(1.0)(x).numpy(), np.zeros((3, 3)))
+    with pytest.raises(ValueError):
+        nn.Dropout(1.5)
+
+
+# --------------------------------------------------------------------------- Module
+
+class _Inner(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(ndl.Tensor(np.ones(2, dtype=np.float32)))
+        self.buffer = ndl.Tensor(np.zeros(2, dtype=np.float32))  # not a parameter
+        self.drop = nn.Dropout(0.1)
+
+
+class _Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p0 = nn.Parameter(ndl.Tensor(np.zeros(1, dtype=np.float32)))
+        self.blocks = [_Inner(), {"x": nn.Parameter(ndl.Tensor(np.ones(3, dtype=np.float32))),
+                                  "inner": _Inner()}]
+        self.pair = (nn.Parameter(ndl.Tensor(np.ones(4, dtype=np.float32))), nn.ReLU())
+        self.bn = nn.BatchNorm1d(3)
+        self.seq = nn.Sequential(nn.Linear(2, 2), nn.Dropout())
+
+
+def test_module_parameters_order():
+    m = _Outer()
+    expected = [m.p0, m.blocks[0].a, m.blocks[1]["x"], m.blocks[1]["inner"].a, m.pair[0],
+                m.bn.weight, m.bn.bias, m.seq.modules[0].weight, m.seq.modules[0].bias]
+    params = m.parameters()
+    assert len(params) == len(expected)
+    assert all(p is q for p, q in zip(params, expected))
+    assert all(isinstance(p, nn.Parameter) for p in params)
+
+
+def test_module_train_eval_recursion():
+    m = _Outer()
+    modules = [m, m.blocks[0], m.blocks[0].drop, m.blocks[1]["inner"],
+               m.blocks[1]["inner"].drop, m.pair[1], m.bn, m.seq, m.seq.modules[0],
+               m.seq.modules[1]]
+    assert all(x.training for x in modules)
+    m.eval()
+    assert not any(x.training for x in modules)
+    m.train()
+    assert all(x.training for x in modules)
+
+
+def test_parameter_shares_data():
+    t = ndl.Tensor(np.arange(3, dtype=np.float32), requires_grad=False)
+    p = nn.Parameter(t)
+    assert p.requires_grad
+    np.testing.assert_array_equal(p.numpy(), [0, 1, 2])
