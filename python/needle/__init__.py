@@ -12,6 +12,7 @@ from .ops import *  # noqa: F401,F403
 from .autograd import Tensor, TensorTuple, cpu, all_devices, no_grad  # noqa: F401
 from . import autograd, ops, init  # noqa: F401
 from . import nn  # noqa: F401
+from . import data, optim  # noqa: F401
 from .init import ones, zeros, zeros_like, ones_like  # noqa: F401
 from .backend_ndarray import (  # noqa: F401
     BackendDevice,

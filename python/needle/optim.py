@@ -1,0 +1,141 @@
+"""The course's optimizers (``needle.optim``): Optimizer, SGD and Adam.
+
+Every update runs on detached tensors inside ``needle.no_grad()``, so a step records no
+graph, leaves each parameter a leaf (``op is None``) and keeps no reference to the graph
+that produced the gradients: the state dicts hold plain detached tensors. Parameters
+whose ``grad`` is None are skipped. ``clip_grad_norm`` exists on every optimizer (the
+course has it on SGD only).
+"""
+import numpy as np
+
+from . import init
+from .autograd import no_grad
+
+
+class Optimizer:
+    """Base class holding the list of parameters to update."""
+
+    def __init__(self, params):
+        self.params = list(params)
+
+    def step(self):
+        """Applies one update to every parameter that has a gradient; returns None."""
+        raise NotImplementedError()
+
+    def reset_grad(self):
+        """Sets ``p.grad = None`` on every parameter; returns None."""
+        for p in self.params:
+            p.grad = None
+
+    def clip_grad_norm(self, max_norm=0.25):
+        """Scales all gradients so that their global L2 norm is at most ``max_norm``.
+
+        The norm is computed in NumPy over every ``p.grad`` that is not None;
+        ``coef = max_norm / (norm + 1e-6)``. When ``coef < 1`` each ``p.grad`` is
+        replaced by a new detached tensor ``p.grad * coef`` (the old gradient tensor is
+        not modified). Returns the total norm before clipping, as a Python float.
+        """
+        grads = [p for p in self.params if getattr(p, "grad", None) is not None]
+        total = 0.0
+        for p in grads:
+            g = p.grad.numpy().astype(np.float64)
+            total += float(np.sum(g * g))
+        norm = float(np.sqrt(total))
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1:
+            with no_grad():
+                for p in grads:
+                    p.grad = p.grad.data * coef
+        return norm
+
+    def _grad(self, p, weight_decay):
+        """The detached gradient of ``p`` plus ``weight_decay * p.data``, same shape as p."""
+        grad = p.grad.data
+        if weight_decay != 0:
+            grad = grad + p.data * weight_decay
+        return grad
+
+    @staticmethod
+    def _zeros_like(p):
+        return init.zeros(*p.shape, device=p.device, dtype=p.dtype)
+
+
+class SGD(Optimizer):
+    """SGD with the course's dampened momentum.
+
+    ``u = momentum * u + (1 - momentum) * (grad + weight_decay * p)``, then
+    ``p = p - lr * u``; ``u`` starts at zeros and is kept in ``self.u`` keyed by the
+    parameter object.
+    """
+
+    def __init__(self, params, lr=0.01, momentum=0.0, weight_decay=0.0):
+        super().__init__(params)
+        self.lr = lr
+        self.momentum = momentum
+        self.u = {}
+        self.weight_decay = weight_decay
+
+    def step(self):
+        """Updates every parameter with a gradient in place (``p.data = ...``); returns None."""
+        with no_grad():
+            for p in self.params:
+                if getattr(p, "grad", None) is None:
+                    continue
+                grad = self._grad(p, self.weight_decay)
+                u = self.u.get(p)
+                if u is None:
+                    u = self._zeros_like(p)
+                u = u * self.momentum + grad * (1 - self.momentum)
+                self.u[p] = u
+                p.data = p.data - u * self.lr
+
+
+class Adam(Optimizer):
+    """Adam with L2 weight decay added to the gradient and bias-corrected moments.
+
+    State: step counter ``self.t`` (incremented once per ``step()``) and the moment
+    estimates ``self.m`` / ``self.v`` keyed by the parameter object.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr=0.01,
+        beta1=0.9,
+        beta2=0.999,
+        eps=1e-8,
+        weight_decay=0.0,
+    ):
+        super().__init__(params)
+        self.lr = lr
+        self.beta1 = beta1
+        self.beta2 = beta2
+        self.eps = eps
+        self.weight_decay = weight_decay
+        self.t = 0
+
+        self.m = {}
+        self.v = {}
+
+    def step(self):
+        """Updates every parameter with a gradient in place (``p.data = ...``); returns None."""
+        self.t += 1
+        bias1 = 1 - self.beta1 ** self.t
+        bias2 = 1 - self.beta2 ** self.t
+        with no_grad():
+            for p in self.params:
+                if getattr(p, "grad", None) is None:
+                    continue
+                grad = self._grad(p, self.weight_decay)
+                m = self.m.get(p)
+                v = self.v.get(p)
+                if m is None:
+                    m = self._zeros_like(p)
+                    v = self._zeros_like(p)
+                m = m * self.beta1 + grad * (1 - self.beta1)
+                v = v * self.beta2 + (grad * grad) * (1 - self.beta2)
+                self.m[p] = m
+                self.v[p] = v
+                m_hat = m / bias1
+                v_hat = v / bias2
+                p.data = p.data - (m_hat * self.lr) / (v_hat ** 0.5 + self.eps)
