@@ -11,9 +11,12 @@
  * Pacing: a collection that took d seconds is followed by at least
  * d / fraction - d seconds without one (fraction: max_gc_fraction, 0.5 near
  * the budget), so the collector's share of wall time stays bounded. A
- * collection that frees almost nothing doubles a cooldown (bytes that must
- * be allocated before the next try), so a legitimately large live set does
- * not cause a collection per allocation.
+ * collection that frees almost nothing doubles a cooldown (a time without
+ * soft collections, up to a second), so a legitimately large live set does
+ * not cause a collection per allocation. The cooldown is time, not bytes:
+ * garbage often appears just after a useless collection (a training step
+ * drops the previous step's graph when it resets gradients), and a trigger
+ * pushed up by a byte cooldown would let it pile up.
  * The soft path honours gc.disable(); the out-of-memory path does not.
  * enabled=False turns both off (how the course's leak is reproduced).
  */
@@ -34,7 +37,7 @@ typedef struct gc_policy {
 
 typedef struct device_pressure {
     int64_t survivors;
-    int64_t cooldown;
+    double cooldown_seconds, cooldown_until;
     double last_end, last_duration;
     int64_t pressure_collections, oom_collections, skipped, freed_bytes;
     double seconds;
@@ -80,7 +83,7 @@ static int64_t next_trigger(const nd_device *dev, const device_pressure *ps, int
         double cap = policy.high_water * (double)budget;
         trigger = (int64_t)(t < cap ? t : cap);
     }
-    if (ps->cooldown > 0 && trigger < allocated + ps->cooldown) trigger = allocated + ps->cooldown;
+    (void)allocated;
     return trigger;
 }
 
@@ -90,7 +93,8 @@ void pressure_refresh(nd_device *dev) {
     device_pressure *ps = &pressure[id];
     int64_t allocated = allocated_of(dev);
     ps->survivors = allocated;
-    ps->cooldown = 0;
+    ps->cooldown_seconds = 0.0;
+    ps->cooldown_until = 0.0;
     nd_memory_set_trigger(dev, next_trigger(dev, ps, allocated));
 }
 
@@ -127,7 +131,8 @@ static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested, nd_
         int64_t budget = budget_of(dev);
         double fraction = policy.max_gc_fraction;
         if (budget > 0 && (double)(before + requested) > 0.9 * (double)budget) fraction = 0.5;
-        if (ps->last_duration > 0.0 && start - ps->last_end < ps->last_duration * (1.0 / fraction - 1.0)) {
+        if ((ps->last_duration > 0.0 && start - ps->last_end < ps->last_duration * (1.0 / fraction - 1.0)) ||
+            start < ps->cooldown_until) {
             ps->skipped++;
             return;
         }
@@ -143,11 +148,15 @@ static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested, nd_
     if (reason == ND_COLLECT_PRESSURE) ps->pressure_collections++;
     else ps->oom_collections++;
     /* Almost nothing freed: the live set is real; wait longer next time. */
-    if (freed * 100 < before) {
-        int64_t base = policy.min_growth > requested ? policy.min_growth : requested;
-        ps->cooldown = ps->cooldown > 0 ? ps->cooldown * 2 : base;
+    if (reason == ND_COLLECT_PRESSURE && freed * 100 < before) {
+        double base = ps->last_duration * (1.0 / policy.max_gc_fraction - 1.0);
+        if (base < 0.001) base = 0.001;
+        ps->cooldown_seconds = ps->cooldown_seconds > 0.0 ? ps->cooldown_seconds * 2.0 : base;
+        if (ps->cooldown_seconds > 1.0) ps->cooldown_seconds = 1.0;
+        ps->cooldown_until = end + ps->cooldown_seconds;
     } else {
-        ps->cooldown = 0;
+        ps->cooldown_seconds = 0.0;
+        ps->cooldown_until = 0.0;
     }
     ps->survivors = after;
     nd_memory_set_trigger(dev, next_trigger(dev, ps, after));
