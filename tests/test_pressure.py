@@ -165,9 +165,9 @@ def test_collector_time_share_stays_under_the_cap(clean_policy):
     elapsed = time.perf_counter() - t0
     stats = memory.memory_stats()
     share = (stats["gc_seconds"] - start["gc_seconds"]) / elapsed
-    # The pacer aims at 5% (0.5 only within 10% of the budget); without pacing this loop
-    # spends most of its time collecting. The bound leaves room for a busy machine.
-    assert share < 0.3, share
+    # The pacer aims at 5%, and allows up to 50% within 10% of the budget (where a loaded
+    # machine can push this loop); without pacing it spends ~90% of its time collecting.
+    assert share < 0.5, share
     assert stats["num_pressure_collections"] > start["num_pressure_collections"]
     del junk
 

@@ -1,0 +1,180 @@
+"""A timeline of one device's memory: allocated and reserved bytes and the collector's
+counters, sampled by hand (``monitor.sample(step)``) or by a background thread, written to
+CSV or plotted (PNG).
+
+Sampling only reads the allocator's counters, so it is cheap and safe from another thread
+(the GIL serialises it with the ops that change them).
+"""
+import csv
+import threading
+import time
+
+from .memory import _resolve, memory_stats
+
+__all__ = ["MemoryMonitor"]
+
+_DEFAULT_INTERVAL = 0.1
+_MIB = float(2**20)
+
+
+class MemoryMonitor:
+    """Records samples of ``device``'s memory (None: the default device, ``cpu()``).
+
+    A sample is a dict: ``time`` (seconds since the monitor was created), ``step`` (given to
+    :meth:`sample`, None for the thread's samples), ``allocated`` and ``reserved`` (bytes),
+    ``num_pressure_collections``, ``num_oom_collections`` (collections the allocator ran so
+    far) and ``gc_seconds`` (the time they took). ``interval`` is the background thread's
+    period in seconds (None: 0.1 s when :meth:`start` is called).
+
+    Use ``with MemoryMonitor(interval=0.01) as monitor: ...`` to sample in the background
+    while the block runs, or call :meth:`sample` once per training step.
+    """
+
+    FIELDS = ("time", "step", "allocated", "reserved", "num_pressure_collections",
+              "num_oom_collections", "gc_seconds")
+
+    def __init__(self, device=None, interval=None):
+        if interval is not None and not interval > 0:
+            raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+        self.device = _resolve(device)
+        self.interval = interval
+        self._samples = []
+        self._t0 = time.perf_counter()
+        self._baseline = self._read()
+        self._thread = None
+        self._stop = threading.Event()
+
+    def _read(self):
+        stats = memory_stats(self.device)
+        return {
+            "time": time.perf_counter() - self._t0,
+            "step": None,
+            "allocated": stats.get("allocated_bytes.all.current", 0),
+            "reserved": stats.get("reserved_bytes.all.current", 0),
+            "num_pressure_collections": stats.get("num_pressure_collections", 0),
+            "num_oom_collections": stats.get("num_oom_collections", 0),
+            "gc_seconds": stats.get("gc_seconds", 0.0),
+        }
+
+    def sample(self, step=None):
+        """Records the device's current figures, tagged with ``step``; returns the sample."""
+        record = self._read()
+        record["step"] = step
+        # list.append is atomic under the GIL, so the thread and the caller may both sample.
+        self._samples.append(record)
+        return record
+
+    @property
+    def samples(self):
+        """A copy of the samples recorded so far (a list of dicts, oldest first)."""
+        return list(self._samples)
+
+    def clear(self):
+        """Forgets the samples; later collections are counted from now."""
+        self._samples = []
+        self._baseline = self._read()
+
+    def collections(self):
+        """The samples at which the collection counters had increased since the previous
+        sample (the first one compares with the counters when the monitor was created).
+        Returns copies of those samples with ``new_collections`` (how many) added."""
+        result = []
+        previous = self._baseline
+        for record in self.samples:
+            new = sum(record[key] - previous[key]
+                      for key in ("num_pressure_collections", "num_oom_collections"))
+            if new > 0:
+                result.append(dict(record, new_collections=new))
+            previous = record
+        return result
+
+    def _run(self, interval):
+        self.sample()
+        while not self._stop.wait(interval):
+            self.sample()
+
+    @property
+    def running(self):
+        """Whether the background thread is sampling."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self):
+        """Starts sampling every ``interval`` seconds in a daemon thread; returns self."""
+        if self.running:
+            raise RuntimeError("this MemoryMonitor is already running")
+        interval = self.interval if self.interval is not None else _DEFAULT_INTERVAL
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, args=(interval,),
+                                        name="needle-memory-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self):
+        """Stops the thread (if running) and records a final sample; returns self."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            self.sample()
+        return self
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc_info):
+        self.stop()
+        return False
+
+    def to_csv(self, path):
+        """Writes the samples to ``path`` as CSV with a header row (:attr:`FIELDS`; an empty
+        step for the thread's samples); returns ``path``."""
+        with open(path, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=self.FIELDS, extrasaction="ignore")
+            writer.writeheader()
+            for record in self.samples:
+                writer.writerow({key: ("" if record[key] is None else record[key])
+                                 for key in self.FIELDS})
+        return path
+
+    def plot(self, path=None, title=None, ax=None, label=None):
+        """Plots allocated (solid) and reserved (dashed) MiB against the step (when every
+        sample has one) or the time, with a vertical line at each sample where collections
+        had run.
+
+        Without ``ax`` a new figure is drawn with matplotlib's Agg renderer (pyplot and its
+        global backend are not touched) and saved as a PNG at ``path``, which is then
+        required. With ``ax`` the lines go into that axes, so that several monitors can
+        share one figure; its figure is saved at ``path`` when one is given. ``label``
+        prefixes the legend entries (default: the device). Returns the axes.
+        """
+        samples = self.samples
+        if not samples:
+            raise ValueError("no samples to plot: call sample() or start() first")
+        if ax is None:
+            if path is None:
+                raise ValueError("plot() needs a path, an ax, or both")
+            # Imported here: matplotlib is optional and slow to import.
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from matplotlib.figure import Figure
+            figure = Figure(figsize=(8, 4.5))
+            FigureCanvasAgg(figure)
+            ax = figure.add_subplot()
+        by_step = all(record["step"] is not None for record in samples)
+        xs = [record["step"] if by_step else record["time"] for record in samples]
+        prefix = label if label is not None else repr(self.device)
+        (line,) = ax.plot(xs, [r["allocated"] / _MIB for r in samples],
+                          label=f"{prefix} allocated")
+        ax.plot(xs, [r["reserved"] / _MIB for r in samples], linestyle="--",
+                color=line.get_color(), label=f"{prefix} reserved")
+        for i, record in enumerate(self.collections()):
+            ax.axvline(record["step"] if by_step else record["time"], color=line.get_color(),
+                       linestyle=":", alpha=0.6,
+                       label=f"{prefix} collection" if i == 0 else None)
+        ax.set_xlabel("step" if by_step else "time (s)")
+        ax.set_ylabel("MiB")
+        if title is not None:
+            ax.set_title(title)
+        ax.legend(loc="best", fontsize="small")
+        if path is not None:
+            ax.figure.savefig(path, format="png")
+        return ax
