@@ -270,8 +270,12 @@ def main(argv=None):
     with open(json_path, "w") as f:
         json.dump(report, f, indent=2)
     png_path = os.path.join(args.out, "repro_timeline.png")
-    _plot(results, limit_bytes, png_path)
-    print(f"\nwrote {json_path} and {png_path}")
+    try:
+        _plot(results, limit_bytes, png_path)
+        print(f"\nwrote {json_path} and {png_path}")
+    except ImportError:
+        print(f"\nwrote {json_path}; the timeline plot needs matplotlib "
+              "(pip install 'needle[repro]')")
     return 0
 
 
