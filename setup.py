@@ -1,15 +1,37 @@
 """Builds the needle_c extension: the engine (csrc/) and its CPython binding
-(needle_c/) as one module.
+(needle_c/) as one module, with the CUDA backend (csrc/cuda/) when it can.
 
 Environment:
-  NEEDLE_STRICT=1   compile our sources with -Werror (CI sets it)
-  NEEDLE_DEBUG=1    -O0 -g, for debugging the C code
+  NEEDLE_STRICT=1   compile our sources with -Werror (CI sets it); nvcc gets
+                    -Werror all-warnings and -Werror for its host compiler
+  NEEDLE_DEBUG=1    -O0 -g, for debugging the C code (nvcc: -g -lineinfo)
+  NEEDLE_CUDA=auto  build the CUDA backend when nvcc is found (the default);
+                    1: it must be built (the build fails loudly if it cannot);
+                    0: never
+  NEEDLE_CUDA_ARCH  the GPU architectures to compile for, e.g. "80;90"
+                    (default: 75;80;86;89;90, plus compute_90 PTX; the PTX of
+                    the highest one listed is always embedded)
+
+The CUDA toolkit is looked for in $CUDA_HOME, $CUDA_PATH, the directory of
+the nvcc on PATH, then /usr/local/cuda. Each csrc/cuda/*.cu is compiled by
+nvcc into an object file that is linked into needle_c together with the
+static CUDA runtime (so the module imports on machines without a CUDA
+runtime, driver or GPU). cuBLAS is not linked: the backend loads it at run
+time (NEEDLE_CUBLAS=<path> names it) and falls back to its own SGEMM kernel
+where it is missing; the libcublas found here at build time, if any, is
+remembered as the first place to look.
 """
 import glob
 import os
+import re
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 strict = os.environ.get("NEEDLE_STRICT", "0") == "1"
 debug = os.environ.get("NEEDLE_DEBUG", "0") == "1"
@@ -29,16 +51,204 @@ if strict:
 
 sources = sorted(glob.glob("needle_c/*.c")) + sorted(glob.glob("csrc/*.c"))
 
+# ------------------------------------------------------------------------- CUDA
+
+CUDA_SOURCES = sorted(glob.glob("csrc/cuda/*.cu"))
+CUDA_HEADERS = sorted(glob.glob("csrc/cuda/*.cuh") + glob.glob("csrc/cuda/*.h"))
+DEFAULT_ARCHS = ["75", "80", "86", "89", "90"]
+
+
+def _cuda_lib_dir(home):
+    """The directory that holds libcudart_static.a under a toolkit, or None."""
+    for sub in ("lib64", "lib", os.path.join("targets", "x86_64-linux", "lib"),
+                os.path.join("targets", "sbsa-linux", "lib")):
+        path = os.path.join(home, sub)
+        if os.path.isfile(os.path.join(path, "libcudart_static.a")):
+            return path
+    return None
+
+
+def _toolkit_at(home):
+    """(home, nvcc, lib_dir) when home is a usable CUDA toolkit, else None."""
+    if not home:
+        return None
+    nvcc = os.path.join(home, "bin", "nvcc")
+    include = os.path.join(home, "include", "cuda_runtime.h")
+    lib_dir = _cuda_lib_dir(home)
+    if os.path.isfile(nvcc) and os.path.isfile(include) and lib_dir:
+        return home, nvcc, lib_dir
+    return None
+
+
+def find_cuda():
+    """The first usable toolkit, and the places looked at (for messages)."""
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    candidates.append("/usr/local/cuda")
+    looked = [c for c in candidates if c]
+    for home in looked:
+        found = _toolkit_at(home)
+        if found:
+            return found, looked
+    return None, looked
+
+
+def find_cublas(cuda_home, lib_dir):
+    """A libcublas.so.* to try first at run time: the toolkit's, else a pip-installed
+    nvidia-cublas (nvidia/cu13/lib, nvidia/cublas/lib). None when there is none."""
+    dirs = [lib_dir, os.path.join(cuda_home, "lib64")]
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("nvidia")
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            dirs += [os.path.join(root, "cu13", "lib"), os.path.join(root, "cublas", "lib")]
+    except (ImportError, ValueError):
+        pass
+    for d in dirs:
+        # The shortest name is the soname (libcublas.so.13), not a full version.
+        libs = sorted(glob.glob(os.path.join(d, "libcublas.so.*[0-9]")), key=len)
+        if libs:
+            return os.path.abspath(libs[0])
+    return None
+
+
+def cuda_archs():
+    text = os.environ.get("NEEDLE_CUDA_ARCH", "").strip()
+    if not text:
+        return DEFAULT_ARCHS
+    archs = [a.strip().replace(".", "") for a in re.split(r"[;, ]+", text) if a.strip()]
+    bad = [a for a in archs if not re.fullmatch(r"\d{2,3}[af]?", a)]
+    if bad or not archs:
+        raise SystemExit(f"needle: NEEDLE_CUDA_ARCH={text!r}: expected compute capabilities "
+                         "such as '80;90'")
+    return archs
+
+
+def nvcc_flags(archs, cublas):
+    flags = ["-O0" if debug else "-O3", "-Xcompiler", "-fPIC", "-std=c++17",
+             "--expt-relaxed-constexpr", "-Xcompiler", "-fvisibility=hidden",
+             "-Xcompiler", "-Wall,-Wextra", "-Icsrc", "-DNEEDLE_WITH_CUDA"]
+    if debug:
+        flags += ["-g", "-lineinfo"]
+    for arch in archs:
+        flags += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
+    ptx = max(archs, key=lambda a: int(re.match(r"\d+", a).group()))
+    flags += ["-gencode", f"arch=compute_{ptx},code=compute_{ptx}"]
+    if strict:
+        flags += ["-Werror", "all-warnings", "-Xcompiler", "-Werror"]
+    if cublas:
+        flags.append(f'-DNEEDLE_CUBLAS_HINT="{cublas}"')
+    return flags
+
+
+def cuda_plan():
+    """What to do about CUDA: None (skip, with one printed line) or a dict."""
+    mode = os.environ.get("NEEDLE_CUDA", "auto").strip().lower() or "auto"
+    if mode not in ("auto", "0", "1"):
+        raise SystemExit(f"needle: NEEDLE_CUDA={mode!r}: expected auto, 0 or 1")
+    if mode == "0":
+        print("needle: building without CUDA (NEEDLE_CUDA=0)")
+        return None
+    found, looked = find_cuda()
+    if found is None:
+        where = ", ".join(looked)
+        if mode == "1":
+            raise SystemExit("needle: NEEDLE_CUDA=1 but no usable CUDA toolkit was found (need "
+                             f"bin/nvcc, include/cuda_runtime.h and libcudart_static.a; looked in: "
+                             f"{where}); set CUDA_HOME")
+        print(f"needle: building without CUDA (no CUDA toolkit with nvcc found in: {where})")
+        return None
+    home, nvcc, lib_dir = found
+    if not CUDA_SOURCES:
+        raise SystemExit("needle: csrc/cuda/*.cu not found; run setup.py from the repository root")
+    cublas = find_cublas(home, lib_dir)
+    return {"home": home, "nvcc": nvcc, "lib_dir": lib_dir, "archs": cuda_archs(),
+            "cublas": cublas}
+
+
+class BuildExt(build_ext):
+    """build_ext that first compiles csrc/cuda/*.cu with nvcc (in parallel) and links
+    the objects into needle_c."""
+
+    cuda = None  # set below from cuda_plan()
+
+    def build_extension(self, ext):
+        if self.cuda is not None and ext.name == "needle_c":
+            ext.extra_objects = list(ext.extra_objects or []) + self._compile_cuda()
+        super().build_extension(ext)
+
+    def _compile_cuda(self):
+        plan = self.cuda
+        out_dir = os.path.join(self.build_temp, "cuda")
+        os.makedirs(out_dir, exist_ok=True)
+        flags = nvcc_flags(plan["archs"], plan["cublas"])
+        deps = CUDA_HEADERS + sorted(glob.glob("csrc/*.h"))
+        newest_dep = max((os.path.getmtime(p) for p in deps), default=0.0)
+        stamp = os.path.join(out_dir, "flags.txt")
+        old_flags = open(stamp).read() if os.path.exists(stamp) else None
+        jobs = []
+        for src in CUDA_SOURCES:
+            obj = os.path.join(out_dir, os.path.splitext(os.path.basename(src))[0] + ".o")
+            fresh = (os.path.exists(obj) and old_flags == " ".join(flags) and not self.force
+                     and os.path.getmtime(obj) >= max(os.path.getmtime(src), newest_dep))
+            jobs.append((src, obj, fresh))
+        todo = [(src, obj) for src, obj, fresh in jobs if not fresh]
+        if todo:
+            print(f"needle: compiling {len(todo)} CUDA file(s) with {plan['nvcc']} for sm_"
+                  + ", sm_".join(plan["archs"]), flush=True)
+            start = time.perf_counter()
+            workers = max(1, min(len(todo), os.cpu_count() or 1))
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                list(pool.map(lambda job: self._nvcc(plan["nvcc"], flags, *job), todo))
+            with open(stamp, "w") as f:
+                f.write(" ".join(flags))
+            print(f"needle: CUDA compile took {time.perf_counter() - start:.1f} s "
+                  f"({workers} parallel nvcc)", flush=True)
+        return [obj for _, obj, _ in jobs]
+
+    def _nvcc(self, nvcc, flags, src, obj):
+        import subprocess
+        cmd = [nvcc, *flags, "-c", src, "-o", obj]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        output = (proc.stdout + proc.stderr).strip()
+        if proc.returncode != 0:
+            raise SystemExit(f"needle: nvcc failed on {src}:\n{' '.join(cmd)}\n{output}")
+        if output:
+            print(output, file=sys.stderr)
+
+
+cuda = cuda_plan()
+BuildExt.cuda = cuda
+
+define_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
+libraries = ["m", "dl"]
+library_dirs = []
+depends = sorted(glob.glob("csrc/*.h") + glob.glob("needle_c/*.h"))
+if cuda is not None:
+    define_macros.append(("NEEDLE_WITH_CUDA", "1"))
+    # The static runtime needs librt, libpthread and libdl, and nvcc's host code the
+    # C++ runtime (exception personality, static-init guards); cuBLAS is dlopen'ed.
+    libraries = ["m", "cudart_static", "rt", "pthread", "dl", "stdc++"]
+    library_dirs = [cuda["lib_dir"]]
+    # A changed .cu must relink the module, not only recompile its object.
+    depends += CUDA_SOURCES + CUDA_HEADERS
+    cublas_note = (f"cuBLAS at run time from {cuda['cublas']} or the loader's path"
+                   if cuda["cublas"] else "cuBLAS not found here: loaded at run time if present, "
+                   "else needle's SGEMM kernel")
+    archs = ", sm_".join(cuda["archs"])
+    print(f"needle: building the CUDA backend with {cuda['home']} (sm_{archs}); {cublas_note}")
+
 needle_c = Extension(
     "needle_c",
     sources=sources,
     include_dirs=[numpy.get_include(), "csrc"],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    define_macros=define_macros,
     extra_compile_args=compile_args,
-    libraries=["m", "dl"],
-    depends=sorted(glob.glob("csrc/*.h") + glob.glob("needle_c/*.h")),
+    libraries=libraries,
+    library_dirs=library_dirs,
+    depends=depends,
 )
 
-print("needle: building the CPU backend; the CUDA backend (csrc/cuda) is not part of this build yet")
-
-setup(ext_modules=[needle_c])
+setup(ext_modules=[needle_c], cmdclass={"build_ext": BuildExt})

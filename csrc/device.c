@@ -32,6 +32,9 @@ static void ensure_initialised(void) {
     /* The course's numpy-kernel device: the same host kernels, separate
      * accounting, and mixing it with "cpu" is an error as in the course. */
     nd_device_register(ND_DEVICE_CPU, 1, "cpu_numpy", &nd_cpu_backend, capacity, 1);
+#ifdef NEEDLE_WITH_CUDA
+    nd_cuda_register_devices();
+#endif
 }
 
 nd_device *nd_device_register(nd_device_kind kind, int ordinal, const char *name,

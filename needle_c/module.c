@@ -451,6 +451,8 @@ static PyMethodDef module_functions[] = {
 
 /* ------------------------------------------------------------- module */
 
+extern PyMethodDef cuda_info_module_functions[]; /* cuda_info.c */
+
 static int add_function_table(PyObject *module, PyMethodDef *table) {
     return PyModule_AddFunctions(module, table);
 }
@@ -500,7 +502,8 @@ static int needle_c_exec(PyObject *module) {
     if (add_function_table(module, module_functions) < 0 ||
         add_function_table(module, ndarray_module_functions) < 0 ||
         add_function_table(module, memory_module_functions) < 0 ||
-        add_function_table(module, pressure_module_functions) < 0)
+        add_function_table(module, pressure_module_functions) < 0 ||
+        add_function_table(module, cuda_info_module_functions) < 0)
         return -1;
     if (PyModule_AddIntConstant(module, "MAX_DIMS", ND_MAX_DIMS) < 0) return -1;
     if (autograd_module_init(module, st) < 0) return -1;

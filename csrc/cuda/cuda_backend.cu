@@ -1,0 +1,140 @@
+/* cuda_backend.cu: the CUDA backend's front door: discovers the GPUs,
+ * registers one engine device per GPU with the backend table below, finds
+ * which GPU a pointer lives on, and prepares the strided iteration spaces
+ * the kernels receive.
+ *
+ * Discovery must be harmless without a driver or a GPU (the extension is
+ * imported everywhere): a failing cudaGetDeviceCount means zero devices, and
+ * no CUDA context is created at registration. Never prints, exits or aborts.
+ */
+#include "cuda_common.cuh"
+
+#include <string.h>
+
+/* Engine devices by CUDA ordinal (NULL: not registered). */
+static nd_device *cuda_devices[ND_CUDA_MAX_DEVICES];
+static int cuda_device_count = 0;
+/* The GPU when there is exactly one: no pointer lookups then. */
+static nd_device *sole_device = NULL;
+
+static const nd_backend nd_cuda_backend = {
+    /* .name = */ "cuda",
+    /* .raw_alloc = */ nd_cuda_raw_alloc,
+    /* .raw_free = */ nd_cuda_raw_free,
+    /* .release_cache = */ nd_cuda_release_cache,
+    /* .copy = */ nd_cuda_copy,
+    /* .binary = */ nd_cuda_binary,
+    /* .unary = */ nd_cuda_unary,
+    /* .reduce = */ nd_cuda_reduce,
+    /* .matmul = */ nd_cuda_matmul,
+    /* .to_host = */ nd_cuda_to_host,
+    /* .from_host = */ nd_cuda_from_host,
+    /* .gather_rows = */ nd_cuda_gather_rows,
+    /* .scatter_add_rows = */ nd_cuda_scatter_add_rows,
+};
+
+extern "C" int nd_cuda_register_devices(void) {
+    int count = 0;
+    /* No driver, no GPU, a driver older than the runtime: no CUDA devices. */
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (count > ND_CUDA_MAX_DEVICES) count = ND_CUDA_MAX_DEVICES;
+    for (int ordinal = 0; ordinal < count; ordinal++) {
+        /* totalGlobalMem is the total cudaMemGetInfo reports, read without
+         * creating a context (which costs time and device memory at import). */
+        cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, ordinal) != cudaSuccess) {
+            (void)cudaGetLastError();
+            continue;
+        }
+        nd_device *dev = nd_device_register(ND_DEVICE_CUDA, ordinal, "cuda", &nd_cuda_backend,
+                                            (int64_t)prop.totalGlobalMem, 1);
+        if (dev == NULL) break; /* the engine's device table is full */
+        cuda_devices[ordinal] = dev;
+        cuda_device_count++;
+    }
+    if (cuda_device_count == 1)
+        for (int ordinal = 0; ordinal < ND_CUDA_MAX_DEVICES; ordinal++)
+            if (cuda_devices[ordinal] != NULL) sole_device = cuda_devices[ordinal];
+    return cuda_device_count;
+}
+
+nd_status nd_cuda_set_device(int ordinal) {
+    int current = -1;
+    ND_CUDA_CHECK(cudaGetDevice(&current));
+    if (current != ordinal) ND_CUDA_CHECK(cudaSetDevice(ordinal));
+    return ND_OK;
+}
+
+nd_status nd_cuda_activate(const void *ptr, nd_device **dev) {
+    if (cuda_device_count <= 1) {
+        /* One GPU: made current by the allocator when it took the memory. */
+        if (dev != NULL) *dev = sole_device;
+        return sole_device != NULL && sole_device->ordinal != 0 ? nd_cuda_set_device(sole_device->ordinal)
+                                                                : ND_OK;
+    }
+    if (ptr == NULL) return nd_fail(ND_ERR_INTERNAL, "a CUDA kernel was given no buffer");
+    cudaPointerAttributes attr;
+    ND_CUDA_CHECK(cudaPointerGetAttributes(&attr, ptr));
+    if (attr.type != cudaMemoryTypeDevice || attr.device < 0 || attr.device >= ND_CUDA_MAX_DEVICES ||
+        cuda_devices[attr.device] == NULL)
+        return nd_fail(ND_ERR_INTERNAL, "pointer %p is not memory of a registered GPU", ptr);
+    if (dev != NULL) *dev = cuda_devices[attr.device];
+    return nd_cuda_set_device(attr.device);
+}
+
+extern "C" nd_status nd_cuda_mem_get_info(int ordinal, int64_t *free_bytes, int64_t *total_bytes) {
+    *free_bytes = 0;
+    *total_bytes = 0;
+    if (ordinal < 0 || ordinal >= ND_CUDA_MAX_DEVICES || cuda_devices[ordinal] == NULL)
+        return nd_fail(ND_ERR_DEVICE, "there is no CUDA device %d", ordinal);
+    ND_TRY(nd_cuda_set_device(ordinal));
+    size_t free_now = 0, total = 0;
+    ND_CUDA_CHECK(cudaMemGetInfo(&free_now, &total));
+    *free_bytes = (int64_t)free_now;
+    *total_bytes = (int64_t)total;
+    return ND_OK;
+}
+
+void nd_cuda_iter_make(nd_cuda_iter *it, int ndim, const int64_t *shape, int nops,
+                       const nd_layout *const *layouts) {
+    memset(it, 0, sizeof *it);
+    int64_t dims[ND_MAX_DIMS];
+    int64_t strides[ND_CUDA_MAX_OPS][ND_MAX_DIMS];
+    int n = 0;
+    int64_t numel = 1;
+    for (int d = 0; d < ndim; d++) {
+        numel *= shape[d];
+        if (shape[d] == 1) continue;
+        dims[n] = shape[d];
+        for (int op = 0; op < nops; op++) strides[op][n] = layouts[op] ? layouts[op]->strides[d] : 0;
+        n++;
+    }
+    it->numel = numel;
+    if (n == 0) {
+        it->ndim = 1;
+        it->shape[0] = 1;
+        return;
+    }
+    /* Merge dim d into the dim before it when every operand steps through
+     * both as one (row-major order is kept: outputs stay coalesced). */
+    int out = 0;
+    it->shape[0] = dims[0];
+    for (int op = 0; op < nops; op++) it->strides[op][0] = strides[op][0];
+    for (int d = 1; d < n; d++) {
+        int mergeable = 1;
+        for (int op = 0; op < nops; op++)
+            if (it->strides[op][out] != strides[op][d] * dims[d]) mergeable = 0;
+        if (mergeable) {
+            it->shape[out] *= dims[d];
+            for (int op = 0; op < nops; op++) it->strides[op][out] = strides[op][d];
+        } else {
+            out++;
+            it->shape[out] = dims[d];
+            for (int op = 0; op < nops; op++) it->strides[op][out] = strides[op][d];
+        }
+    }
+    it->ndim = out + 1;
+}

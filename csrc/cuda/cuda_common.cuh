@@ -1,0 +1,153 @@
+/* cuda_common.cuh: what the CUDA backend's files share: the engine's private
+ * header (C linkage), the check macros, the strided iteration space that
+ * kernels receive by value, launch geometry, and the internal entry points
+ * that one file implements and another calls.
+ *
+ * No Python.h; nothing here prints, exits or aborts: every failure becomes
+ * an nd_status with a message that names the file and line.
+ */
+#ifndef NEEDLE_CUDA_COMMON_CUH
+#define NEEDLE_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "../internal.h"
+}
+#include "cuda_api.h"
+
+/* The most GPUs the backend registers (needle_c's NEEDLE_MAX_CUDA_DEVICES). */
+#define ND_CUDA_MAX_DEVICES 16
+
+/* Runs a CUDA runtime call; on failure records "<error> at file:line: call"
+ * and returns ND_ERR_BACKEND from the enclosing function. The error is
+ * cleared from the runtime's last-error slot so that the next call starts
+ * clean (sticky errors, such as a kernel fault, stay in the context). */
+#define ND_CUDA_CHECK(call)                                                                 \
+    do {                                                                                    \
+        cudaError_t nd_cuda_err_ = (call);                                                  \
+        if (nd_cuda_err_ != cudaSuccess) {                                                  \
+            (void)cudaGetLastError();                                                       \
+            return nd_fail(ND_ERR_BACKEND, "CUDA error %s (%s) at %s:%d: %s",               \
+                           cudaGetErrorName(nd_cuda_err_), cudaGetErrorString(nd_cuda_err_), \
+                           __FILE__, __LINE__, #call);                                      \
+        }                                                                                   \
+    } while (0)
+
+/* Returns from the enclosing function when an engine call failed. */
+#define ND_TRY(expr)                            \
+    do {                                        \
+        nd_status nd_try_status_ = (expr);      \
+        if (nd_try_status_ != ND_OK) return nd_try_status_; \
+    } while (0)
+
+/* Threads per block of the elementwise and reduction kernels. */
+#define ND_CUDA_THREADS 256
+/* Grid-stride loops cover the rest; enough blocks to fill any current GPU. */
+#define ND_CUDA_MAX_BLOCKS 65535
+
+static inline unsigned int nd_cuda_blocks(int64_t work, int64_t per_block) {
+    int64_t blocks = (work + per_block - 1) / per_block;
+    if (blocks < 1) blocks = 1;
+    if (blocks > ND_CUDA_MAX_BLOCKS) blocks = ND_CUDA_MAX_BLOCKS;
+    return (unsigned int)blocks;
+}
+
+/* ------------------------------------------------------ strided iteration */
+
+#define ND_CUDA_MAX_OPS 3
+
+/* An N-d iteration space walked in row-major order, with up to three
+ * operands' strides (elements; 0 = broadcast or scalar). Passed to kernels
+ * by value (about 520 bytes of parameter space). Size-1 dims are dropped and
+ * dims that every operand steps through as one are merged, so most calls
+ * become ndim == 1. */
+typedef struct nd_cuda_iter {
+    int ndim;      /* >= 1 */
+    int64_t numel;
+    int64_t shape[ND_MAX_DIMS];
+    int64_t strides[ND_CUDA_MAX_OPS][ND_MAX_DIMS];
+} nd_cuda_iter;
+
+/* layouts[op] == NULL marks a scalar operand (all strides 0). */
+void nd_cuda_iter_make(nd_cuda_iter *it, int ndim, const int64_t *shape, int nops,
+                       const nd_layout *const *layouts);
+
+/* Unrolls a loop in device code; the host compiler does not know the pragma. */
+#ifdef __CUDA_ARCH__
+#define ND_UNROLL _Pragma("unroll")
+#else
+#define ND_UNROLL
+#endif
+
+/* Offsets of linear index i (row-major over it.shape) for each operand.
+ * 32-bit division when the whole space fits, which is most of the time.
+ * Host-callable too, so that the index arithmetic can be tested without a GPU. */
+template <int NOPS>
+__host__ __device__ __forceinline__ void nd_cuda_offsets(const nd_cuda_iter &it, int64_t i,
+                                                         int64_t (&off)[NOPS]) {
+    ND_UNROLL
+    for (int op = 0; op < NOPS; op++) off[op] = 0;
+    if (it.numel <= (int64_t)UINT32_MAX) {
+        uint32_t rest = (uint32_t)i;
+        for (int d = it.ndim - 1; d >= 0; d--) {
+            uint32_t extent = (uint32_t)it.shape[d];
+            uint32_t c = rest % extent;
+            rest /= extent;
+            ND_UNROLL
+            for (int op = 0; op < NOPS; op++) off[op] += (int64_t)c * it.strides[op][d];
+        }
+    } else {
+        int64_t rest = i;
+        for (int d = it.ndim - 1; d >= 0; d--) {
+            int64_t c = rest % it.shape[d];
+            rest /= it.shape[d];
+            ND_UNROLL
+            for (int op = 0; op < NOPS; op++) off[op] += c * it.strides[op][d];
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- devices */
+
+/* Makes the GPU that owns ptr current (a no-op with one GPU) and returns its
+ * engine device in *dev (may be NULL). ptr may point inside a buffer. */
+nd_status nd_cuda_activate(const void *ptr, nd_device **dev);
+/* Makes GPU `ordinal` current. */
+nd_status nd_cuda_set_device(int ordinal);
+
+/* ------------------------------------------------- backend entry points */
+
+/* cuda_allocator.cu */
+nd_status nd_cuda_raw_alloc(nd_device *dev, int64_t nbytes, void **out);
+void nd_cuda_raw_free(nd_device *dev, void *ptr, int64_t nbytes);
+int64_t nd_cuda_release_cache(nd_device *dev);
+
+/* cuda_ewise.cu */
+nd_status nd_cuda_copy(const nd_layout *dst_layout, float *dst, nd_kernel_operand src);
+nd_status nd_cuda_binary(nd_binary_op op, const nd_layout *out_layout, float *out,
+                         nd_kernel_operand a, nd_kernel_operand b);
+nd_status nd_cuda_unary(nd_unary_op op, const nd_layout *out_layout, float *out,
+                        const nd_layout *a_layout, const float *a);
+
+/* cuda_transfer.cu */
+nd_status nd_cuda_to_host(const nd_layout *src_layout, const float *src, float *host);
+nd_status nd_cuda_from_host(const nd_layout *dst_layout, float *dst, const float *host);
+
+/* cuda_reduce.cu */
+nd_status nd_cuda_reduce(nd_reduce_op op, const nd_layout *out_layout, float *out,
+                         const nd_layout *a_layout, const float *a);
+
+/* cuda_matmul.cu */
+nd_status nd_cuda_matmul(const nd_matmul_desc *desc);
+
+/* cuda_gather.cu */
+nd_status nd_cuda_gather_rows(const nd_layout *out_layout, float *out,
+                              const nd_layout *table_layout, const float *table,
+                              const nd_layout *idx_layout, const float *idx);
+nd_status nd_cuda_scatter_add_rows(const nd_layout *out_layout, float *out,
+                                   const nd_layout *src_layout, const float *src,
+                                   const nd_layout *idx_layout, const float *idx);
+
+#endif /* NEEDLE_CUDA_COMMON_CUH */

@@ -1,0 +1,304 @@
+/* cuda_matmul.cu: the CUDA backend's batched matmul: cuBLAS SGEMM when it
+ * can be loaded, else needle's own tiled SGEMM kernel.
+ *
+ * cuBLAS is loaded with dlopen on first use rather than linked, so that the
+ * extension imports (and the rest of the backend runs) where cuBLAS is not
+ * installed; NEEDLE_CUBLAS=0 forces the kernel, NEEDLE_CUBLAS=<path> names
+ * the library. Row-major C (m x n) = A B is computed as the column-major
+ * C^T = B^T A^T; a transposed operand (unit row stride) becomes CUBLAS_OP_T,
+ * never a copy. Batches whose strides collapse to one dim run as one
+ * cublasSgemmStridedBatched (stride 0 broadcasts an operand), others as a
+ * loop of those. One cuBLAS handle per GPU, created lazily; cuBLAS failures
+ * are ND_ERR_BACKEND with the call site. Default math mode: full FP32, no
+ * TF32, so results track the CPU's.
+ */
+#include "cuda_common.cuh"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------- cuBLAS, loaded */
+
+/* The few cuBLAS v2 declarations used, with their C ABI types (enums are
+ * ints): cublasStatus_t 0 = success, cublasOperation_t 0 = N, 1 = T. */
+typedef struct cublas_context *cublas_handle;
+typedef int (*cublas_create_fn)(cublas_handle *handle);
+typedef int (*cublas_set_stream_fn)(cublas_handle handle, cudaStream_t stream);
+typedef int (*cublas_sgemm_strided_fn)(cublas_handle handle, int transa, int transb, int m, int n,
+                                       int k, const float *alpha, const float *a, int lda,
+                                       long long stride_a, const float *b, int ldb,
+                                       long long stride_b, const float *beta, float *c, int ldc,
+                                       long long stride_c, int batch_count);
+typedef const char *(*cublas_status_string_fn)(int status);
+
+#define CUBLAS_OK 0
+#define CUBLAS_OP_N_ 0
+#define CUBLAS_OP_T_ 1
+
+static struct {
+    int tried;
+    void *library;
+    cublas_create_fn create;
+    cublas_set_stream_fn set_stream;
+    cublas_sgemm_strided_fn sgemm_strided;
+    cublas_status_string_fn status_string; /* optional */
+    char description[512];
+} cublas;
+
+static cublas_handle handles[ND_CUDA_MAX_DEVICES];
+static int handle_failed[ND_CUDA_MAX_DEVICES];
+
+#define KERNEL_NAME "needle's tiled SGEMM kernel"
+
+static int try_open(const char *path) {
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) return 0;
+    cublas.create = (cublas_create_fn)dlsym(lib, "cublasCreate_v2");
+    cublas.set_stream = (cublas_set_stream_fn)dlsym(lib, "cublasSetStream_v2");
+    cublas.sgemm_strided = (cublas_sgemm_strided_fn)dlsym(lib, "cublasSgemmStridedBatched");
+    cublas.status_string = (cublas_status_string_fn)dlsym(lib, "cublasGetStatusString");
+    if (cublas.create == NULL || cublas.set_stream == NULL || cublas.sgemm_strided == NULL) {
+        dlclose(lib);
+        return 0;
+    }
+    cublas.library = lib;
+    snprintf(cublas.description, sizeof cublas.description, "cublas (%s)", path);
+    return 1;
+}
+
+/* Loads cuBLAS once; 1 when it can be used. */
+static int load_cublas(void) {
+    if (cublas.tried) return cublas.library != NULL;
+    cublas.tried = 1;
+    const char *env = getenv("NEEDLE_CUBLAS");
+    if (env != NULL && strcmp(env, "0") == 0) {
+        snprintf(cublas.description, sizeof cublas.description, "%s (NEEDLE_CUBLAS=0)", KERNEL_NAME);
+        return 0;
+    }
+    if (env != NULL && env[0] != '\0' && strcmp(env, "1") != 0) {
+        if (try_open(env)) return 1;
+        snprintf(cublas.description, sizeof cublas.description,
+                 "%s (NEEDLE_CUBLAS=%.300s could not be loaded)", KERNEL_NAME, env);
+        return 0;
+    }
+    static const char *const candidates[] = {
+#ifdef NEEDLE_CUBLAS_HINT
+        NEEDLE_CUBLAS_HINT, /* the library setup.py found at build time */
+#endif
+        "libcublas.so.13", "libcublas.so.12", "libcublas.so",
+    };
+    for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; i++)
+        if (try_open(candidates[i])) return 1;
+    snprintf(cublas.description, sizeof cublas.description, "%s (cuBLAS not found)", KERNEL_NAME);
+    return 0;
+}
+
+extern "C" const char *nd_cuda_gemm_description(void) {
+    load_cublas();
+    return cublas.description;
+}
+
+static const char *status_text(int status) {
+    return cublas.status_string != NULL ? cublas.status_string(status) : "cuBLAS error";
+}
+
+/* The current GPU's handle; NULL when cuBLAS is unusable there. */
+static cublas_handle handle_for(int ordinal) {
+    if (!load_cublas() || handle_failed[ordinal]) return NULL;
+    if (handles[ordinal] == NULL) {
+        int status = cublas.create(&handles[ordinal]);
+        if (status != CUBLAS_OK || cublas.set_stream(handles[ordinal], 0) != CUBLAS_OK) {
+            /* Such as a cuBLAS too new for the driver: the kernel serves. */
+            handles[ordinal] = NULL;
+            handle_failed[ordinal] = 1;
+            snprintf(cublas.description, sizeof cublas.description,
+                     "%s (cublasCreate failed: %s)", KERNEL_NAME, status_text(status));
+            return NULL;
+        }
+    }
+    return handles[ordinal];
+}
+
+/* ----------------------------------------------------- batch dimensions */
+
+/* Batch dims with size-1 dims dropped and mergeable neighbours merged. */
+typedef struct gemm_batch {
+    int ndim;
+    int64_t count; /* product of shape */
+    int64_t shape[ND_MAX_DIMS];
+    int64_t a[ND_MAX_DIMS];
+    int64_t b[ND_MAX_DIMS];
+} gemm_batch;
+
+static void batch_make(const nd_matmul_desc *d, gemm_batch *g) {
+    memset(g, 0, sizeof *g);
+    g->count = 1;
+    for (int i = 0; i < d->batch_ndim; i++) {
+        int64_t s = d->batch_shape[i];
+        g->count *= s;
+        if (s == 1) continue;
+        int last = g->ndim - 1;
+        /* out's batch strides are contiguous, so a and b decide. */
+        if (last >= 0 && g->a[last] == d->a_batch_strides[i] * s && g->b[last] == d->b_batch_strides[i] * s) {
+            g->shape[last] *= s;
+            g->a[last] = d->a_batch_strides[i];
+            g->b[last] = d->b_batch_strides[i];
+            continue;
+        }
+        g->shape[g->ndim] = s;
+        g->a[g->ndim] = d->a_batch_strides[i];
+        g->b[g->ndim] = d->b_batch_strides[i];
+        g->ndim++;
+    }
+}
+
+/* ---------------------------------------------------------- the kernel */
+
+#define TILE_M 64
+#define TILE_N 64
+#define TILE_K 16
+/* 256 threads as 16 x 16; each computes 4 x 4 outputs, rows ty + 16 r and
+ * columns tx + 16 c, so shared-memory reads hit distinct banks. */
+
+/* out[batch] (m, n) contiguous = a[batch] (m, k) @ b[batch] (k, n), where
+ * a's (i, p) is at a + i * ars + p * acs and b's (p, j) at b + p * brs + j * bcs. */
+__global__ void __launch_bounds__(256) sgemm_kernel(int64_t m, int64_t n, int64_t k, const float *a,
+                                                    int64_t ars, int64_t acs, const float *b,
+                                                    int64_t brs, int64_t bcs, float *out,
+                                                    gemm_batch batch) {
+    __shared__ float as[TILE_K][TILE_M + 4];
+    __shared__ float bs[TILE_K][TILE_N + 4];
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const int64_t tiles_n = (n + TILE_N - 1) / TILE_N;
+    const int64_t tiles = tiles_n * ((m + TILE_M - 1) / TILE_M);
+    for (int64_t z = blockIdx.z; z < batch.count; z += gridDim.z) {
+        int64_t a_off = 0, b_off = 0, rest = z;
+        for (int d = batch.ndim - 1; d >= 0; d--) {
+            int64_t c = rest % batch.shape[d];
+            rest /= batch.shape[d];
+            a_off += c * batch.a[d];
+            b_off += c * batch.b[d];
+        }
+        const float *A = a + a_off;
+        const float *B = b + b_off;
+        float *C = out + z * m * n;
+        for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            const int64_t row0 = tile / tiles_n * TILE_M, col0 = tile % tiles_n * TILE_N;
+            float acc[4][4] = {{0.0f}};
+            for (int64_t p0 = 0; p0 < k; p0 += TILE_K) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    /* Consecutive threads take consecutive p (A) and j (B). */
+                    int idx = threadIdx.x + e * 256;
+                    int i = idx / TILE_K, p = idx % TILE_K;
+                    int64_t gi = row0 + i, gp = p0 + p;
+                    as[p][i] = (gi < m && gp < k) ? A[gi * ars + gp * acs] : 0.0f;
+                    int pb = idx / TILE_N, j = idx % TILE_N;
+                    int64_t gpb = p0 + pb, gj = col0 + j;
+                    bs[pb][j] = (gpb < k && gj < n) ? B[gpb * brs + gj * bcs] : 0.0f;
+                }
+                __syncthreads();
+#pragma unroll
+                for (int p = 0; p < TILE_K; p++) {
+                    float af[4], bf[4];
+#pragma unroll
+                    for (int r = 0; r < 4; r++) af[r] = as[p][ty + 16 * r];
+#pragma unroll
+                    for (int c = 0; c < 4; c++) bf[c] = bs[p][tx + 16 * c];
+#pragma unroll
+                    for (int r = 0; r < 4; r++)
+#pragma unroll
+                        for (int c = 0; c < 4; c++) acc[r][c] += af[r] * bf[c];
+                }
+                __syncthreads();
+            }
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                int64_t gi = row0 + ty + 16 * r;
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    int64_t gj = col0 + tx + 16 * c;
+                    if (gi < m && gj < n) C[gi * n + gj] = acc[r][c];
+                }
+            }
+        }
+    }
+}
+
+static nd_status sgemm(const nd_matmul_desc *d, const gemm_batch &g, cudaStream_t stream) {
+    int64_t tiles = ((d->m + TILE_M - 1) / TILE_M) * ((d->n + TILE_N - 1) / TILE_N);
+    dim3 grid(nd_cuda_blocks(tiles, 1), 1, nd_cuda_blocks(g.count, 1));
+    sgemm_kernel<<<grid, 256, 0, stream>>>(d->m, d->n, d->k, d->a, d->a_row_stride, d->a_col_stride,
+                                           d->b, d->b_row_stride, d->b_col_stride, d->out, g);
+    ND_CUDA_CHECK(cudaGetLastError());
+    return ND_OK;
+}
+
+/* ---------------------------------------------------------- the cuBLAS path */
+
+static int fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
+
+/* One cublasSgemmStridedBatched per index of the outer batch dims. */
+static nd_status cublas_matmul(cublas_handle h, const nd_matmul_desc *d, const gemm_batch &g) {
+    /* Column-major: C^T (n x m, ld n) = op(B^T) (n x k) op(A^T) (k x m). A
+     * row-major operand (unit column stride) read column-major is already
+     * its transpose: CUBLAS_OP_N with ld = row stride; a transposed one is
+     * CUBLAS_OP_T with ld = column stride. */
+    int op_b = d->b_col_stride == 1 ? CUBLAS_OP_N_ : CUBLAS_OP_T_;
+    int64_t ldb = d->b_col_stride == 1 ? d->b_row_stride : d->b_col_stride;
+    int op_a = d->a_col_stride == 1 ? CUBLAS_OP_N_ : CUBLAS_OP_T_;
+    int64_t lda = d->a_col_stride == 1 ? d->a_row_stride : d->a_col_stride;
+    int inner = g.ndim - 1;
+    int64_t count = inner >= 0 ? g.shape[inner] : 1;
+    long long stride_a = inner >= 0 ? g.a[inner] : 0, stride_b = inner >= 0 ? g.b[inner] : 0;
+    long long stride_c = (long long)(d->m * d->n);
+    int64_t outer = count > 0 ? g.count / count : 0;
+    const float one = 1.0f, zero = 0.0f;
+    int64_t index[ND_MAX_DIMS] = {0};
+    for (int64_t o = 0; o < outer; o++) {
+        int64_t a_off = 0, b_off = 0;
+        for (int i = 0; i < inner; i++) {
+            a_off += index[i] * g.a[i];
+            b_off += index[i] * g.b[i];
+        }
+        int status = cublas.sgemm_strided(h, op_b, op_a, (int)d->n, (int)d->m, (int)d->k, &one,
+                                          d->b + b_off, (int)ldb, stride_b, d->a + a_off, (int)lda,
+                                          stride_a, &zero, d->out + o * count * stride_c, (int)d->n,
+                                          stride_c, (int)count);
+        if (status != CUBLAS_OK)
+            return nd_fail(ND_ERR_BACKEND,
+                           "cuBLAS error %d (%s) at %s:%d: cublasSgemmStridedBatched (m=%lld, n=%lld, "
+                           "k=%lld, batch %lld)",
+                           status, status_text(status), __FILE__, __LINE__, (long long)d->m,
+                           (long long)d->n, (long long)d->k, (long long)count);
+        for (int i = inner - 1; i >= 0; i--) {
+            if (++index[i] < g.shape[i]) break;
+            index[i] = 0;
+        }
+    }
+    return ND_OK;
+}
+
+nd_status nd_cuda_matmul(const nd_matmul_desc *d) {
+    gemm_batch g;
+    batch_make(d, &g);
+    if (g.count == 0 || d->m == 0 || d->n == 0) return ND_OK;
+    nd_device *dev = NULL;
+    ND_TRY(nd_cuda_activate(d->out, &dev));
+    cudaStream_t stream = 0;
+    if (d->k == 0) {
+        ND_CUDA_CHECK(cudaMemsetAsync(d->out, 0, (size_t)(g.count * d->m * d->n) * sizeof(float), stream));
+        return ND_OK;
+    }
+    int64_t lda = d->a_col_stride == 1 ? d->a_row_stride : d->a_col_stride;
+    int64_t ldb = d->b_col_stride == 1 ? d->b_row_stride : d->b_col_stride;
+    int64_t inner_count = g.ndim > 0 ? g.shape[g.ndim - 1] : 1;
+    int cublas_ok = fits_int(d->m) && fits_int(d->n) && fits_int(d->k) && fits_int(lda) &&
+                    fits_int(ldb) && fits_int(inner_count);
+    cublas_handle h = cublas_ok ? handle_for(dev != NULL ? dev->ordinal : 0) : NULL;
+    if (h != NULL) return cublas_matmul(h, d, g);
+    return sgemm(d, g, stream);
+}

@@ -1,0 +1,152 @@
+/* cuda_transfer.cu: to_host and from_host of the CUDA backend: moving a
+ * strided device view to or from a contiguous, row-major host buffer.
+ *
+ * A contiguous view is one cudaMemcpy. A strided view is compacted on the
+ * device through a scratch block from the GPU's caching allocator (reserved,
+ * never counted as allocated) and then copied; when the view touches a range
+ * of memory not much larger than itself (or no scratch can be had under the
+ * memory limit), the touched range is copied instead and gathered or
+ * scattered on the host. cudaMemcpy from and to pageable memory is
+ * synchronous, so to_host returns with the data in place.
+ */
+#include "cuda_common.cuh"
+
+#include <stdlib.h>
+
+/* Views whose touched range is at most this many elements beyond twice
+ * their size go through the host. */
+#define HOST_SLACK ((int64_t)1 << 16)
+
+/* Walks a collapsed space in row-major order: the offset (elements, relative
+ * to the view's first element) of each position, in turn. */
+typedef struct host_walk {
+    const nd_cuda_iter *it;
+    int64_t index[ND_MAX_DIMS];
+    int64_t offset;
+} host_walk;
+
+static void walk_next(host_walk *w) {
+    const nd_cuda_iter *it = w->it;
+    for (int d = it->ndim - 1; d >= 0; d--) {
+        w->offset += it->strides[0][d];
+        if (++w->index[d] < it->shape[d]) return;
+        w->offset -= it->strides[0][d] * it->shape[d];
+        w->index[d] = 0;
+    }
+}
+
+/* host[i] = view element i; base is the view's first element. */
+static void host_gather(const nd_cuda_iter *it, const float *base, float *host) {
+    host_walk w = {it, {0}, 0};
+    for (int64_t i = 0; i < it->numel; i++, walk_next(&w)) host[i] = base[w.offset];
+}
+
+static void host_scatter(const nd_cuda_iter *it, float *base, const float *host) {
+    host_walk w = {it, {0}, 0};
+    for (int64_t i = 0; i < it->numel; i++, walk_next(&w)) base[w.offset] = host[i];
+}
+
+/* A scratch block of numel floats, or NULL when none can be had. */
+static float *scratch_alloc(nd_device *dev, int64_t numel) {
+    void *p = NULL;
+    if (dev == NULL || nd_cuda_raw_alloc(dev, numel * (int64_t)sizeof(float), &p) != ND_OK) return NULL;
+    return (float *)p;
+}
+
+static void scratch_free(nd_device *dev, float *p, int64_t numel) {
+    nd_cuda_raw_free(dev, p, numel * (int64_t)sizeof(float));
+}
+
+/* The touched range of the view, copied to a host buffer, gathered. */
+static nd_status to_host_through_range(const nd_layout *l, const nd_cuda_iter *it, const float *src,
+                                       float *host) {
+    int64_t lo, hi;
+    nd_layout_extent(l, &lo, &hi);
+    float *range = (float *)malloc((size_t)(hi - lo) * sizeof(float));
+    if (range == NULL) return nd_fail(ND_ERR_OOM, "out of host memory for a device transfer");
+    cudaError_t err = cudaMemcpy(range, src + lo, (size_t)(hi - lo) * sizeof(float),
+                                 cudaMemcpyDeviceToHost);
+    if (err == cudaSuccess) host_gather(it, range + (l->offset - lo), host);
+    free(range);
+    ND_CUDA_CHECK(err);
+    return ND_OK;
+}
+
+nd_status nd_cuda_to_host(const nd_layout *src_layout, const float *src, float *host) {
+    const nd_layout *layouts[1] = {src_layout};
+    nd_cuda_iter it;
+    nd_cuda_iter_make(&it, src_layout->ndim, src_layout->shape, 1, layouts);
+    if (it.numel == 0) return ND_OK;
+    nd_device *dev = NULL;
+    ND_TRY(nd_cuda_activate(src, &dev));
+    const float *first = src + src_layout->offset;
+    if (it.ndim == 1 && it.strides[0][0] == 1) {
+        ND_CUDA_CHECK(cudaMemcpy(host, first, (size_t)it.numel * sizeof(float), cudaMemcpyDeviceToHost));
+        return ND_OK;
+    }
+    int64_t lo, hi;
+    nd_layout_extent(src_layout, &lo, &hi);
+    float *scratch = hi - lo <= 2 * it.numel + HOST_SLACK ? NULL : scratch_alloc(dev, it.numel);
+    if (scratch == NULL) return to_host_through_range(src_layout, &it, src, host);
+    /* Compact on the device, then one copy. */
+    nd_layout packed;
+    nd_layout_contiguous(src_layout->ndim, src_layout->shape, &packed);
+    nd_kernel_operand view = {src, src_layout, 0.0f};
+    nd_status status = nd_cuda_copy(&packed, scratch, view);
+    cudaError_t err = cudaSuccess;
+    if (status == ND_OK)
+        err = cudaMemcpy(host, scratch, (size_t)it.numel * sizeof(float), cudaMemcpyDeviceToHost);
+    scratch_free(dev, scratch, it.numel);
+    ND_TRY(status);
+    ND_CUDA_CHECK(err);
+    return ND_OK;
+}
+
+/* The touched range read, patched on the host, written back (synchronous,
+ * so the elements between the view's are written back unchanged). */
+static nd_status from_host_through_range(const nd_layout *l, const nd_cuda_iter *it, float *dst,
+                                         const float *host) {
+    int64_t lo, hi;
+    nd_layout_extent(l, &lo, &hi);
+    size_t bytes = (size_t)(hi - lo) * sizeof(float);
+    float *range = (float *)malloc(bytes);
+    if (range == NULL) return nd_fail(ND_ERR_OOM, "out of host memory for a device transfer");
+    cudaError_t err = cudaMemcpy(range, dst + lo, bytes, cudaMemcpyDeviceToHost);
+    if (err == cudaSuccess) {
+        host_scatter(it, range + (l->offset - lo), host);
+        err = cudaMemcpy(dst + lo, range, bytes, cudaMemcpyHostToDevice);
+    }
+    free(range);
+    ND_CUDA_CHECK(err);
+    return ND_OK;
+}
+
+nd_status nd_cuda_from_host(const nd_layout *dst_layout, float *dst, const float *host) {
+    const nd_layout *layouts[1] = {dst_layout};
+    nd_cuda_iter it;
+    nd_cuda_iter_make(&it, dst_layout->ndim, dst_layout->shape, 1, layouts);
+    if (it.numel == 0) return ND_OK;
+    nd_device *dev = NULL;
+    ND_TRY(nd_cuda_activate(dst, &dev));
+    float *first = dst + dst_layout->offset;
+    if (it.ndim == 1 && it.strides[0][0] == 1) {
+        ND_CUDA_CHECK(cudaMemcpy(first, host, (size_t)it.numel * sizeof(float), cudaMemcpyHostToDevice));
+        return ND_OK;
+    }
+    float *scratch = scratch_alloc(dev, it.numel);
+    if (scratch == NULL) return from_host_through_range(dst_layout, &it, dst, host);
+    /* One copy up, then a strided copy kernel into the view. The scratch block
+     * goes back to the cache at once: later kernels on the stream run after
+     * this one. */
+    nd_status status = ND_OK;
+    cudaError_t err = cudaMemcpy(scratch, host, (size_t)it.numel * sizeof(float), cudaMemcpyHostToDevice);
+    if (err == cudaSuccess) {
+        nd_layout packed;
+        nd_layout_contiguous(dst_layout->ndim, dst_layout->shape, &packed);
+        nd_kernel_operand values = {scratch, &packed, 0.0f};
+        status = nd_cuda_copy(dst_layout, dst, values);
+    }
+    scratch_free(dev, scratch, it.numel);
+    ND_CUDA_CHECK(err);
+    return status;
+}
