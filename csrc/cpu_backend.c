@@ -4,8 +4,6 @@
  * Kernels receive layouts already broadcast to the iteration shape; they
  * never allocate through the allocator and never fail on valid input.
  */
-/* posix_memalign and madvise(MADV_HUGEPAGE) are hidden by -std=c11 unless asked for. */
-#define _DEFAULT_SOURCE
 
 #include "cpu_iter.h"
 #include "cpu_math.h"
@@ -13,38 +11,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
-/* ------------------------------------------------------------- memory */
-
-static nd_status cpu_raw_alloc(nd_device *dev, int64_t nbytes, void **out) {
-    nd_status status = nd_memory_reserve(dev, nbytes);
-    if (status != ND_OK) return status;
-    /* 64-byte alignment: whole cache lines, and aligned AVX-512 loads. Large
-     * blocks are fresh memory from the kernel each time (malloc returns them on
-     * free): asking for transparent huge pages, as NumPy does, turns ~500
-     * page faults per MiB into one per 2 MiB (a PTB training step took 450k
-     * faults, most of its system time, without it). */
-    const int64_t huge = (int64_t)2 << 20;
-    size_t alignment = nbytes >= huge ? (size_t)huge : 64;
-    void *ptr = NULL;
-    if (posix_memalign(&ptr, alignment, (size_t)nbytes) != 0 || ptr == NULL) {
-        nd_memory_unreserve(dev, nbytes);
-        return nd_fail(ND_ERR_OOM, "the host could not provide %lld bytes", (long long)nbytes);
-    }
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (nbytes >= huge) (void)madvise(ptr, (size_t)(nbytes / huge * huge), MADV_HUGEPAGE);
-#endif
-    *out = ptr;
-    return ND_OK;
-}
-
-static void cpu_raw_free(nd_device *dev, void *ptr, int64_t nbytes) {
-    free(ptr);
-    nd_memory_unreserve(dev, nbytes);
-}
+/* Memory comes from cpu_memory.c (a cache of large blocks). */
 
 /* -------------------------------------------------------------- copies */
 
@@ -267,26 +235,42 @@ ND_SIMD_CLONES static double sum_contiguous(const float *a, int64_t n) {
 
 /* max/min of a contiguous row in independent lanes: a select chain over one
  * accumulator cannot vectorise, 64 of them vectorise and pipeline. NaN wins,
- * as in NumPy. */
+ * as in NumPy. The compare-select ignores NaN (better(NaN, acc) is false),
+ * so NaN is tracked apart, by an integer max of |bits| in other lanes: any
+ * value above those of +inf means a NaN was there. Both are one vector
+ * operation per 16 floats, where testing x != x and or-ing per element took
+ * three more. The lanes are folded in halves, also vectorised. */
 #define DEFINE_EXTREMUM_ROW(name, better)                                                 \
     ND_SIMD_CLONES static float name##_contiguous(const float *a, int64_t n, float init) { \
         enum { LANES = 64 };                                                              \
         float acc[LANES];                                                                 \
-        for (int l = 0; l < LANES; l++) acc[l] = init;                                    \
+        uint32_t mag[LANES];                                                              \
+        for (int l = 0; l < LANES; l++) {                                                 \
+            acc[l] = init;                                                                \
+            mag[l] = 0;                                                                   \
+        }                                                                                 \
         int64_t i = 0;                                                                    \
-        int nan[LANES] = {0};                                                             \
         for (; i + LANES <= n; i += LANES)                                                \
             for (int l = 0; l < LANES; l++) {                                             \
                 const float x = a[i + l];                                                 \
+                const uint32_t m = nd__f2u(x) & 0x7FFFFFFFu;                              \
                 acc[l] = better(x, acc[l]) ? x : acc[l];                                  \
-                nan[l] |= x != x;                                                         \
+                mag[l] = m > mag[l] ? m : mag[l];                                         \
             }                                                                             \
-        float r = init;                                                                   \
-        for (int l = 0; l < LANES; l++)                                                   \
-            if (nan[l]) return __builtin_nanf("");                                        \
-        for (int l = 0; l < LANES; l++) r = (better(acc[l], r) || acc[l] != acc[l]) ? acc[l] : r; \
-        for (; i < n; i++) r = (better(a[i], r) || a[i] != a[i]) ? a[i] : r;            \
-        return r;                                                                         \
+        for (int w = LANES / 2; w > 0; w /= 2)                                            \
+            for (int l = 0; l < w; l++) {                                                 \
+                acc[l] = better(acc[l + w], acc[l]) ? acc[l + w] : acc[l];                \
+                mag[l] = mag[l + w] > mag[l] ? mag[l + w] : mag[l];                       \
+            }                                                                             \
+        /* A NaN init (a NaN from an earlier row of the same output) stays. */            \
+        int nan = mag[0] > 0x7F800000u || init != init;                                   \
+        float r = acc[0];                                                                 \
+        for (; i < n; i++) {                                                              \
+            const float x = a[i];                                                         \
+            nan |= x != x;                                                                \
+            r = better(x, r) ? x : r;                                                     \
+        }                                                                                 \
+        return nan ? __builtin_nanf("") : r;                                              \
     }
 #define GREATER(x, y) ((x) > (y))
 #define LESS(x, y) ((x) < (y))
@@ -431,9 +415,9 @@ static nd_status cpu_matmul(const nd_matmul_desc *d) {
 
 const nd_backend nd_cpu_backend = {
     .name = "cpu",
-    .raw_alloc = cpu_raw_alloc,
-    .raw_free = cpu_raw_free,
-    .release_cache = NULL,
+    .raw_alloc = nd_cpu_raw_alloc,
+    .raw_free = nd_cpu_raw_free,
+    .release_cache = nd_cpu_release_cache,
     .copy = cpu_copy,
     .binary = cpu_binary,
     .unary = cpu_unary,

@@ -109,6 +109,16 @@ nd_device *nd_device_register(nd_device_kind kind, int ordinal, const char *name
 
 extern const nd_backend nd_cpu_backend;
 
+/* The CPU backend's memory (cpu_memory.c). */
+nd_status nd_cpu_raw_alloc(nd_device *dev, int64_t nbytes, void **out);
+void nd_cpu_raw_free(nd_device *dev, void *ptr, int64_t nbytes);
+int64_t nd_cpu_release_cache(nd_device *dev);
+
+#ifdef NEEDLE_WITH_CUDA
+/* csrc/cuda: registers one device per GPU (none without a driver or GPU). */
+int nd_cuda_register_devices(void);
+#endif
+
 /* The CPU's row-indexing kernels (cpu_gather.c), entries of nd_cpu_backend. */
 nd_status nd_cpu_gather_rows(const nd_layout *out_layout, float *out, const nd_layout *table_layout,
                              const float *table, const nd_layout *idx_layout, const float *idx);

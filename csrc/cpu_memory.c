@@ -1,0 +1,106 @@
+/* cpu_memory.c: host memory for the CPU backend, with a cache of large blocks.
+ *
+ * A training step allocates the same large arrays every time; returning them
+ * to the C library hands them back to the kernel, which must fault and zero
+ * them again next step (most of a PTB step's system time). Blocks of 2 MiB
+ * and more are therefore rounded to 2 MiB, backed by transparent huge pages,
+ * and kept on free for reuse by a request of the same size. Cached blocks
+ * stay reserved (they count against the device limit, as on a GPU);
+ * nd_memory_empty_cache and the out-of-memory ladder give them back.
+ */
+#define _DEFAULT_SOURCE /* posix_memalign, madvise: hidden by -std=c11 */
+
+#include "internal.h"
+
+#include <stdlib.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#define LARGE_BLOCK ((int64_t)2 << 20)
+#define MAX_CACHED_BYTES ((int64_t)4 << 30)
+#define MAX_DEVICES 64
+
+typedef struct cached_block {
+    void *ptr;
+    int64_t size;
+} cached_block;
+
+typedef struct block_cache {
+    cached_block *blocks;
+    int count, capacity;
+    int64_t bytes;
+} block_cache;
+
+static block_cache caches[MAX_DEVICES];
+
+static int64_t block_size(int64_t nbytes) {
+    return nbytes >= LARGE_BLOCK ? (nbytes + LARGE_BLOCK - 1) / LARGE_BLOCK * LARGE_BLOCK : nbytes;
+}
+
+static block_cache *cache_of(const nd_device *dev) {
+    return dev->id >= 0 && dev->id < MAX_DEVICES ? &caches[dev->id] : NULL;
+}
+
+nd_status nd_cpu_raw_alloc(nd_device *dev, int64_t nbytes, void **out) {
+    int64_t size = block_size(nbytes);
+    block_cache *cache = cache_of(dev);
+    if (size >= LARGE_BLOCK && cache != NULL) {
+        for (int i = cache->count - 1; i >= 0; i--) {
+            if (cache->blocks[i].size != size) continue;
+            *out = cache->blocks[i].ptr;
+            cache->blocks[i] = cache->blocks[--cache->count];
+            cache->bytes -= size;
+            return ND_OK;
+        }
+    }
+    nd_status status = nd_memory_reserve(dev, size);
+    if (status != ND_OK) return status;
+    /* 64-byte alignment: whole cache lines and aligned AVX-512 loads; large
+     * blocks align to 2 MiB so they can be huge pages (as NumPy asks for). */
+    void *ptr = NULL;
+    if (posix_memalign(&ptr, size >= LARGE_BLOCK ? (size_t)LARGE_BLOCK : 64, (size_t)size) != 0 || ptr == NULL) {
+        nd_memory_unreserve(dev, size);
+        return nd_fail(ND_ERR_OOM, "the host could not provide %lld bytes", (long long)size);
+    }
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (size >= LARGE_BLOCK) (void)madvise(ptr, (size_t)size, MADV_HUGEPAGE);
+#endif
+    *out = ptr;
+    return ND_OK;
+}
+
+void nd_cpu_raw_free(nd_device *dev, void *ptr, int64_t nbytes) {
+    int64_t size = block_size(nbytes);
+    block_cache *cache = cache_of(dev);
+    if (size >= LARGE_BLOCK && cache != NULL && cache->bytes + size <= MAX_CACHED_BYTES) {
+        if (cache->count == cache->capacity) {
+            int capacity = cache->capacity ? cache->capacity * 2 : 16;
+            cached_block *grown = realloc(cache->blocks, sizeof *grown * (size_t)capacity);
+            if (grown != NULL) {
+                cache->blocks = grown;
+                cache->capacity = capacity;
+            }
+        }
+        if (cache->count < cache->capacity) {
+            cache->blocks[cache->count++] = (cached_block){ptr, size};
+            cache->bytes += size;
+            return;
+        }
+    }
+    free(ptr);
+    nd_memory_unreserve(dev, size);
+}
+
+int64_t nd_cpu_release_cache(nd_device *dev) {
+    block_cache *cache = cache_of(dev);
+    if (cache == NULL) return 0;
+    int64_t released = cache->bytes;
+    for (int i = 0; i < cache->count; i++) {
+        free(cache->blocks[i].ptr);
+        nd_memory_unreserve(dev, cache->blocks[i].size);
+    }
+    cache->count = 0;
+    cache->bytes = 0;
+    return released;
+}
