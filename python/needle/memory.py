@@ -94,7 +94,9 @@ def max_memory_allocated(device=None):
 
 
 def memory_reserved(device=None):
-    """Bytes obtained from the device, cache included (equal to allocated on the CPU)."""
+    """Bytes obtained from the device, cache included (on the CPU: blocks of 2 MiB and more are
+    rounded to 2 MiB and cached for reuse, so reserved can exceed allocated until
+    :func:`empty_cache`)."""
     return memory_stats(device).get("reserved_bytes.all.current", 0)
 
 
