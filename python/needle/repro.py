@@ -217,7 +217,9 @@ def _plot(results, limit_bytes, path):
     for r in results:
         steps = [0] + [s["step"] for s in r["samples"]]
         allocated = [r["start_allocated_bytes"] / 2**20] + [s["allocated"] / 2**20 for s in r["samples"]]
-        line, = ax.plot(steps, allocated, marker=".", label=r["mode"])
+        # leak and gc_blind often trace the same line: dash one so both stay visible.
+        style = {"gc_blind": "--", "manual": ":"}.get(r["mode"], "-")
+        line, = ax.plot(steps, allocated, marker=".", linestyle=style, label=r["mode"])
         if r["oom"]:
             ax.plot(steps[-1], allocated[-1], "x", color=line.get_color(), markersize=10)
     if limit_bytes is not None:
