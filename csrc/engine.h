@@ -119,6 +119,14 @@ float *nd_storage_data(const nd_storage *s);
 int64_t nd_storage_numel(const nd_storage *s);
 nd_device *nd_storage_device(const nd_storage *s);
 int64_t nd_storage_refcount(const nd_storage *s);
+/* A storage over `numel` float32 at `data` on dev that the engine does not own
+ * (another library's buffer, for DLPack). The new storage has one reference;
+ * when the last is released it calls release(ctx) (if release is non-NULL)
+ * instead of freeing data. External memory is not counted by the allocator:
+ * it never appears in memory_allocated or limits, since the engine cannot
+ * free it under pressure. */
+nd_status nd_storage_wrap(nd_device *dev, float *data, int64_t numel, void (*release)(void *ctx),
+                          void *ctx, nd_storage **out);
 
 /* ------------------------------------------------------------------- layout */
 

@@ -87,6 +87,10 @@ struct nd_storage {
     int64_t numel;
     float *data;
     nd_device *device;
+    /* Non-NULL for memory another library owns (nd_storage_wrap): the last
+     * release hands it back through release(release_ctx) instead of freeing. */
+    void (*release)(void *ctx);
+    void *release_ctx;
 };
 
 /* Records the message of a failure and returns its status. */

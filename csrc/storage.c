@@ -24,6 +24,31 @@ nd_status nd_storage_new(nd_device *dev, int64_t numel, nd_storage **out) {
     s->numel = numel;
     s->data = data;
     s->device = dev;
+    s->release = NULL;
+    s->release_ctx = NULL;
+    *out = s;
+    return ND_OK;
+}
+
+/* Stands in for a NULL release so that release != NULL alone marks a
+ * borrowed buffer. */
+static void release_nothing(void *ctx) { (void)ctx; }
+
+/* Borrowed memory skips the allocator on both ends, so its books only ever
+ * show memory the engine can give back. */
+nd_status nd_storage_wrap(nd_device *dev, float *data, int64_t numel, void (*release)(void *ctx),
+                          void *ctx, nd_storage **out) {
+    *out = NULL;
+    if (numel < 0) return nd_fail(ND_ERR_VALUE, "negative element count %lld", (long long)numel);
+    if (data == NULL && numel > 0) return nd_fail(ND_ERR_VALUE, "wrapping a NULL buffer");
+    nd_storage *s = malloc(sizeof *s);
+    if (s == NULL) return nd_fail(ND_ERR_OOM, "out of host memory for a storage header");
+    s->refcount = 1;
+    s->numel = numel;
+    s->data = data;
+    s->device = dev;
+    s->release = release != NULL ? release : release_nothing;
+    s->release_ctx = ctx;
     *out = s;
     return ND_OK;
 }
@@ -32,7 +57,10 @@ void nd_storage_retain(nd_storage *s) { s->refcount++; }
 
 void nd_storage_release(nd_storage *s) {
     if (s == NULL || --s->refcount > 0) return;
-    nd_memory_free(s->device, s->data, s->numel * (int64_t)sizeof(float));
+    if (s->release != NULL)
+        s->release(s->release_ctx);
+    else
+        nd_memory_free(s->device, s->data, s->numel * (int64_t)sizeof(float));
     free(s);
 }
 

@@ -561,6 +561,8 @@ static PyMethodDef ndarray_view_methods[] = {
      "bounds-checked against the storage."},
     {"to", ndarray_to, METH_O, "to($self, device, /)\n--\n\nself on device (a copy when it moves)."},
     {"fill", ndarray_fill, METH_O, "fill($self, value, /)\n--\n\nSets every element, in place."},
+    {"__dlpack__", (PyCFunction)(void (*)(void))interop_ndarray_dlpack, METH_VARARGS | METH_KEYWORDS, "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\nA DLPack capsule sharing this view's memory (interop.c)."},
+    {"__dlpack_device__", interop_ndarray_dlpack_device, METH_NOARGS, "__dlpack_device__($self, /)\n--\n\n(device_type, device_id) as DLPack numbers them."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -576,6 +578,8 @@ static PyGetSetDef ndarray_getset[] = {
     {"flat", get_flat, NULL, "The array reshaped to (size,).", NULL},
     {"_storage_refcount", get_storage_refcount, NULL, "Views sharing the storage.", NULL},
     {"_storage_size", get_storage_numel, NULL, "Elements in the underlying storage.", NULL},
+    {"__array_interface__", interop_ndarray_array_interface, NULL, "NumPy's array interface v3 (CPU only; shares memory).", NULL},
+    {"__cuda_array_interface__", interop_ndarray_cuda_array_interface, NULL, "The CUDA array interface v3 (CUDA only).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -76,6 +76,16 @@ int ndarray_module_init(void); /* NumPy C API import */
 extern PyMethodDef ndarray_module_functions[];
 extern PyMethodDef memory_module_functions[];
 
+/* Zero-copy interop (interop.c): DLPack and the array interfaces, entries
+ * of NDArray's and Tensor's tables and of the module (from_dlpack). */
+PyObject *interop_ndarray_dlpack(PyObject *op, PyObject *args, PyObject *kwargs);
+PyObject *interop_ndarray_dlpack_device(PyObject *op, PyObject *ignored);
+PyObject *interop_ndarray_array_interface(PyObject *op, void *closure);
+PyObject *interop_ndarray_cuda_array_interface(PyObject *op, void *closure);
+PyObject *interop_tensor_dlpack(PyObject *op, PyObject *args, PyObject *kwargs);
+PyObject *interop_tensor_dlpack_device(PyObject *op, PyObject *ignored);
+extern PyMethodDef interop_module_functions[];
+
 /* The collection policy (pressure.c). */
 extern PyMethodDef pressure_module_functions[];
 void pressure_install(void);

@@ -643,6 +643,8 @@ static PyMethodDef value_methods[] = {
 static PyMethodDef tensor_make_methods[] = {
     {"make_from_op", (PyCFunction)(void (*)(void))tensor_make_from_op, METH_FASTCALL | METH_CLASS,
      "make_from_op(op, inputs)\n--\n\nApplies op to inputs, recording a node when gradients are needed."},
+    {"__dlpack__", (PyCFunction)(void (*)(void))interop_tensor_dlpack, METH_VARARGS | METH_KEYWORDS, "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\nThe data's DLPack capsule (shares memory)."},
+    {"__dlpack_device__", interop_tensor_dlpack_device, METH_NOARGS, "__dlpack_device__($self, /)\n--\n\nThe data's DLPack device."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,6 +26,17 @@ from .backend_ndarray import (  # noqa: F401
 )
 from . import backend_ndarray as array_api  # noqa: F401
 
+# DLPack import: the NDArray-level function lives on backend_ndarray, as the
+# other array constructors do.
+backend_ndarray.from_dlpack = _c.from_dlpack
+
+
+def from_dlpack(obj, requires_grad=False):
+    """A leaf Tensor sharing the memory of ``obj`` (anything with ``__dlpack__``:
+    NumPy arrays, torch tensors, needle arrays). float32 only; no copy is made,
+    so writes through either side are visible in the other."""
+    return Tensor.make_const(_c.from_dlpack(obj), requires_grad=requires_grad)
+
 BACKEND = "nd"
 
 __version__ = "0.1.0"
