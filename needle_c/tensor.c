@@ -571,29 +571,21 @@ static PyObject *value_make_const(PyObject *cls, PyObject *args, PyObject *kwarg
     return make_const(st, data, requires_grad);
 }
 
-static PyObject *tensor_repr(PyObject *op) {
+/* The node's data as text (through NumPy), wrapped in fmt ("%S"). */
+static PyObject *data_text(PyObject *op, const char *fmt) {
     needle_state *st = state_of_value(op);
     if (st == NULL) return NULL;
     PyObject *data = realize(st, op);
     if (data == NULL) return NULL;
     PyObject *values = ndarray_check(st, data) ? PyObject_CallMethod(data, "numpy", NULL) : Py_NewRef(data);
     if (values == NULL) return NULL;
-    PyObject *r = PyUnicode_FromFormat("needle.Tensor(%S)", values);
+    PyObject *r = PyUnicode_FromFormat(fmt, values);
     Py_DECREF(values);
     return r;
 }
 
-static PyObject *tensor_str(PyObject *op) {
-    needle_state *st = state_of_value(op);
-    if (st == NULL) return NULL;
-    PyObject *data = realize(st, op);
-    if (data == NULL) return NULL;
-    PyObject *values = ndarray_check(st, data) ? PyObject_CallMethod(data, "numpy", NULL) : Py_NewRef(data);
-    if (values == NULL) return NULL;
-    PyObject *r = PyObject_Str(values);
-    Py_DECREF(values);
-    return r;
-}
+static PyObject *tensor_repr(PyObject *op) { return data_text(op, "needle.Tensor(%S)"); }
+static PyObject *tensor_str(PyObject *op) { return data_text(op, "%S"); }
 
 /* Operators, methods and backward are in tensor_ops.c and autograd.c. */
 extern PyMethodDef tensor_op_methods[];
