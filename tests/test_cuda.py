@@ -629,3 +629,14 @@ def test_repro_modes_on_the_gpu(tmp_path):
     for mode in ("hook", "cycle_free"):
         assert not report[mode]["oom"] and report[mode]["steps"] == 8, report[mode]
     assert report["hook"]["pressure_collections"] > 0
+
+
+def test_needle_cuda_is_the_device_function_and_the_memory_api():
+    """ndl.cuda() stays the course's device function; ndl.cuda.* is the torch.cuda-style API."""
+    import needle.cuda as nc
+    assert nc is ndl.cuda
+    assert str(ndl.cuda()) == "cuda()" and ndl.cuda() == ndl.backend_ndarray.cuda()
+    assert ndl.cuda.is_available() == ndl.cuda().enabled()
+    if not ndl.cuda().enabled():
+        assert ndl.cuda.memory_allocated() == 0 and ndl.cuda.memory_stats() == {}
+        assert ndl.cuda.mem_get_info() == (0, 0) and ndl.cuda.device_count() == 0

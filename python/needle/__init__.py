@@ -25,6 +25,9 @@ from .backend_ndarray import (  # noqa: F401
     default_device,
 )
 from . import backend_ndarray as array_api  # noqa: F401
+# ndl.cuda() is the course's device function and ndl.cuda.memory_allocated() etc. the
+# torch.cuda-style API: needle.cuda is a callable module.
+from . import cuda  # noqa: F401,E402
 
 # DLPack import: the NDArray-level function lives on backend_ndarray, as the
 # other array constructors do.
