@@ -11,7 +11,7 @@
 
 #include "internal.h"
 
-#define ND_ITER_MAX_OPS 3
+#define ND_ITER_MAX_OPS ND_COALESCE_MAX_OPS
 
 typedef struct nd_iter {
     int ndim;     /* >= 1 after preparation */

@@ -93,6 +93,15 @@ struct nd_storage {
     void *release_ctx;
 };
 
+/* The iteration space of an elementwise kernel, shared by the backends: drops
+ * size-1 dims, orders dims by decreasing |stride| of operand order_by (-1
+ * keeps row-major order), and merges dims that every operand steps through as
+ * one. layouts[op] == NULL marks a scalar (stride 0). nops is at most
+ * ND_COALESCE_MAX_OPS. Returns the number of dims left (>= 1). */
+#define ND_COALESCE_MAX_OPS 3
+int nd_coalesce(int ndim, const int64_t *shape, int nops, const nd_layout *const *layouts, int order_by,
+                int64_t *out_shape, int64_t out_strides[][ND_MAX_DIMS]);
+
 /* Records the message of a failure and returns its status. */
 nd_status nd_fail(nd_status status, const char *fmt, ...)
 #if defined(__GNUC__)

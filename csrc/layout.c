@@ -276,3 +276,53 @@ nd_status nd_broadcast_shapes(int andim, const int64_t *ashape, int bndim, const
     *out_ndim = ndim;
     return ND_OK;
 }
+
+int nd_coalesce(int ndim, const int64_t *shape, int nops, const nd_layout *const *layouts, int order_by,
+                int64_t *out_shape, int64_t out_strides[][ND_MAX_DIMS]) {
+    int64_t dims[ND_MAX_DIMS];
+    int64_t strides[ND_COALESCE_MAX_OPS][ND_MAX_DIMS];
+    int n = 0;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] == 1) continue;
+        dims[n] = shape[d];
+        for (int op = 0; op < nops; op++) strides[op][n] = layouts[op] ? layouts[op]->strides[d] : 0;
+        n++;
+    }
+    /* Stable insertion sort: outermost first by the chosen operand's |stride|. */
+    for (int i = 1; order_by >= 0 && i < n; i++) {
+        for (int j = i; j > 0; j--) {
+            int64_t prev = strides[order_by][j - 1], cur = strides[order_by][j];
+            if ((prev < 0 ? -prev : prev) >= (cur < 0 ? -cur : cur)) break;
+            int64_t t = dims[j];
+            dims[j] = dims[j - 1];
+            dims[j - 1] = t;
+            for (int op = 0; op < nops; op++) {
+                t = strides[op][j];
+                strides[op][j] = strides[op][j - 1];
+                strides[op][j - 1] = t;
+            }
+        }
+    }
+    if (n == 0) {
+        out_shape[0] = 1;
+        for (int op = 0; op < nops; op++) out_strides[op][0] = 0;
+        return 1;
+    }
+    /* Merge dim d into the one before it when every operand steps through both as one. */
+    int out = 0;
+    out_shape[0] = dims[0];
+    for (int op = 0; op < nops; op++) out_strides[op][0] = strides[op][0];
+    for (int d = 1; d < n; d++) {
+        int mergeable = 1;
+        for (int op = 0; op < nops; op++)
+            if (out_strides[op][out] != strides[op][d] * dims[d]) mergeable = 0;
+        if (mergeable) {
+            out_shape[out] *= dims[d];
+        } else {
+            out++;
+            out_shape[out] = dims[d];
+        }
+        for (int op = 0; op < nops; op++) out_strides[op][out] = strides[op][d];
+    }
+    return out + 1;
+}

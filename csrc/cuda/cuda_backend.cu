@@ -101,40 +101,9 @@ extern "C" nd_status nd_cuda_mem_get_info(int ordinal, int64_t *free_bytes, int6
 void nd_cuda_iter_make(nd_cuda_iter *it, int ndim, const int64_t *shape, int nops,
                        const nd_layout *const *layouts) {
     memset(it, 0, sizeof *it);
-    int64_t dims[ND_MAX_DIMS];
-    int64_t strides[ND_CUDA_MAX_OPS][ND_MAX_DIMS];
-    int n = 0;
     int64_t numel = 1;
-    for (int d = 0; d < ndim; d++) {
-        numel *= shape[d];
-        if (shape[d] == 1) continue;
-        dims[n] = shape[d];
-        for (int op = 0; op < nops; op++) strides[op][n] = layouts[op] ? layouts[op]->strides[d] : 0;
-        n++;
-    }
+    for (int d = 0; d < ndim; d++) numel *= shape[d];
     it->numel = numel;
-    if (n == 0) {
-        it->ndim = 1;
-        it->shape[0] = 1;
-        return;
-    }
-    /* Merge dim d into the dim before it when every operand steps through
-     * both as one (row-major order is kept: outputs stay coalesced). */
-    int out = 0;
-    it->shape[0] = dims[0];
-    for (int op = 0; op < nops; op++) it->strides[op][0] = strides[op][0];
-    for (int d = 1; d < n; d++) {
-        int mergeable = 1;
-        for (int op = 0; op < nops; op++)
-            if (it->strides[op][out] != strides[op][d] * dims[d]) mergeable = 0;
-        if (mergeable) {
-            it->shape[out] *= dims[d];
-            for (int op = 0; op < nops; op++) it->strides[op][out] = strides[op][d];
-        } else {
-            out++;
-            it->shape[out] = dims[d];
-            for (int op = 0; op < nops; op++) it->strides[op][out] = strides[op][d];
-        }
-    }
-    it->ndim = out + 1;
+    /* Row-major order is kept (order_by -1): outputs stay coalesced. */
+    it->ndim = nd_coalesce(ndim, shape, nops, layouts, -1, it->shape, it->strides);
 }

@@ -56,7 +56,7 @@ static inline unsigned int nd_cuda_blocks(int64_t work, int64_t per_block) {
 
 /* ------------------------------------------------------ strided iteration */
 
-#define ND_CUDA_MAX_OPS 3
+#define ND_CUDA_MAX_OPS ND_COALESCE_MAX_OPS
 
 /* An N-d iteration space walked in row-major order, with up to three
  * operands' strides (elements; 0 = broadcast or scalar). Passed to kernels

@@ -8,15 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static int failures = 0;
-#define CHECK(cond)                                                                       \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            printf("FAIL %s:%d: %s (last error: %s)\n", __FILE__, __LINE__, #cond,       \
-                   nd_last_error());                                                      \
-            failures++;                                                                   \
-        }                                                                                 \
-    } while (0)
+#include "check.h"
 
 static int64_t allocated(nd_device *dev) {
     nd_memory_stats s;
