@@ -254,6 +254,8 @@ static PyObject *tensor_backward(PyObject *self, PyObject *args, PyObject *kwarg
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:backward", kwlist, &out_grad)) return NULL;
     needle_state *st = state_of_value(self);
     if (st == NULL) return NULL;
+    /* The previous step's graph is usually garbage by now. */
+    pressure_safe_point();
     PyObject *data = realize(st, self);
     if (data == NULL) return NULL;
     PyObject *seed;

@@ -90,6 +90,9 @@ extern PyMethodDef interop_module_functions[];
 extern PyMethodDef pressure_module_functions[];
 void pressure_install(void);
 void pressure_refresh(nd_device *dev);
+/* A point where a training step's old graph has just become garbage
+ * (reset_grad, backward): collects if allocations are past the trigger. */
+void pressure_safe_point(void);
 int pressure_add_stats(const nd_device *dev, PyObject *dict);
 int needle_gc_visible(void);
 

@@ -17,6 +17,19 @@
  * garbage often appears just after a useless collection (a training step
  * drops the previous step's graph when it resets gradients), and a trigger
  * pushed up by a byte cooldown would let it pile up.
+ * Safe points: the moment a training step's previous graph becomes garbage
+ * is known. Optimizer.reset_grad() drops the gradients that pin it and
+ * Tensor.backward() follows; both call pressure_safe_point(), which collects
+ * when allocated bytes are past the trigger computed from the live set seen
+ * at safe points (a forward pass's transients, which the allocation path's
+ * survivors may include, would push it too high). A byte trigger alone
+ * cannot find that moment: the forward pass climbs higher than the backward
+ * pass while holding no garbage, so a trigger low enough to fire in backward
+ * also fires, uselessly, in forward (two full collections a step instead of
+ * one). So while safe points keep coming (within twice their usual
+ * interval) and the last collection at one was not useless, the allocation
+ * path defers until high_water * budget; when they stop (an evaluation
+ * loop, a loop without backward) the plain trigger applies again.
  * The soft path honours gc.disable(); the out-of-memory path does not.
  * enabled=False turns both off (how the course's leak is reproduced).
  */
@@ -39,7 +52,18 @@ typedef struct device_pressure {
     int64_t survivors;
     double cooldown_seconds, cooldown_until;
     double last_end, last_duration;
+    int last_freed_little;
+    /* Safe points: when the last one came, the usual gap between them, and
+     * whether the last collection at one freed almost nothing. */
+    double last_safe_point, safe_point_interval;
+    int safe_point_useless;
+    /* The live set at safe points: what the last collection at one left, or
+     * the lowest level seen at one since (-1: none yet; then it starts from
+     * the allocation path's survivors). The allocation-path
+     * survivors can include a forward pass's transients; this cannot. */
+    int64_t safe_baseline;
     int64_t pressure_collections, oom_collections, skipped, freed_bytes;
+    int64_t safe_point_collections, deferred;
     double seconds;
 } device_pressure;
 
@@ -95,6 +119,8 @@ void pressure_refresh(nd_device *dev) {
     ps->survivors = allocated;
     ps->cooldown_seconds = 0.0;
     ps->cooldown_until = 0.0;
+    ps->safe_point_useless = 0;
+    ps->safe_baseline = -1;
     nd_memory_set_trigger(dev, next_trigger(dev, ps, allocated));
 }
 
@@ -116,27 +142,38 @@ static void run_collection(nd_collect_reason reason) {
     PyErr_Restore(type, value, traceback);
 }
 
-static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested, nd_collect_reason reason) {
-    (void)ctx;
-    int id = nd_device_id(dev);
-    if (!policy.enabled || id < 0 || id >= MAX_TRACKED_DEVICES) return;
-    device_pressure *ps = &pressure[id];
-    double start = now_seconds();
-    int64_t before = allocated_of(dev);
-    if (reason == ND_COLLECT_PRESSURE) {
-        if (!PyGC_IsEnabled()) {
-            ps->skipped++;
-            return;
-        }
-        int64_t budget = budget_of(dev);
-        double fraction = policy.max_gc_fraction;
-        if (budget > 0 && (double)(before + requested) > 0.9 * (double)budget) fraction = 0.5;
-        if ((ps->last_duration > 0.0 && start - ps->last_end < ps->last_duration * (1.0 / fraction - 1.0)) ||
-            start < ps->cooldown_until) {
-            ps->skipped++;
-            return;
-        }
-    }
+static int64_t cap_of(const nd_device *dev) {
+    int64_t budget = budget_of(dev);
+    return budget < 0 ? -1 : (int64_t)(policy.high_water * (double)budget);
+}
+
+/* Safe points are steering collections: they keep coming (the next is not
+ * overdue) and the last collection at one was not useless. */
+static int safe_points_active(const device_pressure *ps, double now) {
+    return !ps->safe_point_useless && ps->last_safe_point > 0.0 &&
+           now - ps->last_safe_point <= 2.0 * ps->safe_point_interval + 0.01;
+}
+
+/* Pacing and back-off for the soft path; 1 when a collection may run now.
+ * A safe point is not held back by useless collections before it (neither
+ * their back-off nor their pacing): garbage is likeliest there, and a
+ * useless collection at a safe point raises its trigger to the live set,
+ * which stops the next ones. */
+static int soft_collection_allowed(const nd_device *dev, device_pressure *ps, int64_t before, int64_t requested,
+                                   double now, int at_safe_point) {
+    if (!PyGC_IsEnabled()) return 0;
+    int64_t budget = budget_of(dev);
+    double fraction = policy.max_gc_fraction;
+    if (budget > 0 && (double)(before + requested) > 0.9 * (double)budget) fraction = 0.5;
+    if (at_safe_point && ps->last_freed_little) return 1;
+    if (ps->last_duration > 0.0 && now - ps->last_end < ps->last_duration * (1.0 / fraction - 1.0)) return 0;
+    return at_safe_point || now >= ps->cooldown_until;
+}
+
+/* Runs one collection for dev and updates its figures and trigger; returns
+ * the bytes it freed. */
+static int64_t collect_and_account(nd_device *dev, device_pressure *ps, nd_collect_reason reason, double start,
+                                   int64_t before) {
     run_collection(reason);
     double end = now_seconds();
     int64_t after = allocated_of(dev);
@@ -147,8 +184,9 @@ static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested, nd_
     ps->last_duration = end - start;
     if (reason == ND_COLLECT_PRESSURE) ps->pressure_collections++;
     else ps->oom_collections++;
+    ps->last_freed_little = freed * 100 < before;
     /* Almost nothing freed: the live set is real; wait longer next time. */
-    if (reason == ND_COLLECT_PRESSURE && freed * 100 < before) {
+    if (reason == ND_COLLECT_PRESSURE && ps->last_freed_little) {
         double base = ps->last_duration * (1.0 / policy.max_gc_fraction - 1.0);
         if (base < 0.001) base = 0.001;
         ps->cooldown_seconds = ps->cooldown_seconds > 0.0 ? ps->cooldown_seconds * 2.0 : base;
@@ -160,9 +198,68 @@ static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested, nd_
     }
     ps->survivors = after;
     nd_memory_set_trigger(dev, next_trigger(dev, ps, after));
+    return freed;
 }
 
-void pressure_install(void) { nd_memory_set_collect_callback(collect_for_engine, NULL); }
+static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested, nd_collect_reason reason) {
+    (void)ctx;
+    int id = nd_device_id(dev);
+    if (!policy.enabled || id < 0 || id >= MAX_TRACKED_DEVICES) return;
+    device_pressure *ps = &pressure[id];
+    double start = now_seconds();
+    int64_t before = allocated_of(dev);
+    if (reason == ND_COLLECT_PRESSURE) {
+        int64_t cap = cap_of(dev);
+        if (policy.watermark < 0 && safe_points_active(ps, start) && cap >= 0 && before + requested <= cap) {
+            ps->deferred++;
+            return;
+        }
+        if (!soft_collection_allowed(dev, ps, before, requested, start, 0)) {
+            ps->skipped++;
+            return;
+        }
+    }
+    collect_and_account(dev, ps, reason, start, before);
+}
+
+void pressure_safe_point(void) {
+    if (!policy.enabled || policy.watermark >= 0) return;
+    double now = now_seconds();
+    int count = nd_device_count();
+    for (int id = 0; id < count && id < MAX_TRACKED_DEVICES; id++) {
+        nd_device *dev = nd_device_at(id);
+        device_pressure *ps = &pressure[id];
+        if (dev == NULL || budget_of(dev) < 0) continue;
+        /* The usual gap follows the longest recent one (a step), not the
+         * short one between reset_grad() and backward(). */
+        if (ps->last_safe_point > 0.0) {
+            double gap = now - ps->last_safe_point;
+            double decayed = ps->safe_point_interval * 0.9;
+            ps->safe_point_interval = gap > decayed ? gap : decayed;
+        }
+        ps->last_safe_point = now;
+        int64_t before = allocated_of(dev);
+        if (ps->safe_baseline < 0) ps->safe_baseline = ps->survivors;
+        if (before < ps->safe_baseline) ps->safe_baseline = before;
+        device_pressure at_safe_points = *ps;
+        at_safe_points.survivors = ps->safe_baseline;
+        int64_t trigger = next_trigger(dev, &at_safe_points, before);
+        if (trigger < 0 || before <= trigger) continue;
+        if (!soft_collection_allowed(dev, ps, before, 0, now, 1)) {
+            ps->skipped++;
+            continue;
+        }
+        int64_t freed = collect_and_account(dev, ps, ND_COLLECT_PRESSURE, now, before);
+        ps->safe_point_collections++;
+        ps->safe_point_useless = freed * 100 < before;
+        ps->safe_baseline = ps->survivors;
+    }
+}
+
+void pressure_install(void) {
+    for (int id = 0; id < MAX_TRACKED_DEVICES; id++) pressure[id].safe_baseline = -1;
+    nd_memory_set_collect_callback(collect_for_engine, NULL);
+}
 
 int pressure_add_stats(const nd_device *dev, PyObject *dict) {
     int id = nd_device_id(dev);
@@ -172,6 +269,8 @@ int pressure_add_stats(const nd_device *dev, PyObject *dict) {
         {"num_pressure_collections", PyLong_FromLongLong(ps->pressure_collections)},
         {"num_oom_collections", PyLong_FromLongLong(ps->oom_collections)},
         {"num_pressure_skips", PyLong_FromLongLong(ps->skipped)},
+        {"num_safe_point_collections", PyLong_FromLongLong(ps->safe_point_collections)},
+        {"num_pressure_deferrals", PyLong_FromLongLong(ps->deferred)},
         {"gc_seconds", PyFloat_FromDouble(ps->seconds)},
         {"gc_freed_bytes", PyLong_FromLongLong(ps->freed_bytes)},
         {"gc_survivor_bytes", PyLong_FromLongLong(ps->survivors)},
@@ -244,7 +343,16 @@ static PyObject *reset_pressure_stats(PyObject *module, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *safe_point(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    (void)module;
+    pressure_safe_point();
+    Py_RETURN_NONE;
+}
+
 PyMethodDef pressure_module_functions[] = {
+    {"_gc_safe_point", safe_point, METH_NOARGS,
+     "_gc_safe_point()\n--\n\nTells the pressure policy that a training step's old graph has probably just "
+     "become garbage (Optimizer.reset_grad calls it); collects if allocations are past the trigger."},
     {"_set_gc_policy", (PyCFunction)(void (*)(void))set_gc_policy, METH_VARARGS | METH_KEYWORDS,
      "_set_gc_policy(*, enabled, growth, min_growth, high_water, max_gc_fraction, watermark)\n--\n\n"
      "Sets the pressure policy (omitted values are kept; watermark -1 means computed)."},

@@ -361,7 +361,7 @@ def test_memory_summary_has_the_diagnostics_sections():
     assert "live tensors by op" in text
     assert "Exp" in text
     assert "gc policy: enabled" in text
-    for word in ("pressure", "out-of-memory", "gc time", "freed"):
+    for word in ("pressure", "at safe points", "out-of-memory", "deferred", "gc time", "freed"):
         assert word in text
     assert mem.memory_summary("cuda" if not ndl.cuda().enabled() else "cpu_numpy")
 

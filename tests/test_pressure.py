@@ -185,6 +185,104 @@ class _Finalizer:
         _Finalizer.made.append(nd.full((16,), 1.0))
 
 
+def _needle_mode_training(steps, pause=0.0):
+    """The course loop in needle graph mode on a small MLP: each step's graph becomes cyclic
+    garbage when the next step resets the gradients. Returns the peak allocated bytes."""
+    np.random.seed(0)
+    model = ndl.nn.Sequential(ndl.nn.Linear(256, 512), ndl.nn.ReLU(), ndl.nn.Linear(512, 256))
+    opt = ndl.optim.SGD(model.parameters(), lr=1e-3)
+    X = ndl.Tensor(np.random.randn(512, 256).astype("float32"), requires_grad=False)
+    peak = 0
+    with ndl.autograd.graph_mode("needle"):
+        for _ in range(steps):
+            loss = (model(X) * model(X)).sum()
+            opt.reset_grad()
+            loss.backward()
+            opt.step()
+            peak = max(peak, memory.memory_allocated())
+            time.sleep(pause)
+    return peak
+
+
+def test_training_steps_collect_at_safe_points(clean_policy):
+    gc.set_threshold(10**9)  # only the pressure policy collects
+    base = memory.memory_allocated()
+    memory.set_memory_limit("cpu", base + 256 * MiB)
+    # growth 0: the trigger sits 4 MiB above the live set, under one step's garbage (~10 MiB),
+    # whatever earlier tests left alive.
+    memory.set_gc_policy(growth=0.0, min_growth="4MiB", max_gc_fraction=0.5)
+    # Steps long enough for the pacer (at 0.5) to allow a collection each: a full collection
+    # costs what this process's heap makes it cost.
+    t0 = time.perf_counter()
+    gc.collect()
+    pause = max(0.02, 1.5 * (time.perf_counter() - t0))
+    start = memory.memory_stats()
+    steps = 12
+    peak = _needle_mode_training(steps, pause=pause)
+    stats = memory.memory_stats()
+    at_safe_points = stats["num_safe_point_collections"] - start["num_safe_point_collections"]
+    collections = stats["num_pressure_collections"] - start["num_pressure_collections"]
+    # About one collection a step, where the old graph has just died (reset_grad/backward),
+    # none in the forward pass where nothing is garbage yet (warm-up aside).
+    assert steps - 3 <= at_safe_points <= steps
+    assert collections - at_safe_points <= 3
+    assert stats["num_pressure_deferrals"] > start["num_pressure_deferrals"]
+    assert stats["gc_freed_bytes"] > start["gc_freed_bytes"]
+    assert stats["num_ooms"] == start["num_ooms"]
+    assert peak - base < 128 * MiB
+
+
+def test_safe_points_stop_steering_when_training_stops(clean_policy):
+    gc.set_threshold(10**9)
+    base = memory.memory_allocated()
+    memory.set_memory_limit("cpu", base + 256 * MiB)
+    memory.set_gc_policy(min_growth="4MiB", max_gc_fraction=0.5)
+    _needle_mode_training(10, pause=0.005)
+    time.sleep(0.2)  # longer than twice the step: backward() is no longer being called
+    start = memory.memory_stats()
+    for _ in range(60):
+        _cyclic_garbage(MiB)
+        time.sleep(0.002)
+    stats = memory.memory_stats()
+    # The allocation path collects again, well before the high-water mark.
+    assert stats["num_pressure_collections"] > start["num_pressure_collections"]
+    assert stats["num_safe_point_collections"] == start["num_safe_point_collections"]
+    assert memory.memory_allocated() - base < 0.8 * 256 * MiB - 8 * MiB
+
+
+def test_safe_point_respects_disabled_policy_gc_disable_and_watermark(clean_policy):
+    gc.set_threshold(10**9)
+    base = memory.memory_allocated()
+    memory.set_memory_limit("cpu", base + 256 * MiB)
+    memory.set_gc_policy(min_growth="4MiB", max_gc_fraction=0.5)
+    for configure in (lambda: memory.set_gc_policy(enabled=False), gc.disable,
+                      lambda: memory.set_gc_policy(enabled=True, watermark=base + 200 * MiB)):
+        configure()
+        for _ in range(16):
+            _cyclic_garbage(MiB)
+        start = memory.memory_stats()
+        ndl.optim.SGD([], lr=0.1).reset_grad()  # a safe point, 16 MiB of garbage past the trigger
+        stats = memory.memory_stats()
+        assert stats["num_safe_point_collections"] == start["num_safe_point_collections"]
+        gc.enable()
+        gc.collect()
+    memory.set_gc_policy(watermark=None)
+    opt = ndl.optim.SGD([], lr=0.1)
+    opt.reset_grad()
+    time.sleep(0.1)
+    opt.reset_grad()  # safe points every 100 ms: the allocation path defers to them
+    start = memory.memory_stats()
+    for _ in range(16):
+        _cyclic_garbage(MiB)
+    mid = memory.memory_stats()
+    assert mid["num_pressure_collections"] == start["num_pressure_collections"]
+    assert mid["num_pressure_deferrals"] > start["num_pressure_deferrals"]
+    opt.reset_grad()
+    stats = memory.memory_stats()
+    assert stats["num_safe_point_collections"] == start["num_safe_point_collections"] + 1
+    assert stats["gc_freed_bytes"] - start["gc_freed_bytes"] >= 16 * MiB
+
+
 def test_finalizers_that_allocate_during_a_pressure_collection(clean_policy):
     gc.set_threshold(10**9)
     base = memory.memory_allocated()

@@ -487,9 +487,11 @@ def _summary_diagnostics(dev, stats, top=10):
         f"watermark {'computed' if watermark is None else _format_bytes(watermark)}; "
         f"gc visible: {gc_visible()}")
     lines.append(
-        f"collections: pressure {stats.get('num_pressure_collections', 0)}; "
+        f"collections: pressure {stats.get('num_pressure_collections', 0)} "
+        f"({stats.get('num_safe_point_collections', 0)} at safe points); "
         f"out-of-memory {stats.get('num_oom_collections', 0)}; "
         f"skipped {stats.get('num_pressure_skips', 0)}; "
+        f"deferred {stats.get('num_pressure_deferrals', 0)}; "
         f"gc time {stats.get('gc_seconds', 0.0):.3f} s; "
         f"freed {_format_bytes(stats.get('gc_freed_bytes', 0))}")
     return lines

@@ -6,6 +6,7 @@ that produced the gradients: the state dicts hold plain detached tensors. Parame
 whose ``grad`` is None are skipped. ``clip_grad_norm`` exists on every optimizer (the
 course has it on SGD only).
 """
+import needle_c as _c
 import numpy as np
 
 from . import init
@@ -26,6 +27,8 @@ class Optimizer:
         """Sets ``p.grad = None`` on every parameter; returns None."""
         for p in self.params:
             p.grad = None
+        # The gradients pinned the previous step's graph: a good moment for the pressure policy.
+        _c._gc_safe_point()
 
     def clip_grad_norm(self, max_norm=0.25):
         """Scales all gradients so that their global L2 norm is at most ``max_norm``.
