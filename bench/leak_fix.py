@@ -3,9 +3,10 @@ of each mode's time.
 
     python bench/leak_fix.py [--steps 200] [--out bench_leak_fix]
 
-Runs ``python -m needle.repro`` (course PTB Transformer, emulated device limit on the CPU),
-then prints JSON lines and a table with, per mode: peak allocated bytes relative to
-cycle_free, collections, seconds in the collector and their share of the run.
+Runs ``python -m needle.repro`` (course PTB Transformer, emulated device limit on the CPU) in
+its five modes plus ``hook_frozen`` (``hook`` after ``needle.memory.freeze_heap()``), then
+prints JSON lines and a table with, per mode: peak allocated bytes relative to cycle_free,
+collections, seconds in the collector and their share of the run.
 """
 import argparse
 import json
@@ -26,7 +27,8 @@ def main():
     args = parser.parse_args()
     print(json.dumps({"machine": {"machine": platform.machine(), "cpus": os.cpu_count(),
                                   "python": sys.version.split()[0], "needle": ndl.__version__}}))
-    repro.main(["--steps", str(args.steps), "--out", args.out, *args.extra])
+    modes = [] if "--modes" in args.extra else ["--modes", ",".join(repro.MODES + repro.EXTRA_MODES)]
+    repro.main(["--steps", str(args.steps), "--out", args.out, *modes, *args.extra])
     with open(os.path.join(args.out, "repro.json")) as f:
         results = json.load(f)
     cf_peak = next(r for r in results if r["mode"] == "cycle_free")["peak_allocated_bytes"]

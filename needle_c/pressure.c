@@ -124,8 +124,11 @@ void pressure_refresh(nd_device *dev) {
     nd_memory_set_trigger(dev, next_trigger(dev, ps, allocated));
 }
 
-/* Runs a full collection; on the OOM path through gc.collect(), which
- * ignores gc.disable(). Returns 0 on success. */
+/* Runs a full collection. The OOM path goes through gc.collect(), which
+ * ignores gc.disable(), after gc.unfreeze(): objects frozen by
+ * needle.memory.freeze_heap() (or anyone's gc.freeze()) are invisible to
+ * collections, and frozen cycles holding device memory must not cause an
+ * out-of-memory error. They stay unfrozen afterwards. */
 static void run_collection(nd_collect_reason reason) {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
@@ -133,8 +136,10 @@ static void run_collection(nd_collect_reason reason) {
         PyGC_Collect();
     } else {
         PyObject *gc = PyImport_ImportModule("gc");
-        PyObject *result = gc ? PyObject_CallMethod(gc, "collect", NULL) : NULL;
+        PyObject *thawed = gc ? PyObject_CallMethod(gc, "unfreeze", NULL) : NULL;
+        PyObject *result = thawed ? PyObject_CallMethod(gc, "collect", NULL) : NULL;
         Py_XDECREF(result);
+        Py_XDECREF(thawed);
         Py_XDECREF(gc);
     }
     /* A finalizer's exception must not surface inside an unrelated op. */

@@ -15,6 +15,10 @@ modes, each in a fresh process, on a device with a memory limit:
 - ``gc_blind``: "needle" mode with tensors invisible to the collector (what a C extension
   without tp_traverse gives): the cycles can never be freed.
 
+One more mode runs only when asked for (``--modes hook_frozen``): ``hook`` plus one call to
+``needle.memory.freeze_heap()`` after setup, so each collection scans only what training
+creates (a collection's cost is set by every object in the process, not by needle's garbage).
+
 On the CPU the limit emulates a GPU's capacity; by default it is set from a short
 calibration run so that ``leak`` runs out within about 20 steps while the fixes do not.
 Prints a table, writes ``repro.json`` and a PNG timeline of allocated bytes to ``--out``.
@@ -30,6 +34,7 @@ import tempfile
 import time
 
 MODES = ("leak", "manual", "hook", "cycle_free", "gc_blind")
+EXTRA_MODES = ("hook_frozen",)
 DEFAULT_STEPS = 15
 
 
@@ -41,7 +46,8 @@ def _parse_args(argv):
                         help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--limit", help="device memory limit, e.g. '2GiB' (default: calibrated)")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="training steps per mode")
-    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="comma-separated subset of " + ",".join(MODES + EXTRA_MODES))
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--seq-len", type=int, default=20)
     parser.add_argument("--out", default="repro_out", help="directory for repro.json and the plot")
@@ -51,9 +57,9 @@ def _parse_args(argv):
     parser.add_argument("--limit-bytes", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in MODES and m != "calibrate"]
+    unknown = [m for m in modes if m not in MODES + EXTRA_MODES and m != "calibrate"]
     if unknown:
-        parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
+        parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES + EXTRA_MODES)}")
     if args.steps < 1:
         parser.error("--steps must be at least 1")
     args.modes = modes
@@ -100,6 +106,8 @@ def _run_worker(args):
     loss_fn = nn.SoftmaxLoss()
     model.train()
     _configure(mode, device, args.limit_bytes)
+    if mode == "hook_frozen":
+        memory.freeze_heap()  # after setup, before the first graph exists
     memory.reset_peak_memory_stats(device)
     start_allocated = memory.memory_allocated(device)
     samples, step_times = [], []
