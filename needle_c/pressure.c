@@ -93,22 +93,22 @@ static int64_t budget_of(const nd_device *dev) {
     return -1;
 }
 
-static int64_t next_trigger(const nd_device *dev, const device_pressure *ps, int64_t allocated) {
+/* high_water * budget: where soft collections stop waiting; -1 without a budget. */
+static int64_t cap_of(const nd_device *dev) {
+    int64_t budget = budget_of(dev);
+    return budget < 0 ? -1 : (int64_t)(policy.high_water * (double)budget);
+}
+
+/* The trigger for a live set of `survivors` bytes; -1 for none. */
+static int64_t next_trigger(const nd_device *dev, int64_t survivors) {
     if (!policy.enabled) return -1;
-    int64_t trigger;
-    if (policy.watermark >= 0) {
-        trigger = policy.watermark;
-    } else {
-        int64_t budget = budget_of(dev);
-        if (budget < 0) return -1;
-        double grown = (double)ps->survivors * (1.0 + policy.growth);
-        double stepped = (double)ps->survivors + (double)policy.min_growth;
-        double t = grown > stepped ? grown : stepped;
-        double cap = policy.high_water * (double)budget;
-        trigger = (int64_t)(t < cap ? t : cap);
-    }
-    (void)allocated;
-    return trigger;
+    if (policy.watermark >= 0) return policy.watermark;
+    int64_t cap = cap_of(dev);
+    if (cap < 0) return -1;
+    double grown = (double)survivors * (1.0 + policy.growth);
+    double stepped = (double)survivors + (double)policy.min_growth;
+    double t = grown > stepped ? grown : stepped;
+    return t < (double)cap ? (int64_t)t : cap;
 }
 
 void pressure_refresh(nd_device *dev) {
@@ -121,7 +121,7 @@ void pressure_refresh(nd_device *dev) {
     ps->cooldown_until = 0.0;
     ps->safe_point_useless = 0;
     ps->safe_baseline = -1;
-    nd_memory_set_trigger(dev, next_trigger(dev, ps, allocated));
+    nd_memory_set_trigger(dev, next_trigger(dev, allocated));
 }
 
 /* Runs a full collection. The OOM path goes through gc.collect(), which
@@ -147,11 +147,6 @@ static void run_collection(nd_collect_reason reason) {
     PyErr_Restore(type, value, traceback);
 }
 
-static int64_t cap_of(const nd_device *dev) {
-    int64_t budget = budget_of(dev);
-    return budget < 0 ? -1 : (int64_t)(policy.high_water * (double)budget);
-}
-
 /* Safe points are steering collections: they keep coming (the next is not
  * overdue) and the last collection at one was not useless. */
 static int safe_points_active(const device_pressure *ps, double now) {
@@ -175,10 +170,9 @@ static int soft_collection_allowed(const nd_device *dev, device_pressure *ps, in
     return at_safe_point || now >= ps->cooldown_until;
 }
 
-/* Runs one collection for dev and updates its figures and trigger; returns
- * the bytes it freed. */
-static int64_t collect_and_account(nd_device *dev, device_pressure *ps, nd_collect_reason reason, double start,
-                                   int64_t before) {
+/* Runs one collection for dev and updates its figures and trigger. */
+static void collect_and_account(nd_device *dev, device_pressure *ps, nd_collect_reason reason, double start,
+                                int64_t before) {
     run_collection(reason);
     double end = now_seconds();
     int64_t after = allocated_of(dev);
@@ -202,8 +196,7 @@ static int64_t collect_and_account(nd_device *dev, device_pressure *ps, nd_colle
         ps->cooldown_until = 0.0;
     }
     ps->survivors = after;
-    nd_memory_set_trigger(dev, next_trigger(dev, ps, after));
-    return freed;
+    nd_memory_set_trigger(dev, next_trigger(dev, after));
 }
 
 static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested, nd_collect_reason reason) {
@@ -246,17 +239,15 @@ void pressure_safe_point(void) {
         int64_t before = allocated_of(dev);
         if (ps->safe_baseline < 0) ps->safe_baseline = ps->survivors;
         if (before < ps->safe_baseline) ps->safe_baseline = before;
-        device_pressure at_safe_points = *ps;
-        at_safe_points.survivors = ps->safe_baseline;
-        int64_t trigger = next_trigger(dev, &at_safe_points, before);
+        int64_t trigger = next_trigger(dev, ps->safe_baseline);
         if (trigger < 0 || before <= trigger) continue;
         if (!soft_collection_allowed(dev, ps, before, 0, now, 1)) {
             ps->skipped++;
             continue;
         }
-        int64_t freed = collect_and_account(dev, ps, ND_COLLECT_PRESSURE, now, before);
+        collect_and_account(dev, ps, ND_COLLECT_PRESSURE, now, before);
         ps->safe_point_collections++;
-        ps->safe_point_useless = freed * 100 < before;
+        ps->safe_point_useless = ps->last_freed_little;
         ps->safe_baseline = ps->survivors;
     }
 }
