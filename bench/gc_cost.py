@@ -20,31 +20,22 @@ import argparse
 import gc
 import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 
-import numpy as np
-
 import needle as ndl
-from needle import memory, nn
-from needle.apps.models import LanguageModel
-from needle.data import Corpus, batchify, get_batch, write_synthetic_corpus
+from needle import memory
+from needle.data import get_batch, write_synthetic_corpus
+from needle.repro import course_setup
+
+from benchutil import print_machine
 
 
 def measure(mode, keep_corpus, steps, corpus_dir, freeze=False):
-    corpus = Corpus(corpus_dir)
-    train = batchify(corpus.train, 256, device=ndl.cpu(), dtype="float32")
-    vocabulary = len(corpus.dictionary)
+    corpus, train, model, opt, loss_fn = course_setup(corpus_dir, 256, 20, ndl.cpu())
     if not keep_corpus:
         del corpus
-    np.random.seed(0)
-    model = LanguageModel(20, vocabulary, hidden_size=32, num_layers=1, seq_model="transformer",
-                          seq_len=20)
-    opt = ndl.optim.Adam(model.parameters(), lr=3e-3)
-    loss_fn = nn.SoftmaxLoss()
     previous_mode = ndl.autograd.set_graph_mode(mode)
     gc.disable()
     if freeze:
@@ -92,8 +83,7 @@ def main():
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--words", type=int, default=200_000)
     args = parser.parse_args()
-    print(json.dumps({"machine": {"machine": platform.machine(), "cpus": os.cpu_count(),
-                                  "python": sys.version.split()[0], "needle": ndl.__version__}}))
+    print_machine()
     with tempfile.TemporaryDirectory() as tmp:
         corpus_dir = str(write_synthetic_corpus(os.path.join(tmp, "corpus"), num_words=args.words,
                                                 seed=0))

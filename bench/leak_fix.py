@@ -11,11 +11,10 @@ collections, seconds in the collector and their share of the run.
 import argparse
 import json
 import os
-import platform
-import sys
 
-import needle as ndl
 from needle import repro
+
+from benchutil import print_machine
 
 
 def main():
@@ -25,8 +24,7 @@ def main():
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
                         help="further arguments for needle.repro")
     args = parser.parse_args()
-    print(json.dumps({"machine": {"machine": platform.machine(), "cpus": os.cpu_count(),
-                                  "python": sys.version.split()[0], "needle": ndl.__version__}}))
+    print_machine()
     modes = [] if "--modes" in args.extra else ["--modes", ",".join(repro.MODES + repro.EXTRA_MODES)]
     repro.main(["--steps", str(args.steps), "--out", args.out, *modes, *args.extra])
     with open(os.path.join(args.out, "repro.json")) as f:

@@ -10,35 +10,13 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 
 import numpy as np
 
 import needle as ndl
 from needle import backend_ndarray as nd
-
-
-def timeit(fn, min_time=0.2, repeats=5):
-    """Median seconds per call over `repeats` loops that each last about min_time."""
-    fn()
-    number = 1
-    while True:
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_time / repeats or number >= 1 << 20:
-            break
-        number *= 2
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        samples.append((time.perf_counter() - start) / number)
-    return statistics.median(samples)
+from benchutil import timeit
 
 
 def cases(quick):

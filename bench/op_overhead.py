@@ -9,41 +9,17 @@ without it only needle's numbers are printed.
 """
 import argparse
 import json
-import os
-import platform
-import statistics
-import sys
-import time
 
 import numpy as np
 
 import needle as ndl
+from benchutil import print_machine, timeit
 
 try:
     import torch
     torch.set_num_threads(1)
 except ImportError:  # the peer is optional
     torch = None
-
-
-def timeit(fn, min_time=0.2, repeats=5):
-    """Median seconds per call over `repeats` loops that each last about min_time/repeats."""
-    fn()
-    number = 1
-    while True:
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        if time.perf_counter() - start >= min_time / repeats or number >= 1 << 20:
-            break
-        number *= 2
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        samples.append((time.perf_counter() - start) / number)
-    return statistics.median(samples)
 
 
 OPS = {
@@ -107,11 +83,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.parse_args()
-    info = {"machine": platform.machine(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
-            "numpy": np.__version__, "needle": ndl.__version__,
-            "torch": torch.__version__ if torch else None,
-            "torch_threads": torch.get_num_threads() if torch else None}
-    print(json.dumps({"machine": info}))
+    print_machine(numpy=np.__version__, torch=torch.__version__ if torch else None,
+                  torch_threads=torch.get_num_threads() if torch else None)
     rows = []
     make_needle = lambda x: ndl.Tensor(x)  # noqa: E731
     make_torch = (lambda x: torch.tensor(x, requires_grad=True)) if torch else None

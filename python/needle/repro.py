@@ -86,25 +86,36 @@ def _configure(mode, device, limit):
         memory.set_memory_limit(device, limit)
 
 
-def _run_worker(args):
-    """Trains in one mode in this process; prints one JSON object."""
+def course_setup(corpus_dir, batch_size, seq_len, device):
+    """The course's PTB Transformer set up for training on ``device``: returns
+    ``(corpus, batches, model, optimizer, loss_fn)`` (NumPy seeded with 0 before the model)."""
     import numpy as np
 
     import needle as ndl
-    from needle import memory, nn
+    from needle import nn
     from needle.apps.models import LanguageModel
-    from needle.data import Corpus, batchify, get_batch
+    from needle.data import Corpus, batchify
+
+    corpus = Corpus(corpus_dir)
+    train = batchify(corpus.train, batch_size, device=device, dtype="float32")
+    np.random.seed(0)
+    model = LanguageModel(20, len(corpus.dictionary), hidden_size=32, num_layers=1,
+                          seq_model="transformer", seq_len=seq_len, device=device)
+    opt = ndl.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    return corpus, train, model, opt, nn.SoftmaxLoss()
+
+
+def _run_worker(args):
+    """Trains in one mode in this process; prints one JSON object."""
+    import needle as ndl
+    from needle import memory
+    from needle.data import get_batch
 
     mode = args.worker
     device = ndl.cpu() if args.device == "cpu" else ndl.cuda()
-    corpus = Corpus(args.corpus_dir)
-    train = batchify(corpus.train, args.batch_size, device=device, dtype="float32")
-    np.random.seed(0)
-    model = LanguageModel(20, len(corpus.dictionary), hidden_size=32, num_layers=1,
-                          seq_model="transformer", seq_len=args.seq_len, device=device)
-    opt = ndl.optim.Adam(model.parameters(), lr=3e-3)
-    loss_fn = nn.SoftmaxLoss()
-    model.train()
+    # corpus stays alive, as in the course notebook: its token lists are part of the heap.
+    corpus, train, model, opt, loss_fn = course_setup(args.corpus_dir, args.batch_size, args.seq_len, device)
     _configure(mode, device, args.limit_bytes)
     if mode == "hook_frozen":
         memory.freeze_heap()  # after setup, before the first graph exists
