@@ -49,7 +49,10 @@ compile_args = [
 if strict:
     compile_args.append("-Werror")
 
-sources = sorted(glob.glob("needle_c/*.c")) + sorted(glob.glob("csrc/*.c"))
+# needle_c/ is grouped by idea: array/ (the NDArray binding), autograd/ (Tensor, Op,
+# backward, the ops), memory/ (statistics, the collection policy); headers are
+# included relative to needle_c/ and csrc/.
+sources = sorted(glob.glob("needle_c/**/*.c", recursive=True)) + sorted(glob.glob("csrc/*.c"))
 
 # ------------------------------------------------------------------------- CUDA
 
@@ -225,7 +228,7 @@ BuildExt.cuda = cuda
 define_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 libraries = ["m", "dl"]
 library_dirs = []
-depends = sorted(glob.glob("csrc/*.h") + glob.glob("needle_c/*.h"))
+depends = sorted(glob.glob("csrc/*.h") + glob.glob("needle_c/**/*.h", recursive=True))
 if cuda is not None:
     define_macros.append(("NEEDLE_WITH_CUDA", "1"))
     # The static runtime needs librt, libpthread and libdl, and nvcc's host code the
@@ -243,7 +246,7 @@ if cuda is not None:
 needle_c = Extension(
     "needle_c",
     sources=sources,
-    include_dirs=[numpy.get_include(), "csrc"],
+    include_dirs=[numpy.get_include(), "needle_c", "csrc"],
     define_macros=define_macros,
     extra_compile_args=compile_args,
     libraries=libraries,

@@ -8,7 +8,7 @@
 #include "needle_c.h"
 
 #ifdef NEEDLE_WITH_CUDA
-#include "../csrc/cuda/cuda_api.h"
+#include "cuda/cuda_api.h"
 #endif
 
 static PyObject *cuda_compiled(PyObject *module, PyObject *Py_UNUSED(ignored)) {

@@ -3,7 +3,7 @@
  * collection callback the engine calls when memory is short.
  */
 #include "needle_c.h"
-#include "tensor.h"
+#include "autograd/tensor.h"
 
 #include <structmember.h>
 

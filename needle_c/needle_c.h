@@ -10,7 +10,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "../csrc/engine.h"
+#include "engine.h"
 
 #if PY_VERSION_HEX < 0x030B0000
 #error "needle_c needs Python 3.11 or newer (PyType_GetModuleByDef)"

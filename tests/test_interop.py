@@ -1,4 +1,4 @@
-"""Zero-copy interop (needle_c/interop.c): DLPack export and import, the NumPy
+"""Zero-copy interop (needle_c/array/interop.c): DLPack export and import, the NumPy
 array interface, and that shared memory is really shared (writes visible on
 both sides) and released (no leaked storages, producers' arrays freed).
 """

@@ -7,7 +7,7 @@
  */
 #include "needle_c.h"
 
-#include "../csrc/cpu_gemm.h"
+#include "cpu_gemm.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
