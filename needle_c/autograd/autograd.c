@@ -106,7 +106,7 @@ static int backward_needle(needle_state *st, PyObject *topo, PyObject *output, P
         /* A gradient may run Python code (and the collector): own what we use. */
         PyObject *op = Py_NewRef(Tensor_CAST(node)->op);
         PyObject *inputs = Py_NewRef(Tensor_CAST(node)->inputs);
-        PyObject *partials = op_gradient_as_tuple(st, op, adjoint, node);
+        PyObject *partials = run_gradient(st, op, adjoint, node);
         Py_DECREF(op);
         if (partials == NULL) {
             Py_DECREF(inputs);
@@ -152,8 +152,9 @@ fail:
 static int backward_cycle_free(needle_state *st, PyObject *topo, PyObject *output, PyObject *out_grad) {
     PyObject *grads = PyDict_New();
     if (grads == NULL) return -1;
-    PyObject *seed = realize(st, out_grad);
-    seed = seed ? make_const(st, seed, 0) : NULL;
+    PyObject *seed_data = realize(st, out_grad);
+    PyObject *seed = seed_data ? make_const(st, seed_data, 0) : NULL;
+    Py_XDECREF(seed_data);
     if (seed == NULL || PyDict_SetItem(grads, output, seed) < 0) {
         Py_XDECREF(seed);
         Py_DECREF(grads);
@@ -181,7 +182,7 @@ static int backward_cycle_free(needle_state *st, PyObject *topo, PyObject *outpu
             continue;
         }
         PyObject *op = Py_NewRef(t->op), *inputs = Py_NewRef(t->inputs);
-        PyObject *partials = op_gradient_as_tuple(st, op, adjoint, node);
+        PyObject *partials = run_gradient(st, op, adjoint, node);
         Py_DECREF(adjoint);
         Py_DECREF(op);
         if (partials == NULL || PyTuple_GET_SIZE(partials) != PyTuple_GET_SIZE(inputs)) {
@@ -248,7 +249,7 @@ int compute_gradient_of_variables(needle_state *st, PyObject *output, PyObject *
 }
 
 /* Tensor.backward(out_grad=None): the default seed is ones of the output's shape. */
-static PyObject *tensor_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
+PyObject *tensor_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"out_grad", NULL};
     PyObject *out_grad = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:backward", kwlist, &out_grad)) return NULL;
@@ -256,11 +257,12 @@ static PyObject *tensor_backward(PyObject *self, PyObject *args, PyObject *kwarg
     if (st == NULL) return NULL;
     /* The previous step's graph is usually garbage by now. */
     pressure_safe_point();
-    PyObject *data = realize(st, self);
-    if (data == NULL) return NULL;
     PyObject *seed;
     if (out_grad == Py_None) {
+        PyObject *data = realize(st, self);
+        if (data == NULL) return NULL;
         if (!ndarray_check(st, data)) {
+            Py_DECREF(data);
             PyErr_SetString(PyExc_TypeError, "backward() needs out_grad for a TensorTuple");
             return NULL;
         }
@@ -268,6 +270,7 @@ static PyObject *tensor_backward(PyObject *self, PyObject *args, PyObject *kwarg
         nd_array ones;
         nd_status status = nd_array_empty(nd_storage_device(a->storage), a->layout.ndim, a->layout.shape, &ones);
         if (status == ND_OK && (status = nd_array_fill(&ones, 1.0f)) != ND_OK) nd_array_release(&ones);
+        Py_DECREF(data);
         if (status != ND_OK) return raise_status(st, status);
         PyObject *array = ndarray_wrap(st, &ones);
         if (array == NULL) return NULL;
@@ -282,13 +285,6 @@ static PyObject *tensor_backward(PyObject *self, PyObject *args, PyObject *kwarg
     if (rc < 0) return NULL;
     Py_RETURN_NONE;
 }
-
-PyMethodDef autograd_tensor_methods[] = {
-    {"backward", (PyCFunction)(void (*)(void))tensor_backward, METH_VARARGS | METH_KEYWORDS,
-     "backward($self, /, out_grad=None)\n--\n\nComputes gradients of this tensor with respect to "
-     "the graph's leaves (ones as the seed by default)."},
-    {NULL, NULL, 0, NULL},
-};
 
 /* ------------------------------------------------- module functions */
 
@@ -350,27 +346,7 @@ static PyObject *mod_is_grad_enabled(PyObject *module, PyObject *Py_UNUSED(ignor
     return PyBool_FromLong(state_of_module(module)->autograd->recording);
 }
 
-static PyObject *mod_tensor_count(PyObject *module, PyObject *Py_UNUSED(ignored)) {
-    (void)module;
-    return PyLong_FromSsize_t(tensor_live_count());
-}
-
-void set_record_history(int on);
-int get_record_history(void);
-
-static PyObject *mod_record_history(PyObject *module, PyObject *arg) {
-    (void)module;
-    int on = PyObject_IsTrue(arg);
-    if (on < 0) return NULL;
-    PyObject *previous = PyBool_FromLong(get_record_history());
-    set_record_history(on);
-    return previous;
-}
-
 static PyMethodDef autograd_functions[] = {
-    {"_record_history", mod_record_history, METH_O,
-     "_record_history(on, /)\n--\n\nWhen on, new tensors keep the frames that created them in "
-     "_alloc_site. Returns the previous setting."},
     {"find_topo_sort", mod_find_topo_sort, METH_O,
      "find_topo_sort(node_list, /)\n--\n\nNodes in the course's post-order DFS order (iterative)."},
     {"compute_gradient_of_variables", (PyCFunction)(void (*)(void))mod_compute_gradient, METH_FASTCALL,
@@ -381,7 +357,6 @@ static PyMethodDef autograd_functions[] = {
     {"_set_grad_enabled", mod_set_grad_enabled, METH_O,
      "_set_grad_enabled(enabled, /)\n--\n\nRecording on or off; returns the previous setting."},
     {"_is_grad_enabled", mod_is_grad_enabled, METH_NOARGS, NULL},
-    {"_tensor_count", mod_tensor_count, METH_NOARGS, "_tensor_count()\n--\n\nLive Tensor/TensorTuple objects."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -397,10 +372,11 @@ int autograd_module_init(PyObject *module, needle_state *st) {
     ops_nn_register(op_impls);
     for (int k = 1; k < OP_KIND_COUNT; k++)
         if (op_impls[k].compute == NULL || op_impls[k].gradient == NULL) {
-            PyErr_Format(PyExc_SystemError, "built-in op %s has no implementation", op_kind_name((op_kind)k));
+            PyErr_Format(PyExc_SystemError, "built-in op %s has no implementation", op_table[k].name);
             return -1;
         }
     if (tensor_types_init(module, st) < 0 || op_types_init(module, st) < 0) return -1;
+    if (PyModule_AddFunctions(module, alloc_site_functions) < 0) return -1;
     return PyModule_AddFunctions(module, autograd_functions);
 }
 
@@ -420,6 +396,7 @@ int autograd_traverse(needle_state *st, visitproc visit, void *arg) {
 void autograd_clear(needle_state *st) {
     autograd_state *ag = st->autograd;
     if (ag == NULL) return;
+    forget_state(st);
     Py_CLEAR(ag->value_type);
     Py_CLEAR(ag->tensor_type);
     Py_CLEAR(ag->tensor_tuple_type);

@@ -1,6 +1,6 @@
 /* op.c: Op, TensorOp, TensorTupleOp and the built-in op classes (one heap
- * type per op, all sharing OpObject), their constructor parameters, and
- * apply_op, through which C code applies ops to tensors.
+ * type per op, all sharing OpObject), the table of built-in ops, and their
+ * constructor parameters. Ops run through dispatch.c.
  *
  * A built-in op computes and differentiates in C (op_impls); a Python
  * subclass of TensorOp supplies compute() and gradient() as in the course.
@@ -9,22 +9,12 @@
 
 #include <structmember.h>
 
-op_impl op_impls[OP_KIND_COUNT];
-
-static const struct {
-    const char *name;
-    const char *function;
-    op_signature sig;
-    int tuple_output;
-} op_table[OP_KIND_COUNT] = {
-    [OP_PYTHON] = {"TensorOp", "", SIG_NONE, 0},
-#define X(kind, name, fn, sig, tuple) [kind] = {name, fn, sig, tuple},
+const op_info op_table[OP_KIND_COUNT] = {
+    [OP_PYTHON] = {"TensorOp", SIG_NONE, ARITY_ANY, IN_ARRAYS, 0},
+#define X(kind, name, sig, arity, inputs, tuple) [kind] = {name, sig, arity, inputs, tuple},
     NEEDLE_OPS(X)
 #undef X
 };
-
-int op_is_tuple_output(op_kind kind) { return op_table[kind].tuple_output; }
-const char *op_kind_name(op_kind kind) { return op_table[kind].name; }
 
 static op_kind kind_of_type(autograd_state *ag, PyTypeObject *type) {
     for (int k = 1; k < OP_KIND_COUNT; k++)
@@ -36,6 +26,7 @@ static op_kind kind_of_type(autograd_state *ag, PyTypeObject *type) {
  * built-in one; Python subclasses go through their (possibly overridden)
  * compute/gradient methods. */
 int op_dispatches_in_c(needle_state *st, PyObject *op) {
+    if (!PyObject_TypeCheck(op, st->autograd->op_type)) return 0;
     op_kind kind = Op_CAST(op)->kind;
     return kind != OP_PYTHON && Py_IS_TYPE(op, st->autograd->op_types[kind]);
 }
@@ -329,65 +320,40 @@ static PyGetSetDef builtin_op_getset[] = {
 /* ----------------------------------------------- compute / gradient */
 
 static PyObject *op_compute(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
-    needle_state *st = state_of_type(Py_TYPE(op));
+    needle_state *st = state_of_value(op);
     if (st == NULL) return NULL;
     OpObject *self = Op_CAST(op);
     if (self->kind == OP_PYTHON) {
         PyErr_Format(PyExc_NotImplementedError, "%.100s does not implement compute()", Py_TYPE(op)->tp_name);
         return NULL;
     }
-    if (check_compute_inputs(st, self->kind, args, nargs) < 0) return NULL;
-    return op_impls[self->kind].compute(st, &self->p, args, nargs);
+    return compute_arrays(st, self->kind, &self->p, args, nargs);
 }
 
 static PyObject *op_gradient(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
-    needle_state *st = state_of_type(Py_TYPE(op));
+    needle_state *st = state_of_value(op);
     if (st == NULL) return NULL;
     OpObject *self = Op_CAST(op);
     if (self->kind == OP_PYTHON) {
         PyErr_Format(PyExc_NotImplementedError, "%.100s does not implement gradient()", Py_TYPE(op)->tp_name);
         return NULL;
     }
-    if (nargs != 2 || !PyObject_TypeCheck(args[0], st->autograd->value_type) ||
-        !PyObject_TypeCheck(args[1], st->autograd->value_type)) {
+    if (nargs != 2 || !is_value(st, args[0]) || !is_value(st, args[1])) {
         PyErr_SetString(PyExc_TypeError, "gradient(out_grad, node) takes two Tensors");
         return NULL;
     }
-    return op_impls[self->kind].gradient(st, &self->p, args[0], args[1]);
+    return builtin_gradient(st, self, args[0], args[1]);
 }
 
-/* The gradient as a tuple; C ops skip the Python method lookup. */
-PyObject *op_gradient_as_tuple(needle_state *st, PyObject *op, PyObject *out_grad, PyObject *node) {
-    PyObject *result;
-    if (op_dispatches_in_c(st, op)) {
-        result = op_impls[Op_CAST(op)->kind].gradient(st, &Op_CAST(op)->p, out_grad, node);
-    } else {
-        PyObject *args[3] = {op, out_grad, node};
-        PyObject *name = PyUnicode_FromString("gradient");
-        if (name == NULL) return NULL;
-        result = PyObject_VectorcallMethod(name, args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-        Py_DECREF(name);
-    }
-    if (result == NULL || PyTuple_CheckExact(result)) return result;
-    if (PyList_Check(result)) {
-        Py_SETREF(result, PyList_AsTuple(result));
-        return result;
-    }
-    if (PyTuple_Check(result)) {
-        Py_SETREF(result, PySequence_Tuple(result));
-        return result;
-    }
-    Py_SETREF(result, PyTuple_Pack(1, result));
-    return result;
-}
-
+/* gradient() as a tuple; built-in ops skip the Python method lookup. */
 static PyObject *op_gradient_as_tuple_method(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "gradient_as_tuple(out_grad, node) takes two arguments");
+    needle_state *st = state_of_value(op);
+    if (st == NULL) return NULL;
+    if (nargs != 2 || !is_value(st, args[1])) {
+        PyErr_SetString(PyExc_TypeError, "gradient_as_tuple(out_grad, node) takes two Tensors");
         return NULL;
     }
-    needle_state *st = state_of_type(Py_TYPE(op));
-    return st ? op_gradient_as_tuple(st, op, args[0], args[1]) : NULL;
+    return run_gradient(st, op, args[0], args[1]);
 }
 
 static PyObject *op_base_call(PyObject *op, PyObject *args, PyObject *kwargs) {
@@ -399,7 +365,7 @@ static PyObject *op_base_call(PyObject *op, PyObject *args, PyObject *kwargs) {
 }
 
 static PyObject *call_op(PyObject *op, PyObject *args, PyObject *kwargs, int tuple) {
-    needle_state *st = state_of_type(Py_TYPE(op));
+    needle_state *st = state_of_value(op);
     if (st == NULL) return NULL;
     OpObject *self = Op_CAST(op);
     if (self->kind == OP_TUPLE_GET_ITEM) {
@@ -407,18 +373,9 @@ static PyObject *call_op(PyObject *op, PyObject *args, PyObject *kwargs, int tup
         int fold = 1;
         PyObject *f = kwargs ? PyDict_GetItemString(kwargs, "fold_const") : NULL;
         if (f != NULL && (fold = PyObject_IsTrue(f)) < 0) return NULL;
-        if (PyTuple_GET_SIZE(args) == 1) {
-            PyObject *a = PyTuple_GET_ITEM(args, 0);
-            if (fold && is_tensor_tuple(st, a) && Tensor_CAST(a)->op != NULL &&
-                Op_CAST(Tensor_CAST(a)->op)->kind == OP_MAKE_TUPLE) {
-                PyObject *inputs = Tensor_CAST(a)->inputs;
-                Py_ssize_t i = self->p.index < 0 ? self->p.index + PyTuple_GET_SIZE(inputs) : self->p.index;
-                if (i < 0 || i >= PyTuple_GET_SIZE(inputs)) {
-                    PyErr_SetString(PyExc_IndexError, "tuple index out of range");
-                    return NULL;
-                }
-                return Py_NewRef(PyTuple_GET_ITEM(inputs, i));
-            }
+        if (fold && PyTuple_GET_SIZE(args) == 1) {
+            PyObject *folded = fold_make_tuple_item(st, PyTuple_GET_ITEM(args, 0), self->p.index);
+            if (folded != NULL || PyErr_Occurred()) return folded;
         }
     } else if (kwargs != NULL && PyDict_GET_SIZE(kwargs) > 0) {
         PyErr_Format(PyExc_TypeError, "%.100s() takes no keyword arguments", Py_TYPE(op)->tp_name);
@@ -548,101 +505,12 @@ int op_types_init(PyObject *module, needle_state *st) {
     return 0;
 }
 
-/* Built-in computes trust their inputs' count and kinds: check them once,
- * here, before any of them runs. */
-static Py_ssize_t op_arity(op_kind kind) {
-    switch (kind) {
-    case OP_EWISE_ADD: case OP_EWISE_MUL: case OP_EWISE_POW: case OP_EWISE_DIV: case OP_MATMUL:
-    case OP_CONV: case OP_GATHER_ROWS: case OP_SCATTER_ADD_ROWS: case OP_SOFTMAX_XENT:
-        return 2;
-    case OP_MAKE_TUPLE:
-        return -1; /* any number */
-    default:
-        return 1;
-    }
-}
-
-int check_compute_inputs(needle_state *st, op_kind kind, PyObject *const *arrays, Py_ssize_t n) {
-    Py_ssize_t arity = op_arity(kind);
-    if (arity >= 0 && n != arity) {
-        PyErr_Format(PyExc_TypeError, "%s takes %zd input%s, got %zd", op_table[kind].name, arity,
-                     arity == 1 ? "" : "s", n);
-        return -1;
-    }
-    int wants_tuple = kind == OP_STACK || kind == OP_TUPLE_GET_ITEM;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int ok = wants_tuple ? PyTuple_Check(arrays[i]) : ndarray_check(st, arrays[i]);
-        if (!ok) {
-            PyErr_Format(PyExc_TypeError, "%s expects %s, got %.100s at position %zd", op_table[kind].name,
-                         wants_tuple ? "a TensorTuple" : "Tensors (not TensorTuples)",
-                         Py_TYPE(arrays[i])->tp_name, i);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* ------------------------------------------------------- apply_op */
-
-static int inputs_require_grad(PyObject *inputs) {
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inputs); i++)
-        if (Tensor_CAST(PyTuple_GET_ITEM(inputs, i))->requires_grad) return 1;
-    return 0;
-}
-
-PyObject *apply_op(needle_state *st, op_kind kind, const op_params *p, PyObject *inputs) {
-    autograd_state *ag = st->autograd;
-    if (ag->recording && inputs_require_grad(inputs)) {
-        PyTypeObject *type = ag->op_types[kind];
-        OpObject *op = (OpObject *)type->tp_alloc(type, 0);
-        if (op == NULL) return NULL;
-        op->kind = kind;
-        op->p = *p;
-        Py_XINCREF(op->p.key);
-        PyObject *result = make_from_op(st, (PyObject *)op, inputs, op_table[kind].tuple_output);
-        Py_DECREF(op);
-        return result;
-    }
-    /* Nothing to record: compute and wrap, no Op object at all. */
-    Py_ssize_t n = PyTuple_GET_SIZE(inputs);
-    PyObject *stack[8] = {NULL};
-    PyObject **arrays = n <= 8 ? stack : PyMem_Calloc((size_t)n, sizeof(PyObject *));
-    if (arrays == NULL) return PyErr_NoMemory();
-    PyObject *data = NULL;
-    Py_ssize_t held = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *x = PyTuple_GET_ITEM(inputs, i);
-        if (!PyObject_TypeCheck(x, ag->value_type)) {
-            PyErr_Format(PyExc_TypeError, "%s expects Tensors, got %.100s", op_table[kind].name,
-                         Py_TYPE(x)->tp_name);
-            goto done;
-        }
-        if ((arrays[i] = realize(st, x)) == NULL) goto done;
-        Py_INCREF(arrays[i]); /* compute allocates, which may run the collector */
-        held++;
-    }
-    if (check_compute_inputs(st, kind, arrays, n) == 0) data = op_impls[kind].compute(st, p, arrays, n);
-done:
-    for (Py_ssize_t i = 0; i < held; i++) Py_DECREF(arrays[i]);
-    if (arrays != stack) PyMem_Free(arrays);
-    if (data == NULL) return NULL;
-    PyObject *result = make_const(st, data, 0);
-    Py_DECREF(data);
-    return result;
-}
-
-PyObject *apply1(needle_state *st, op_kind kind, const op_params *p, PyObject *a) {
-    PyObject *inputs = PyTuple_Pack(1, a);
-    if (inputs == NULL) return NULL;
-    PyObject *r = apply_op(st, kind, p, inputs);
-    Py_DECREF(inputs);
-    return r;
-}
-
-PyObject *apply2(needle_state *st, op_kind kind, const op_params *p, PyObject *a, PyObject *b) {
-    PyObject *inputs = PyTuple_Pack(2, a, b);
-    if (inputs == NULL) return NULL;
-    PyObject *r = apply_op(st, kind, p, inputs);
-    Py_DECREF(inputs);
-    return r;
+PyObject *op_new_builtin(needle_state *st, op_kind kind, const op_params *p) {
+    PyTypeObject *type = st->autograd->op_types[kind];
+    OpObject *op = (OpObject *)type->tp_alloc(type, 0);
+    if (op == NULL) return NULL;
+    op->kind = kind;
+    op->p = *p;
+    Py_XINCREF(op->p.key);
+    return (PyObject *)op;
 }

@@ -5,9 +5,12 @@
  * Elementwise ops broadcast like NumPy; their gradients sum back to each
  * input's shape (unbroadcast), which is a no-op for the course's equal shapes.
  */
+#include "grad_scope.h"
 #include "ops_util.h"
 
 #define UNUSED(x) (void)(x)
+
+static const op_params no_params;
 
 /* ----------------------------------------------------------- ewise */
 
@@ -48,155 +51,107 @@ UNARY_COMPUTE(tanh, ND_TANH)
 UNARY_COMPUTE(sigmoid, ND_SIGMOID)
 UNARY_COMPUTE(sqrt, ND_SQRT)
 
-static PyObject *add_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *add_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    return pack2(unbroadcast(st, g, node_input(node, 0)), unbroadcast(st, g, node_input(node, 1)));
+    UNUSED(node);
+    /* (g, g), each summed back to its input's shape */
+    return grads2(s, unbroadcast(s, g, g_input(s, 0)), unbroadcast(s, g, g_input(s, 1)));
 }
 
-static PyObject *mul_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *mul_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    PyObject *a = node_input(node, 0), *b = node_input(node, 1);
-    PyObject *ga = t_mul(st, g, b), *gb = ga ? t_mul(st, g, a) : NULL;
-    PyObject *ra = ga ? unbroadcast(st, ga, a) : NULL, *rb = gb ? unbroadcast(st, gb, b) : NULL;
-    Py_XDECREF(ga);
-    Py_XDECREF(gb);
-    return pack2(ra, rb);
+    UNUSED(node);
+    PyObject *a = g_input(s, 0), *b = g_input(s, 1);
+    /* (g * b, g * a) */
+    return grads2(s, unbroadcast(s, g_mul(s, g, b), a), unbroadcast(s, g_mul(s, g, a), b));
 }
 
-static PyObject *div_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *div_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    PyObject *a = node_input(node, 0), *b = node_input(node, 1);
+    UNUSED(node);
+    PyObject *a = g_input(s, 0), *b = g_input(s, 1);
     /* (g / b, -g * a / b**2) */
-    PyObject *ga = t_div(st, g, b);
-    PyObject *ga_r = ga ? unbroadcast(st, ga, a) : NULL;
-    Py_XDECREF(ga);
-    PyObject *ab = ga_r ? t_mul(st, g, a) : NULL;
-    PyObject *b2 = ab ? t_scalar(st, OP_POWER_SCALAR, b, 2.0) : NULL;
-    PyObject *q = b2 ? t_div(st, ab, b2) : NULL;
-    PyObject *gb = q ? t_unary(st, OP_NEGATE, q) : NULL;
-    PyObject *gb_r = gb ? unbroadcast(st, gb, b) : NULL;
-    Py_XDECREF(ab);
-    Py_XDECREF(b2);
-    Py_XDECREF(q);
-    Py_XDECREF(gb);
-    return pack2(ga_r, gb_r);
+    PyObject *ga = unbroadcast(s, g_div(s, g, b), a);
+    PyObject *gb = unbroadcast(s, g_neg(s, g_div(s, g_mul(s, g, a), g_scalar(s, OP_POWER_SCALAR, b, 2.0))), b);
+    return grads2(s, ga, gb);
 }
 
-static PyObject *pow_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *pow_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    PyObject *a = node_input(node, 0), *b = node_input(node, 1);
-    /* (g * b * a**(b-1), g * log(a) * a**b) */
-    PyObject *bm1 = t_scalar(st, OP_ADD_SCALAR, b, -1.0);
-    PyObject *pw = bm1 ? apply2(st, OP_EWISE_POW, &(op_params){0}, a, bm1) : NULL;
-    PyObject *gb_ = pw ? t_mul(st, g, b) : NULL;
-    PyObject *ga = gb_ ? t_mul(st, gb_, pw) : NULL;
-    PyObject *ga_r = ga ? unbroadcast(st, ga, a) : NULL;
-    PyObject *la = ga_r ? t_unary(st, OP_LOG, a) : NULL;
-    PyObject *gl = la ? t_mul(st, g, la) : NULL;
-    PyObject *gb = gl ? t_mul(st, gl, node) : NULL;
-    PyObject *gb_r = gb ? unbroadcast(st, gb, b) : NULL;
-    Py_XDECREF(bm1);
-    Py_XDECREF(pw);
-    Py_XDECREF(gb_);
-    Py_XDECREF(ga);
-    Py_XDECREF(la);
-    Py_XDECREF(gl);
-    Py_XDECREF(gb);
-    return pack2(ga_r, gb_r);
+    PyObject *a = g_input(s, 0), *b = g_input(s, 1);
+    /* (g * b * a**(b-1), g * log(a) * a**b), a**b being the node itself */
+    PyObject *pw = g_apply2(s, OP_EWISE_POW, &no_params, a, g_scalar(s, OP_ADD_SCALAR, b, -1.0));
+    PyObject *ga = unbroadcast(s, g_mul(s, g_mul(s, g, b), pw), a);
+    PyObject *gb = unbroadcast(s, g_mul(s, g_mul(s, g, g_unary(s, OP_LOG, a)), node), b);
+    return grads2(s, ga, gb);
 }
 
-static PyObject *identity_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
-    UNUSED(st);
+static PyObject *identity_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
     UNUSED(node);
-    return PyTuple_Pack(1, g);
+    return grads1(s, g);
 }
 
-static PyObject *mul_scalar_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *mul_scalar_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(node);
-    return pack1(t_scalar(st, OP_MUL_SCALAR, g, p->scalar));
+    return grads1(s, g_scalar(s, OP_MUL_SCALAR, g, p->scalar)); /* g * c */
 }
 
-static PyObject *div_scalar_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *div_scalar_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(node);
-    return pack1(t_scalar(st, OP_DIV_SCALAR, g, p->scalar));
+    return grads1(s, g_scalar(s, OP_DIV_SCALAR, g, p->scalar)); /* g / c */
 }
 
-static PyObject *power_scalar_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
-    /* g * s * x**(s-1) */
-    PyObject *x = node_input(node, 0);
-    PyObject *pw = t_scalar(st, OP_POWER_SCALAR, x, p->scalar - 1.0);
-    PyObject *sp = pw ? t_scalar(st, OP_MUL_SCALAR, pw, p->scalar) : NULL;
-    PyObject *r = sp ? t_mul(st, g, sp) : NULL;
-    Py_XDECREF(pw);
-    Py_XDECREF(sp);
-    return pack1(r);
+static PyObject *power_scalar_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+    UNUSED(node);
+    /* g * (c * x**(c-1)) */
+    PyObject *x = g_input(s, 0);
+    return grads1(s, g_mul(s, g, g_scalar(s, OP_MUL_SCALAR, g_scalar(s, OP_POWER_SCALAR, x, p->scalar - 1.0), p->scalar)));
 }
 
-static PyObject *negate_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *negate_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
     UNUSED(node);
-    return pack1(t_unary(st, OP_NEGATE, g));
+    return grads1(s, g_neg(s, g)); /* -g */
 }
 
-static PyObject *log_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *log_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    return pack1(t_div(st, g, node_input(node, 0)));
+    UNUSED(node);
+    return grads1(s, g_div(s, g, g_input(s, 0))); /* g / x */
 }
 
-static PyObject *exp_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *exp_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    /* The course builds a new Exp node here (the classic cycle). */
-    PyObject *e = t_unary(st, OP_EXP, node_input(node, 0));
-    PyObject *r = e ? t_mul(st, g, e) : NULL;
-    Py_XDECREF(e);
-    return pack1(r);
+    UNUSED(node);
+    /* g * exp(x): the course builds a new Exp node here (the classic cycle) */
+    return grads1(s, g_mul(s, g, g_unary(s, OP_EXP, g_input(s, 0))));
 }
 
-static PyObject *relu_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *relu_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    PyObject *out = realize(st, node);
-    PyObject *mask = out ? nd_binary_scalar(st, ND_GT, out, 0.0, 0) : NULL;
-    PyObject *m = mask ? t_const(st, mask) : NULL;
-    PyObject *r = m ? t_mul(st, g, m) : NULL;
-    Py_XDECREF(mask);
-    Py_XDECREF(m);
-    return pack1(r);
+    /* g * (out > 0), the mask a constant of the graph */
+    PyObject *out = g_data(s, node);
+    PyObject *mask = out ? scope_keep(s, nd_binary_scalar(s->st, ND_GT, out, 0.0, 0)) : NULL;
+    return grads1(s, g_mul(s, g, g_const(s, mask)));
 }
 
-static PyObject *tanh_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *tanh_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
     /* g * (1 - out**2), reading the node itself as the course does */
-    PyObject *sq = t_scalar(st, OP_POWER_SCALAR, node, 2.0);
-    PyObject *neg = sq ? t_unary(st, OP_NEGATE, sq) : NULL;
-    PyObject *one_minus = neg ? t_scalar(st, OP_ADD_SCALAR, neg, 1.0) : NULL;
-    PyObject *r = one_minus ? t_mul(st, g, one_minus) : NULL;
-    Py_XDECREF(sq);
-    Py_XDECREF(neg);
-    Py_XDECREF(one_minus);
-    return pack1(r);
+    return grads1(s, g_mul(s, g, g_scalar(s, OP_ADD_SCALAR, g_neg(s, g_scalar(s, OP_POWER_SCALAR, node, 2.0)), 1.0)));
 }
 
-static PyObject *sigmoid_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *sigmoid_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    /* g * s * (1 - s) */
-    PyObject *neg = t_unary(st, OP_NEGATE, node);
-    PyObject *one_minus = neg ? t_scalar(st, OP_ADD_SCALAR, neg, 1.0) : NULL;
-    PyObject *ss = one_minus ? t_mul(st, node, one_minus) : NULL;
-    PyObject *r = ss ? t_mul(st, g, ss) : NULL;
-    Py_XDECREF(neg);
-    Py_XDECREF(one_minus);
-    Py_XDECREF(ss);
-    return pack1(r);
+    /* g * (out * (1 - out)) */
+    return grads1(s, g_mul(s, g, g_mul(s, node, g_scalar(s, OP_ADD_SCALAR, g_neg(s, node), 1.0))));
 }
 
-static PyObject *sqrt_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *sqrt_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    /* g / (2 sqrt(x)) */
-    PyObject *twice = t_scalar(st, OP_MUL_SCALAR, node, 2.0);
-    PyObject *r = twice ? t_div(st, g, twice) : NULL;
-    Py_XDECREF(twice);
-    return pack1(r);
+    /* g / (2 * out) */
+    return grads1(s, g_div(s, g, g_scalar(s, OP_MUL_SCALAR, node, 2.0)));
 }
 
 /* ----------------------------------------------------------- shapes */
@@ -236,9 +191,9 @@ static PyObject *transpose_compute(needle_state *st, const op_params *p, PyObjec
     return nd_layout_view(st, a[0], &out);
 }
 
-static PyObject *transpose_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *transpose_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(node);
-    return pack1(apply1(st, OP_TRANSPOSE, p, g));
+    return grads1(s, g_apply1(s, OP_TRANSPOSE, p, g)); /* the same swap */
 }
 
 static PyObject *reshape_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
@@ -246,11 +201,13 @@ static PyObject *reshape_compute(needle_state *st, const op_params *p, PyObject 
     return nd_reshape_array(st, a[0], p->ndim, p->shape);
 }
 
-static PyObject *reshape_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *reshape_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
+    UNUSED(node);
     int ndim;
-    const int64_t *shape = value_shape(st, node_input(node, 0), &ndim);
-    return shape ? pack1(t_reshape(st, g, ndim, shape)) : NULL;
+    int64_t shape[ND_MAX_DIMS];
+    if (g_shape(s, g_input(s, 0), &ndim, shape) < 0) return NULL;
+    return grads1(s, g_reshape(s, g, ndim, shape)); /* g reshaped back to x's shape */
 }
 
 static PyObject *broadcast_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
@@ -261,9 +218,10 @@ static PyObject *broadcast_compute(needle_state *st, const op_params *p, PyObjec
     return nd_layout_view(st, a[0], &out);
 }
 
-static PyObject *broadcast_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *broadcast_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    return pack1(unbroadcast(st, g, node_input(node, 0)));
+    UNUSED(node);
+    return grads1(s, unbroadcast(s, g, g_input(s, 0))); /* g summed over the broadcast axes */
 }
 
 /* ------------------------------------------------------- reductions */
@@ -290,68 +248,49 @@ static PyObject *max_compute(needle_state *st, const op_params *p, PyObject *con
     return reduce_compute(st, p, a[0], ND_REDUCE_MAX);
 }
 
-/* The input's shape with the reduced axes set to 1. */
-static int kept_shape(needle_state *st, const op_params *p, PyObject *input, int *ndim, int64_t *kept,
-                      const int64_t **full) {
-    const int64_t *shape = value_shape(st, input, ndim);
-    if (shape == NULL) return -1;
-    uint32_t mask;
-    if (axes_to_mask(p, *ndim, &mask) < 0) return -1;
-    for (int i = 0; i < *ndim; i++) kept[i] = (mask >> i) & 1u ? 1 : shape[i];
-    *full = shape;
-    return 0;
+/* The reduction's input shape and its reduced axes as a mask. */
+static int reduced_shape(grad_scope *s, const op_params *p, int *ndim, int64_t *shape, uint32_t *mask) {
+    if (g_shape(s, g_input(s, 0), ndim, shape) < 0) return -1;
+    return axes_to_mask(p, *ndim, mask);
 }
 
-static PyObject *summation_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
-    int ndim;
+/* The weights of Max's gradient: x == max (broadcast back), divided by the
+ * number of ties in each reduced slice. x and max are held by the scope. */
+static PyObject *max_weights(grad_scope *s, PyObject *x, PyObject *max, int ndim, const int64_t *shape,
+                             uint32_t mask) {
+    if (x == NULL || max == NULL) return NULL;
     int64_t kept[ND_MAX_DIMS];
-    const int64_t *full;
-    if (kept_shape(st, p, node_input(node, 0), &ndim, kept, &full) < 0) return NULL;
-    int64_t shape[ND_MAX_DIMS];
-    memcpy(shape, full, sizeof(int64_t) * (size_t)ndim);
-    PyObject *r = t_reshape(st, g, ndim, kept);
-    PyObject *b = r ? t_broadcast(st, r, ndim, shape) : NULL;
-    Py_XDECREF(r);
-    return pack1(b);
+    for (int i = 0; i < ndim; i++) kept[i] = (mask >> i) & 1u ? 1 : shape[i];
+    PyObject *mk = scope_keep(s, nd_reshape_array(s->st, max, ndim, kept));
+    if (mk == NULL) return NULL;
+    nd_layout bl;
+    if (nd_layout_broadcast_to(array_layout(mk), ndim, shape, &bl) != ND_OK) {
+        raise_status(s->st, ND_ERR_SHAPE);
+        return scope_fail(s);
+    }
+    PyObject *mb = scope_keep(s, nd_layout_view(s->st, mk, &bl));
+    PyObject *eq = mb ? scope_keep(s, nd_binary_arrays(s->st, ND_EQ, x, mb)) : NULL;
+    PyObject *count = eq ? scope_keep(s, nd_reduce_array(s->st, ND_REDUCE_SUM, eq, mask, 1)) : NULL;
+    return count ? scope_keep(s, nd_binary_arrays(s->st, ND_DIV, eq, count)) : NULL;
 }
 
-static PyObject *max_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *summation_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+    UNUSED(node);
     int ndim;
-    int64_t kept[ND_MAX_DIMS], shape[ND_MAX_DIMS];
-    const int64_t *full;
-    PyObject *x = node_input(node, 0);
-    if (kept_shape(st, p, x, &ndim, kept, &full) < 0) return NULL;
-    memcpy(shape, full, sizeof(int64_t) * (size_t)ndim);
+    int64_t shape[ND_MAX_DIMS];
     uint32_t mask;
-    if (axes_to_mask(p, ndim, &mask) < 0) return NULL;
-    /* Weights: 1/ties at the maxima, 0 elsewhere; a constant of the graph. */
-    PyObject *xd = realize(st, x), *md = realize(st, node);
-    if (xd == NULL || md == NULL) return NULL;
-    PyObject *mk = nd_reshape_array(st, md, ndim, kept);
-    nd_layout bl;
-    PyObject *weights = NULL;
-    if (mk != NULL && nd_layout_broadcast_to(array_layout(mk), ndim, shape, &bl) == ND_OK) {
-        PyObject *mb = nd_layout_view(st, mk, &bl);
-        PyObject *eq = mb ? nd_binary_arrays(st, ND_EQ, xd, mb) : NULL;
-        PyObject *count = eq ? nd_reduce_array(st, ND_REDUCE_SUM, eq, mask, 1) : NULL;
-        if (count != NULL) weights = nd_binary_arrays(st, ND_DIV, eq, count);
-        Py_XDECREF(mb);
-        Py_XDECREF(eq);
-        Py_XDECREF(count);
-    } else if (mk != NULL) {
-        raise_status(st, ND_ERR_SHAPE);
-    }
-    Py_XDECREF(mk);
-    if (weights == NULL) return NULL;
-    PyObject *w = t_const(st, weights);
-    Py_DECREF(weights);
-    PyObject *r = w ? t_reshape(st, g, ndim, kept) : NULL;
-    PyObject *b = r ? t_broadcast(st, r, ndim, shape) : NULL;
-    PyObject *out = b ? t_mul(st, b, w) : NULL;
-    Py_XDECREF(w);
-    Py_XDECREF(r);
-    Py_XDECREF(b);
-    return pack1(out);
+    if (reduced_shape(s, p, &ndim, shape, &mask) < 0) return scope_fail(s);
+    return grads1(s, g_expand(s, g, ndim, shape, mask)); /* broadcast(reshape(g)) */
+}
+
+static PyObject *max_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+    int ndim;
+    int64_t shape[ND_MAX_DIMS];
+    uint32_t mask;
+    if (reduced_shape(s, p, &ndim, shape, &mask) < 0) return scope_fail(s);
+    /* broadcast(reshape(g)) * w, w: 1/ties at the maxima, 0 elsewhere (a constant) */
+    PyObject *weights = max_weights(s, g_data(s, g_input(s, 0)), g_data(s, node), ndim, shape, mask);
+    return grads1(s, g_mul(s, g_expand(s, g, ndim, shape, mask), g_const(s, weights)));
 }
 
 /* ----------------------------------------------------------- matmul */
@@ -369,20 +308,14 @@ static PyObject *matmul_compute(needle_state *st, const op_params *p, PyObject *
     return ndarray_wrap(st, &out);
 }
 
-static PyObject *matmul_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *matmul_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    PyObject *a = node_input(node, 0), *b = node_input(node, 1);
-    PyObject *bt = t_transpose_last(st, b);
-    PyObject *ga = bt ? t_matmul(st, g, bt) : NULL;
-    PyObject *at = ga ? t_transpose_last(st, a) : NULL;
-    PyObject *gb = at ? t_matmul(st, at, g) : NULL;
-    PyObject *ra = gb ? unbroadcast(st, ga, a) : NULL;
-    PyObject *rb = ra ? unbroadcast(st, gb, b) : NULL;
-    Py_XDECREF(bt);
-    Py_XDECREF(ga);
-    Py_XDECREF(at);
-    Py_XDECREF(gb);
-    return pack2(ra, rb);
+    UNUSED(node);
+    PyObject *a = g_input(s, 0), *b = g_input(s, 1);
+    /* (g @ b^T, a^T @ g), batch dims summed back */
+    PyObject *ga = g_matmul(s, g, g_transpose_last(s, b));
+    PyObject *gb = g_matmul(s, g_transpose_last(s, a), g);
+    return grads2(s, unbroadcast(s, ga, a), unbroadcast(s, gb, b));
 }
 
 /* -------------------------------------------------------- indexing */
@@ -419,14 +352,12 @@ static PyObject *getitem_compute(needle_state *st, const op_params *p, PyObject 
     return view;
 }
 
-static PyObject *getitem_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
-    int ndim;
-    const int64_t *shape = value_shape(st, node_input(node, 0), &ndim);
-    if (shape == NULL) return NULL;
+static PyObject *getitem_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+    UNUSED(node);
+    /* g scattered into zeros of x's shape at the key */
     op_params q = *p;
-    q.ndim = ndim;
-    memcpy(q.shape, shape, sizeof(int64_t) * (size_t)ndim);
-    return pack1(apply1(st, OP_SET_ITEM_GRAD, &q, g));
+    if (g_shape(s, g_input(s, 0), &q.ndim, q.shape) < 0) return NULL;
+    return grads1(s, g_apply1(s, OP_SET_ITEM_GRAD, &q, g));
 }
 
 static PyObject *scatter_slice_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
@@ -446,9 +377,9 @@ static PyObject *scatter_slice_compute(needle_state *st, const op_params *p, PyO
     return zeros;
 }
 
-static PyObject *scatter_slice_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *scatter_slice_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(node);
-    return pack1(apply1(st, OP_GET_ITEM, p, g));
+    return grads1(s, g_apply1(s, OP_GET_ITEM, p, g)); /* g[key] */
 }
 
 /* ----------------------------------------------------------- tuples */
@@ -461,33 +392,25 @@ static PyObject *make_tuple_compute(needle_state *st, const op_params *p, PyObje
     return t;
 }
 
-static PyObject *tuple_items(needle_state *st, PyObject *g, Py_ssize_t n) {
-    PyObject *t = PyTuple_New(n);
-    for (Py_ssize_t i = 0; t && i < n; i++) {
-        op_params q = {0};
-        q.index = i;
-        PyObject *item = apply1(st, OP_TUPLE_GET_ITEM, &q, g);
-        if (item == NULL) {
-            Py_CLEAR(t);
-            break;
-        }
-        PyTuple_SET_ITEM(t, i, item);
-    }
-    return t;
-}
-
-static PyObject *make_tuple_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *make_tuple_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    return tuple_items(st, g, PyTuple_GET_SIZE(Tensor_CAST(node)->inputs));
+    UNUSED(node);
+    /* (g[0], g[1], ...) */
+    Py_ssize_t n = PyTuple_GET_SIZE(s->inputs);
+    PyObject *items = scope_keep(s, PyTuple_New(n));
+    for (Py_ssize_t i = 0; items != NULL && i < n; i++) {
+        op_params q = no_params;
+        q.index = i;
+        PyObject *item = g_apply1(s, OP_TUPLE_GET_ITEM, &q, g);
+        if (item == NULL) return NULL;
+        PyTuple_SET_ITEM(items, i, Py_NewRef(item));
+    }
+    return items;
 }
 
 static PyObject *tuple_get_item_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
     UNUSED(st);
     UNUSED(n);
-    if (!PyTuple_Check(a[0])) {
-        PyErr_SetString(PyExc_TypeError, "TupleGetItem needs a TensorTuple");
-        return NULL;
-    }
     Py_ssize_t size = PyTuple_GET_SIZE(a[0]), i = p->index < 0 ? p->index + size : p->index;
     if (i < 0 || i >= size) {
         PyErr_SetString(PyExc_IndexError, "TensorTuple index out of range");
@@ -496,46 +419,52 @@ static PyObject *tuple_get_item_compute(needle_state *st, const op_params *p, Py
     return Py_NewRef(PyTuple_GET_ITEM(a[0], i));
 }
 
-static PyObject *tuple_get_item_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
-    PyObject *data = realize(st, node_input(node, 0));
+static PyObject *tuple_get_item_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+    UNUSED(node);
+    /* make_tuple(zeros, ..., g at the index, ..., zeros) */
+    PyObject *data = g_data(s, g_input(s, 0));
     if (data == NULL) return NULL;
-    Py_ssize_t size = PyTuple_GET_SIZE(data), index = p->index < 0 ? p->index + size : p->index;
-    PyObject *parts = PyTuple_New(size);
-    for (Py_ssize_t i = 0; parts && i < size; i++) {
-        PyObject *part;
-        if (i == index) {
-            part = Py_NewRef(g);
-        } else {
-            const nd_layout *l = array_layout(PyTuple_GET_ITEM(data, i));
-            PyObject *z = nd_full_like_shape(st, PyTuple_GET_ITEM(data, i), l->ndim, l->shape, 0.0f);
-            part = z ? t_const(st, z) : NULL;
-            Py_XDECREF(z);
-        }
-        if (part == NULL) {
-            Py_CLEAR(parts);
-            break;
-        }
-        PyTuple_SET_ITEM(parts, i, part);
+    if (!PyTuple_Check(data)) {
+        PyErr_SetString(PyExc_TypeError, "TupleGetItem's input holds no tuple of arrays");
+        return scope_fail(s);
     }
-    if (parts == NULL) return NULL;
-    PyObject *r = apply_op(st, OP_MAKE_TUPLE, &(op_params){0}, parts);
-    Py_DECREF(parts);
-    return pack1(r);
+    Py_ssize_t size = PyTuple_GET_SIZE(data), index = p->index < 0 ? p->index + size : p->index;
+    PyObject *parts = scope_keep(s, PyTuple_New(size));
+    for (Py_ssize_t i = 0; parts != NULL && i < size; i++) {
+        PyObject *item = PyTuple_GET_ITEM(data, i), *part;
+        if (i == index) {
+            part = g;
+        } else if (ndarray_check(s->st, item)) {
+            const nd_layout *l = array_layout(item);
+            part = g_const(s, scope_keep(s, nd_full_like_shape(s->st, item, l->ndim, l->shape, 0.0f)));
+        } else {
+            PyErr_SetString(PyExc_TypeError, "a TensorTuple's data must be a tuple of NDArrays");
+            return scope_fail(s);
+        }
+        if (part == NULL) return NULL;
+        PyTuple_SET_ITEM(parts, i, Py_NewRef(part));
+    }
+    return parts ? grads1(s, scope_keep(s, apply_op(s->st, OP_MAKE_TUPLE, &no_params, parts))) : NULL;
 }
 
 static PyObject *fused_add_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
     UNUSED(n);
-    return pack2(nd_binary_scalar(st, ND_ADD, a[0], p->scalar, 0), nd_binary_scalar(st, ND_ADD, a[0], p->scalar2, 0));
+    /* (x + c0, x + c1) */
+    PyObject *first = nd_binary_scalar(st, ND_ADD, a[0], p->scalar, 0);
+    PyObject *second = first ? nd_binary_scalar(st, ND_ADD, a[0], p->scalar2, 0) : NULL;
+    PyObject *pair = second ? PyTuple_Pack(2, first, second) : NULL;
+    Py_XDECREF(first);
+    Py_XDECREF(second);
+    return pair;
 }
 
-static PyObject *fused_add_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *fused_add_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
     UNUSED(node);
-    PyObject *items = tuple_items(st, g, 2);
-    if (items == NULL) return NULL;
-    PyObject *r = t_add(st, PyTuple_GET_ITEM(items, 0), PyTuple_GET_ITEM(items, 1));
-    Py_DECREF(items);
-    return pack1(r);
+    op_params first = no_params, second = no_params;
+    second.index = 1;
+    /* g[0] + g[1] */
+    return grads1(s, g_add(s, g_apply1(s, OP_TUPLE_GET_ITEM, &first, g), g_apply1(s, OP_TUPLE_GET_ITEM, &second, g)));
 }
 
 /* ----------------------------------------------------- stack/split */
@@ -578,9 +507,9 @@ static PyObject *stack_compute(needle_state *st, const op_params *p, PyObject *c
     return out;
 }
 
-static PyObject *stack_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *stack_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(node);
-    return pack1(apply1(st, OP_SPLIT, p, g));
+    return grads1(s, g_apply1(s, OP_SPLIT, p, g)); /* split(g, axis) */
 }
 
 static PyObject *split_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
@@ -606,9 +535,9 @@ static PyObject *split_compute(needle_state *st, const op_params *p, PyObject *c
     return parts;
 }
 
-static PyObject *split_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *split_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(node);
-    return pack1(apply1(st, OP_STACK, p, g));
+    return grads1(s, g_apply1(s, OP_STACK, p, g)); /* stack(g, axis) */
 }
 
 void ops_basic_register(op_impl *t) {

@@ -7,6 +7,7 @@
  * only right for the course's easy shapes (a stride that divides the padded
  * size, square images), the extra crop or pad is itself an op.
  */
+#include "grad_scope.h"
 #include "ops_util.h"
 
 #include <float.h>
@@ -15,52 +16,13 @@
 
 static const op_params no_params;
 
-static int check_arrays(needle_state *st, const char *name, PyObject *const *a, Py_ssize_t n) {
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (!ndarray_check(st, a[i])) {
-            PyErr_Format(PyExc_TypeError, "%s needs Tensors holding NDArrays, got %.100s", name,
-                         Py_TYPE(a[i])->tp_name);
-            return -1;
-        }
-    return 0;
-}
-
-/* A copy of a Tensor's shape (the pointer value_shape gives is borrowed). */
-static int shape_of(needle_state *st, PyObject *value, int *ndim, int64_t *shape) {
-    const int64_t *s = value_shape(st, value, ndim);
-    if (s == NULL) return -1;
-    memcpy(shape, s, sizeof(int64_t) * (size_t)*ndim);
-    return 0;
-}
-
 /* ----------------------------------------------- Tensor building blocks */
 
-static PyObject *t_axes_op(needle_state *st, op_kind kind, PyObject *x, int naxes, const int *axes,
-                           int dilation) {
-    op_params p = no_params;
-    p.axes_given = 1;
-    p.naxes = naxes;
-    memcpy(p.axes, axes, sizeof(int) * (size_t)naxes);
-    p.dilation = dilation;
-    return apply1(st, kind, &p, x);
-}
-
-static PyObject *t_transpose(needle_state *st, PyObject *x, int a, int b) {
-    return t_axes_op(st, OP_TRANSPOSE, x, 2, (int[]){a, b}, 0);
-}
-
-static PyObject *t_conv(needle_state *st, PyObject *x, PyObject *w, int stride, int padding) {
+static PyObject *g_conv(grad_scope *s, PyObject *x, PyObject *w, int stride, int padding) {
     op_params p = no_params;
     p.stride = stride;
     p.padding = padding;
-    return apply2(st, OP_CONV, &p, x, w);
-}
-
-static PyObject *t_sub(needle_state *st, PyObject *a, PyObject *b) {
-    PyObject *neg = t_unary(st, OP_NEGATE, b);
-    PyObject *r = neg ? t_add(st, a, neg) : NULL;
-    Py_XDECREF(neg);
-    return r;
+    return g_apply2(s, OP_CONV, &p, x, w);
 }
 
 /* A getitem key of slices start[i]:stop[i]. */
@@ -78,59 +40,43 @@ static PyObject *slice_key(int ndim, const int64_t *start, const int64_t *stop) 
 }
 
 /* x[start:stop] along every dim (a GetItem op). */
-static PyObject *t_slice(needle_state *st, PyObject *x, int ndim, const int64_t *start, const int64_t *stop) {
+static PyObject *g_slice(grad_scope *s, PyObject *x, int ndim, const int64_t *start, const int64_t *stop) {
+    if (s->failed || x == NULL) return NULL;
     op_params p = no_params;
-    p.key = slice_key(ndim, start, stop);
-    if (p.key == NULL) return NULL;
-    PyObject *r = apply1(st, OP_GET_ITEM, &p, x);
-    Py_DECREF(p.key);
-    return r;
+    p.key = scope_keep(s, slice_key(ndim, start, stop));
+    return g_apply1(s, OP_GET_ITEM, &p, x);
 }
 
 /* x (shape `from`) with zeros appended up to shape `to` (a ScatterSlice op). */
-static PyObject *t_pad_end(needle_state *st, PyObject *x, int ndim, const int64_t *from, const int64_t *to) {
+static PyObject *g_pad_end(grad_scope *s, PyObject *x, int ndim, const int64_t *from, const int64_t *to) {
+    if (s->failed || x == NULL) return NULL;
     int64_t zero[ND_MAX_DIMS] = {0};
     op_params p = no_params;
-    p.key = slice_key(ndim, zero, from);
-    if (p.key == NULL) return NULL;
+    p.key = scope_keep(s, slice_key(ndim, zero, from));
     p.ndim = ndim;
     memcpy(p.shape, to, sizeof(int64_t) * (size_t)ndim);
-    PyObject *r = apply1(st, OP_SET_ITEM_GRAD, &p, x);
-    Py_DECREF(p.key);
-    return r;
-}
-
-/* The zero gradient of an input that is not differentiable (indices). */
-static PyObject *t_zeros_like(needle_state *st, PyObject *x) {
-    PyObject *data = realize(st, x);
-    if (data == NULL) return NULL;
-    if (check_arrays(st, "a zero gradient", &data, 1) < 0) return NULL;
-    const nd_layout *l = array_layout(data);
-    PyObject *z = nd_full_like_shape(st, data, l->ndim, l->shape, 0.0f);
-    PyObject *r = z ? t_const(st, z) : NULL;
-    Py_XDECREF(z);
-    return r;
+    return g_apply1(s, OP_SET_ITEM_GRAD, &p, x);
 }
 
 /* ------------------------------------------------------------- flip */
 
 static PyObject *flip_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
-    if (check_arrays(st, "Flip", a, n) < 0) return NULL;
+    UNUSED(n);
     nd_layout out;
     nd_status status = nd_layout_flip(array_layout(a[0]), p->naxes, p->axes, &out);
     if (status != ND_OK) return raise_status(st, status);
     return nd_layout_view(st, a[0], &out);
 }
 
-static PyObject *flip_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *flip_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(node);
-    return pack1(apply1(st, OP_FLIP, p, g));
+    return grads1(s, g_apply1(s, OP_FLIP, p, g)); /* flip(g, axes) */
 }
 
 /* -------------------------------------------------- dilate/undilate */
 
 static PyObject *dilate_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
-    if (check_arrays(st, "Dilate", a, n) < 0) return NULL;
+    UNUSED(n);
     const nd_layout *l = array_layout(a[0]);
     uint32_t mask;
     if (axes_to_mask(p, l->ndim, &mask) < 0) return NULL;
@@ -150,13 +96,13 @@ static PyObject *dilate_compute(needle_state *st, const op_params *p, PyObject *
     return out;
 }
 
-static PyObject *dilate_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *dilate_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(node);
-    return pack1(apply1(st, OP_UNDILATE, p, g));
+    return grads1(s, g_apply1(s, OP_UNDILATE, p, g)); /* undilate(g, axes, dilation) */
 }
 
 static PyObject *undilate_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
-    if (check_arrays(st, "UnDilate", a, n) < 0) return NULL;
+    UNUSED(n);
     nd_layout view = *array_layout(a[0]);
     uint32_t mask;
     if (axes_to_mask(p, view.ndim, &mask) < 0) return NULL;
@@ -166,23 +112,18 @@ static PyObject *undilate_compute(needle_state *st, const op_params *p, PyObject
     return nd_layout_view(st, a[0], &view);
 }
 
-static PyObject *undilate_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
-    int ndim;
-    int64_t shape[ND_MAX_DIMS];
-    if (shape_of(st, node_input(node, 0), &ndim, shape) < 0) return NULL;
-    PyObject *d = apply1(st, OP_DILATE, p, g);
-    if (d == NULL) return NULL;
-    /* dilate() pads every axis to a multiple of the step; an input whose
-     * length was not one gets the extra (all-zero) tail cropped. */
-    int dnd;
-    int64_t dshape[ND_MAX_DIMS], zero[ND_MAX_DIMS] = {0};
-    if (shape_of(st, d, &dnd, dshape) < 0) {
-        Py_DECREF(d);
-        return NULL;
-    }
+static PyObject *undilate_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+    UNUSED(node);
+    /* dilate(g, axes, dilation); dilate() pads every axis to a multiple of
+     * the step, so an input whose length was not one gets the extra
+     * (all-zero) tail cropped */
+    int ndim, dnd;
+    int64_t shape[ND_MAX_DIMS], dshape[ND_MAX_DIMS], zero[ND_MAX_DIMS] = {0};
+    PyObject *d = g_apply1(s, OP_DILATE, p, g);
+    if (g_shape(s, g_input(s, 0), &ndim, shape) < 0 || g_shape(s, d, &dnd, dshape) < 0) return NULL;
     if (dnd == ndim && memcmp(dshape, shape, sizeof(int64_t) * (size_t)ndim) != 0)
-        Py_SETREF(d, t_slice(st, d, ndim, zero, shape));
-    return pack1(d);
+        d = g_slice(s, d, ndim, zero, shape);
+    return grads1(s, d);
 }
 
 /* ------------------------------------------------------------- conv */
@@ -235,7 +176,7 @@ static PyObject *pad_hw(needle_state *st, PyObject *x, int64_t pad) {
 }
 
 static PyObject *conv_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
-    if (check_arrays(st, "Conv", a, n) < 0) return NULL;
+    UNUSED(n);
     const nd_layout *xl = array_layout(a[0]), *wl = array_layout(a[1]);
     int64_t oh, ow;
     if (conv_shapes(xl, wl, p, &oh, &ow) < 0) return NULL;
@@ -271,88 +212,68 @@ static PyObject *conv_compute(needle_state *st, const op_params *p, PyObject *co
     return out;
 }
 
-/* The gradient (N, oh, ow, C_out) dilated by the stride and cut to
- * [lo, hi) along H and W (lo_h, hi_h, lo_w, hi_w). */
-static PyObject *cut_hw(needle_state *st, PyObject *gd, const int64_t *gd_shape, const int64_t *bounds) {
-    if (bounds[0] == 0 && bounds[1] == gd_shape[1] && bounds[2] == 0 && bounds[3] == gd_shape[2])
-        return Py_NewRef(gd);
+/* The shapes conv's gradient works with. */
+typedef struct conv_dims {
+    const int64_t *x_shape;  /* (N, H, W, C_in)                          */
+    const int64_t *gd_shape; /* the gradient dilated by the stride       */
+    int64_t k, pad;          /* kernel size, padding                     */
+} conv_dims;
+
+/* The dilated gradient gd cut to [lo, hi) along H and W (lo_h, hi_h, lo_w, hi_w). */
+static PyObject *cut_hw(grad_scope *s, PyObject *gd, const int64_t *gd_shape, const int64_t *bounds) {
+    if (bounds[0] == 0 && bounds[1] == gd_shape[1] && bounds[2] == 0 && bounds[3] == gd_shape[2]) return gd;
     int64_t start[4] = {0, bounds[0], bounds[2], 0};
     int64_t stop[4] = {gd_shape[0], bounds[1], bounds[3], gd_shape[3]};
-    return t_slice(st, gd, 4, start, stop);
+    return g_slice(s, gd, 4, start, stop);
 }
 
 /* dX = conv(dilate(g), flip(transpose(W, (2, 3)), (0, 1)), 1, K-1-p). The
  * dilated gradient is cut to the rows the input reached: the tail a stride
  * that does not divide H+2p-K leaves, and, when p > K-1, the head that only
  * padding saw (a negative padding, which conv has not). */
-static PyObject *conv_grad_input(needle_state *st, PyObject *gd, const int64_t *gd_shape, PyObject *w,
-                                 const int64_t *x_shape, int64_t k, int64_t pad) {
-    int64_t q = k - 1 - pad, bounds[4];
-    for (int d = 0; d < 2; d++) {
-        int64_t len = x_shape[1 + d];
-        bounds[2 * d] = q >= 0 ? 0 : -q;
-        bounds[2 * d + 1] = q >= 0 ? len + 2 * pad - k + 1 : len + pad;
+static PyObject *conv_grad_input(grad_scope *s, PyObject *gd, PyObject *w, const conv_dims *d) {
+    int64_t q = d->k - 1 - d->pad, bounds[4];
+    for (int i = 0; i < 2; i++) {
+        int64_t len = d->x_shape[1 + i];
+        bounds[2 * i] = q >= 0 ? 0 : -q;
+        bounds[2 * i + 1] = q >= 0 ? len + 2 * d->pad - d->k + 1 : len + d->pad;
     }
-    PyObject *gx = cut_hw(st, gd, gd_shape, bounds);
-    PyObject *wt = gx ? t_transpose(st, w, 2, 3) : NULL;
-    PyObject *wf = wt ? t_axes_op(st, OP_FLIP, wt, 2, (int[]){0, 1}, 0) : NULL;
-    PyObject *dx = wf ? t_conv(st, gx, wf, 1, (int)(q >= 0 ? q : 0)) : NULL;
-    Py_XDECREF(gx);
-    Py_XDECREF(wt);
-    Py_XDECREF(wf);
-    return dx;
+    PyObject *wf = g_axes_op(s, OP_FLIP, g_transpose(s, w, 2, 3), 2, (int[]){0, 1}, 0);
+    return g_conv(s, cut_hw(s, gd, d->gd_shape, bounds), wf, 1, (int)(q >= 0 ? q : 0));
 }
 
 /* dW = conv(transpose(X, (0, 3)), transpose(transpose(g, (0, 1)), (1, 2)), 1, p),
  * transposed back to (K, K, C_in, C_out). The gradient, as a kernel, must be
  * square: for H != W the shorter side of it and of X get zeros appended,
  * which add nothing to the sums. */
-static PyObject *conv_grad_weight(needle_state *st, PyObject *gd, const int64_t *gd_shape, PyObject *x,
-                                  const int64_t *x_shape, int64_t k, int64_t pad) {
-    int64_t lh = x_shape[1] + 2 * pad - k + 1, lw = x_shape[2] + 2 * pad - k + 1;
-    PyObject *gk = cut_hw(st, gd, gd_shape, (int64_t[]){0, lh, 0, lw});
-    PyObject *xt = gk ? t_transpose(st, x, 0, 3) : NULL;
-    PyObject *g1 = xt ? t_transpose(st, gk, 0, 1) : NULL;
-    PyObject *gt = g1 ? t_transpose(st, g1, 1, 2) : NULL;
-    Py_XDECREF(gk);
-    Py_XDECREF(g1);
-    if (gt != NULL && lh != lw) {
+static PyObject *conv_grad_weight(grad_scope *s, PyObject *gd, PyObject *x, const conv_dims *d) {
+    const int64_t *xs = d->x_shape, *gs = d->gd_shape;
+    int64_t lh = xs[1] + 2 * d->pad - d->k + 1, lw = xs[2] + 2 * d->pad - d->k + 1;
+    PyObject *gk = cut_hw(s, gd, gs, (int64_t[]){0, lh, 0, lw});
+    PyObject *xt = g_transpose(s, x, 0, 3);
+    PyObject *gt = g_transpose(s, g_transpose(s, gk, 0, 1), 1, 2);
+    if (lh != lw) {
         int64_t l = lh > lw ? lh : lw;
-        int64_t gt_from[4] = {lh, lw, x_shape[0], gd_shape[3]}, gt_to[4] = {l, l, x_shape[0], gd_shape[3]};
-        int64_t xt_from[4] = {x_shape[3], x_shape[1], x_shape[2], x_shape[0]};
-        int64_t xt_to[4] = {x_shape[3], x_shape[1] + l - lh, x_shape[2] + l - lw, x_shape[0]};
-        Py_SETREF(gt, t_pad_end(st, gt, 4, gt_from, gt_to));
-        if (gt != NULL) Py_SETREF(xt, t_pad_end(st, xt, 4, xt_from, xt_to));
+        int64_t gt_from[4] = {lh, lw, xs[0], gs[3]}, gt_to[4] = {l, l, xs[0], gs[3]};
+        int64_t xt_from[4] = {xs[3], xs[1], xs[2], xs[0]};
+        int64_t xt_to[4] = {xs[3], xs[1] + l - lh, xs[2] + l - lw, xs[0]};
+        gt = g_pad_end(s, gt, 4, gt_from, gt_to);
+        xt = g_pad_end(s, xt, 4, xt_from, xt_to);
     }
-    PyObject *c = gt && xt ? t_conv(st, xt, gt, 1, (int)pad) : NULL;
-    PyObject *c1 = c ? t_transpose(st, c, 0, 1) : NULL;
-    PyObject *dw = c1 ? t_transpose(st, c1, 1, 2) : NULL;
-    Py_XDECREF(xt);
-    Py_XDECREF(gt);
-    Py_XDECREF(c);
-    Py_XDECREF(c1);
-    return dw;
+    return g_transpose(s, g_transpose(s, g_conv(s, xt, gt, 1, (int)d->pad), 0, 1), 1, 2);
 }
 
-static PyObject *conv_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
-    PyObject *x = node_input(node, 0), *w = node_input(node, 1);
-    int xnd, wnd;
-    int64_t x_shape[ND_MAX_DIMS], w_shape[ND_MAX_DIMS];
-    if (shape_of(st, x, &xnd, x_shape) < 0 || shape_of(st, w, &wnd, w_shape) < 0) return NULL;
-    int64_t k = w_shape[0], pad = p->padding;
-    /* dilate(g, (1, 2), 0) is g itself: stride 1 skips the copy. */
-    PyObject *gd = p->stride > 1 ? t_axes_op(st, OP_DILATE, g, 2, (int[]){1, 2}, p->stride - 1) : Py_NewRef(g);
-    int gnd;
-    int64_t gd_shape[ND_MAX_DIMS];
-    if (gd == NULL) return NULL;
-    if (shape_of(st, gd, &gnd, gd_shape) < 0) {
-        Py_DECREF(gd);
-        return NULL;
-    }
-    PyObject *dx = conv_grad_input(st, gd, gd_shape, w, x_shape, k, pad);
-    PyObject *dw = dx ? conv_grad_weight(st, gd, gd_shape, x, x_shape, k, pad) : NULL;
-    Py_DECREF(gd);
-    return pack2(dx, dw);
+static PyObject *conv_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+    UNUSED(node);
+    PyObject *x = g_input(s, 0), *w = g_input(s, 1);
+    int xnd, wnd, gnd;
+    int64_t x_shape[ND_MAX_DIMS], w_shape[ND_MAX_DIMS], gd_shape[ND_MAX_DIMS];
+    if (g_shape(s, x, &xnd, x_shape) < 0 || g_shape(s, w, &wnd, w_shape) < 0) return NULL;
+    /* dilate(g, (1, 2), stride - 1); stride 1 skips the copy */
+    PyObject *gd = p->stride > 1 ? g_axes_op(s, OP_DILATE, g, 2, (int[]){1, 2}, p->stride - 1) : g;
+    if (g_shape(s, gd, &gnd, gd_shape) < 0) return NULL;
+    conv_dims d = {x_shape, gd_shape, w_shape[0], p->padding};
+    return grads2(s, conv_grad_input(s, gd, w, &d), conv_grad_weight(s, gd, x, &d));
 }
 
 /* -------------------------------------------------------- logsumexp */
@@ -380,7 +301,7 @@ static PyObject *lse_keepdims(needle_state *st, PyObject *a, uint32_t mask) {
 }
 
 static PyObject *logsumexp_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
-    if (check_arrays(st, "LogSumExp", a, n) < 0) return NULL;
+    UNUSED(n);
     const nd_layout *l = array_layout(a[0]);
     uint32_t mask;
     if (axes_to_mask(p, l->ndim, &mask) < 0) return NULL;
@@ -400,34 +321,21 @@ static PyObject *logsumexp_compute(needle_state *st, const op_params *p, PyObjec
     return r;
 }
 
-static PyObject *logsumexp_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
-    /* exp(Z - broadcast(node)) * broadcast(g), both reshaped to keep the
+static PyObject *logsumexp_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+    /* exp(z - broadcast(node)) * broadcast(g), both reshaped to keep the
      * reduced axes as size-1 dims */
-    PyObject *z = node_input(node, 0);
+    PyObject *z = g_input(s, 0);
     int ndim;
-    int64_t shape[ND_MAX_DIMS], kept[ND_MAX_DIMS];
+    int64_t shape[ND_MAX_DIMS];
     uint32_t mask;
-    if (shape_of(st, z, &ndim, shape) < 0 || axes_to_mask(p, ndim, &mask) < 0) return NULL;
-    for (int i = 0; i < ndim; i++) kept[i] = (mask >> i) & 1u ? 1 : shape[i];
-    PyObject *nr = t_reshape(st, node, ndim, kept);
-    PyObject *nb = nr ? t_broadcast(st, nr, ndim, shape) : NULL;
-    PyObject *diff = nb ? t_sub(st, z, nb) : NULL;
-    PyObject *e = diff ? t_unary(st, OP_EXP, diff) : NULL;
-    PyObject *gr = e ? t_reshape(st, g, ndim, kept) : NULL;
-    PyObject *gb = gr ? t_broadcast(st, gr, ndim, shape) : NULL;
-    PyObject *r = gb ? t_mul(st, e, gb) : NULL;
-    Py_XDECREF(nr);
-    Py_XDECREF(nb);
-    Py_XDECREF(diff);
-    Py_XDECREF(e);
-    Py_XDECREF(gr);
-    Py_XDECREF(gb);
-    return pack1(r);
+    if (g_shape(s, z, &ndim, shape) < 0 || axes_to_mask(p, ndim, &mask) < 0) return NULL;
+    PyObject *e = g_unary(s, OP_EXP, g_sub(s, z, g_expand(s, node, ndim, shape, mask)));
+    return grads1(s, g_mul(s, e, g_expand(s, g, ndim, shape, mask)));
 }
 
 static PyObject *logsoftmax_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
     UNUSED(p);
-    if (check_arrays(st, "LogSoftmax", a, n) < 0) return NULL;
+    UNUSED(n);
     if (array_layout(a[0])->ndim != 2) {
         PyErr_Format(PyExc_ValueError, "LogSoftmax needs a 2-D input, got %d-D", array_layout(a[0])->ndim);
         return NULL;
@@ -438,62 +346,56 @@ static PyObject *logsoftmax_compute(needle_state *st, const op_params *p, PyObje
     return r;
 }
 
-static PyObject *logsoftmax_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *logsoftmax_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    /* g - softmax * broadcast(sum(g, axis 1)), softmax = exp(node) */
+    /* g - exp(node) * broadcast(sum(g, axis 1)) */
     int ndim;
     int64_t shape[ND_MAX_DIMS];
-    if (shape_of(st, node, &ndim, shape) < 0) return NULL;
-    PyObject *s = t_sum_mask(st, g, 2, 1u << 1);
-    PyObject *sr = s ? t_reshape(st, s, 2, (int64_t[]){shape[0], 1}) : NULL;
-    PyObject *sb = sr ? t_broadcast(st, sr, 2, shape) : NULL;
-    PyObject *sm = sb ? t_unary(st, OP_EXP, node) : NULL;
-    PyObject *prod = sm ? t_mul(st, sm, sb) : NULL;
-    PyObject *r = prod ? t_sub(st, g, prod) : NULL;
-    Py_XDECREF(s);
-    Py_XDECREF(sr);
-    Py_XDECREF(sb);
-    Py_XDECREF(sm);
-    Py_XDECREF(prod);
-    return pack1(r);
+    if (g_shape(s, node, &ndim, shape) < 0) return NULL;
+    PyObject *row_sums = g_expand(s, g_sum_mask(s, g, 2, 1u << 1), 2, shape, 1u << 1);
+    return grads1(s, g_sub(s, g, g_mul(s, g_unary(s, OP_EXP, node), row_sums)));
 }
 
 /* ------------------------------------------------ gather / scatter rows */
 
 static PyObject *gather_rows_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
     UNUSED(p);
-    if (check_arrays(st, "GatherRows", a, n) < 0) return NULL;
+    UNUSED(n);
     nd_array out;
     nd_status status = nd_array_gather_rows(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array, &out);
     return status == ND_OK ? ndarray_wrap(st, &out) : raise_status(st, status);
 }
 
-static PyObject *gather_rows_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *gather_rows_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    PyObject *indices = node_input(node, 1);
+    UNUSED(node);
+    /* (scatter_add_rows(g, indices, rows), zeros: indices are not differentiable) */
+    PyObject *indices = g_input(s, 1);
     int ndim;
     int64_t shape[ND_MAX_DIMS];
-    if (shape_of(st, node_input(node, 0), &ndim, shape) < 0) return NULL;
+    if (g_shape(s, g_input(s, 0), &ndim, shape) < 0) return NULL;
     op_params q = no_params;
     q.index = (Py_ssize_t)shape[0];
-    PyObject *dt = apply2(st, OP_SCATTER_ADD_ROWS, &q, g, indices);
-    return pack2(dt, dt ? t_zeros_like(st, indices) : NULL);
+    PyObject *dt = g_apply2(s, OP_SCATTER_ADD_ROWS, &q, g, indices);
+    return grads2(s, dt, g_zeros_like(s, indices));
 }
 
 static PyObject *scatter_add_rows_compute(needle_state *st, const op_params *p, PyObject *const *a,
                                           Py_ssize_t n) {
-    if (check_arrays(st, "ScatterAddRows", a, n) < 0) return NULL;
+    UNUSED(n);
     nd_array out;
     nd_status status = nd_array_scatter_add_rows(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array,
                                                  (int64_t)p->index, &out);
     return status == ND_OK ? ndarray_wrap(st, &out) : raise_status(st, status);
 }
 
-static PyObject *scatter_add_rows_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *scatter_add_rows_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    PyObject *indices = node_input(node, 1);
-    PyObject *ds = apply2(st, OP_GATHER_ROWS, &no_params, g, indices);
-    return pack2(ds, ds ? t_zeros_like(st, indices) : NULL);
+    UNUSED(node);
+    /* (gather_rows(g, indices), zeros) */
+    PyObject *indices = g_input(s, 1);
+    PyObject *ds = g_apply2(s, OP_GATHER_ROWS, &no_params, g, indices);
+    return grads2(s, ds, g_zeros_like(s, indices));
 }
 
 /* ---------------------------------------------- softmax cross-entropy */
@@ -600,7 +502,7 @@ static PyObject *pick_labels(needle_state *st, const label_rows *lr, PyObject *l
 
 static PyObject *xent_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
     UNUSED(p);
-    if (check_arrays(st, "SoftmaxCrossEntropy", a, n) < 0) return NULL;
+    UNUSED(n);
     if (xent_shapes(array_layout(a[0]), array_layout(a[1])) < 0) return NULL;
     int64_t rows = array_layout(a[0])->shape[0], classes = array_layout(a[0])->shape[1];
     label_rows lr;
@@ -662,28 +564,23 @@ static PyObject *xent_weights(needle_state *st, PyObject *logits, PyObject *labe
     return w;
 }
 
-static PyObject *xent_gradient(needle_state *st, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *xent_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    PyObject *logits = node_input(node, 0), *labels = node_input(node, 1);
-    PyObject *z = realize(st, logits), *y = z ? realize(st, labels) : NULL;
-    if (y == NULL) return NULL;
-    PyObject *arrays[2] = {z, y};
-    if (check_arrays(st, "SoftmaxCrossEntropy", arrays, 2) < 0 ||
-        xent_shapes(array_layout(z), array_layout(y)) < 0)
+    UNUSED(node);
+    /* (broadcast(g) * (softmax(z) - one_hot(y)) / N, zeros for the labels) */
+    PyObject *labels = g_input(s, 1);
+    PyObject *z = g_data(s, g_input(s, 0)), *y = g_data(s, labels);
+    if (z == NULL || y == NULL) return NULL;
+    if (!ndarray_check(s->st, z) || !ndarray_check(s->st, y)) {
+        PyErr_SetString(PyExc_TypeError, "SoftmaxCrossEntropy needs Tensors holding NDArrays");
         return NULL;
-    PyObject *weights = xent_weights(st, z, y);
-    PyObject *wt = weights ? t_const(st, weights) : NULL;
-    Py_XDECREF(weights);
-    if (wt == NULL) return NULL;
+    }
+    if (xent_shapes(array_layout(z), array_layout(y)) < 0) return NULL;
+    PyObject *weights = g_const(s, scope_keep(s, xent_weights(s->st, z, y)));
     const nd_layout *l = array_layout(z);
-    int64_t shape[2] = {l->shape[0], l->shape[1]};
-    PyObject *gr = t_reshape(st, g, 2, (int64_t[]){1, 1});
-    PyObject *gb = gr ? t_broadcast(st, gr, 2, shape) : NULL;
-    PyObject *r = gb ? t_mul(st, gb, wt) : NULL;
-    Py_XDECREF(gr);
-    Py_XDECREF(gb);
-    Py_DECREF(wt);
-    return pack2(r, r ? t_zeros_like(st, labels) : NULL);
+    int64_t shape[2] = {l->shape[0], l->shape[1]}, one[2] = {1, 1};
+    PyObject *gz = g_mul(s, g_broadcast(s, g_reshape(s, g, 2, one), 2, shape), weights);
+    return grads2(s, gz, g_zeros_like(s, labels));
 }
 
 void ops_nn_register(op_impl *t) {

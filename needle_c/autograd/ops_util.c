@@ -1,6 +1,5 @@
-/* ops_util.c: small helpers the op implementations share: NDArray results
- * from engine calls, and Tensor-level building blocks for gradients (each
- * goes through apply_op, so it is recorded in "needle" mode). */
+/* ops_util.c: NDArray helpers the op implementations share: engine calls
+ * whose results are new NDArrays, and axes as bit masks. */
 #include "ops_util.h"
 
 const nd_layout *array_layout(PyObject *a) { return &NDArray_CAST(a)->array.layout; }
@@ -94,87 +93,3 @@ int axes_to_mask(const op_params *p, int ndim, uint32_t *mask) {
     return 0;
 }
 
-/* ------------------------------------------------ Tensor building blocks */
-
-static const op_params no_params;
-
-PyObject *t_add(needle_state *st, PyObject *a, PyObject *b) { return apply2(st, OP_EWISE_ADD, &no_params, a, b); }
-PyObject *t_mul(needle_state *st, PyObject *a, PyObject *b) { return apply2(st, OP_EWISE_MUL, &no_params, a, b); }
-PyObject *t_div(needle_state *st, PyObject *a, PyObject *b) { return apply2(st, OP_EWISE_DIV, &no_params, a, b); }
-PyObject *t_matmul(needle_state *st, PyObject *a, PyObject *b) { return apply2(st, OP_MATMUL, &no_params, a, b); }
-PyObject *t_unary(needle_state *st, op_kind kind, PyObject *a) { return apply1(st, kind, &no_params, a); }
-
-PyObject *t_scalar(needle_state *st, op_kind kind, PyObject *a, double s) {
-    op_params p = no_params;
-    p.scalar = s;
-    return apply1(st, kind, &p, a);
-}
-
-PyObject *t_reshape(needle_state *st, PyObject *a, int ndim, const int64_t *shape) {
-    op_params p = no_params;
-    p.ndim = ndim;
-    memcpy(p.shape, shape, sizeof(int64_t) * (size_t)ndim);
-    return apply1(st, OP_RESHAPE, &p, a);
-}
-
-PyObject *t_broadcast(needle_state *st, PyObject *a, int ndim, const int64_t *shape) {
-    op_params p = no_params;
-    p.ndim = ndim;
-    memcpy(p.shape, shape, sizeof(int64_t) * (size_t)ndim);
-    return apply1(st, OP_BROADCAST_TO, &p, a);
-}
-
-PyObject *t_sum_mask(needle_state *st, PyObject *a, int ndim, uint32_t mask) {
-    op_params p = no_params;
-    p.axes_given = 1;
-    for (int i = 0; i < ndim; i++)
-        if (mask & (1u << i)) p.axes[p.naxes++] = i;
-    return apply1(st, OP_SUMMATION, &p, a);
-}
-
-PyObject *t_transpose_last(needle_state *st, PyObject *a) {
-    return apply1(st, OP_TRANSPOSE, &no_params, a);
-}
-
-PyObject *t_const(needle_state *st, PyObject *array) { return make_const(st, array, 0); }
-
-/* g summed down to the shape of `like` (the inverse of broadcasting). */
-PyObject *unbroadcast(needle_state *st, PyObject *g, PyObject *like) {
-    int gnd, lnd;
-    const int64_t *gs = value_shape(st, g, &gnd), *ls = value_shape(st, like, &lnd);
-    if (gs == NULL || ls == NULL) return NULL;
-    if (gnd == lnd && memcmp(gs, ls, sizeof(int64_t) * (size_t)gnd) == 0) return Py_NewRef(g);
-    int64_t target[ND_MAX_DIMS];
-    memcpy(target, ls, sizeof(int64_t) * (size_t)lnd);
-    uint32_t mask = 0;
-    for (int i = 0; i < gnd; i++) {
-        int li = i - (gnd - lnd);
-        if (li < 0 || (ls[li] == 1 && gs[i] != 1)) mask |= 1u << i;
-    }
-    PyObject *summed = mask ? t_sum_mask(st, g, gnd, mask) : Py_NewRef(g);
-    if (summed == NULL) return NULL;
-    PyObject *r = t_reshape(st, summed, lnd, target);
-    Py_DECREF(summed);
-    return r;
-}
-
-PyObject *pack2(PyObject *a, PyObject *b) {
-    if (a == NULL || b == NULL) {
-        Py_XDECREF(a);
-        Py_XDECREF(b);
-        return NULL;
-    }
-    PyObject *t = PyTuple_Pack(2, a, b);
-    Py_DECREF(a);
-    Py_DECREF(b);
-    return t;
-}
-
-PyObject *pack1(PyObject *a) {
-    if (a == NULL) return NULL;
-    PyObject *t = PyTuple_Pack(1, a);
-    Py_DECREF(a);
-    return t;
-}
-
-PyObject *node_input(PyObject *node, Py_ssize_t i) { return PyTuple_GET_ITEM(Tensor_CAST(node)->inputs, i); }

@@ -1,5 +1,7 @@
-/* ops_util.h: helpers for the op implementations (ops_basic.c, ops_nn.c).
- * All return new references, or NULL with an exception set. */
+/* ops_util.h: NDArray helpers for the op implementations (ops_basic.c,
+ * ops_nn.c): engine calls whose results are new NDArrays. All return new
+ * references, or NULL with an exception set; arguments are NDArrays the
+ * caller holds. */
 #ifndef NEEDLE_OPS_UTIL_H
 #define NEEDLE_OPS_UTIL_H
 
@@ -8,26 +10,17 @@
 #include <math.h>
 #include <string.h>
 
+PyObject *nd_binary_arrays(needle_state *st, nd_binary_op op, PyObject *a, PyObject *b);
+PyObject *nd_binary_scalar(needle_state *st, nd_binary_op op, PyObject *a, double s, int reflected);
+PyObject *nd_unary_array(needle_state *st, nd_unary_op op, PyObject *a);
+PyObject *nd_reduce_array(needle_state *st, nd_reduce_op op, PyObject *a, uint32_t mask, int keepdims);
+PyObject *nd_layout_view(needle_state *st, PyObject *a, const nd_layout *layout);
+PyObject *nd_compact_array(needle_state *st, PyObject *a);
+PyObject *nd_reshape_array(needle_state *st, PyObject *a, int ndim, const int64_t *shape);
+PyObject *nd_empty_like_shape(needle_state *st, PyObject *like, int ndim, const int64_t *shape);
+const nd_layout *array_layout(PyObject *a);
 PyObject *nd_full_like_shape(needle_state *st, PyObject *like, int ndim, const int64_t *shape, float value);
 /* p's axes as a bit mask over ndim dims (all of them when axes is None). */
 int axes_to_mask(const op_params *p, int ndim, uint32_t *mask);
-
-PyObject *t_add(needle_state *st, PyObject *a, PyObject *b);
-PyObject *t_mul(needle_state *st, PyObject *a, PyObject *b);
-PyObject *t_div(needle_state *st, PyObject *a, PyObject *b);
-PyObject *t_matmul(needle_state *st, PyObject *a, PyObject *b);
-PyObject *t_unary(needle_state *st, op_kind kind, PyObject *a);
-PyObject *t_scalar(needle_state *st, op_kind kind, PyObject *a, double s);
-PyObject *t_reshape(needle_state *st, PyObject *a, int ndim, const int64_t *shape);
-PyObject *t_broadcast(needle_state *st, PyObject *a, int ndim, const int64_t *shape);
-PyObject *t_sum_mask(needle_state *st, PyObject *a, int ndim, uint32_t mask);
-PyObject *t_transpose_last(needle_state *st, PyObject *a);
-PyObject *t_const(needle_state *st, PyObject *array);
-PyObject *unbroadcast(needle_state *st, PyObject *g, PyObject *like);
-/* Tuples from new references (which they steal); NULL if any is NULL. */
-PyObject *pack1(PyObject *a);
-PyObject *pack2(PyObject *a, PyObject *b);
-/* Borrowed input i of a graph node. */
-PyObject *node_input(PyObject *node, Py_ssize_t i);
 
 #endif /* NEEDLE_OPS_UTIL_H */

@@ -1,64 +1,31 @@
 /* tensor.c: Value, Tensor and TensorTuple: the course's graph nodes as GC
- * containers. A node owns its op, its inputs and its data; edges run from
- * outputs to inputs only.
+ * containers, their properties and their type tables. A node owns its op,
+ * its inputs and its data; edges run from outputs to inputs only.
  *
- * Operators build nodes through apply_op (op.c); backward lives in
- * autograd.c.
+ * Nodes are computed and recorded by dispatch.c; operators are in
+ * tensor_ops.c, backward in autograd.c, leak diagnostics in alloc_sites.c.
  */
 #include "tensor.h"
 
 #include <structmember.h>
 
-/* Live Values, for the course's autograd.TENSOR_COUNTER. */
-static Py_ssize_t live_values = 0;
+/* A cache, not an owner: it is used only when the object's type is exactly
+ * this state's Tensor or TensorTuple type, so a stale or foreign entry can
+ * never answer; autograd_clear forgets it. */
+static needle_state *last_state = NULL;
 
-/* needle.memory.record_history(True): each new Value remembers the Python
- * frames that created it (innermost first), for leak reports. */
-static int record_history = 0;
-#define HISTORY_DEPTH 12
-
-void set_record_history(int on) { record_history = on; }
-int get_record_history(void) { return record_history; }
-
-static void remember_site(PyObject *value) {
-    PyFrameObject *frame = PyEval_GetFrame(); /* borrowed */
-    PyObject *frames = PyList_New(0);
-    if (frames == NULL) goto fail;
-    Py_XINCREF(frame);
-    for (int depth = 0; frame != NULL && depth < HISTORY_DEPTH; depth++) {
-        PyCodeObject *code = PyFrame_GetCode(frame);
-        PyObject *entry = Py_BuildValue("(OiO)", code->co_filename, PyFrame_GetLineNumber(frame), code->co_name);
-        Py_DECREF(code);
-        if (entry == NULL || PyList_Append(frames, entry) < 0) {
-            Py_XDECREF(entry);
-            Py_DECREF(frame);
-            goto fail;
-        }
-        Py_DECREF(entry);
-        PyFrameObject *back = PyFrame_GetBack(frame);
-        Py_DECREF(frame);
-        frame = back;
-    }
-    Py_XDECREF(frame);
-    PyObject *site = PyList_AsTuple(frames);
-    if (site == NULL || PyObject_SetAttrString(value, "_alloc_site", site) < 0) {
-        Py_XDECREF(site);
-        goto fail;
-    }
-    Py_DECREF(site);
-    Py_DECREF(frames);
-    return;
-fail:
-    Py_XDECREF(frames);
-    /* Diagnostics must never break the op that is being recorded. */
-    PyErr_Clear();
+needle_state *state_of_value(PyObject *value) {
+    PyTypeObject *type = Py_TYPE(value);
+    needle_state *st = last_state;
+    if (st != NULL && (type == st->autograd->tensor_type || type == st->autograd->tensor_tuple_type)) return st;
+    st = state_of_type(type);
+    if (st != NULL && st->autograd != NULL && st->autograd->tensor_type != NULL) last_state = st;
+    return st;
 }
 
-Py_ssize_t tensor_live_count(void) { return live_values; }
-
-autograd_state *autograd_of(needle_state *st) { return st->autograd; }
-
-needle_state *state_of_value(PyObject *value) { return state_of_type(Py_TYPE(value)); }
+void forget_state(needle_state *st) {
+    if (last_state == st) last_state = NULL;
+}
 
 int is_tensor(needle_state *st, PyObject *obj) {
     return PyObject_TypeCheck(obj, st->autograd->tensor_type);
@@ -68,15 +35,13 @@ int is_tensor_tuple(needle_state *st, PyObject *obj) {
     return PyObject_TypeCheck(obj, st->autograd->tensor_tuple_type);
 }
 
-static int is_value(needle_state *st, PyObject *obj) {
+int is_value(needle_state *st, PyObject *obj) {
     return PyObject_TypeCheck(obj, st->autograd->value_type);
 }
 
 /* ------------------------------------------------------ GC quartet */
 
-static PyObject *value_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    (void)args;
-    (void)kwargs;
+PyObject *value_alloc(PyTypeObject *type) {
     /* tp_alloc zeroes the object, so every traversed field is valid (NULL)
      * when it is tracked. */
     TensorObject *self = (TensorObject *)type->tp_alloc(type, 0);
@@ -87,9 +52,14 @@ static PyObject *value_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     self->num_outputs = 1;
-    live_values++;
-    if (record_history) remember_site((PyObject *)self);
+    alloc_site_record((PyObject *)self);
     return (PyObject *)self;
+}
+
+static PyObject *value_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    (void)args;
+    (void)kwargs;
+    return value_alloc(type);
 }
 
 /* Visits the type, then every owned reference. */
@@ -124,7 +94,7 @@ static void value_dealloc(PyObject *op) {
     Py_TRASHCAN_BEGIN(op, value_dealloc)
     if (Tensor_CAST(op)->weakreflist != NULL) PyObject_ClearWeakRefs(op);
     value_clear(op);
-    live_values--;
+    alloc_site_forget(op);
     tp->tp_free(op);
     Py_DECREF(tp);
     Py_TRASHCAN_END
@@ -134,122 +104,44 @@ static void value_dealloc(PyObject *op) {
 
 PyObject *realize(needle_state *st, PyObject *value) {
     TensorObject *self = Tensor_CAST(value);
-    if (self->cached_data != NULL) return self->cached_data;
+    if (self->cached_data != NULL) return Py_NewRef(self->cached_data);
     if (self->op == NULL) {
         PyErr_SetString(PyExc_ValueError, "a leaf tensor has no data");
         return NULL;
     }
-    /* Lazily built node (e.g. through _init): compute now. */
-    PyObject *data = NULL;
-    Py_ssize_t n = PyTuple_GET_SIZE(self->inputs);
-    PyObject *arrays = PyTuple_New(n);
-    if (arrays == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *in = realize(st, PyTuple_GET_ITEM(self->inputs, i));
-        if (in == NULL) goto done;
-        PyTuple_SET_ITEM(arrays, i, Py_NewRef(in));
-    }
-    if (PyObject_TypeCheck(self->op, st->autograd->op_type) && op_dispatches_in_c(st, self->op)) {
-        OpObject *o = Op_CAST(self->op);
-        if (check_compute_inputs(st, o->kind, &PyTuple_GET_ITEM(arrays, 0), n) == 0)
-            data = op_impls[o->kind].compute(st, &o->p, &PyTuple_GET_ITEM(arrays, 0), n);
-    } else {
-        PyObject *compute = PyObject_GetAttrString(self->op, "compute");
-        if (compute != NULL) data = PyObject_Call(compute, arrays, NULL);
-        Py_XDECREF(compute);
-    }
-    if (data != NULL) Py_XSETREF(self->cached_data, data);
-done:
-    Py_DECREF(arrays);
-    return data ? self->cached_data : NULL;
+    /* A lazily built node (e.g. through _init): compute now, holding what
+     * the compute reads (a collection may replace the node's fields). */
+    PyObject *op = Py_NewRef(self->op), *inputs = Py_NewRef(self->inputs);
+    PyObject *data = run_compute(st, op, OP_PYTHON, NULL, inputs);
+    Py_DECREF(op);
+    Py_DECREF(inputs);
+    if (data != NULL) Py_XSETREF(self->cached_data, Py_NewRef(data));
+    return data;
 }
 
 PyObject *make_const(needle_state *st, PyObject *data, int requires_grad) {
     PyTypeObject *type = PyTuple_Check(data) ? st->autograd->tensor_tuple_type : st->autograd->tensor_type;
-    PyObject *node = value_new(type, NULL, NULL);
+    PyObject *node = value_alloc(type);
     if (node == NULL) return NULL;
     Tensor_CAST(node)->cached_data = Py_NewRef(data);
     Tensor_CAST(node)->requires_grad = requires_grad;
     return node;
 }
 
-static int any_requires_grad(PyObject *inputs) {
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inputs); i++)
-        if (Tensor_CAST(PyTuple_GET_ITEM(inputs, i))->requires_grad) return 1;
-    return 0;
-}
-
-/* Runs op on the realised inputs (values must be Values). */
-static PyObject *compute_op(needle_state *st, PyObject *op, PyObject *inputs) {
-    Py_ssize_t n = PyTuple_GET_SIZE(inputs);
-    PyObject *stack[8];
-    PyObject **arrays = n <= 8 ? stack : PyMem_Malloc(sizeof(PyObject *) * (size_t)n);
-    if (arrays == NULL) return PyErr_NoMemory();
-    PyObject *result = NULL;
-    Py_ssize_t held = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        arrays[i] = realize(st, PyTuple_GET_ITEM(inputs, i));
-        if (arrays[i] == NULL) goto done;
-        Py_INCREF(arrays[i]); /* compute allocates, which may run the collector */
-        held++;
-    }
-    if (op_dispatches_in_c(st, op)) {
-        OpObject *o = Op_CAST(op);
-        if (check_compute_inputs(st, o->kind, arrays, n) == 0)
-            result = op_impls[o->kind].compute(st, &o->p, arrays, n);
+int value_shape(needle_state *st, PyObject *value, int *ndim, int64_t *shape) {
+    PyObject *data = realize(st, value);
+    if (data == NULL) return -1;
+    int rc = -1;
+    if (!ndarray_check(st, data)) {
+        PyErr_SetString(PyExc_TypeError, "expected a Tensor holding an NDArray");
     } else {
-        PyObject *compute = PyObject_GetAttrString(op, "compute");
-        if (compute != NULL) {
-            result = PyObject_Vectorcall(compute, arrays, (size_t)n, NULL);
-            Py_DECREF(compute);
-        }
+        const nd_layout *l = &NDArray_CAST(data)->array.layout;
+        *ndim = l->ndim;
+        memcpy(shape, l->shape, sizeof(int64_t) * (size_t)l->ndim);
+        rc = 0;
     }
-done:
-    for (Py_ssize_t i = 0; i < held; i++) Py_DECREF(arrays[i]);
-    if (arrays != stack) PyMem_Free(arrays);
-    return result;
-}
-
-static int check_inputs(needle_state *st, PyObject *inputs) {
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inputs); i++) {
-        PyObject *x = PyTuple_GET_ITEM(inputs, i);
-        if (!is_value(st, x)) {
-            PyErr_Format(PyExc_TypeError, "op inputs must be Tensors, got %.100s at position %zd",
-                         Py_TYPE(x)->tp_name, i);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-PyObject *make_from_op(needle_state *st, PyObject *op, PyObject *inputs, int tuple_output) {
-    if (check_inputs(st, inputs) < 0) return NULL;
-    if (!PyObject_TypeCheck(op, st->autograd->op_type)) {
-        PyErr_Format(PyExc_TypeError, "make_from_op needs an Op, got %.100s", Py_TYPE(op)->tp_name);
-        return NULL;
-    }
-    /* Compute first: a failing op leaves no half-built node behind. The
-     * inputs tuple is held by the caller across this (it may collect). */
-    PyObject *data = compute_op(st, op, inputs);
-    if (data == NULL) return NULL;
-    int requires = st->autograd->recording && any_requires_grad(inputs);
-    if (!requires) {
-        PyObject *node = make_const(st, data, 0);
-        Py_DECREF(data);
-        return node;
-    }
-    PyTypeObject *type = tuple_output ? st->autograd->tensor_tuple_type : st->autograd->tensor_type;
-    PyObject *node = value_new(type, NULL, NULL);
-    if (node == NULL) {
-        Py_DECREF(data);
-        return NULL;
-    }
-    TensorObject *t = Tensor_CAST(node);
-    t->op = Py_NewRef(op);
-    Py_SETREF(t->inputs, Py_NewRef(inputs));
-    t->cached_data = data;
-    t->requires_grad = 1;
-    return node;
+    Py_DECREF(data);
+    return rc;
 }
 
 /* ----------------------------------------------------- construction */
@@ -297,21 +189,20 @@ static int tensor_init(PyObject *op, PyObject *args, PyObject *kwargs) {
     if (requires_grad < 0) return -1;
     PyObject *data;
     if (is_tensor(st, array)) {
-        PyObject *source = realize(st, array);
+        PyObject *source = realize(st, array); /* held across the copy, which allocates */
         if (source == NULL) return -1;
         PyObject *source_device = device_of_data(st, source);
         int same = device == Py_None;
-        if (!same && source_device != NULL) {
-            same = PyObject_RichCompareBool(device, source_device, Py_EQ);
-            if (same < 0) return -1;
-        }
-        if (same) {
+        if (!same && source_device != NULL) same = PyObject_RichCompareBool(device, source_device, Py_EQ);
+        if (same > 0) {
             data = Py_NewRef(source); /* shares the data, as in the course */
-        } else {
+        } else if (same == 0) {
             nd_device *dev = device_from_object(st, device);
-            if (dev == NULL) return -1;
-            data = ndarray_from_object(st, source, dev);
+            data = dev ? ndarray_from_object(st, source, dev) : NULL;
+        } else {
+            data = NULL;
         }
+        Py_DECREF(source);
     } else {
         if (is_tensor_tuple(st, array)) {
             PyErr_SetString(PyExc_TypeError, "cannot make a Tensor from a TensorTuple");
@@ -343,6 +234,14 @@ static PyObject *get_op(PyObject *op, void *c) {
 }
 static int set_op(PyObject *op, PyObject *value, void *c) {
     (void)c;
+    if (value != NULL && value != Py_None) {
+        needle_state *st = state_of_value(op);
+        if (st == NULL) return -1;
+        if (!PyObject_TypeCheck(value, st->autograd->op_type)) {
+            PyErr_Format(PyExc_TypeError, "op must be an Op or None, got %.100s", Py_TYPE(value)->tp_name);
+            return -1;
+        }
+    }
     Py_XSETREF(Tensor_CAST(op)->op, (value == NULL || value == Py_None) ? NULL : Py_NewRef(value));
     return 0;
 }
@@ -355,7 +254,13 @@ static int set_inputs(PyObject *op, PyObject *value, void *c) {
     PyObject *t = value == NULL || value == Py_None ? PyTuple_New(0) : PySequence_Tuple(value);
     if (t == NULL) return -1;
     needle_state *st = state_of_value(op);
-    if (st == NULL || check_inputs(st, t) < 0) {
+    for (Py_ssize_t i = 0; st != NULL && i < PyTuple_GET_SIZE(t); i++)
+        if (!is_value(st, PyTuple_GET_ITEM(t, i))) {
+            PyErr_Format(PyExc_TypeError, "op inputs must be Tensors, got %.100s at position %zd",
+                         Py_TYPE(PyTuple_GET_ITEM(t, i))->tp_name, i);
+            st = NULL;
+        }
+    if (st == NULL) {
         Py_DECREF(t);
         return -1;
     }
@@ -366,8 +271,25 @@ static PyObject *get_cached_data(PyObject *op, void *c) {
     (void)c;
     return Py_NewRef(Tensor_CAST(op)->cached_data ? Tensor_CAST(op)->cached_data : Py_None);
 }
+/* cached_data is read by C code as an NDArray (a Tensor) or a tuple of
+ * NDArrays (a TensorTuple): nothing else is accepted. */
 static int set_cached_data(PyObject *op, PyObject *value, void *c) {
     (void)c;
+    if (value != NULL && value != Py_None) {
+        needle_state *st = state_of_value(op);
+        if (st == NULL) return -1;
+        int ok = ndarray_check(st, value);
+        if (!ok && PyTuple_Check(value)) {
+            ok = 1;
+            for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(value); i++)
+                ok = ndarray_check(st, PyTuple_GET_ITEM(value, i));
+        }
+        if (!ok) {
+            PyErr_Format(PyExc_TypeError, "cached_data must be an NDArray, a tuple of NDArrays or None, got %.100s",
+                         Py_TYPE(value)->tp_name);
+            return -1;
+        }
+    }
     Py_XSETREF(Tensor_CAST(op)->cached_data, (value == NULL || value == Py_None) ? NULL : Py_NewRef(value));
     return 0;
 }
@@ -414,8 +336,11 @@ static int set_num_outputs(PyObject *op, PyObject *value, void *c) {
 static PyObject *value_detach(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     needle_state *st = state_of_value(op);
     if (st == NULL) return NULL;
-    PyObject *data = realize(st, op);
-    return data ? make_const(st, data, 0) : NULL;
+    PyObject *data = realize(st, op); /* held across make_const, which allocates */
+    if (data == NULL) return NULL;
+    PyObject *r = make_const(st, data, 0);
+    Py_DECREF(data);
+    return r;
 }
 
 static PyObject *get_data(PyObject *op, void *c) {
@@ -432,7 +357,7 @@ static int set_data(PyObject *op, PyObject *value, void *c) {
     }
     PyObject *data = realize(st, value);
     if (data == NULL) return -1;
-    Py_XSETREF(Tensor_CAST(op)->cached_data, Py_NewRef(data));
+    Py_XSETREF(Tensor_CAST(op)->cached_data, data);
     return 0;
 }
 
@@ -440,7 +365,10 @@ static PyObject *data_attr(PyObject *op, const char *name) {
     needle_state *st = state_of_value(op);
     if (st == NULL) return NULL;
     PyObject *data = realize(st, op);
-    return data ? PyObject_GetAttrString(data, name) : NULL;
+    if (data == NULL) return NULL;
+    PyObject *r = PyObject_GetAttrString(data, name);
+    Py_DECREF(data);
+    return r;
 }
 static PyObject *get_shape(PyObject *op, void *c) {
     (void)c;
@@ -464,24 +392,12 @@ static PyObject *get_dtype(PyObject *op, void *c) {
     return PyUnicode_FromString("float32");
 }
 
-const int64_t *value_shape(needle_state *st, PyObject *value, int *ndim) {
-    PyObject *data = realize(st, value);
-    if (data == NULL) return NULL;
-    if (!ndarray_check(st, data)) {
-        PyErr_SetString(PyExc_TypeError, "expected a Tensor holding an NDArray");
-        return NULL;
-    }
-    *ndim = NDArray_CAST(data)->array.layout.ndim;
-    return NDArray_CAST(data)->array.layout.shape;
-}
-
 /* -------------------------------------------------------- methods */
 
 static PyObject *value_realize_cached_data(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     needle_state *st = state_of_value(op);
     if (st == NULL) return NULL;
-    PyObject *data = realize(st, op);
-    return data ? Py_NewRef(data) : NULL;
+    return realize(st, op);
 }
 
 static PyObject *value_is_leaf(PyObject *op, PyObject *Py_UNUSED(ignored)) {
@@ -493,11 +409,13 @@ static PyObject *value_numpy(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     if (st == NULL) return NULL;
     PyObject *data = realize(st, op);
     if (data == NULL) return NULL;
-    if (PyTuple_Check(data)) {
+    PyObject *r = NULL;
+    if (PyTuple_Check(data))
         PyErr_SetString(PyExc_TypeError, "a TensorTuple has no single NumPy value; index it first");
-        return NULL;
-    }
-    return PyObject_CallMethod(data, "numpy", NULL);
+    else
+        r = PyObject_CallMethod(data, "numpy", NULL);
+    Py_DECREF(data);
+    return r;
 }
 
 /* _init(op, inputs, *, num_outputs=1, cached_data=None, requires_grad=None) */
@@ -508,13 +426,13 @@ static PyObject *value_init_fields(PyObject *op, PyObject *args, PyObject *kwarg
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$nOO:_init", kwlist, &node_op, &inputs,
                                      &num_outputs, &cached, &requires))
         return NULL;
-    if (set_inputs(op, inputs, NULL) < 0) return NULL;
-    set_op(op, node_op, NULL);
-    set_cached_data(op, cached, NULL);
+    if (set_inputs(op, inputs, NULL) < 0 || set_op(op, node_op, NULL) < 0 ||
+        set_cached_data(op, cached, NULL) < 0)
+        return NULL;
     TensorObject *self = Tensor_CAST(op);
     self->num_outputs = num_outputs;
     if (requires == Py_None) {
-        self->requires_grad = any_requires_grad(self->inputs);
+        self->requires_grad = inputs_require_grad(self->inputs);
     } else {
         int v = PyObject_IsTrue(requires);
         if (v < 0) return NULL;
@@ -564,11 +482,12 @@ static PyObject *value_make_const(PyObject *cls, PyObject *args, PyObject *kwarg
         return NULL;
     needle_state *st = state_of_type((PyTypeObject *)cls);
     if (st == NULL) return NULL;
-    if (is_value(st, data)) {
-        data = realize(st, data);
-        if (data == NULL) return NULL;
-    }
-    return make_const(st, data, requires_grad);
+    if (!is_value(st, data)) return make_const(st, data, requires_grad);
+    PyObject *array = realize(st, data);
+    if (array == NULL) return NULL;
+    PyObject *r = make_const(st, array, requires_grad);
+    Py_DECREF(array);
+    return r;
 }
 
 /* The node's data as text (through NumPy), wrapped in fmt ("%S"). */
@@ -578,6 +497,7 @@ static PyObject *data_text(PyObject *op, const char *fmt) {
     PyObject *data = realize(st, op);
     if (data == NULL) return NULL;
     PyObject *values = ndarray_check(st, data) ? PyObject_CallMethod(data, "numpy", NULL) : Py_NewRef(data);
+    Py_DECREF(data);
     if (values == NULL) return NULL;
     PyObject *r = PyUnicode_FromFormat(fmt, values);
     Py_DECREF(values);
@@ -586,11 +506,6 @@ static PyObject *data_text(PyObject *op, const char *fmt) {
 
 static PyObject *tensor_repr(PyObject *op) { return data_text(op, "needle.Tensor(%S)"); }
 static PyObject *tensor_str(PyObject *op) { return data_text(op, "%S"); }
-
-/* Operators, methods and backward are in tensor_ops.c and autograd.c. */
-extern PyMethodDef tensor_op_methods[];
-extern PyType_Slot tensor_number_slots[];
-extern PyMethodDef autograd_tensor_methods[];
 
 static PyGetSetDef value_getset[] = {
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
@@ -632,20 +547,6 @@ static PyMethodDef value_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyMethodDef tensor_make_methods[] = {
-    {"make_from_op", (PyCFunction)(void (*)(void))tensor_make_from_op, METH_FASTCALL | METH_CLASS,
-     "make_from_op(op, inputs)\n--\n\nApplies op to inputs, recording a node when gradients are needed."},
-    {"__dlpack__", (PyCFunction)(void (*)(void))interop_tensor_dlpack, METH_VARARGS | METH_KEYWORDS, "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\nThe data's DLPack capsule (shares memory)."},
-    {"__dlpack_device__", interop_tensor_dlpack_device, METH_NOARGS, "__dlpack_device__($self, /)\n--\n\nThe data's DLPack device."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyMethodDef tuple_make_methods[] = {
-    {"make_from_op", (PyCFunction)(void (*)(void))tuple_make_from_op, METH_FASTCALL | METH_CLASS,
-     "make_from_op(op, inputs)\n--\n\nApplies a tuple op to inputs."},
-    {NULL, NULL, 0, NULL},
-};
-
 static PyMemberDef value_members[] = {
     {"__dictoffset__", T_PYSSIZET, offsetof(TensorObject, dict), READONLY, NULL},
     {"__weaklistoffset__", T_PYSSIZET, offsetof(TensorObject, weakreflist), READONLY, NULL},
@@ -671,10 +572,59 @@ static PyType_Spec value_spec = {
     .slots = value_slots,
 };
 
-/* Methods of Tensor: the value methods plus operators (tensor_ops.c) and
- * backward (autograd.c), joined at start-up. */
-static PyMethodDef tensor_methods[48];
-static PyType_Slot tensor_slots[40];
+#define BACKWARD_METHOD                                                                              \
+    {"backward", (PyCFunction)(void (*)(void))tensor_backward, METH_VARARGS | METH_KEYWORDS,          \
+     "backward($self, /, out_grad=None)\n--\n\nComputes gradients of this tensor with respect to "   \
+     "the graph's leaves (ones as the seed by default)."}
+
+/* Tensor: the Value methods (inherited) plus its operators (tensor_ops.c),
+ * backward (autograd.c) and DLPack export (array/interop.c). */
+static PyMethodDef tensor_methods[] = {
+    {"make_from_op", (PyCFunction)(void (*)(void))tensor_make_from_op, METH_FASTCALL | METH_CLASS,
+     "make_from_op(op, inputs)\n--\n\nApplies op to inputs, recording a node when gradients are needed."},
+    {"sum", (PyCFunction)(void (*)(void))tensor_sum, METH_VARARGS | METH_KEYWORDS,
+     "sum($self, /, axes=None)\n--\n\nSummation over axes (all when None)."},
+    {"reshape", tensor_reshape, METH_VARARGS, "reshape($self, /, *shape)\n--\n\nReshape."},
+    {"broadcast_to", tensor_broadcast_to, METH_VARARGS,
+     "broadcast_to($self, /, *shape)\n--\n\nBroadcastTo (NumPy rules)."},
+    {"transpose", (PyCFunction)(void (*)(void))tensor_transpose, METH_VARARGS | METH_KEYWORDS,
+     "transpose($self, /, axes=None)\n--\n\nSwaps two axes (the last two when None)."},
+    {"matmul", tensor_matmul_method, METH_O, "matmul($self, other, /)\n--\n\nself @ other."},
+    {"exp", tensor_exp, METH_NOARGS, "exp($self, /)\n--\n\nExp."},
+    {"log", tensor_log, METH_NOARGS, "log($self, /)\n--\n\nLog."},
+    {"tanh", tensor_tanh, METH_NOARGS, "tanh($self, /)\n--\n\nTanh."},
+    {"relu", tensor_relu, METH_NOARGS, "relu($self, /)\n--\n\nReLU."},
+    {"sigmoid", tensor_sigmoid, METH_NOARGS, "sigmoid($self, /)\n--\n\nSigmoid."},
+    {"sqrt", tensor_sqrt, METH_NOARGS, "sqrt($self, /)\n--\n\nSqrt."},
+    BACKWARD_METHOD,
+    {"__dlpack__", (PyCFunction)(void (*)(void))interop_tensor_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
+     "The data's DLPack capsule (shares memory)."},
+    {"__dlpack_device__", interop_tensor_dlpack_device, METH_NOARGS,
+     "__dlpack_device__($self, /)\n--\n\nThe data's DLPack device."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot tensor_slots[] = {
+    {Py_tp_doc, "Tensor(array, *, device=None, dtype=None, requires_grad=True, **kwargs)\n--\n\n"
+                "A float32 array in the computation graph."},
+    {Py_tp_init, tensor_init},
+    {Py_tp_traverse, value_traverse},
+    {Py_tp_clear, value_clear},
+    {Py_tp_repr, tensor_repr},
+    {Py_tp_str, tensor_str},
+    {Py_tp_methods, tensor_methods},
+    {Py_tp_getset, tensor_getset},
+    {Py_nb_add, tensor_add},
+    {Py_nb_subtract, tensor_sub},
+    {Py_nb_multiply, tensor_mul},
+    {Py_nb_true_divide, tensor_div},
+    {Py_nb_power, tensor_pow},
+    {Py_nb_negative, tensor_neg},
+    {Py_nb_matrix_multiply, tensor_matmul},
+    {Py_mp_subscript, tensor_getitem},
+    {0, NULL},
+};
 
 static PyType_Spec tensor_spec = {
     .name = "needle.autograd.Tensor",
@@ -683,59 +633,43 @@ static PyType_Spec tensor_spec = {
     .slots = tensor_slots,
 };
 
-extern PyMethodDef tensor_tuple_methods[];
-extern PyType_Slot tensor_tuple_extra_slots[];
-static PyMethodDef tuple_methods[16];
-static PyType_Slot tuple_slots[16];
+/* TensorTuple: the Value methods plus its sequence protocol (tensor_ops.c). */
+static PyMethodDef tensor_tuple_methods[] = {
+    {"make_from_op", (PyCFunction)(void (*)(void))tuple_make_from_op, METH_FASTCALL | METH_CLASS,
+     "make_from_op(op, inputs)\n--\n\nApplies a tuple op to inputs."},
+    {"tuple", tuple_as_tuple, METH_NOARGS, "tuple($self, /)\n--\n\nThe items as a tuple of Tensors."},
+    BACKWARD_METHOD,
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot tensor_tuple_slots[] = {
+    {Py_tp_doc, "A tuple of tensors that is one graph node."},
+    {Py_tp_methods, tensor_tuple_methods},
+    {Py_tp_traverse, value_traverse},
+    {Py_tp_clear, value_clear},
+    {Py_mp_length, tuple_length},
+    {Py_sq_length, tuple_length},
+    {Py_mp_subscript, tuple_item},
+    {Py_sq_item, tuple_sq_item},
+    {Py_nb_add, tuple_add},
+    {Py_tp_repr, tuple_repr},
+    {Py_tp_str, tuple_repr},
+    {0, NULL},
+};
 
 static PyType_Spec tensor_tuple_spec = {
     .name = "needle.autograd.TensorTuple",
     .basicsize = sizeof(TensorObject),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .slots = tuple_slots,
+    .slots = tensor_tuple_slots,
 };
-
-static size_t join_methods(PyMethodDef *out, size_t cap, PyMethodDef *const *tables, size_t ntables) {
-    size_t n = 0;
-    for (size_t t = 0; t < ntables; t++)
-        for (PyMethodDef *m = tables[t]; m->ml_name != NULL && n + 1 < cap; m++) out[n++] = *m;
-    memset(&out[n], 0, sizeof out[n]);
-    return n;
-}
 
 int tensor_types_init(PyObject *module, needle_state *st) {
     autograd_state *ag = st->autograd;
     ag->value_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &value_spec, NULL);
     if (ag->value_type == NULL) return -1;
-
-    PyMethodDef *tensor_tables[] = {tensor_make_methods, tensor_op_methods, autograd_tensor_methods};
-    join_methods(tensor_methods, sizeof tensor_methods / sizeof tensor_methods[0], tensor_tables, 3);
-    size_t n = 0;
-    tensor_slots[n++] = (PyType_Slot){Py_tp_doc, "Tensor(array, *, device=None, dtype=None, "
-                                                 "requires_grad=True, **kwargs)\n--\n\nA float32 "
-                                                 "array in the computation graph."};
-    tensor_slots[n++] = (PyType_Slot){Py_tp_init, tensor_init};
-    tensor_slots[n++] = (PyType_Slot){Py_tp_traverse, value_traverse};
-    tensor_slots[n++] = (PyType_Slot){Py_tp_clear, value_clear};
-    tensor_slots[n++] = (PyType_Slot){Py_tp_repr, tensor_repr};
-    tensor_slots[n++] = (PyType_Slot){Py_tp_str, tensor_str};
-    tensor_slots[n++] = (PyType_Slot){Py_tp_methods, tensor_methods};
-    tensor_slots[n++] = (PyType_Slot){Py_tp_getset, tensor_getset};
-    for (PyType_Slot *s = tensor_number_slots; s->slot != 0 && n + 1 < 40; s++) tensor_slots[n++] = *s;
-    tensor_slots[n] = (PyType_Slot){0, NULL};
-    ag->tensor_type =
-        (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_spec, (PyObject *)ag->value_type);
+    ag->tensor_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_spec, (PyObject *)ag->value_type);
     if (ag->tensor_type == NULL) return -1;
-
-    PyMethodDef *tuple_tables[] = {tuple_make_methods, tensor_tuple_methods, autograd_tensor_methods};
-    join_methods(tuple_methods, sizeof tuple_methods / sizeof tuple_methods[0], tuple_tables, 3);
-    n = 0;
-    tuple_slots[n++] = (PyType_Slot){Py_tp_doc, "A tuple of tensors that is one graph node."};
-    tuple_slots[n++] = (PyType_Slot){Py_tp_methods, tuple_methods};
-    tuple_slots[n++] = (PyType_Slot){Py_tp_traverse, value_traverse};
-    tuple_slots[n++] = (PyType_Slot){Py_tp_clear, value_clear};
-    for (PyType_Slot *s = tensor_tuple_extra_slots; s->slot != 0 && n + 1 < 16; s++) tuple_slots[n++] = *s;
-    tuple_slots[n] = (PyType_Slot){0, NULL};
     ag->tensor_tuple_type =
         (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_tuple_spec, (PyObject *)ag->value_type);
     if (ag->tensor_tuple_type == NULL) return -1;

@@ -1,60 +1,70 @@
 /* tensor.h: what the autograd files of needle_c share: the Tensor and Op
- * object layouts, the table of built-in ops, and the helpers through which
- * C code applies ops to tensors (gradients are built that way).
+ * object layouts, the table of built-in ops, and the one op-execution path
+ * (dispatch.c) through which every op, Python's or C's, is computed and
+ * recorded.
  *
  * Tensor, TensorTuple and Op hold Python references, so they are GC
- * containers; the rules of DESIGN.md ("Rules that keep it correct") apply:
- * any call that may allocate device memory may run the collector, so hold
- * strong references across it.
+ * containers (docs/design.md, "Rules for C code that holds Python objects"):
+ * any call that may allocate device memory may run the collector, and with it
+ * any finalizer, so hold strong references across it.
  */
 #ifndef NEEDLE_TENSOR_H
 #define NEEDLE_TENSOR_H
 
 #include "needle_c.h"
 
-/* The built-in ops: X(kind, class name, function name, signature, tuple output). */
-#define NEEDLE_OPS(X)                                                         \
-    X(OP_EWISE_ADD, "EWiseAdd", "add", SIG_NONE, 0)                           \
-    X(OP_ADD_SCALAR, "AddScalar", "add_scalar", SIG_SCALAR, 0)                \
-    X(OP_EWISE_MUL, "EWiseMul", "multiply", SIG_NONE, 0)                      \
-    X(OP_MUL_SCALAR, "MulScalar", "mul_scalar", SIG_SCALAR, 0)                \
-    X(OP_EWISE_POW, "EWisePow", "power", SIG_NONE, 0)                         \
-    X(OP_POWER_SCALAR, "PowerScalar", "power_scalar", SIG_SCALAR, 0)          \
-    X(OP_EWISE_DIV, "EWiseDiv", "divide", SIG_NONE, 0)                        \
-    X(OP_DIV_SCALAR, "DivScalar", "divide_scalar", SIG_SCALAR, 0)             \
-    X(OP_TRANSPOSE, "Transpose", "transpose", SIG_AXES_OPT, 0)                \
-    X(OP_RESHAPE, "Reshape", "reshape", SIG_SHAPE, 0)                         \
-    X(OP_BROADCAST_TO, "BroadcastTo", "broadcast_to", SIG_SHAPE, 0)           \
-    X(OP_SUMMATION, "Summation", "summation", SIG_AXES_OPT, 0)                \
-    X(OP_MATMUL, "MatMul", "matmul", SIG_NONE, 0)                             \
-    X(OP_NEGATE, "Negate", "negate", SIG_NONE, 0)                             \
-    X(OP_LOG, "Log", "log", SIG_NONE, 0)                                      \
-    X(OP_EXP, "Exp", "exp", SIG_NONE, 0)                                      \
-    X(OP_RELU, "ReLU", "relu", SIG_NONE, 0)                                   \
-    X(OP_TANH, "Tanh", "tanh", SIG_NONE, 0)                                   \
-    X(OP_SIGMOID, "Sigmoid", "sigmoid", SIG_NONE, 0)                          \
-    X(OP_SQRT, "Sqrt", "sqrt", SIG_NONE, 0)                                   \
-    X(OP_MAX, "Max", "max", SIG_AXES_OPT, 0)                                  \
-    X(OP_STACK, "Stack", "stack", SIG_AXIS, 0)                                \
-    X(OP_SPLIT, "Split", "split", SIG_AXIS, 1)                                \
-    X(OP_FLIP, "Flip", "flip", SIG_AXES, 0)                                   \
-    X(OP_DILATE, "Dilate", "dilate", SIG_AXES_DILATION, 0)                    \
-    X(OP_UNDILATE, "UnDilate", "undilate", SIG_AXES_DILATION, 0)              \
-    X(OP_CONV, "Conv", "conv", SIG_CONV, 0)                                   \
-    X(OP_LOG_SOFTMAX, "LogSoftmax", "logsoftmax", SIG_NONE, 0)                \
-    X(OP_LOG_SUM_EXP, "LogSumExp", "logsumexp", SIG_AXES_OPT, 0)              \
-    X(OP_MAKE_TUPLE, "MakeTensorTuple", "make_tuple", SIG_NONE, 1)            \
-    X(OP_TUPLE_GET_ITEM, "TupleGetItem", "tuple_get_item", SIG_INDEX, 0)      \
-    X(OP_FUSED_ADD_SCALARS, "FusedAddScalars", "fused_add_scalars", SIG_TWO_SCALARS, 1) \
-    X(OP_GET_ITEM, "GetItem", "getitem", SIG_KEY, 0)                          \
-    X(OP_SET_ITEM_GRAD, "ScatterSlice", "scatter_slice", SIG_KEY_SHAPE, 0)    \
-    X(OP_GATHER_ROWS, "GatherRows", "gather_rows", SIG_NONE, 0)               \
-    X(OP_SCATTER_ADD_ROWS, "ScatterAddRows", "scatter_add_rows", SIG_ROWS, 0) \
-    X(OP_SOFTMAX_XENT, "SoftmaxCrossEntropy", "softmax_cross_entropy", SIG_NONE, 0)
+/* How a built-in op's compute takes its inputs. */
+typedef enum op_input_kind {
+    IN_ARRAYS, /* each input is an NDArray (a Tensor's data) */
+    IN_TUPLE   /* each input is a tuple of NDArrays (a TensorTuple's data) */
+} op_input_kind;
+
+#define ARITY_ANY (-1)
+
+/* The built-in ops: X(kind, class name, constructor signature, arity, input
+ * kind, tuple output). */
+#define NEEDLE_OPS(X)                                                                   \
+    X(OP_EWISE_ADD, "EWiseAdd", SIG_NONE, 2, IN_ARRAYS, 0)                              \
+    X(OP_ADD_SCALAR, "AddScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                          \
+    X(OP_EWISE_MUL, "EWiseMul", SIG_NONE, 2, IN_ARRAYS, 0)                              \
+    X(OP_MUL_SCALAR, "MulScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                          \
+    X(OP_EWISE_POW, "EWisePow", SIG_NONE, 2, IN_ARRAYS, 0)                              \
+    X(OP_POWER_SCALAR, "PowerScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                      \
+    X(OP_EWISE_DIV, "EWiseDiv", SIG_NONE, 2, IN_ARRAYS, 0)                              \
+    X(OP_DIV_SCALAR, "DivScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                          \
+    X(OP_TRANSPOSE, "Transpose", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                         \
+    X(OP_RESHAPE, "Reshape", SIG_SHAPE, 1, IN_ARRAYS, 0)                                \
+    X(OP_BROADCAST_TO, "BroadcastTo", SIG_SHAPE, 1, IN_ARRAYS, 0)                       \
+    X(OP_SUMMATION, "Summation", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                         \
+    X(OP_MATMUL, "MatMul", SIG_NONE, 2, IN_ARRAYS, 0)                                   \
+    X(OP_NEGATE, "Negate", SIG_NONE, 1, IN_ARRAYS, 0)                                   \
+    X(OP_LOG, "Log", SIG_NONE, 1, IN_ARRAYS, 0)                                         \
+    X(OP_EXP, "Exp", SIG_NONE, 1, IN_ARRAYS, 0)                                         \
+    X(OP_RELU, "ReLU", SIG_NONE, 1, IN_ARRAYS, 0)                                       \
+    X(OP_TANH, "Tanh", SIG_NONE, 1, IN_ARRAYS, 0)                                       \
+    X(OP_SIGMOID, "Sigmoid", SIG_NONE, 1, IN_ARRAYS, 0)                                 \
+    X(OP_SQRT, "Sqrt", SIG_NONE, 1, IN_ARRAYS, 0)                                       \
+    X(OP_MAX, "Max", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                                     \
+    X(OP_STACK, "Stack", SIG_AXIS, 1, IN_TUPLE, 0)                                      \
+    X(OP_SPLIT, "Split", SIG_AXIS, 1, IN_ARRAYS, 1)                                     \
+    X(OP_FLIP, "Flip", SIG_AXES, 1, IN_ARRAYS, 0)                                       \
+    X(OP_DILATE, "Dilate", SIG_AXES_DILATION, 1, IN_ARRAYS, 0)                          \
+    X(OP_UNDILATE, "UnDilate", SIG_AXES_DILATION, 1, IN_ARRAYS, 0)                      \
+    X(OP_CONV, "Conv", SIG_CONV, 2, IN_ARRAYS, 0)                                       \
+    X(OP_LOG_SOFTMAX, "LogSoftmax", SIG_NONE, 1, IN_ARRAYS, 0)                          \
+    X(OP_LOG_SUM_EXP, "LogSumExp", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                       \
+    X(OP_MAKE_TUPLE, "MakeTensorTuple", SIG_NONE, ARITY_ANY, IN_ARRAYS, 1)              \
+    X(OP_TUPLE_GET_ITEM, "TupleGetItem", SIG_INDEX, 1, IN_TUPLE, 0)                     \
+    X(OP_FUSED_ADD_SCALARS, "FusedAddScalars", SIG_TWO_SCALARS, 1, IN_ARRAYS, 1)        \
+    X(OP_GET_ITEM, "GetItem", SIG_KEY, 1, IN_ARRAYS, 0)                                 \
+    X(OP_SET_ITEM_GRAD, "ScatterSlice", SIG_KEY_SHAPE, 1, IN_ARRAYS, 0)                 \
+    X(OP_GATHER_ROWS, "GatherRows", SIG_NONE, 2, IN_ARRAYS, 0)                          \
+    X(OP_SCATTER_ADD_ROWS, "ScatterAddRows", SIG_ROWS, 2, IN_ARRAYS, 0)                 \
+    X(OP_SOFTMAX_XENT, "SoftmaxCrossEntropy", SIG_NONE, 2, IN_ARRAYS, 0)
 
 typedef enum op_kind {
     OP_PYTHON = 0, /* a TensorOp/TensorTupleOp subclass written in Python */
-#define X(kind, name, fn, sig, tuple) kind,
+#define X(kind, name, sig, arity, inputs, tuple) kind,
     NEEDLE_OPS(X)
 #undef X
         OP_KIND_COUNT
@@ -76,6 +86,17 @@ typedef enum op_signature {
     SIG_KEY_SHAPE,     /* Op(key, shape)                    */
     SIG_ROWS           /* Op(num_rows)                      */
 } op_signature;
+
+/* One row of NEEDLE_OPS. */
+typedef struct op_info {
+    const char *name;
+    op_signature sig;
+    Py_ssize_t arity; /* ARITY_ANY: any number of inputs */
+    op_input_kind inputs;
+    int tuple_output;
+} op_info;
+
+extern const op_info op_table[OP_KIND_COUNT];
 
 typedef struct op_params {
     double scalar, scalar2;
@@ -126,49 +147,84 @@ typedef struct autograd_state {
     int recording; /* 0 inside no_grad() and during cycle-free backward */
 } autograd_state;
 
-autograd_state *autograd_of(needle_state *st);
+/* The module state of one of our Values or Ops, found through a one-entry
+ * cache of the last module (an operator call needs it every time). */
 needle_state *state_of_value(PyObject *value);
+void forget_state(needle_state *st);
 
 /* Is obj a Tensor (or subclass) / TensorTuple / any Value? */
 int is_tensor(needle_state *st, PyObject *obj);
 int is_tensor_tuple(needle_state *st, PyObject *obj);
+int is_value(needle_state *st, PyObject *obj);
 
-/* The realised data of a Value (borrowed; NULL + exception on failure). */
+/* ---------------------------------------------- tensor.c: the types */
+
+/* The realised data of a Value, a NEW reference (NULL + exception on
+ * failure): computing it may run the collector, which may replace the
+ * node's cached_data. */
 PyObject *realize(needle_state *st, PyObject *value);
-
 /* A new leaf Tensor (or TensorTuple when data is a tuple) holding data. */
 PyObject *make_const(needle_state *st, PyObject *data, int requires_grad);
+/* A new, empty node of type (Tensor or TensorTuple). */
+PyObject *value_alloc(PyTypeObject *type);
+/* The shape of a Value's data copied into shape (ND_MAX_DIMS long). */
+int value_shape(needle_state *st, PyObject *value, int *ndim, int64_t *shape);
+int tensor_types_init(PyObject *module, needle_state *st);
 
+/* ------------------------------------- alloc_sites.c: leak diagnostics */
+
+/* Counts a new Value and, when history recording is on, stores the Python
+ * frames that made it in its _alloc_site attribute. */
+void alloc_site_record(PyObject *value);
+void alloc_site_forget(PyObject *value);
+extern PyMethodDef alloc_site_functions[];
+
+/* ----------------------------- dispatch.c: the one op-execution path */
+
+/* True when some input (a tuple of Values) requires grad. */
+int inputs_require_grad(PyObject *inputs);
+/* Runs op on inputs (a tuple): each input is checked to be a Value and
+ * realised, the built-in's arity and input kinds are checked once, every
+ * input array is held for the whole compute. op is an Op object, or NULL to
+ * run the built-in `kind` with params p (no Op object needed). New
+ * reference: an NDArray, or a tuple for tuple ops. */
+PyObject *run_compute(needle_state *st, PyObject *op, op_kind kind, const op_params *p, PyObject *inputs);
+/* The same on arrays already realised (Op.compute called from Python). */
+PyObject *compute_arrays(needle_state *st, op_kind kind, const op_params *p, PyObject *const *arrays,
+                         Py_ssize_t n);
+/* Records op(inputs) -> a node: the generic make_from_op for any Op. */
+PyObject *make_from_op(needle_state *st, PyObject *op, PyObject *inputs, int tuple_output);
 /* Applies a built-in op to inputs (a tuple of Values): records a graph node
  * when recording and some input requires grad, else returns a detached
  * result without building an Op object. */
 PyObject *apply_op(needle_state *st, op_kind kind, const op_params *p, PyObject *inputs);
-/* Shorthands for gradient code (inputs are borrowed). */
+/* apply_op on one or two Values (held by the caller). */
 PyObject *apply1(needle_state *st, op_kind kind, const op_params *p, PyObject *a);
 PyObject *apply2(needle_state *st, op_kind kind, const op_params *p, PyObject *a, PyObject *b);
+/* A built-in op's gradient (its C formula) as a new tuple; node is a Value. */
+PyObject *builtin_gradient(needle_state *st, OpObject *op, PyObject *out_grad, PyObject *node);
+/* op.gradient(out_grad, node) as a new tuple with one gradient per input. */
+PyObject *run_gradient(needle_state *st, PyObject *op, PyObject *out_grad, PyObject *node);
+
+/* ----------------------------------------------- op.c: the Op types */
 
 /* True when op is exactly a built-in op class (its C code runs directly). */
 int op_dispatches_in_c(needle_state *st, PyObject *op);
-int op_is_tuple_output(op_kind kind);
-/* Checks the inputs' count and kinds before a built-in compute (0 or -1). */
-int check_compute_inputs(needle_state *st, op_kind kind, PyObject *const *arrays, Py_ssize_t n);
-const char *op_kind_name(op_kind kind);
-/* op.gradient(out_grad, node) as a new tuple. */
-PyObject *op_gradient_as_tuple(needle_state *st, PyObject *op, PyObject *out_grad, PyObject *node);
-Py_ssize_t tensor_live_count(void);
-int tensor_types_init(PyObject *module, needle_state *st);
+/* A new built-in Op object of kind with params p. */
+PyObject *op_new_builtin(needle_state *st, op_kind kind, const op_params *p);
 int op_types_init(PyObject *module, needle_state *st);
 
-/* Records op(inputs) -> a node: the generic make_from_op for any Op. */
-PyObject *make_from_op(needle_state *st, PyObject *op, PyObject *inputs, int tuple_output);
+/* --------------------------------- per-op implementations (ops_*.c) */
 
-/* Per-op implementation (ops_*.c): compute on NDArrays, gradient on Tensors.
- * compute returns a new NDArray (a tuple for tuple ops); gradient returns a
- * new tuple with one Tensor per input. */
+typedef struct grad_scope grad_scope;
+
+/* compute runs on NDArrays (checked by dispatch.c) and returns a new
+ * NDArray (a tuple for tuple ops); gradient runs on Tensors inside a scope
+ * that owns every object it touches, and returns the scope's tuple of one
+ * gradient per input (borrowed from the scope). */
 typedef PyObject *(*op_compute_fn)(needle_state *st, const op_params *p, PyObject *const *arrays,
                                    Py_ssize_t n);
-typedef PyObject *(*op_gradient_fn)(needle_state *st, const op_params *p, PyObject *out_grad,
-                                    PyObject *node);
+typedef PyObject *(*op_gradient_fn)(grad_scope *s, const op_params *p, PyObject *g, PyObject *node);
 
 typedef struct op_impl {
     op_compute_fn compute;
@@ -180,17 +236,38 @@ extern op_impl op_impls[OP_KIND_COUNT];
 void ops_basic_register(op_impl *table);
 void ops_nn_register(op_impl *table);
 
-/* NDArray helpers for op code (arrays are NDArray objects; results new). */
-PyObject *nd_binary_arrays(needle_state *st, nd_binary_op op, PyObject *a, PyObject *b);
-PyObject *nd_binary_scalar(needle_state *st, nd_binary_op op, PyObject *a, double s, int reflected);
-PyObject *nd_unary_array(needle_state *st, nd_unary_op op, PyObject *a);
-PyObject *nd_reduce_array(needle_state *st, nd_reduce_op op, PyObject *a, uint32_t mask, int keepdims);
-PyObject *nd_layout_view(needle_state *st, PyObject *a, const nd_layout *layout);
-PyObject *nd_compact_array(needle_state *st, PyObject *a);
-PyObject *nd_reshape_array(needle_state *st, PyObject *a, int ndim, const int64_t *shape);
-PyObject *nd_empty_like_shape(needle_state *st, PyObject *like, int ndim, const int64_t *shape);
-const nd_layout *array_layout(PyObject *a);
-const int64_t *value_shape(needle_state *st, PyObject *value, int *ndim);
+/* ---------------------------------------- Tensor methods and slots */
+
+/* tensor_ops.c: operators and shape methods of Tensor, sequence methods
+ * of TensorTuple; autograd.c: backward. Tensor's type tables (tensor.c)
+ * name them. */
+PyObject *tensor_add(PyObject *a, PyObject *b);
+PyObject *tensor_sub(PyObject *a, PyObject *b);
+PyObject *tensor_mul(PyObject *a, PyObject *b);
+PyObject *tensor_div(PyObject *a, PyObject *b);
+PyObject *tensor_pow(PyObject *a, PyObject *b, PyObject *mod);
+PyObject *tensor_neg(PyObject *a);
+PyObject *tensor_matmul(PyObject *a, PyObject *b);
+PyObject *tensor_getitem(PyObject *a, PyObject *key);
+PyObject *tensor_sum(PyObject *self, PyObject *args, PyObject *kwargs);
+PyObject *tensor_reshape(PyObject *self, PyObject *args);
+PyObject *tensor_broadcast_to(PyObject *self, PyObject *args);
+PyObject *tensor_transpose(PyObject *self, PyObject *args, PyObject *kwargs);
+PyObject *tensor_matmul_method(PyObject *a, PyObject *b);
+PyObject *tensor_exp(PyObject *self, PyObject *ignored);
+PyObject *tensor_log(PyObject *self, PyObject *ignored);
+PyObject *tensor_tanh(PyObject *self, PyObject *ignored);
+PyObject *tensor_relu(PyObject *self, PyObject *ignored);
+PyObject *tensor_sigmoid(PyObject *self, PyObject *ignored);
+PyObject *tensor_sqrt(PyObject *self, PyObject *ignored);
+Py_ssize_t tuple_length(PyObject *self);
+PyObject *tuple_item(PyObject *self, PyObject *key);
+PyObject *tuple_sq_item(PyObject *self, Py_ssize_t i);
+PyObject *tuple_as_tuple(PyObject *self, PyObject *ignored);
+PyObject *tuple_add(PyObject *a, PyObject *b);
+PyObject *tuple_repr(PyObject *self);
+PyObject *fold_make_tuple_item(needle_state *st, PyObject *value, Py_ssize_t i);
+PyObject *tensor_backward(PyObject *self, PyObject *args, PyObject *kwargs);
 
 /* Type specs and module functions of the autograd files. */
 int autograd_module_init(PyObject *module, needle_state *st);

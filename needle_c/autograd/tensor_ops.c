@@ -33,17 +33,15 @@ static op_params scalar_params(double s) {
     return p;
 }
 
-static needle_state *state_of_pair(PyObject *a, PyObject *b, PyObject **tensor) {
-    PyObject *module = PyType_GetModuleByDef(Py_TYPE(a), &needle_c_module);
-    if (module != NULL) {
-        *tensor = a;
-        return state_of_module(module);
-    }
+/* The state of whichever operand is ours (a reflected operator may have a
+ * plain number on the left); NULL with no exception set when neither is. */
+static needle_state *state_of_pair(PyObject *a, PyObject *b) {
+    needle_state *st = state_of_value(a);
+    if (st != NULL) return st;
     PyErr_Clear();
-    module = PyType_GetModuleByDef(Py_TYPE(b), &needle_c_module);
-    if (module == NULL) return NULL;
-    *tensor = b;
-    return state_of_module(module);
+    st = state_of_value(b);
+    if (st == NULL) PyErr_Clear();
+    return st;
 }
 
 /* Dispatches a binary operator: Tensor-Tensor, Tensor-scalar or scalar-Tensor. */
@@ -51,12 +49,8 @@ typedef PyObject *(*pair_fn)(needle_state *st, PyObject *a, PyObject *b);
 typedef PyObject *(*scalar_fn)(needle_state *st, PyObject *t, double s, int scalar_on_left);
 
 static PyObject *dispatch(PyObject *a, PyObject *b, pair_fn both, scalar_fn one) {
-    PyObject *tensor;
-    needle_state *st = state_of_pair(a, b, &tensor);
-    if (st == NULL) {
-        PyErr_Clear();
-        Py_RETURN_NOTIMPLEMENTED;
-    }
+    needle_state *st = state_of_pair(a, b);
+    if (st == NULL) Py_RETURN_NOTIMPLEMENTED;
     int ta = is_tensor(st, a), tb = is_tensor(st, b);
     if (ta && tb) return both(st, a, b);
     double s;
@@ -133,11 +127,11 @@ static PyObject *pow_scalar(needle_state *st, PyObject *t, double s, int left) {
     return r;
 }
 
-static PyObject *tensor_add(PyObject *a, PyObject *b) { return dispatch(a, b, add_pair, add_scalar); }
-static PyObject *tensor_sub(PyObject *a, PyObject *b) { return dispatch(a, b, sub_pair, sub_scalar); }
-static PyObject *tensor_mul(PyObject *a, PyObject *b) { return dispatch(a, b, mul_pair, mul_scalar); }
-static PyObject *tensor_div(PyObject *a, PyObject *b) { return dispatch(a, b, div_pair, div_scalar); }
-static PyObject *tensor_pow(PyObject *a, PyObject *b, PyObject *mod) {
+PyObject *tensor_add(PyObject *a, PyObject *b) { return dispatch(a, b, add_pair, add_scalar); }
+PyObject *tensor_sub(PyObject *a, PyObject *b) { return dispatch(a, b, sub_pair, sub_scalar); }
+PyObject *tensor_mul(PyObject *a, PyObject *b) { return dispatch(a, b, mul_pair, mul_scalar); }
+PyObject *tensor_div(PyObject *a, PyObject *b) { return dispatch(a, b, div_pair, div_scalar); }
+PyObject *tensor_pow(PyObject *a, PyObject *b, PyObject *mod) {
     if (mod != Py_None) {
         PyErr_SetString(PyExc_TypeError, "pow() with a modulus is not supported by Tensor");
         return NULL;
@@ -145,22 +139,18 @@ static PyObject *tensor_pow(PyObject *a, PyObject *b, PyObject *mod) {
     return dispatch(a, b, pow_pair, pow_scalar);
 }
 
-static PyObject *tensor_neg(PyObject *a) {
+PyObject *tensor_neg(PyObject *a) {
     needle_state *st = state_of_value(a);
     return st ? apply1(st, OP_NEGATE, &no_params, a) : NULL;
 }
 
-static PyObject *tensor_matmul(PyObject *a, PyObject *b) {
-    PyObject *tensor;
-    needle_state *st = state_of_pair(a, b, &tensor);
-    if (st == NULL || !is_tensor(st, a) || !is_tensor(st, b)) {
-        PyErr_Clear();
-        Py_RETURN_NOTIMPLEMENTED;
-    }
+PyObject *tensor_matmul(PyObject *a, PyObject *b) {
+    needle_state *st = state_of_pair(a, b);
+    if (st == NULL || !is_tensor(st, a) || !is_tensor(st, b)) Py_RETURN_NOTIMPLEMENTED;
     return apply2(st, OP_MATMUL, &no_params, a, b);
 }
 
-static PyObject *tensor_matmul_method(PyObject *a, PyObject *b) {
+PyObject *tensor_matmul_method(PyObject *a, PyObject *b) {
     PyObject *r = tensor_matmul(a, b);
     if (r == Py_NotImplemented) {
         Py_DECREF(r);
@@ -170,7 +160,7 @@ static PyObject *tensor_matmul_method(PyObject *a, PyObject *b) {
     return r;
 }
 
-static PyObject *tensor_getitem(PyObject *a, PyObject *key) {
+PyObject *tensor_getitem(PyObject *a, PyObject *key) {
     needle_state *st = state_of_value(a);
     if (st == NULL) return NULL;
     op_params p = no_params;
@@ -179,6 +169,23 @@ static PyObject *tensor_getitem(PyObject *a, PyObject *key) {
     PyObject *r = apply1(st, OP_GET_ITEM, &p, a);
     Py_DECREF(p.key);
     return r;
+}
+
+/* The course's fold_const: item i of a make_tuple(...) node is its input i
+ * itself, not a TupleGetItem node. A new reference; NULL with no exception
+ * when value is not such a node. */
+PyObject *fold_make_tuple_item(needle_state *st, PyObject *value, Py_ssize_t i) {
+    TensorObject *t = Tensor_CAST(value);
+    if (!is_tensor_tuple(st, value) || t->op == NULL || !PyObject_TypeCheck(t->op, st->autograd->op_type) ||
+        Op_CAST(t->op)->kind != OP_MAKE_TUPLE)
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(t->inputs);
+    if (i < 0) i += n;
+    if (i < 0 || i >= n) {
+        PyErr_SetString(PyExc_IndexError, "TensorTuple index out of range");
+        return NULL;
+    }
+    return Py_NewRef(PyTuple_GET_ITEM(t->inputs, i));
 }
 
 /* ---------------------------------------------------------- methods */
@@ -194,7 +201,7 @@ static int axes_from_object(PyObject *obj, op_params *p) {
     return 0;
 }
 
-static PyObject *tensor_sum(PyObject *self, PyObject *args, PyObject *kwargs) {
+PyObject *tensor_sum(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"axes", NULL};
     PyObject *axes = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:sum", kwlist, &axes)) return NULL;
@@ -217,15 +224,15 @@ static PyObject *shape_op(PyObject *self, PyObject *args, op_kind kind, const ch
     return apply1(st, kind, &p, self);
 }
 
-static PyObject *tensor_reshape(PyObject *self, PyObject *args) {
+PyObject *tensor_reshape(PyObject *self, PyObject *args) {
     return shape_op(self, args, OP_RESHAPE, "reshape");
 }
 
-static PyObject *tensor_broadcast_to(PyObject *self, PyObject *args) {
+PyObject *tensor_broadcast_to(PyObject *self, PyObject *args) {
     return shape_op(self, args, OP_BROADCAST_TO, "broadcast_to");
 }
 
-static PyObject *tensor_transpose(PyObject *self, PyObject *args, PyObject *kwargs) {
+PyObject *tensor_transpose(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"axes", NULL};
     PyObject *axes = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:transpose", kwlist, &axes)) return NULL;
@@ -236,7 +243,7 @@ static PyObject *tensor_transpose(PyObject *self, PyObject *args, PyObject *kwar
 }
 
 #define TENSOR_UNARY(name, kind)                                                          \
-    static PyObject *tensor_##name(PyObject *self, PyObject *Py_UNUSED(ignored)) {        \
+    PyObject *tensor_##name(PyObject *self, PyObject *Py_UNUSED(ignored)) {              \
         needle_state *st = state_of_value(self);                                          \
         return st ? apply1(st, kind, &no_params, self) : NULL;                            \
     }
@@ -247,51 +254,20 @@ TENSOR_UNARY(relu, OP_RELU)
 TENSOR_UNARY(sigmoid, OP_SIGMOID)
 TENSOR_UNARY(sqrt, OP_SQRT)
 
-PyMethodDef tensor_op_methods[] = {
-    {"sum", (PyCFunction)(void (*)(void))tensor_sum, METH_VARARGS | METH_KEYWORDS,
-     "sum($self, /, axes=None)\n--\n\nSummation over axes (all when None)."},
-    {"reshape", tensor_reshape, METH_VARARGS, "reshape($self, /, *shape)\n--\n\nReshape."},
-    {"broadcast_to", tensor_broadcast_to, METH_VARARGS,
-     "broadcast_to($self, /, *shape)\n--\n\nBroadcastTo (NumPy rules)."},
-    {"transpose", (PyCFunction)(void (*)(void))tensor_transpose, METH_VARARGS | METH_KEYWORDS,
-     "transpose($self, /, axes=None)\n--\n\nSwaps two axes (the last two when None)."},
-    {"matmul", tensor_matmul_method, METH_O, "matmul($self, other, /)\n--\n\nself @ other."},
-    {"exp", tensor_exp, METH_NOARGS, "exp($self, /)\n--\n\nExp."},
-    {"log", tensor_log, METH_NOARGS, "log($self, /)\n--\n\nLog."},
-    {"tanh", tensor_tanh, METH_NOARGS, "tanh($self, /)\n--\n\nTanh."},
-    {"relu", tensor_relu, METH_NOARGS, "relu($self, /)\n--\n\nReLU."},
-    {"sigmoid", tensor_sigmoid, METH_NOARGS, "sigmoid($self, /)\n--\n\nSigmoid."},
-    {"sqrt", tensor_sqrt, METH_NOARGS, "sqrt($self, /)\n--\n\nSqrt."},
-    {NULL, NULL, 0, NULL},
-};
-
-PyType_Slot tensor_number_slots[] = {
-    {Py_nb_add, tensor_add},
-    {Py_nb_subtract, tensor_sub},
-    {Py_nb_multiply, tensor_mul},
-    {Py_nb_true_divide, tensor_div},
-    {Py_nb_power, tensor_pow},
-    {Py_nb_negative, tensor_neg},
-    {Py_nb_matrix_multiply, tensor_matmul},
-    {Py_mp_subscript, tensor_getitem},
-    {0, NULL},
-};
-
 /* ------------------------------------------------------ TensorTuple */
 
-static Py_ssize_t tuple_length(PyObject *self) {
+Py_ssize_t tuple_length(PyObject *self) {
     needle_state *st = state_of_value(self);
     if (st == NULL) return -1;
     PyObject *data = realize(st, self);
     if (data == NULL) return -1;
-    if (!PyTuple_Check(data)) {
-        PyErr_SetString(PyExc_TypeError, "TensorTuple data is not a tuple");
-        return -1;
-    }
-    return PyTuple_GET_SIZE(data);
+    Py_ssize_t n = PyTuple_Check(data) ? PyTuple_GET_SIZE(data) : -1;
+    Py_DECREF(data);
+    if (n < 0) PyErr_SetString(PyExc_TypeError, "TensorTuple data is not a tuple");
+    return n;
 }
 
-static PyObject *tuple_item(PyObject *self, PyObject *key) {
+PyObject *tuple_item(PyObject *self, PyObject *key) {
     needle_state *st = state_of_value(self);
     if (st == NULL) return NULL;
     if (!PyIndex_Check(key)) {
@@ -306,17 +282,14 @@ static PyObject *tuple_item(PyObject *self, PyObject *key) {
         PyErr_SetString(PyExc_IndexError, "TensorTuple index out of range");
         return NULL;
     }
-    /* The course's fold_const: an item of make_tuple(...) is its input. */
-    TensorObject *t = Tensor_CAST(self);
-    if (t->op != NULL && PyObject_TypeCheck(t->op, st->autograd->op_type) &&
-        Op_CAST(t->op)->kind == OP_MAKE_TUPLE)
-        return Py_NewRef(PyTuple_GET_ITEM(t->inputs, i));
+    PyObject *folded = fold_make_tuple_item(st, self, i);
+    if (folded != NULL || PyErr_Occurred()) return folded;
     op_params p = no_params;
     p.index = i;
     return apply1(st, OP_TUPLE_GET_ITEM, &p, self);
 }
 
-static PyObject *tuple_sq_item(PyObject *self, Py_ssize_t i) {
+PyObject *tuple_sq_item(PyObject *self, Py_ssize_t i) {
     PyObject *key = PyLong_FromSsize_t(i);
     if (key == NULL) return NULL;
     PyObject *r = tuple_item(self, key);
@@ -324,7 +297,7 @@ static PyObject *tuple_sq_item(PyObject *self, Py_ssize_t i) {
     return r;
 }
 
-static PyObject *tuple_as_tuple(PyObject *self, PyObject *Py_UNUSED(ignored)) {
+PyObject *tuple_as_tuple(PyObject *self, PyObject *Py_UNUSED(ignored)) {
     Py_ssize_t n = tuple_length(self);
     if (n < 0) return NULL;
     PyObject *t = PyTuple_New(n);
@@ -339,13 +312,9 @@ static PyObject *tuple_as_tuple(PyObject *self, PyObject *Py_UNUSED(ignored)) {
     return t;
 }
 
-static PyObject *tuple_add(PyObject *a, PyObject *b) {
-    PyObject *tensor;
-    needle_state *st = state_of_pair(a, b, &tensor);
-    if (st == NULL || !is_tensor_tuple(st, a) || !is_tensor_tuple(st, b)) {
-        PyErr_Clear();
-        Py_RETURN_NOTIMPLEMENTED;
-    }
+PyObject *tuple_add(PyObject *a, PyObject *b) {
+    needle_state *st = state_of_pair(a, b);
+    if (st == NULL || !is_tensor_tuple(st, a) || !is_tensor_tuple(st, b)) Py_RETURN_NOTIMPLEMENTED;
     Py_ssize_t n = tuple_length(a), m = tuple_length(b);
     if (n < 0 || m < 0) return NULL;
     if (n != m) {
@@ -370,26 +339,10 @@ static PyObject *tuple_add(PyObject *a, PyObject *b) {
     return r;
 }
 
-static PyObject *tuple_repr(PyObject *self) {
+PyObject *tuple_repr(PyObject *self) {
     PyObject *items = tuple_as_tuple(self, NULL);
     if (items == NULL) return NULL;
     PyObject *r = PyUnicode_FromFormat("needle.TensorTuple%R", items);
     Py_DECREF(items);
     return r;
 }
-
-PyMethodDef tensor_tuple_methods[] = {
-    {"tuple", tuple_as_tuple, METH_NOARGS, "tuple($self, /)\n--\n\nThe items as a tuple of Tensors."},
-    {NULL, NULL, 0, NULL},
-};
-
-PyType_Slot tensor_tuple_extra_slots[] = {
-    {Py_mp_length, tuple_length},
-    {Py_sq_length, tuple_length},
-    {Py_mp_subscript, tuple_item},
-    {Py_sq_item, tuple_sq_item},
-    {Py_nb_add, tuple_add},
-    {Py_tp_repr, tuple_repr},
-    {Py_tp_str, tuple_repr},
-    {0, NULL},
-};
