@@ -11,15 +11,8 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
-/* The type's method table: the view methods of this file followed by the
- * arithmetic of ndarray_ops.c, joined once at start-up. */
-static PyMethodDef ndarray_methods[64];
-
-static void join_method_tables(void);
-
 int ndarray_module_init(void) {
     import_array1(-1);
-    join_method_tables();
     return 0;
 }
 
@@ -539,7 +532,8 @@ static int ndarray_setitem(PyObject *op, PyObject *key, PyObject *value) {
 
 /* ------------------------------------------------------------- type */
 
-static PyMethodDef ndarray_view_methods[] = {
+/* The views and conversions of this file, then the arithmetic of ndarray_ops.c. */
+static PyMethodDef ndarray_methods[] = {
     {"numpy", ndarray_numpy, METH_NOARGS, "numpy($self, /)\n--\n\nA float32 NumPy copy."},
     {"__array__", (PyCFunction)(void (*)(void))ndarray_array, METH_VARARGS | METH_KEYWORDS,
      "__array__($self, /, dtype=None, copy=None)\n--\n\nNumPy conversion (always a copy)."},
@@ -563,6 +557,27 @@ static PyMethodDef ndarray_view_methods[] = {
     {"fill", ndarray_fill, METH_O, "fill($self, value, /)\n--\n\nSets every element, in place."},
     {"__dlpack__", (PyCFunction)(void (*)(void))interop_ndarray_dlpack, METH_VARARGS | METH_KEYWORDS, "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\nA DLPack capsule sharing this view's memory (interop.c)."},
     {"__dlpack_device__", interop_ndarray_dlpack_device, METH_NOARGS, "__dlpack_device__($self, /)\n--\n\n(device_type, device_id) as DLPack numbers them."},
+    {"log", ndarray_log, METH_NOARGS, "log($self, /)\n--\n\nNatural logarithm, elementwise."},
+    {"exp", ndarray_exp, METH_NOARGS, "exp($self, /)\n--\n\nExponential, elementwise."},
+    {"tanh", ndarray_tanh, METH_NOARGS, "tanh($self, /)\n--\n\nHyperbolic tangent, elementwise."},
+    {"sqrt", ndarray_sqrt, METH_NOARGS, "sqrt($self, /)\n--\n\nSquare root, elementwise."},
+    {"sigmoid", ndarray_sigmoid, METH_NOARGS, "sigmoid($self, /)\n--\n\n1 / (1 + exp(-x))."},
+    {"abs", ndarray_abs, METH_NOARGS, "abs($self, /)\n--\n\nAbsolute value, elementwise."},
+    {"relu", ndarray_relu, METH_NOARGS, "relu($self, /)\n--\n\nmax(x, 0), elementwise."},
+    {"maximum", ndarray_maximum, METH_O,
+     "maximum($self, other, /)\n--\n\nElementwise maximum with an NDArray or a number."},
+    {"minimum", ndarray_minimum, METH_O,
+     "minimum($self, other, /)\n--\n\nElementwise minimum with an NDArray or a number."},
+    {"matmul", ndarray_matmul, METH_O, "matmul($self, other, /)\n--\n\nself @ other (NumPy rules)."},
+    {"sum", (PyCFunction)(void (*)(void))ndarray_sum, METH_FASTCALL | METH_KEYWORDS,
+     "sum($self, /, axis=None, keepdims=False)\n--\n\nSum over axis (None, an int or a tuple). "
+     "axis=None without keepdims gives shape (1,), as in the course."},
+    {"max", (PyCFunction)(void (*)(void))ndarray_max, METH_FASTCALL | METH_KEYWORDS,
+     "max($self, /, axis=None, keepdims=False)\n--\n\nMaximum over axis; see sum."},
+    {"min", (PyCFunction)(void (*)(void))ndarray_min, METH_FASTCALL | METH_KEYWORDS,
+     "min($self, /, axis=None, keepdims=False)\n--\n\nMinimum over axis; see sum."},
+    {"pad", ndarray_pad, METH_O,
+     "pad($self, axes, /)\n--\n\nA zero-padded copy; axes holds a (before, after) pair per dim."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -618,10 +633,3 @@ PyType_Spec ndarray_type_spec = {
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = ndarray_type_slots,
 };
-
-static void join_method_tables(void) {
-    size_t n = 0;
-    for (PyMethodDef *m = ndarray_view_methods; m->ml_name != NULL; m++) ndarray_methods[n++] = *m;
-    for (PyMethodDef *m = ndarray_op_methods; m->ml_name != NULL && n < 63; m++) ndarray_methods[n++] = *m;
-    memset(&ndarray_methods[n], 0, sizeof ndarray_methods[n]);
-}

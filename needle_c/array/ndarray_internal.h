@@ -32,6 +32,20 @@ PyObject *ndarray_power(PyObject *a, PyObject *b, PyObject *mod);
 PyObject *ndarray_negative(PyObject *a);
 PyObject *ndarray_absolute(PyObject *a);
 PyObject *ndarray_matmul_slot(PyObject *a, PyObject *b);
-extern PyMethodDef ndarray_op_methods[];
+/* Methods defined in ndarray_ops.c (listed in ndarray.c's method table). */
+PyObject *ndarray_log(PyObject *op, PyObject *ignored);
+PyObject *ndarray_exp(PyObject *op, PyObject *ignored);
+PyObject *ndarray_tanh(PyObject *op, PyObject *ignored);
+PyObject *ndarray_sqrt(PyObject *op, PyObject *ignored);
+PyObject *ndarray_sigmoid(PyObject *op, PyObject *ignored);
+PyObject *ndarray_abs(PyObject *op, PyObject *ignored);
+PyObject *ndarray_relu(PyObject *op, PyObject *ignored);
+PyObject *ndarray_maximum(PyObject *a, PyObject *b);
+PyObject *ndarray_minimum(PyObject *a, PyObject *b);
+PyObject *ndarray_matmul(PyObject *a, PyObject *b);
+PyObject *ndarray_sum(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kw);
+PyObject *ndarray_max(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kw);
+PyObject *ndarray_min(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kw);
+PyObject *ndarray_pad(PyObject *op, PyObject *axes);
 
 #endif /* NEEDLE_NDARRAY_INTERNAL_H */

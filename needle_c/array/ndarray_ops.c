@@ -81,7 +81,7 @@ PyObject *ndarray_negative(PyObject *a) { return unary(a, ND_NEG); }
 PyObject *ndarray_absolute(PyObject *a) { return unary(a, ND_ABS); }
 
 #define UNARY_METHOD(name, op)                                                            \
-    static PyObject *ndarray_##name(PyObject *a, PyObject *Py_UNUSED(ignored)) {          \
+    PyObject *ndarray_##name(PyObject *a, PyObject *Py_UNUSED(ignored)) {          \
         return unary(a, op);                                                              \
     }
 UNARY_METHOD(log, ND_LOG)
@@ -92,7 +92,7 @@ UNARY_METHOD(sigmoid, ND_SIGMOID)
 UNARY_METHOD(abs, ND_ABS)
 UNARY_METHOD(relu, ND_RELU)
 
-static PyObject *ndarray_maximum(PyObject *a, PyObject *b) {
+PyObject *ndarray_maximum(PyObject *a, PyObject *b) {
     PyObject *r = binary(a, b, ND_MAXIMUM);
     if (r == Py_NotImplemented) {
         Py_DECREF(r);
@@ -103,7 +103,7 @@ static PyObject *ndarray_maximum(PyObject *a, PyObject *b) {
     return r;
 }
 
-static PyObject *ndarray_minimum(PyObject *a, PyObject *b) {
+PyObject *ndarray_minimum(PyObject *a, PyObject *b) {
     PyObject *r = binary(a, b, ND_MINIMUM);
     if (r == Py_NotImplemented) {
         Py_DECREF(r);
@@ -123,7 +123,7 @@ PyObject *ndarray_matmul_slot(PyObject *a, PyObject *b) {
     return ndarray_wrap(st, &out);
 }
 
-static PyObject *ndarray_matmul(PyObject *a, PyObject *b) {
+PyObject *ndarray_matmul(PyObject *a, PyObject *b) {
     if (!IS_NDARRAY(b)) {
         PyErr_Format(PyExc_TypeError, "matmul: expected an NDArray, got %.100s", Py_TYPE(b)->tp_name);
         return NULL;
@@ -214,19 +214,19 @@ static PyObject *reduce(PyObject *op, PyObject *const *args, Py_ssize_t nargs, P
     return ndarray_wrap(st, &out);
 }
 
-static PyObject *ndarray_sum(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kw) {
+PyObject *ndarray_sum(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kw) {
     return reduce(op, args, nargs, kw, ND_REDUCE_SUM, "sum");
 }
-static PyObject *ndarray_max(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kw) {
+PyObject *ndarray_max(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kw) {
     return reduce(op, args, nargs, kw, ND_REDUCE_MAX, "max");
 }
-static PyObject *ndarray_min(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kw) {
+PyObject *ndarray_min(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kw) {
     return reduce(op, args, nargs, kw, ND_REDUCE_MIN, "min");
 }
 
 /* --------------------------------------------------------------- pad */
 
-static PyObject *ndarray_pad(PyObject *op, PyObject *axes) {
+PyObject *ndarray_pad(PyObject *op, PyObject *axes) {
     NDArrayObject *self = NDArray_CAST(op);
     needle_state *st = PyType_GetModuleState(Py_TYPE(op));
     const nd_layout *in = &self->array.layout;
@@ -268,30 +268,6 @@ static PyObject *ndarray_pad(PyObject *op, PyObject *axes) {
     return ndarray_wrap(st, &out);
 }
 
-PyMethodDef ndarray_op_methods[] = {
-    {"log", ndarray_log, METH_NOARGS, "log($self, /)\n--\n\nNatural logarithm, elementwise."},
-    {"exp", ndarray_exp, METH_NOARGS, "exp($self, /)\n--\n\nExponential, elementwise."},
-    {"tanh", ndarray_tanh, METH_NOARGS, "tanh($self, /)\n--\n\nHyperbolic tangent, elementwise."},
-    {"sqrt", ndarray_sqrt, METH_NOARGS, "sqrt($self, /)\n--\n\nSquare root, elementwise."},
-    {"sigmoid", ndarray_sigmoid, METH_NOARGS, "sigmoid($self, /)\n--\n\n1 / (1 + exp(-x))."},
-    {"abs", ndarray_abs, METH_NOARGS, "abs($self, /)\n--\n\nAbsolute value, elementwise."},
-    {"relu", ndarray_relu, METH_NOARGS, "relu($self, /)\n--\n\nmax(x, 0), elementwise."},
-    {"maximum", ndarray_maximum, METH_O,
-     "maximum($self, other, /)\n--\n\nElementwise maximum with an NDArray or a number."},
-    {"minimum", ndarray_minimum, METH_O,
-     "minimum($self, other, /)\n--\n\nElementwise minimum with an NDArray or a number."},
-    {"matmul", ndarray_matmul, METH_O, "matmul($self, other, /)\n--\n\nself @ other (NumPy rules)."},
-    {"sum", (PyCFunction)(void (*)(void))ndarray_sum, METH_FASTCALL | METH_KEYWORDS,
-     "sum($self, /, axis=None, keepdims=False)\n--\n\nSum over axis (None, an int or a tuple). "
-     "axis=None without keepdims gives shape (1,), as in the course."},
-    {"max", (PyCFunction)(void (*)(void))ndarray_max, METH_FASTCALL | METH_KEYWORDS,
-     "max($self, /, axis=None, keepdims=False)\n--\n\nMaximum over axis; see sum."},
-    {"min", (PyCFunction)(void (*)(void))ndarray_min, METH_FASTCALL | METH_KEYWORDS,
-     "min($self, /, axis=None, keepdims=False)\n--\n\nMinimum over axis; see sum."},
-    {"pad", ndarray_pad, METH_O,
-     "pad($self, axes, /)\n--\n\nA zero-padded copy; axes holds a (before, after) pair per dim."},
-    {NULL, NULL, 0, NULL},
-};
 
 /* --------------------------------------------------- module functions */
 
