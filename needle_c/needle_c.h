@@ -69,6 +69,10 @@ PyObject *ndarray_wrap(needle_state *st, nd_array *arr);
 /* A new NDArray on dev from any array-like (NumPy array, list, scalar). */
 PyObject *ndarray_from_object(needle_state *st, PyObject *obj, nd_device *dev);
 int parse_shape(PyObject *obj, int *ndim, int64_t *shape);
+/* obj's items as a new tuple (TypeError with message when obj is no
+ * sequence). A tuple, not PySequence_Fast's list: an item's __index__ or a
+ * collection's callback could change a list while its items are read. */
+PyObject *sequence_tuple(PyObject *obj, const char *message);
 extern PyType_Spec ndarray_type_spec;
 int ndarray_module_init(void); /* NumPy C API import */
 

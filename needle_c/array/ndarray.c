@@ -45,6 +45,12 @@ PyObject *ndarray_view(needle_state *st, NDArrayObject *self, const nd_layout *l
     return ndarray_wrap(st, &view);
 }
 
+PyObject *sequence_tuple(PyObject *obj, const char *message) {
+    PyObject *seq = PySequence_Fast(obj, message);
+    if (seq != NULL && !PyTuple_CheckExact(seq)) Py_SETREF(seq, PySequence_Tuple(seq));
+    return seq;
+}
+
 int parse_shape(PyObject *obj, int *ndim, int64_t *shape) {
     if (PyIndex_Check(obj)) {
         Py_ssize_t v = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
@@ -57,7 +63,7 @@ int parse_shape(PyObject *obj, int *ndim, int64_t *shape) {
         PyErr_Format(PyExc_TypeError, "a shape must be a tuple of ints, got %.100s", Py_TYPE(obj)->tp_name);
         return -1;
     }
-    PyObject *seq = PySequence_Fast(obj, "a shape must be a sequence");
+    PyObject *seq = sequence_tuple(obj, "a shape must be a sequence");
     if (seq == NULL) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     if (n > ND_MAX_DIMS) {

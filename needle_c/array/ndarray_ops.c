@@ -230,7 +230,7 @@ PyObject *ndarray_pad(PyObject *op, PyObject *axes) {
     NDArrayObject *self = NDArray_CAST(op);
     needle_state *st = PyType_GetModuleState(Py_TYPE(op));
     const nd_layout *in = &self->array.layout;
-    PyObject *seq = PySequence_Fast(axes, "pad: axes must be a sequence of (before, after) pairs");
+    PyObject *seq = sequence_tuple(axes, "pad: axes must be a sequence of (before, after) pairs");
     if (seq == NULL) return NULL;
     if (PySequence_Fast_GET_SIZE(seq) != in->ndim) {
         PyErr_Format(PyExc_ValueError, "pad: expected %d (before, after) pairs, got %zd", in->ndim,
@@ -277,7 +277,7 @@ static PyObject *module_stack(PyObject *module, PyObject *args, PyObject *kwargs
     Py_ssize_t axis = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|n:stack", kwlist, &arrays, &axis)) return NULL;
     needle_state *st = state_of_module(module);
-    PyObject *seq = PySequence_Fast(arrays, "stack: expected a sequence of NDArrays");
+    PyObject *seq = sequence_tuple(arrays, "stack: expected a sequence of NDArrays");
     if (seq == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject *result = NULL;

@@ -76,12 +76,25 @@ static PyObject *add_gradients(needle_state *st, PyObject *a, PyObject *b) {
     return apply2(st, OP_EWISE_ADD, &no_params, a, b);
 }
 
+/* The sum of a node's gradient contributions; a snapshot of the list is held
+ * across the additions, which may run the collector. */
 static PyObject *sum_contributions(needle_state *st, PyObject *list) {
-    Py_ssize_t n = PyList_GET_SIZE(list);
-    PyObject *total = Py_NewRef(PyList_GET_ITEM(list, 0));
-    for (Py_ssize_t i = 1; i < n && total != NULL; i++)
-        Py_SETREF(total, add_gradients(st, total, PyList_GET_ITEM(list, i)));
+    PyObject *items = PyList_AsTuple(list);
+    if (items == NULL) return NULL;
+    PyObject *total = Py_NewRef(PyTuple_GET_ITEM(items, 0));
+    for (Py_ssize_t i = 1; i < PyTuple_GET_SIZE(items) && total != NULL; i++)
+        Py_SETREF(total, add_gradients(st, total, PyTuple_GET_ITEM(items, i)));
+    Py_DECREF(items);
     return total;
+}
+
+/* A gradient's partials, one per input, or an exception. */
+static int check_partials(PyObject *op, PyObject *partials, PyObject *inputs) {
+    if (partials == NULL) return -1;
+    if (PyTuple_GET_SIZE(partials) == PyTuple_GET_SIZE(inputs)) return 0;
+    PyErr_Format(PyExc_ValueError, "%R.gradient returned %zd gradients for %zd inputs", op,
+                 PyTuple_GET_SIZE(partials), PyTuple_GET_SIZE(inputs));
+    return -1;
 }
 
 /* The course's algorithm, verbatim in effect. */
@@ -107,15 +120,10 @@ static int backward_needle(needle_state *st, PyObject *topo, PyObject *output, P
         PyObject *op = Py_NewRef(Tensor_CAST(node)->op);
         PyObject *inputs = Py_NewRef(Tensor_CAST(node)->inputs);
         PyObject *partials = run_gradient(st, op, adjoint, node);
+        int bad = check_partials(op, partials, inputs);
         Py_DECREF(op);
-        if (partials == NULL) {
-            Py_DECREF(inputs);
-            goto fail;
-        }
-        if (PyTuple_GET_SIZE(partials) != PyTuple_GET_SIZE(inputs)) {
-            PyErr_Format(PyExc_ValueError, "%R.gradient returned %zd gradients for %zd inputs",
-                         Tensor_CAST(node)->op, PyTuple_GET_SIZE(partials), PyTuple_GET_SIZE(inputs));
-            Py_DECREF(partials);
+        if (bad) {
+            Py_XDECREF(partials);
             Py_DECREF(inputs);
             goto fail;
         }
@@ -183,12 +191,10 @@ static int backward_cycle_free(needle_state *st, PyObject *topo, PyObject *outpu
         }
         PyObject *op = Py_NewRef(t->op), *inputs = Py_NewRef(t->inputs);
         PyObject *partials = run_gradient(st, op, adjoint, node);
+        int bad = check_partials(op, partials, inputs);
         Py_DECREF(adjoint);
         Py_DECREF(op);
-        if (partials == NULL || PyTuple_GET_SIZE(partials) != PyTuple_GET_SIZE(inputs)) {
-            if (partials != NULL)
-                PyErr_Format(PyExc_ValueError, "%R.gradient returned %zd gradients for %zd inputs", t->op,
-                             PyTuple_GET_SIZE(partials), PyTuple_GET_SIZE(inputs));
+        if (bad) {
             Py_XDECREF(partials);
             Py_DECREF(inputs);
             goto fail;
@@ -200,7 +206,9 @@ static int backward_cycle_free(needle_state *st, PyObject *topo, PyObject *outpu
             PyObject *existing = PyDict_GetItemWithError(grads, input);
             PyObject *value;
             if (existing != NULL) {
+                Py_INCREF(existing); /* the addition may run the collector */
                 value = add_gradients(st, existing, partial);
+                Py_DECREF(existing);
             } else if (PyErr_Occurred()) {
                 value = NULL;
             } else {
@@ -290,7 +298,7 @@ PyObject *tensor_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
 
 static PyObject *mod_find_topo_sort(PyObject *module, PyObject *nodes) {
     needle_state *st = state_of_module(module);
-    PyObject *seq = PySequence_Fast(nodes, "find_topo_sort takes a list of Tensors");
+    PyObject *seq = sequence_tuple(nodes, "find_topo_sort takes a list of Tensors");
     if (seq == NULL) return NULL;
     PyObject *r = find_topo_sort(st, seq);
     Py_DECREF(seq);
