@@ -14,57 +14,85 @@
 
 static const op_params no_params;
 
-/* The course's post-order DFS, iteratively: a deep graph needs no recursion. */
+/* Grad mode is per thread, as in PyTorch: no_grad() in one thread never
+ * turns recording off in another. Recording is on in every new thread. */
+static _Thread_local int recording_off = 0;
+
+int is_recording(void) { return !recording_off; }
+
+int set_recording(int on) {
+    int previous = !recording_off;
+    recording_off = !on;
+    return previous;
+}
+
+/* The course's post-order DFS, iteratively: a deep graph needs no recursion.
+ * state maps a node to Py_False while it is on the path (its inputs are
+ * being visited) and to Py_True once it is in the order: meeting a node that
+ * is on the path means .inputs were set to form a cycle. The path holds a
+ * reference to each node on it (a collection may change inputs meanwhile). */
 PyObject *find_topo_sort(needle_state *st, PyObject *roots) {
-    PyObject *order = PyList_New(0), *visited = PySet_New(NULL);
+    PyObject *order = PyList_New(0), *state = PyDict_New();
     Py_ssize_t cap = 64, depth = 0;
-    struct frame { PyObject *node; Py_ssize_t next; } *stack = PyMem_Malloc(sizeof *stack * (size_t)cap);
-    if (order == NULL || visited == NULL || stack == NULL) goto fail;
-    Py_ssize_t nroots = PySequence_Fast_GET_SIZE(roots);
-    for (Py_ssize_t r = 0; r < nroots; r++) {
-        PyObject *root = PySequence_Fast_GET_ITEM(roots, r);
-        if (!PyObject_TypeCheck(root, st->autograd->value_type)) {
-            PyErr_Format(PyExc_TypeError, "find_topo_sort takes Tensors, got %.100s", Py_TYPE(root)->tp_name);
+    struct frame {
+        PyObject *node, *inputs;
+        Py_ssize_t next;
+    } *path = PyMem_Malloc(sizeof *path * (size_t)cap);
+    if (order == NULL || state == NULL || path == NULL) goto fail;
+    for (Py_ssize_t r = 0; r < PyTuple_GET_SIZE(roots); r++) {
+        PyObject *next = PyTuple_GET_ITEM(roots, r);
+        if (!is_value(st, next)) {
+            PyErr_Format(PyExc_TypeError, "find_topo_sort takes Tensors, got %.100s", Py_TYPE(next)->tp_name);
             goto fail;
         }
-        int seen = PySet_Contains(visited, root);
-        if (seen < 0) goto fail;
-        if (seen) continue;
-        stack[0].node = root;
-        stack[0].next = 0;
-        depth = 1;
-        while (depth > 0) {
-            struct frame *top = &stack[depth - 1];
-            PyObject *inputs = Tensor_CAST(top->node)->inputs;
-            if (top->next < PyTuple_GET_SIZE(inputs)) {
-                PyObject *child = PyTuple_GET_ITEM(inputs, top->next++);
-                seen = PySet_Contains(visited, child);
-                if (seen < 0) goto fail;
-                if (seen) continue;
-                if (depth == cap) {
-                    cap *= 2;
-                    struct frame *grown = PyMem_Realloc(stack, sizeof *stack * (size_t)cap);
-                    if (grown == NULL) {
-                        PyErr_NoMemory();
-                        goto fail;
-                    }
-                    stack = grown;
+        while (next != NULL || depth > 0) {
+            if (next != NULL) {
+                PyObject *seen = PyDict_GetItemWithError(state, next);
+                if (seen == Py_False) {
+                    PyErr_SetString(PyExc_ValueError, "graph has a cycle: a node is among its own inputs");
+                    goto fail;
                 }
-                stack[depth].node = child;
-                stack[depth].next = 0;
-                depth++;
+                if (seen == NULL && PyErr_Occurred()) goto fail;
+                if (seen == NULL) {
+                    if (depth == cap) {
+                        struct frame *grown = PyMem_Realloc(path, sizeof *path * (size_t)cap * 2);
+                        if (grown == NULL) {
+                            PyErr_NoMemory();
+                            goto fail;
+                        }
+                        path = grown;
+                        cap *= 2;
+                    }
+                    if (PyDict_SetItem(state, next, Py_False) < 0) goto fail;
+                    path[depth].node = Py_NewRef(next);
+                    path[depth].inputs = Py_NewRef(Tensor_CAST(next)->inputs);
+                    path[depth].next = 0;
+                    depth++;
+                }
+                next = NULL;
                 continue;
             }
-            if (PySet_Add(visited, top->node) < 0 || PyList_Append(order, top->node) < 0) goto fail;
+            struct frame *top = &path[depth - 1];
+            if (top->next < PyTuple_GET_SIZE(top->inputs)) {
+                next = PyTuple_GET_ITEM(top->inputs, top->next++);
+                continue;
+            }
+            if (PyDict_SetItem(state, top->node, Py_True) < 0 || PyList_Append(order, top->node) < 0) goto fail;
             depth--;
+            Py_DECREF(top->node);
+            Py_DECREF(top->inputs);
         }
     }
-    PyMem_Free(stack);
-    Py_DECREF(visited);
+    PyMem_Free(path);
+    Py_DECREF(state);
     return order;
 fail:
-    PyMem_Free(stack);
-    Py_XDECREF(visited);
+    for (Py_ssize_t i = 0; i < depth; i++) {
+        Py_DECREF(path[i].node);
+        Py_DECREF(path[i].inputs);
+    }
+    PyMem_Free(path);
+    Py_XDECREF(state);
     Py_XDECREF(order);
     return NULL;
 }
@@ -88,13 +116,41 @@ static PyObject *sum_contributions(needle_state *st, PyObject *list) {
     return total;
 }
 
-/* A gradient's partials, one per input, or an exception. */
-static int check_partials(PyObject *op, PyObject *partials, PyObject *inputs) {
+/* Whether two Values hold arrays of different shapes (-1: error). Values
+ * that are not plain Tensors (TensorTuples) are not compared. */
+static int shapes_differ(needle_state *st, PyObject *a, PyObject *b) {
+    if (!is_tensor(st, a) || !is_tensor(st, b)) return 0;
+    int na, nb;
+    int64_t sa[ND_MAX_DIMS], sb[ND_MAX_DIMS];
+    if (value_shape(st, a, &na, sa) < 0 || value_shape(st, b, &nb, sb) < 0) return -1;
+    return na != nb || memcmp(sa, sb, sizeof(int64_t) * (size_t)na) != 0;
+}
+
+/* A gradient's partials: one Tensor per input, each of its input's shape;
+ * anything else would be stored as a wrong .grad. */
+static int check_partials(needle_state *st, PyObject *op, PyObject *partials, PyObject *inputs) {
     if (partials == NULL) return -1;
-    if (PyTuple_GET_SIZE(partials) == PyTuple_GET_SIZE(inputs)) return 0;
-    PyErr_Format(PyExc_ValueError, "%R.gradient returned %zd gradients for %zd inputs", op,
-                 PyTuple_GET_SIZE(partials), PyTuple_GET_SIZE(inputs));
-    return -1;
+    if (PyTuple_GET_SIZE(partials) != PyTuple_GET_SIZE(inputs)) {
+        PyErr_Format(PyExc_ValueError, "%R.gradient returned %zd gradients for %zd inputs", op,
+                     PyTuple_GET_SIZE(partials), PyTuple_GET_SIZE(inputs));
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(inputs); k++) {
+        PyObject *partial = PyTuple_GET_ITEM(partials, k);
+        if (!is_value(st, partial)) {
+            PyErr_Format(PyExc_TypeError, "%R.gradient returned a %.100s for input %zd, not a Tensor", op,
+                         Py_TYPE(partial)->tp_name, k);
+            return -1;
+        }
+        int differ = shapes_differ(st, partial, PyTuple_GET_ITEM(inputs, k));
+        if (differ) {
+            if (differ > 0)
+                PyErr_Format(PyExc_ValueError, "%R.gradient returned a gradient of the wrong shape for input %zd",
+                             op, k);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 /* The course's algorithm, verbatim in effect. */
@@ -120,7 +176,7 @@ static int backward_needle(needle_state *st, PyObject *topo, PyObject *output, P
         PyObject *op = Py_NewRef(Tensor_CAST(node)->op);
         PyObject *inputs = Py_NewRef(Tensor_CAST(node)->inputs);
         PyObject *partials = run_gradient(st, op, adjoint, node);
-        int bad = check_partials(op, partials, inputs);
+        int bad = check_partials(st, op, partials, inputs);
         Py_DECREF(op);
         if (bad) {
             Py_XDECREF(partials);
@@ -191,7 +247,7 @@ static int backward_cycle_free(needle_state *st, PyObject *topo, PyObject *outpu
         }
         PyObject *op = Py_NewRef(t->op), *inputs = Py_NewRef(t->inputs);
         PyObject *partials = run_gradient(st, op, adjoint, node);
-        int bad = check_partials(op, partials, inputs);
+        int bad = check_partials(st, op, partials, inputs);
         Py_DECREF(adjoint);
         Py_DECREF(op);
         if (bad) {
@@ -233,8 +289,13 @@ fail:
 }
 
 int compute_gradient_of_variables(needle_state *st, PyObject *output, PyObject *out_grad) {
-    if (!PyObject_TypeCheck(out_grad, st->autograd->value_type)) {
+    if (!is_value(st, out_grad)) {
         PyErr_Format(PyExc_TypeError, "out_grad must be a Tensor, got %.100s", Py_TYPE(out_grad)->tp_name);
+        return -1;
+    }
+    int differ = shapes_differ(st, out_grad, output);
+    if (differ) {
+        if (differ > 0) PyErr_SetString(PyExc_ValueError, "out_grad must have the output's shape");
         return -1;
     }
     PyObject *roots = PyTuple_Pack(1, output);
@@ -247,10 +308,9 @@ int compute_gradient_of_variables(needle_state *st, PyObject *output, PyObject *
     if (ag->mode == GRAPH_NEEDLE) {
         rc = backward_needle(st, topo, output, out_grad);
     } else {
-        int recording = ag->recording;
-        ag->recording = 0;
+        int recording = set_recording(0);
         rc = backward_cycle_free(st, topo, output, out_grad);
-        ag->recording = recording;
+        set_recording(recording);
     }
     Py_DECREF(topo);
     return rc;
@@ -344,14 +404,13 @@ static PyObject *mod_get_graph_mode(PyObject *module, PyObject *Py_UNUSED(ignore
 static PyObject *mod_set_grad_enabled(PyObject *module, PyObject *arg) {
     int enabled = PyObject_IsTrue(arg);
     if (enabled < 0) return NULL;
-    autograd_state *ag = state_of_module(module)->autograd;
-    PyObject *previous = PyBool_FromLong(ag->recording);
-    ag->recording = enabled;
-    return previous;
+    (void)module;
+    return PyBool_FromLong(set_recording(enabled));
 }
 
 static PyObject *mod_is_grad_enabled(PyObject *module, PyObject *Py_UNUSED(ignored)) {
-    return PyBool_FromLong(state_of_module(module)->autograd->recording);
+    (void)module;
+    return PyBool_FromLong(is_recording());
 }
 
 static PyMethodDef autograd_functions[] = {
@@ -375,7 +434,6 @@ int autograd_module_init(PyObject *module, needle_state *st) {
         return -1;
     }
     st->autograd->mode = GRAPH_CYCLE_FREE;
-    st->autograd->recording = 1;
     ops_basic_register(op_impls);
     ops_nn_register(op_impls);
     for (int k = 1; k < OP_KIND_COUNT; k++)

@@ -144,8 +144,12 @@ typedef struct autograd_state {
     PyTypeObject *op_type, *tensor_op_type, *tensor_tuple_op_type;
     PyTypeObject *op_types[OP_KIND_COUNT];
     graph_mode mode;
-    int recording; /* 0 inside no_grad() and during cycle-free backward */
 } autograd_state;
+
+/* Whether ops record graph nodes in this thread (off inside no_grad() and
+ * during a cycle-free backward); set_recording returns the previous value. */
+int is_recording(void);
+int set_recording(int on);
 
 /* The module state of one of our Values or Ops, found through a one-entry
  * cache of the last module (an operator call needs it every time). */

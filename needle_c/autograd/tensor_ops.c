@@ -4,6 +4,8 @@
  */
 #include "tensor.h"
 
+#include "ops_util.h"
+
 #include <math.h>
 
 static const op_params no_params;
@@ -119,11 +121,23 @@ static PyObject *pow_scalar(needle_state *st, PyObject *t, double s, int left) {
         op_params p = scalar_params(s);
         return apply1(st, OP_POWER_SCALAR, &p, t);
     }
-    /* s ** t = exp(t * log s) */
-    op_params p = scalar_params(log(s));
-    PyObject *r = apply1(st, OP_MUL_SCALAR, &p, t);
-    if (r == NULL) return NULL;
-    Py_SETREF(r, apply1(st, OP_EXP, &no_params, r));
+    /* s ** t as EWisePow(full(s), t): exp(t * log s) would be NaN for
+     * s <= 0 (0 ** 0 is 1, (-2) ** 2 is 4, as in NumPy) */
+    PyObject *data = realize(st, t);
+    if (data == NULL) return NULL;
+    PyObject *base = NULL;
+    if (!ndarray_check(st, data)) {
+        PyErr_SetString(PyExc_TypeError, "scalar ** x needs a Tensor holding an NDArray");
+    } else {
+        const nd_layout *l = &NDArray_CAST(data)->array.layout;
+        PyObject *full = nd_full_like_shape(st, data, l->ndim, l->shape, (float)s);
+        base = full ? make_const(st, full, 0) : NULL;
+        Py_XDECREF(full);
+    }
+    Py_DECREF(data);
+    if (base == NULL) return NULL;
+    PyObject *r = apply2(st, OP_EWISE_POW, &no_params, base, t);
+    Py_DECREF(base);
     return r;
 }
 
