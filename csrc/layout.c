@@ -14,20 +14,60 @@ static nd_status check_ndim(int ndim) {
     return ND_OK;
 }
 
+/* Element counts, extents and offsets stay below ND_MAX_ELEMENTS, so that any
+ * of them times an element size, and the sum of two of them, fits in int64:
+ * every view is checked against it where it is made, and arithmetic on a
+ * checked layout cannot overflow. */
+#define ND_MAX_ELEMENTS ((int64_t)1 << 56)
+
+/* The element count of shape, or an error when a dimension is negative or
+ * the count would reach ND_MAX_ELEMENTS. */
+static nd_status checked_numel(int ndim, const int64_t *shape, int64_t *numel) {
+    int64_t n = 1;
+    int zero = 0;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) return nd_fail(ND_ERR_SHAPE, "negative dimension %lld", (long long)shape[i]);
+        if (shape[i] == 0) zero = 1;
+        /* A 0 anywhere makes the count 0, but the other dims must still be
+         * representable: their product bounds what strides can reach. */
+        int64_t d = shape[i] > 0 ? shape[i] : 1;
+        if (n > ND_MAX_ELEMENTS / d) return nd_fail(ND_ERR_SHAPE, "array is too large");
+        n *= d;
+    }
+    *numel = zero ? 0 : n;
+    return ND_OK;
+}
+
+/* Checks that a view's offset and its reach along every dim stay within
+ * +-ND_MAX_ELEMENTS (strides may be huge in as_strided). */
+static nd_status checked_extent(const nd_layout *l) {
+    int64_t low = l->offset, high = l->offset;
+    if (low < -ND_MAX_ELEMENTS || low > ND_MAX_ELEMENTS) return nd_fail(ND_ERR_VALUE, "view offset is too large");
+    for (int i = 0; i < l->ndim; i++) {
+        if (l->shape[i] <= 1) continue;
+        int64_t stride = l->strides[i] < 0 ? -l->strides[i] : l->strides[i];
+        if (l->strides[i] == INT64_MIN || (stride > 0 && l->shape[i] - 1 > ND_MAX_ELEMENTS / stride))
+            return nd_fail(ND_ERR_VALUE, "view strides reach too far");
+        int64_t span = (l->shape[i] - 1) * stride;
+        if (l->strides[i] < 0) low -= span;
+        else high += span;
+        if (low < -ND_MAX_ELEMENTS || high > ND_MAX_ELEMENTS)
+            return nd_fail(ND_ERR_VALUE, "view strides reach too far");
+    }
+    return ND_OK;
+}
+
 nd_status nd_layout_contiguous(int ndim, const int64_t *shape, nd_layout *out) {
     nd_status status = check_ndim(ndim);
     if (status != ND_OK) return status;
+    int64_t numel;
+    if ((status = checked_numel(ndim, shape, &numel)) != ND_OK) return status;
     memset(out, 0, sizeof *out);
     out->ndim = ndim;
-    int64_t stride = 1, numel = 1;
+    int64_t stride = 1;
     for (int i = ndim - 1; i >= 0; i--) {
-        if (shape[i] < 0)
-            return nd_fail(ND_ERR_SHAPE, "negative dimension %lld", (long long)shape[i]);
         out->shape[i] = shape[i];
         out->strides[i] = stride;
-        if (shape[i] > 0 && numel > INT64_MAX / 8 / shape[i])
-            return nd_fail(ND_ERR_SHAPE, "array is too large");
-        numel *= shape[i];
         stride *= shape[i] > 0 ? shape[i] : 1;
     }
     return ND_OK;
@@ -72,13 +112,12 @@ nd_status nd_resolve_shape(int64_t numel, int ndim, const int64_t *shape, int64_
         if (shape[i] == -1) {
             if (unknown >= 0) return nd_fail(ND_ERR_SHAPE, "can only specify one unknown dimension");
             unknown = i;
-        } else if (shape[i] < 0) {
-            return nd_fail(ND_ERR_SHAPE, "negative dimension %lld", (long long)shape[i]);
+            resolved[i] = 1;
         } else {
-            known *= shape[i];
+            resolved[i] = shape[i];
         }
-        resolved[i] = shape[i];
     }
+    if ((status = checked_numel(ndim, resolved, &known)) != ND_OK) return status;
     if (unknown >= 0) {
         if (known == 0 || numel % known != 0)
             return nd_fail(ND_ERR_SHAPE, "cannot reshape array of size %lld with an unknown dimension",
@@ -180,8 +219,9 @@ nd_status nd_layout_broadcast_to(const nd_layout *in, int ndim, const int64_t *s
     result.ndim = ndim;
     result.offset = in->offset;
     int lead = ndim - in->ndim;
+    int64_t numel;
+    if ((status = checked_numel(ndim, shape, &numel)) != ND_OK) return status;
     for (int i = 0; i < ndim; i++) {
-        if (shape[i] < 0) return nd_fail(ND_ERR_SHAPE, "negative dimension %lld", (long long)shape[i]);
         result.shape[i] = shape[i];
         if (i < lead) {
             result.strides[i] = 0;
@@ -243,9 +283,10 @@ nd_status nd_layout_flip(const nd_layout *in, int naxes, const int *axes, nd_lay
 
 nd_status nd_layout_check_bounds(const nd_layout *l, int64_t numel) {
     nd_status status = check_ndim(l->ndim);
-    if (status != ND_OK) return status;
-    for (int i = 0; i < l->ndim; i++)
-        if (l->shape[i] < 0) return nd_fail(ND_ERR_SHAPE, "negative dimension %lld", (long long)l->shape[i]);
+    int64_t count;
+    if (status != ND_OK || (status = checked_numel(l->ndim, l->shape, &count)) != ND_OK ||
+        (status = checked_extent(l)) != ND_OK)
+        return status;
     int64_t lo, hi;
     nd_layout_extent(l, &lo, &hi);
     if (nd_layout_numel(l) > 0 && (lo < 0 || hi > numel))
