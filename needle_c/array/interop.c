@@ -137,6 +137,16 @@ static int wants_versioned(PyObject *max_version) {
     return major >= 1;
 }
 
+/* A DLPack (device_type, device_id) pair; TypeError for anything else. */
+static int parse_device_pair(PyObject *obj, const char *what, int *type, int *id) {
+    if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 2) {
+        PyErr_Format(PyExc_TypeError, "%s must be a (device_type, device_id) tuple, got %.100s", what,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    return PyArg_ParseTuple(obj, "ii", type, id) ? 0 : -1;
+}
+
 PyObject *interop_ndarray_dlpack(PyObject *op, PyObject *args, PyObject *kwargs) {
     /* stream is accepted and not acted on: the engine's CUDA kernels run on
      * the legacy default stream, which blocking streams already wait for. */
@@ -151,7 +161,7 @@ PyObject *interop_ndarray_dlpack(PyObject *op, PyObject *args, PyObject *kwargs)
     DLDevice device = dl_device_of(nd_storage_device(self->array.storage));
     if (dl_device != Py_None) {
         int type, id;
-        if (!PyArg_ParseTuple(dl_device, "ii:__dlpack__ dl_device", &type, &id)) return NULL;
+        if (parse_device_pair(dl_device, "__dlpack__'s dl_device", &type, &id) < 0) return NULL;
         if (type != device.device_type || id != device.device_id) {
             PyErr_Format(PyExc_BufferError, "__dlpack__: cannot export to device (%d, %d) from (%d, %d)",
                          type, id, device.device_type, device.device_id);
@@ -498,9 +508,9 @@ static PyObject *request_capsule(PyObject *obj) {
     PyObject *dev = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
     if (dev == NULL) return NULL;
     int type = 0, id = 0;
-    int ok = PyArg_ParseTuple(dev, "ii", &type, &id);
+    int rc = parse_device_pair(dev, "__dlpack_device__()", &type, &id);
     Py_DECREF(dev);
-    if (!ok) return NULL;
+    if (rc < 0) return NULL;
     PyObject *method = PyObject_GetAttrString(obj, "__dlpack__");
     if (method == NULL) return NULL;
     /* On CUDA, stream 1 (the legacy default stream) is where the engine's
