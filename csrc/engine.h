@@ -23,6 +23,13 @@ extern "C" {
 
 #define ND_MAX_DIMS 16
 
+/* The device table's size, which sizes every per-device array in every
+ * layer (needle_c exports it as needle_c.MAX_DEVICES): up to
+ * ND_MAX_HOST_DEVICES host devices, then up to ND_MAX_CUDA_DEVICES GPUs. */
+#define ND_MAX_HOST_DEVICES 4
+#define ND_MAX_CUDA_DEVICES 16
+#define ND_MAX_DEVICES (ND_MAX_HOST_DEVICES + ND_MAX_CUDA_DEVICES)
+
 typedef enum nd_status {
     ND_OK = 0,
     ND_ERR_SHAPE,       /* incompatible or invalid shapes        -> ValueError   */

@@ -37,8 +37,6 @@
 
 #include <time.h>
 
-#define MAX_TRACKED_DEVICES 64
-
 typedef struct gc_policy {
     int enabled;
     double growth;
@@ -68,7 +66,7 @@ typedef struct device_pressure {
 } device_pressure;
 
 static gc_policy policy = {1, 0.25, (int64_t)64 << 20, 0.8, 0.05, -1};
-static device_pressure pressure[MAX_TRACKED_DEVICES];
+static device_pressure pressure[ND_MAX_DEVICES];
 static int gc_visible = 1;
 
 int needle_gc_visible(void) { return gc_visible; }
@@ -113,7 +111,7 @@ static int64_t next_trigger(const nd_device *dev, int64_t survivors) {
 
 void pressure_refresh(nd_device *dev) {
     int id = nd_device_id(dev);
-    if (id < 0 || id >= MAX_TRACKED_DEVICES) return;
+    if (id < 0 || id >= ND_MAX_DEVICES) return;
     device_pressure *ps = &pressure[id];
     int64_t allocated = allocated_of(dev);
     ps->survivors = allocated;
@@ -202,7 +200,7 @@ static void collect_and_account(nd_device *dev, device_pressure *ps, nd_collect_
 static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested, nd_collect_reason reason) {
     (void)ctx;
     int id = nd_device_id(dev);
-    if (!policy.enabled || id < 0 || id >= MAX_TRACKED_DEVICES) return;
+    if (!policy.enabled || id < 0 || id >= ND_MAX_DEVICES) return;
     device_pressure *ps = &pressure[id];
     double start = now_seconds();
     int64_t before = allocated_of(dev);
@@ -224,7 +222,7 @@ void pressure_safe_point(void) {
     if (!policy.enabled || policy.watermark >= 0) return;
     double now = now_seconds();
     int count = nd_device_count();
-    for (int id = 0; id < count && id < MAX_TRACKED_DEVICES; id++) {
+    for (int id = 0; id < count && id < ND_MAX_DEVICES; id++) {
         nd_device *dev = nd_device_at(id);
         device_pressure *ps = &pressure[id];
         if (dev == NULL || budget_of(dev) < 0) continue;
@@ -253,14 +251,14 @@ void pressure_safe_point(void) {
 }
 
 void pressure_install(void) {
-    for (int id = 0; id < MAX_TRACKED_DEVICES; id++) pressure[id].safe_baseline = -1;
+    for (int id = 0; id < ND_MAX_DEVICES; id++) pressure[id].safe_baseline = -1;
     nd_memory_set_collect_callback(collect_for_engine, NULL);
 }
 
 int pressure_add_stats(const nd_device *dev, PyObject *dict) {
     int id = nd_device_id(dev);
     device_pressure empty = {0};
-    const device_pressure *ps = id >= 0 && id < MAX_TRACKED_DEVICES ? &pressure[id] : &empty;
+    const device_pressure *ps = id >= 0 && id < ND_MAX_DEVICES ? &pressure[id] : &empty;
     struct { const char *key; PyObject *value; } items[] = {
         {"num_pressure_collections", PyLong_FromLongLong(ps->pressure_collections)},
         {"num_oom_collections", PyLong_FromLongLong(ps->oom_collections)},
@@ -330,7 +328,7 @@ static PyObject *reset_pressure_stats(PyObject *module, PyObject *arg) {
     int id = PyLong_AsLong(arg);
     if (id == -1 && PyErr_Occurred()) return NULL;
     nd_device *dev = nd_device_at(id);
-    if (dev == NULL || id >= MAX_TRACKED_DEVICES) {
+    if (dev == NULL || id >= ND_MAX_DEVICES) {
         PyErr_Format(PyExc_ValueError, "no device with engine id %d", id);
         return NULL;
     }
