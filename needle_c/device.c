@@ -236,15 +236,8 @@ static PyObject *device_new_array(PyObject *op, PyObject *shape_obj, PyObject *d
     needle_state *st = state_of_type(Py_TYPE(op));
     if (st == NULL) return NULL;
     nd_device *dev = device_from_object(st, op);
-    if (dev == NULL) return NULL;
-    int ndim;
-    int64_t shape[ND_MAX_DIMS];
-    if (parse_shape(shape_obj, &ndim, shape) < 0) return NULL;
-    nd_array arr;
-    nd_status status = nd_array_empty(dev, ndim, shape, &arr);
-    if (status == ND_OK && fill && (status = nd_array_fill(&arr, (float)value)) != ND_OK) nd_array_release(&arr);
-    if (status != ND_OK) return raise_status(st, status);
-    return ndarray_wrap(st, &arr);
+    float fill_value = (float)value;
+    return dev ? ndarray_new_on(st, dev, shape_obj, fill ? &fill_value : NULL) : NULL;
 }
 
 static PyObject *device_empty(PyObject *op, PyObject *args, PyObject *kwargs) {

@@ -71,6 +71,9 @@ PyObject *ndarray_wrap(needle_state *st, nd_array *arr);
 /* A new NDArray on dev from any array-like (NumPy array, list, scalar). */
 PyObject *ndarray_from_object(needle_state *st, PyObject *obj, nd_device *dev);
 int parse_shape(PyObject *obj, int *ndim, int64_t *shape);
+/* A new array of shape shape_obj on dev (ndarray_ops.c): uninitialised when
+ * fill is NULL, else filled with *fill. */
+PyObject *ndarray_new_on(needle_state *st, nd_device *dev, PyObject *shape_obj, const float *fill);
 extern PyType_Spec ndarray_type_spec;
 int ndarray_module_init(void); /* NumPy C API import */
 
