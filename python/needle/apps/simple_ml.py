@@ -26,7 +26,7 @@ import numpy as np
 import needle as ndl
 from needle import nn, optim
 from needle.data import get_batch
-from needle.memory import _format_bytes as format_bytes  # noqa: F401  (train_ptb imports it here)
+from needle.memory import _format_bytes as format_bytes  # train_ptb imports it from here
 
 from .models import *  # noqa: F401,F403  (the course's simple_ml imports apps.models)
 

@@ -21,22 +21,44 @@ means every device, not the default one.
 The package's modules: :mod:`.stats` (statistics, sizes, limits), :mod:`.policy` (the
 collection policy, ``freeze_heap``, :func:`safe_point`), :mod:`.diagnostics` (live tensors,
 cycles, warnings), :mod:`.summary` (``memory_summary``) and :mod:`.monitor` (timelines and
-allocation history). They import in that order and never back.
+allocation history). Each imports only the ones listed before it.
 """
-from .stats import (  # noqa: F401
-    _engine_id, _format_bytes, _limits_from_environment, _resolve, empty_cache, get_memory_limit,
-    max_memory_allocated, max_memory_reserved, memory_allocated, memory_reserved, memory_stats,
-    parse_size, reset_peak_memory_stats, set_memory_limit,
+# Private names that other modules (testing, apps) and the tests reach here:
+# _format_bytes (the package's one byte formatter), _engine_id, _cycle_callback.
+from .diagnostics import (
+    CycleWarning,
+    find_cycles,
+    live_tensors,
+    live_tensors_summary,
+    warn_on_cycles,
 )
-from .policy import (  # noqa: F401
-    _policy_from_environment, freeze_heap, gc_visible, get_gc_policy, safe_point, set_gc_policy,
+from .diagnostics import _cycle_callback as _cycle_callback
+from .monitor import MemoryMonitor, record_history
+from .policy import (
+    _policy_from_environment,
+    freeze_heap,
+    gc_visible,
+    get_gc_policy,
+    safe_point,
+    set_gc_policy,
     set_gc_visible,
 )
-from .diagnostics import (  # noqa: F401
-    CycleWarning, _cycle_callback, find_cycles, live_tensors, live_tensors_summary, warn_on_cycles,
+from .stats import _engine_id as _engine_id
+from .stats import _format_bytes as _format_bytes
+from .stats import (
+    _limits_from_environment,
+    empty_cache,
+    get_memory_limit,
+    max_memory_allocated,
+    max_memory_reserved,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    parse_size,
+    reset_peak_memory_stats,
+    set_memory_limit,
 )
-from .summary import memory_summary  # noqa: F401
-from .monitor import MemoryMonitor, record_history  # noqa: F401
+from .summary import memory_summary
 
 __all__ = [
     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",

@@ -344,7 +344,7 @@ def _cycle_callback(phase, info):
                 "(needle.autograd.set_graph_mode('cycle_free'), the default) or break the "
                 "cycles; needle.memory.find_cycles() shows where they are.", freed),
                 stacklevel=2)
-    except Exception:  # noqa: BLE001  (an error here would surface inside an unrelated op)
+    except Exception:
         pass
 
 
