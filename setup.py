@@ -8,6 +8,10 @@ Environment:
   NEEDLE_CUDA=auto  build the CUDA backend when nvcc is found (the default);
                     1: it must be built (the build fails loudly if it cannot);
                     0: never
+  NEEDLE_SANITIZE=1 build needle_c with AddressSanitizer and UBSan
+                    (-fsanitize=address,undefined, no recovery, -O1 -g) and
+                    without CUDA; run Python with the sanitizer runtime
+                    preloaded: see tests/sanitize.sh
   NEEDLE_CUDA_ARCH  the GPU architectures to compile for, e.g. "80;90"
                     (default: 75;80;86;89;90, plus compute_90 PTX; the PTX of
                     the highest one listed is always embedded)
@@ -35,11 +39,14 @@ from setuptools.command.build_ext import build_ext
 
 strict = os.environ.get("NEEDLE_STRICT", "0") == "1"
 debug = os.environ.get("NEEDLE_DEBUG", "0") == "1"
+sanitize = os.environ.get("NEEDLE_SANITIZE", "0") == "1"
+SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                  "-fno-omit-frame-pointer"]
 
 compile_args = [
     "-std=c11",
-    "-O0" if debug else "-O3",
-    "-g" if debug else "-g0",
+    "-O0" if debug else "-O1" if sanitize else "-O3",
+    "-g" if debug or sanitize else "-g0",
     "-Wall",
     "-Wextra",
     # Lets sqrtf and friends vectorise; needle never reads errno.
@@ -48,6 +55,10 @@ compile_args = [
 ]
 if strict:
     compile_args.append("-Werror")
+link_args = []
+if sanitize:
+    compile_args += SANITIZE_FLAGS
+    link_args += SANITIZE_FLAGS
 
 # needle_c/ is grouped by idea: array/ (the NDArray binding), autograd/ (Tensor, Op,
 # backward, the ops), memory/ (statistics, the collection policy); headers are
@@ -151,6 +162,11 @@ def cuda_plan():
     mode = os.environ.get("NEEDLE_CUDA", "auto").strip().lower() or "auto"
     if mode not in ("auto", "0", "1"):
         raise SystemExit(f"needle: NEEDLE_CUDA={mode!r}: expected auto, 0 or 1")
+    if sanitize:
+        if mode == "1":
+            raise SystemExit("needle: NEEDLE_SANITIZE=1 builds without CUDA; unset NEEDLE_CUDA=1")
+        print("needle: building without CUDA (NEEDLE_SANITIZE=1)")
+        return None
     if mode == "0":
         print("needle: building without CUDA (NEEDLE_CUDA=0)")
         return None
@@ -249,6 +265,7 @@ needle_c = Extension(
     include_dirs=[numpy.get_include(), "needle_c", "csrc"],
     define_macros=define_macros,
     extra_compile_args=compile_args,
+    extra_link_args=link_args,
     libraries=libraries,
     library_dirs=library_dirs,
     depends=depends,

@@ -19,7 +19,6 @@
 
 #define LARGE_BLOCK ((int64_t)2 << 20)
 #define MAX_CACHED_BYTES ((int64_t)4 << 30)
-#define MAX_DEVICES 64
 
 typedef struct cached_block {
     void *ptr;
@@ -32,14 +31,14 @@ typedef struct block_cache {
     int64_t bytes;
 } block_cache;
 
-static block_cache caches[MAX_DEVICES];
+static block_cache caches[ND_MAX_DEVICES];
 
 static int64_t block_size(int64_t nbytes) {
     return nbytes >= LARGE_BLOCK ? (nbytes + LARGE_BLOCK - 1) / LARGE_BLOCK * LARGE_BLOCK : nbytes;
 }
 
 static block_cache *cache_of(const nd_device *dev) {
-    return dev->id >= 0 && dev->id < MAX_DEVICES ? &caches[dev->id] : NULL;
+    return dev->id >= 0 && dev->id < ND_MAX_DEVICES ? &caches[dev->id] : NULL;
 }
 
 nd_status nd_cpu_raw_alloc(nd_device *dev, int64_t nbytes, void **out) {

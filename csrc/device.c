@@ -11,8 +11,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define ND_MAX_DEVICES 40
-
 static nd_device devices[ND_MAX_DEVICES];
 static int device_count = 0;
 static int initialised = 0;

@@ -23,6 +23,13 @@ extern "C" {
 
 #define ND_MAX_DIMS 16
 
+/* The device table's size, which sizes every per-device array in every
+ * layer (needle_c exports it as needle_c.MAX_DEVICES): up to
+ * ND_MAX_HOST_DEVICES host devices, then up to ND_MAX_CUDA_DEVICES GPUs. */
+#define ND_MAX_HOST_DEVICES 4
+#define ND_MAX_CUDA_DEVICES 16
+#define ND_MAX_DEVICES (ND_MAX_HOST_DEVICES + ND_MAX_CUDA_DEVICES)
+
 typedef enum nd_status {
     ND_OK = 0,
     ND_ERR_SHAPE,       /* incompatible or invalid shapes        -> ValueError   */
@@ -67,8 +74,12 @@ typedef struct nd_memory_stats {
     int64_t blocks_current, blocks_peak, blocks_total, blocks_freed;
     int64_t num_alloc_retries;      /* allocations retried after freeing memory */
     int64_t num_ooms;               /* allocations refused                      */
-    int64_t num_collect_calls;      /* collection callbacks made (both reasons) */
-    int64_t collect_freed_bytes;    /* allocated bytes that dropped during them */
+    /* The mechanism's view of collections: callbacks made (both reasons,
+     * including ones the host declined) and the allocated bytes that dropped
+     * during them. needle_c reports its policy's own counters instead
+     * (needle_c/memory/pressure.c), which also cover safe points. */
+    int64_t num_collect_calls;
+    int64_t collect_freed_bytes;
     int64_t limit;                  /* bytes; -1 when there is none             */
     int64_t trigger;                /* pressure trigger in bytes; -1 when off    */
 } nd_memory_stats;

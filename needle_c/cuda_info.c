@@ -1,4 +1,4 @@
-/* cuda_info.c: what needle.cuda_mem asks of the CUDA backend beyond the
+/* cuda_info.c: what needle.cuda asks of the CUDA backend beyond the
  * engine's memory accounting: whether CUDA was compiled in, the driver's
  * free/total bytes of a GPU, and which GEMM the backend runs.
  *

@@ -16,8 +16,6 @@
 #error "needle_c needs Python 3.11 or newer (PyType_GetModuleByDef)"
 #endif
 
-#define NEEDLE_MAX_CUDA_DEVICES 16
-
 typedef struct {
     PyTypeObject *device_type;
     PyTypeObject *ndarray_type;
@@ -25,7 +23,7 @@ typedef struct {
     PyObject *out_of_memory;     /* needle.OutOfMemoryError (MemoryError) */
     /* Device objects by engine id, and placeholders for CUDA devices the
      * engine does not have (enabled() is False). */
-    PyObject *devices[64];
+    PyObject *devices[ND_MAX_DEVICES];
     PyObject *cuda_placeholder;
     PyObject *numpy_random;      /* numpy.random, for Device.rand/randn */
     struct autograd_state *autograd; /* tensor.h: Tensor/Op types, graph mode */
@@ -54,13 +52,17 @@ needle_state *state_of_module(PyObject *module);
  * the type is not ours). */
 needle_state *state_of_type(PyTypeObject *type);
 
-/* Raises the exception that matches status, with the engine's message. */
+/* Raises the exception that matches status, with the engine's message
+ * (errors.c; ND_ERR_OOM raises needle.OutOfMemoryError with its figures). */
 PyObject *raise_status(needle_state *st, nd_status status);
 
-/* Device helpers (module.c). */
+/* Devices (device.c). */
 PyObject *device_object(needle_state *st, const nd_device *dev); /* borrowed */
 /* Resolves None (cpu), a Device, or a name like "cpu", "cuda:0". */
 nd_device *device_from_object(needle_state *st, PyObject *obj);
+/* Module init: the Device type, one Device per engine device, the device
+ * functions (cpu, cpu_numpy, cuda, _device) and MAX_DEVICES. */
+int device_module_init(PyObject *module, needle_state *st);
 
 /* NDArray helpers (ndarray.c). */
 int ndarray_check(needle_state *st, PyObject *obj);
@@ -73,6 +75,9 @@ int parse_shape(PyObject *obj, int *ndim, int64_t *shape);
  * sequence). A tuple, not PySequence_Fast's list: an item's __index__ or a
  * collection's callback could change a list while its items are read. */
 PyObject *sequence_tuple(PyObject *obj, const char *message);
+/* A new array of shape shape_obj on dev (ndarray_ops.c): uninitialised when
+ * fill is NULL, else filled with *fill. */
+PyObject *ndarray_new_on(needle_state *st, nd_device *dev, PyObject *shape_obj, const float *fill);
 extern PyType_Spec ndarray_type_spec;
 int ndarray_module_init(void); /* NumPy C API import */
 
@@ -103,5 +108,6 @@ int needle_gc_visible(void);
 /* BLAS discovery (blas.c): installs NumPy's OpenBLAS sgemm in the engine. */
 void install_blas(void);
 const char *blas_description(void);
+extern PyMethodDef blas_module_functions[]; /* _blas() */
 
 #endif /* NEEDLE_C_H */

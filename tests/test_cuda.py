@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import needle as ndl
-import needle.cuda_mem as cm
+import needle.cuda as cm
 import needle.memory as mem
 import needle_c
 from needle import backend_ndarray as nd
@@ -61,7 +61,7 @@ def test_cuda_is_still_the_course_device_function():
     assert callable(ndl.cuda)
     assert isinstance(ndl.cuda(), ndl.Device)
     assert ndl.cuda().name == "cuda"
-    from needle import cuda_mem  # noqa: F401  (importing it shadows nothing)
+    from needle import cuda as cuda_mem  # noqa: F401  (importing it shadows nothing)
     assert callable(ndl.cuda) and ndl.cuda() == CUDA
 
 
@@ -406,7 +406,7 @@ def test_matmul_kernel_fallback_matches_cublas(tmp_path):
     """NEEDLE_CUBLAS=0 forces needle's own SGEMM kernel; it must agree with the default."""
     code = textwrap.dedent("""
         import json
-        import numpy as np, needle as ndl, needle.cuda_mem as cm
+        import numpy as np, needle as ndl, needle.cuda as cm
         from needle import backend_ndarray as nd
         rng = np.random.default_rng(0)
         gpu = ndl.cuda()

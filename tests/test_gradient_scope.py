@@ -25,6 +25,10 @@ def _arr(seed, shape):
     return np.random.default_rng(seed).uniform(-1.0, 1.0, size=shape).astype(np.float32)
 
 
+def _copy(array):
+    return ndl.NDArray(array.numpy(), device=array.device)
+
+
 def _graph(device):
     """A loss over every op whose gradient reads a node's data or inputs."""
     x = ndl.Tensor(_arr(0, (4, 5)), device=device)
@@ -57,7 +61,9 @@ def test_gradients_hold_what_a_collection_replaces(device, mode):
         for node in list(nodes):
             data = node.cached_data
             if isinstance(data, ndl.NDArray):
-                node.cached_data = ndl.NDArray(data.numpy(), device=data.device)
+                node.cached_data = _copy(data)
+            elif isinstance(data, tuple):
+                node.cached_data = tuple(_copy(item) for item in data)
             if node.inputs:
                 node.inputs = list(node.inputs)  # a new tuple: the old one is freed
 

@@ -17,8 +17,8 @@ extern "C" {
 }
 #include "cuda_api.h"
 
-/* The most GPUs the backend registers (needle_c's NEEDLE_MAX_CUDA_DEVICES). */
-#define ND_CUDA_MAX_DEVICES 16
+/* The most GPUs the backend registers: engine.h's ND_MAX_CUDA_DEVICES. */
+#define ND_CUDA_MAX_DEVICES ND_MAX_CUDA_DEVICES
 
 /* Runs a CUDA runtime call; on failure records "<error> at file:line: call"
  * and returns ND_ERR_BACKEND from the enclosing function. The error is

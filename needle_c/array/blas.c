@@ -124,3 +124,13 @@ void install_blas(void) {
 }
 
 const char *blas_description(void) { return description; }
+
+static PyObject *module_blas(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    (void)module;
+    return PyUnicode_FromString(description);
+}
+
+PyMethodDef blas_module_functions[] = {
+    {"_blas", module_blas, METH_NOARGS, "_blas()\n--\n\nWhich GEMM the CPU backend uses."},
+    {NULL, NULL, 0, NULL},
+};

@@ -332,20 +332,24 @@ done:
     return result;
 }
 
+PyObject *ndarray_new_on(needle_state *st, nd_device *dev, PyObject *shape_obj, const float *fill) {
+    int ndim;
+    int64_t shape[ND_MAX_DIMS];
+    if (parse_shape(shape_obj, &ndim, shape) < 0) return NULL;
+    nd_array arr;
+    nd_status status = nd_array_empty(dev, ndim, shape, &arr);
+    if (status == ND_OK && fill != NULL && (status = nd_array_fill(&arr, *fill)) != ND_OK) nd_array_release(&arr);
+    if (status != ND_OK) return raise_status(st, status);
+    return ndarray_wrap(st, &arr);
+}
+
 static PyObject *module_empty(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"shape", "device", NULL};
     PyObject *shape_obj, *device = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:empty", kwlist, &shape_obj, &device)) return NULL;
     needle_state *st = state_of_module(module);
     nd_device *dev = device_from_object(st, device);
-    if (dev == NULL) return NULL;
-    int ndim;
-    int64_t shape[ND_MAX_DIMS];
-    if (parse_shape(shape_obj, &ndim, shape) < 0) return NULL;
-    nd_array arr;
-    nd_status status = nd_array_empty(dev, ndim, shape, &arr);
-    if (status != ND_OK) return raise_status(st, status);
-    return ndarray_wrap(st, &arr);
+    return dev ? ndarray_new_on(st, dev, shape_obj, NULL) : NULL;
 }
 
 static PyObject *module_full(PyObject *module, PyObject *args, PyObject *kwargs) {
@@ -356,15 +360,8 @@ static PyObject *module_full(PyObject *module, PyObject *args, PyObject *kwargs)
         return NULL;
     needle_state *st = state_of_module(module);
     nd_device *dev = device_from_object(st, device);
-    if (dev == NULL) return NULL;
-    int ndim;
-    int64_t shape[ND_MAX_DIMS];
-    if (parse_shape(shape_obj, &ndim, shape) < 0) return NULL;
-    nd_array arr;
-    nd_status status = nd_array_empty(dev, ndim, shape, &arr);
-    if (status == ND_OK && (status = nd_array_fill(&arr, (float)value)) != ND_OK) nd_array_release(&arr);
-    if (status != ND_OK) return raise_status(st, status);
-    return ndarray_wrap(st, &arr);
+    float fill = (float)value;
+    return dev ? ndarray_new_on(st, dev, shape_obj, &fill) : NULL;
 }
 
 PyMethodDef ndarray_module_functions[] = {

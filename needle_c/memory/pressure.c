@@ -37,15 +37,14 @@
 
 #include <time.h>
 
-#define MAX_TRACKED_DEVICES 64
-
 typedef struct gc_policy {
     int enabled;
     double growth;
     int64_t min_growth;
     double high_water;
     double max_gc_fraction;
-    int64_t watermark; /* -1: computed trigger */
+    int64_t watermark;         /* bytes; -1: none */
+    double watermark_fraction; /* of each device's budget; -1: none */
 } gc_policy;
 
 typedef struct device_pressure {
@@ -67,8 +66,22 @@ typedef struct device_pressure {
     double seconds;
 } device_pressure;
 
-static gc_policy policy = {1, 0.25, (int64_t)64 << 20, 0.8, 0.05, -1};
-static device_pressure pressure[MAX_TRACKED_DEVICES];
+/* The policy's defaults: the one place they are written down. The
+ * environment (NEEDLE_GC, NEEDLE_GC_GROWTH, ...) is parsed beside the
+ * Python policy functions (python/needle/memory/policy.py, which reads these
+ * through _gc_policy_defaults()), because its sizes ("64MiB", "50%") use
+ * needle.memory.parse_size. */
+static const gc_policy default_policy = {
+    .enabled = 1,
+    .growth = 0.25,
+    .min_growth = (int64_t)64 << 20,
+    .high_water = 0.8,
+    .max_gc_fraction = 0.05,
+    .watermark = -1,
+    .watermark_fraction = -1.0,
+};
+static gc_policy policy = default_policy;
+static device_pressure pressure[ND_MAX_DEVICES];
 static int gc_visible = 1;
 
 int needle_gc_visible(void) { return gc_visible; }
@@ -99,10 +112,21 @@ static int64_t cap_of(const nd_device *dev) {
     return budget < 0 ? -1 : (int64_t)(policy.high_water * (double)budget);
 }
 
+/* Whether a fixed watermark replaces the computed trigger. */
+static int watermark_set(void) { return policy.watermark >= 0 || policy.watermark_fraction > 0.0; }
+
+/* The fixed watermark on dev: bytes, or a fraction of dev's own budget (-1
+ * on a device without one). */
+static int64_t watermark_of(const nd_device *dev) {
+    if (policy.watermark >= 0) return policy.watermark;
+    int64_t budget = budget_of(dev);
+    return budget < 0 ? -1 : (int64_t)(policy.watermark_fraction * (double)budget);
+}
+
 /* The trigger for a live set of `survivors` bytes; -1 for none. */
 static int64_t next_trigger(const nd_device *dev, int64_t survivors) {
     if (!policy.enabled) return -1;
-    if (policy.watermark >= 0) return policy.watermark;
+    if (watermark_set()) return watermark_of(dev);
     int64_t cap = cap_of(dev);
     if (cap < 0) return -1;
     double grown = (double)survivors * (1.0 + policy.growth);
@@ -113,7 +137,7 @@ static int64_t next_trigger(const nd_device *dev, int64_t survivors) {
 
 void pressure_refresh(nd_device *dev) {
     int id = nd_device_id(dev);
-    if (id < 0 || id >= MAX_TRACKED_DEVICES) return;
+    if (id < 0 || id >= ND_MAX_DEVICES) return;
     device_pressure *ps = &pressure[id];
     int64_t allocated = allocated_of(dev);
     ps->survivors = allocated;
@@ -129,7 +153,7 @@ void pressure_refresh(nd_device *dev) {
  * needle.memory.freeze_heap() (or anyone's gc.freeze()) are invisible to
  * collections, and frozen cycles holding device memory must not cause an
  * out-of-memory error. They stay unfrozen afterwards. */
-static void run_collection(nd_collect_reason reason) {
+static void run_python_collection(nd_collect_reason reason) {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
     if (reason == ND_COLLECT_PRESSURE) {
@@ -173,7 +197,7 @@ static int soft_collection_allowed(const nd_device *dev, device_pressure *ps, in
 /* Runs one collection for dev and updates its figures and trigger. */
 static void collect_and_account(nd_device *dev, device_pressure *ps, nd_collect_reason reason, double start,
                                 int64_t before) {
-    run_collection(reason);
+    run_python_collection(reason);
     double end = now_seconds();
     int64_t after = allocated_of(dev);
     int64_t freed = before > after ? before - after : 0;
@@ -202,13 +226,13 @@ static void collect_and_account(nd_device *dev, device_pressure *ps, nd_collect_
 static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested, nd_collect_reason reason) {
     (void)ctx;
     int id = nd_device_id(dev);
-    if (!policy.enabled || id < 0 || id >= MAX_TRACKED_DEVICES) return;
+    if (!policy.enabled || id < 0 || id >= ND_MAX_DEVICES) return;
     device_pressure *ps = &pressure[id];
     double start = now_seconds();
     int64_t before = allocated_of(dev);
     if (reason == ND_COLLECT_PRESSURE) {
         int64_t cap = cap_of(dev);
-        if (policy.watermark < 0 && safe_points_active(ps, start) && cap >= 0 && before + requested <= cap) {
+        if (!watermark_set() && safe_points_active(ps, start) && cap >= 0 && before + requested <= cap) {
             ps->deferred++;
             return;
         }
@@ -221,10 +245,10 @@ static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested, nd_
 }
 
 void pressure_safe_point(void) {
-    if (!policy.enabled || policy.watermark >= 0) return;
+    if (!policy.enabled || watermark_set()) return;
     double now = now_seconds();
     int count = nd_device_count();
-    for (int id = 0; id < count && id < MAX_TRACKED_DEVICES; id++) {
+    for (int id = 0; id < count && id < ND_MAX_DEVICES; id++) {
         nd_device *dev = nd_device_at(id);
         device_pressure *ps = &pressure[id];
         if (dev == NULL || budget_of(dev) < 0) continue;
@@ -253,22 +277,36 @@ void pressure_safe_point(void) {
 }
 
 void pressure_install(void) {
-    for (int id = 0; id < MAX_TRACKED_DEVICES; id++) pressure[id].safe_baseline = -1;
+    for (int id = 0; id < ND_MAX_DEVICES; id++) pressure[id].safe_baseline = -1;
     nd_memory_set_collect_callback(collect_for_engine, NULL);
 }
 
+/* The collection figures of memory_stats(), all from the one set of counters
+ * above (collect_and_account updates them for every collection needle runs:
+ * allocation path and safe points):
+ *   num_pressure_collections  soft collections (of which num_safe_point_collections at safe points)
+ *   num_oom_collections       collections on the out-of-memory path
+ *   num_collect_calls         both of them: every collection run for this device
+ *   num_pressure_skips        soft collections that pacing or back-off skipped
+ *   num_pressure_deferrals    soft collections left to the next safe point
+ *   gc_seconds                time spent in them
+ *   gc_freed_bytes            allocated bytes on this device that dropped during them
+ *   collect_freed_bytes       the same figure, under its older name
+ *   gc_survivor_bytes         allocated bytes after the last one */
 int pressure_add_stats(const nd_device *dev, PyObject *dict) {
     int id = nd_device_id(dev);
     device_pressure empty = {0};
-    const device_pressure *ps = id >= 0 && id < MAX_TRACKED_DEVICES ? &pressure[id] : &empty;
+    const device_pressure *ps = id >= 0 && id < ND_MAX_DEVICES ? &pressure[id] : &empty;
     struct { const char *key; PyObject *value; } items[] = {
         {"num_pressure_collections", PyLong_FromLongLong(ps->pressure_collections)},
         {"num_oom_collections", PyLong_FromLongLong(ps->oom_collections)},
+        {"num_collect_calls", PyLong_FromLongLong(ps->pressure_collections + ps->oom_collections)},
         {"num_pressure_skips", PyLong_FromLongLong(ps->skipped)},
         {"num_safe_point_collections", PyLong_FromLongLong(ps->safe_point_collections)},
         {"num_pressure_deferrals", PyLong_FromLongLong(ps->deferred)},
         {"gc_seconds", PyFloat_FromDouble(ps->seconds)},
         {"gc_freed_bytes", PyLong_FromLongLong(ps->freed_bytes)},
+        {"collect_freed_bytes", PyLong_FromLongLong(ps->freed_bytes)},
         {"gc_survivor_bytes", PyLong_FromLongLong(ps->survivors)},
     };
     int rc = 0;
@@ -290,8 +328,9 @@ static PyObject *set_gc_policy(PyObject *module, PyObject *args, PyObject *kwarg
     (void)module;
     static char *kwlist[] = {"enabled", "growth", "min_growth", "high_water", "max_gc_fraction", "watermark", NULL};
     gc_policy p = policy;
-    long long min_growth = p.min_growth, watermark = p.watermark;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$pdLddL:_set_gc_policy", kwlist, &p.enabled, &p.growth,
+    long long min_growth = p.min_growth;
+    PyObject *watermark = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$pdLddO:_set_gc_policy", kwlist, &p.enabled, &p.growth,
                                      &min_growth, &p.high_water, &p.max_gc_fraction, &watermark))
         return NULL;
     if (p.growth < 0.0 || min_growth < 0 || p.high_water <= 0.0 || p.high_water > 1.0 ||
@@ -301,19 +340,48 @@ static PyObject *set_gc_policy(PyObject *module, PyObject *args, PyObject *kwarg
         return NULL;
     }
     p.min_growth = min_growth;
-    p.watermark = watermark < 0 ? -1 : watermark;
+    if (watermark == Py_None) {
+        p.watermark = -1;
+        p.watermark_fraction = -1.0;
+    } else if (watermark != NULL && PyFloat_Check(watermark)) {
+        double fraction = PyFloat_AsDouble(watermark);
+        if (!(fraction > 0.0 && fraction <= 1.0)) {
+            PyErr_Format(PyExc_ValueError, "a fractional watermark must be in (0, 1], got %R", watermark);
+            return NULL;
+        }
+        p.watermark = -1;
+        p.watermark_fraction = fraction;
+    } else if (watermark != NULL) {
+        long long bytes = PyLong_AsLongLong(watermark);
+        if (bytes == -1 && PyErr_Occurred()) return NULL;
+        p.watermark = bytes < 0 ? -1 : bytes;
+        p.watermark_fraction = -1.0;
+    }
     policy = p;
     refresh_all();
     Py_RETURN_NONE;
 }
 
+/* A policy as the dict get_gc_policy returns (watermark: bytes, a fraction
+ * of each device's budget, or None for the computed trigger). */
+static PyObject *policy_dict(const gc_policy *p) {
+    PyObject *watermark = p->watermark >= 0           ? PyLong_FromLongLong(p->watermark)
+                          : p->watermark_fraction > 0 ? PyFloat_FromDouble(p->watermark_fraction)
+                                                      : Py_NewRef(Py_None);
+    if (watermark == NULL) return NULL;
+    return Py_BuildValue("{s:O,s:d,s:L,s:d,s:d,s:N}", "enabled", p->enabled ? Py_True : Py_False, "growth",
+                         p->growth, "min_growth", (long long)p->min_growth, "high_water", p->high_water,
+                         "max_gc_fraction", p->max_gc_fraction, "watermark", watermark);
+}
+
 static PyObject *get_gc_policy(PyObject *module, PyObject *Py_UNUSED(ignored)) {
     (void)module;
-    PyObject *watermark = policy.watermark < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(policy.watermark);
-    if (watermark == NULL) return NULL;
-    return Py_BuildValue("{s:O,s:d,s:L,s:d,s:d,s:N}", "enabled", policy.enabled ? Py_True : Py_False, "growth",
-                         policy.growth, "min_growth", (long long)policy.min_growth, "high_water",
-                         policy.high_water, "max_gc_fraction", policy.max_gc_fraction, "watermark", watermark);
+    return policy_dict(&policy);
+}
+
+static PyObject *gc_policy_defaults(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    (void)module;
+    return policy_dict(&default_policy);
 }
 
 static PyObject *set_gc_visible(PyObject *module, PyObject *arg) {
@@ -330,7 +398,7 @@ static PyObject *reset_pressure_stats(PyObject *module, PyObject *arg) {
     int id = PyLong_AsLong(arg);
     if (id == -1 && PyErr_Occurred()) return NULL;
     nd_device *dev = nd_device_at(id);
-    if (dev == NULL || id >= MAX_TRACKED_DEVICES) {
+    if (dev == NULL || id >= ND_MAX_DEVICES) {
         PyErr_Format(PyExc_ValueError, "no device with engine id %d", id);
         return NULL;
     }
@@ -351,8 +419,11 @@ PyMethodDef pressure_module_functions[] = {
      "become garbage (Optimizer.reset_grad calls it); collects if allocations are past the trigger."},
     {"_set_gc_policy", (PyCFunction)(void (*)(void))set_gc_policy, METH_VARARGS | METH_KEYWORDS,
      "_set_gc_policy(*, enabled, growth, min_growth, high_water, max_gc_fraction, watermark)\n--\n\n"
-     "Sets the pressure policy (omitted values are kept; watermark -1 means computed)."},
+     "Sets the pressure policy (omitted values are kept). watermark: bytes (int), a fraction (float in "
+     "(0, 1]) of each device's budget, or None or -1 for the computed trigger."},
     {"_get_gc_policy", get_gc_policy, METH_NOARGS, "_get_gc_policy()\n--\n\nThe pressure policy as a dict."},
+    {"_gc_policy_defaults", gc_policy_defaults, METH_NOARGS,
+     "_gc_policy_defaults()\n--\n\nThe policy needle starts with, as a dict like _get_gc_policy()'s."},
     {"_set_gc_visible", set_gc_visible, METH_O,
      "_set_gc_visible(visible, /)\n--\n\nFalse makes Tensor/Op traversal report nothing (a demonstration of "
      "an extension invisible to the collector: cycles leak for good). Returns the previous value."},

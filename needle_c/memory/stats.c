@@ -1,8 +1,10 @@
-/* memory.c: the engine's per-device memory accounting, exposed to
- * needle.memory: statistics, peaks, limits and the pressure trigger.
+/* stats.c: the engine's per-device memory accounting, exposed to
+ * needle.memory: statistics, peaks, limits and the cache.
  *
  * Devices are named by engine id here; needle.memory resolves user-facing
- * device arguments and units. Policy (when to collect) stays in Python.
+ * device arguments (through needle_c._device) and units. The collection
+ * policy and its counters live in pressure.c, which adds its figures to
+ * memory_stats (pressure_add_stats).
  */
 #include "needle_c.h"
 
@@ -44,8 +46,6 @@ static PyObject *memory_stats(PyObject *module, PyObject *arg) {
         set_item(d, "allocation.all.freed", s.blocks_freed) < 0 ||
         set_item(d, "num_alloc_retries", s.num_alloc_retries) < 0 ||
         set_item(d, "num_ooms", s.num_ooms) < 0 ||
-        set_item(d, "num_collect_calls", s.num_collect_calls) < 0 ||
-        set_item(d, "collect_freed_bytes", s.collect_freed_bytes) < 0 ||
         set_item(d, "memory_limit_bytes", s.limit) < 0 ||
         set_item(d, "gc_trigger_bytes", s.trigger) < 0 ||
         set_item(d, "device_capacity_bytes", nd_device_capacity(dev)) < 0 || pressure_add_stats(dev, d) < 0) {
@@ -95,20 +95,6 @@ static PyObject *memory_set_limit(PyObject *module, PyObject *const *args, Py_ss
     Py_RETURN_NONE;
 }
 
-static PyObject *memory_set_trigger(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    (void)module;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "_set_gc_trigger(device_id, bytes or -1)");
-        return NULL;
-    }
-    nd_device *dev = device_arg(args[0]);
-    if (dev == NULL) return NULL;
-    long long trigger = PyLong_AsLongLong(args[1]);
-    if (trigger == -1 && PyErr_Occurred()) return NULL;
-    nd_memory_set_trigger(dev, trigger);
-    Py_RETURN_NONE;
-}
-
 PyMethodDef memory_module_functions[] = {
     {"_memory_stats", memory_stats, METH_O,
      "_memory_stats(device_id, /)\n--\n\nThe device's allocator statistics as a flat dict."},
@@ -120,8 +106,5 @@ PyMethodDef memory_module_functions[] = {
      "_empty_cache(device_id, /)\n--\n\nReleases cached blocks; returns the bytes released."},
     {"_set_memory_limit", (PyCFunction)(void (*)(void))memory_set_limit, METH_FASTCALL,
      "_set_memory_limit(device_id, limit, /)\n--\n\nLimit in bytes on reserved memory; -1 removes it."},
-    {"_set_gc_trigger", (PyCFunction)(void (*)(void))memory_set_trigger, METH_FASTCALL,
-     "_set_gc_trigger(device_id, trigger, /)\n--\n\nCollect before allocated bytes pass trigger; -1 "
-     "switches it off."},
     {NULL, NULL, 0, NULL},
 };

@@ -1,17 +1,135 @@
 """``needle.cuda``: the course's device function and the ``torch.cuda``-style API in one name.
 
-``ndl.cuda()`` (and ``ndl.cuda(1)``) returns the CUDA device, as in the course, while
-``ndl.cuda.memory_allocated()``, ``ndl.cuda.is_available()`` ... work like ``torch.cuda``'s.
-The functions live in :mod:`needle.cuda_mem`; this module is made callable so that both uses
-share the one name. Everything is safe without a GPU (0, ``{}``, False).
+``ndl.cuda()`` (and ``ndl.cuda(1)``) returns the CUDA device, as in the course, while the
+functions below work like ``torch.cuda``'s; the module is made callable so that both uses
+share the one name::
+
+    import needle as ndl
+    ndl.cuda.is_available(), ndl.cuda.device_count()
+    ndl.cuda.memory_allocated(), ndl.cuda.max_memory_allocated(), ndl.cuda.memory_reserved()
+    ndl.cuda.max_memory_reserved(), ndl.cuda.memory_stats(), ndl.cuda.reset_peak_memory_stats()
+    ndl.cuda.empty_cache(), ndl.cuda.mem_get_info(), ndl.cuda.memory_summary()
+
+Every function takes ``device=None`` (meaning ``cuda(0)``), a device index, a CUDA
+device object or a name such as ``"cuda"`` / ``"cuda:1"``, and counts bytes. They are
+views of :mod:`needle.memory` restricted to CUDA devices, and all of them are safe
+without CUDA (a build without the backend, or no GPU): counters are 0, ``memory_stats``
+is ``{}``, ``is_available`` is False and ``mem_get_info`` is ``(0, 0)``.
+
+``allocated`` counts the bytes of live arrays exactly; ``reserved`` counts what the
+caching allocator holds from the driver (cached blocks included), which is what a
+memory limit (:func:`set_per_process_memory_fraction`, ``needle.memory.set_memory_limit``)
+applies to. ``empty_cache`` gives the cached blocks back to the driver.
 """
 import sys
 import types
 
 import needle_c as _c
 
-from .cuda_mem import *  # noqa: F401,F403
-from .cuda_mem import __all__  # noqa: F401
+from . import memory as _memory
+
+__all__ = [
+    "is_available", "is_compiled", "device_count", "memory_allocated", "max_memory_allocated",
+    "memory_reserved", "max_memory_reserved", "memory_stats", "reset_peak_memory_stats",
+    "empty_cache", "mem_get_info", "memory_summary", "set_per_process_memory_fraction",
+    "gemm_backend",
+]
+
+
+
+def _device(device=None):
+    """The CUDA Device object for ``device`` (None: ``cuda(0)``; an int: ``cuda(i)``)."""
+    if device is None:
+        return _c.cuda(0)
+    if isinstance(device, bool):
+        raise TypeError("a CUDA device cannot be a bool")
+    if isinstance(device, int):
+        return _c.cuda(device)
+    dev = _c._device(device)
+    if dev.name != "cuda":
+        raise ValueError(f"expected a CUDA device, got {dev!r}")
+    return dev
+
+
+def is_compiled():
+    """True when this build of needle contains the CUDA backend (with or without a GPU)."""
+    return bool(_c._cuda_compiled())
+
+
+def is_available():
+    """True when at least one CUDA device can be used."""
+    return _c.cuda(0).enabled()
+
+
+def device_count():
+    """The number of usable CUDA devices (0 without CUDA)."""
+    return sum(1 for i in range(_c.MAX_CUDA_DEVICES) if _c.cuda(i).enabled())
+
+
+def memory_allocated(device=None):
+    """Bytes held by live arrays on the CUDA device (exact; 0 without CUDA)."""
+    return _memory.memory_allocated(_device(device))
+
+
+def max_memory_allocated(device=None):
+    """Peak of :func:`memory_allocated` since start or :func:`reset_peak_memory_stats`."""
+    return _memory.max_memory_allocated(_device(device))
+
+
+def memory_reserved(device=None):
+    """Bytes the caching allocator holds from the driver, cache included (>= allocated)."""
+    return _memory.memory_reserved(_device(device))
+
+
+def max_memory_reserved(device=None):
+    """Peak of :func:`memory_reserved`."""
+    return _memory.max_memory_reserved(_device(device))
+
+
+def memory_stats(device=None):
+    """The allocator's statistics as a flat dict (keys as in ``torch.cuda.memory_stats``;
+    see :func:`needle.memory.memory_stats`); ``{}`` without CUDA."""
+    return _memory.memory_stats(_device(device))
+
+
+def reset_peak_memory_stats(device=None):
+    """Sets every peak statistic of the device to its current value."""
+    _memory.reset_peak_memory_stats(_device(device))
+
+
+def empty_cache(device=None):
+    """Returns the cached, unused blocks of the device to the driver; returns the bytes
+    released (0 without CUDA)."""
+    return _memory.empty_cache(_device(device))
+
+
+def mem_get_info(device=None):
+    """``(free, total)`` bytes of the GPU as the driver reports them (``cudaMemGetInfo``):
+    free counts every process and the CUDA context, not only needle. ``(0, 0)`` without
+    CUDA."""
+    dev = _device(device)
+    if not dev.enabled():
+        return (0, 0)
+    info = _c._cuda_mem_get_info(dev.index)
+    return (0, 0) if info is None else tuple(info)
+
+
+def memory_summary(device=None):
+    """A readable report of the device's memory (see :func:`needle.memory.memory_summary`)."""
+    return _memory.memory_summary(_device(device))
+
+
+def set_per_process_memory_fraction(fraction, device=None):
+    """Limits what needle may reserve on the device to ``fraction`` (in (0, 1]) of its
+    capacity; beyond it allocations raise ``needle.OutOfMemoryError``. ``None`` removes
+    the limit. Raises ``needle.DeviceError`` without CUDA."""
+    _memory.set_memory_limit(_device(device), None if fraction is None else float(fraction))
+
+
+def gemm_backend():
+    """Which GEMM the CUDA backend runs: ``"cublas (<library>)"`` or needle's own kernel
+    (with the reason); None without the CUDA backend."""
+    return _c._cuda_gemm()
 
 
 class _CallableModule(types.ModuleType):

@@ -6,10 +6,9 @@ that produced the gradients: the state dicts hold plain detached tensors. Parame
 whose ``grad`` is None are skipped. ``clip_grad_norm`` exists on every optimizer (the
 course has it on SGD only).
 """
-import needle_c as _c
 import numpy as np
 
-from . import init
+from . import init, memory
 from .autograd import no_grad
 
 
@@ -28,7 +27,7 @@ class Optimizer:
         for p in self.params:
             p.grad = None
         # The gradients pinned the previous step's graph: a good moment for the pressure policy.
-        _c._gc_safe_point()
+        memory.safe_point()
 
     def clip_grad_norm(self, max_norm=0.25):
         """Scales all gradients so that their global L2 norm is at most ``max_norm``.

@@ -45,10 +45,7 @@ def pytest_configure(config):
 
 def _format_bytes(n):
     """``n`` as exact bytes followed by a readable size, e.g. ``"8388608 bytes (8.00 MiB)"``."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n} bytes ({n / size:.2f} {unit})"
-    return f"{n} bytes"
+    return _memory._format_bytes(n, exact=True)
 
 
 def _device_label(device):

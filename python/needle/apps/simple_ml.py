@@ -26,6 +26,7 @@ import numpy as np
 import needle as ndl
 from needle import nn, optim
 from needle.data import get_batch
+from needle.memory import _format_bytes as format_bytes  # train_ptb imports it from here
 
 from .models import *  # noqa: F401,F403  (the course's simple_ml imports apps.models)
 
@@ -35,14 +36,6 @@ device = ndl.cpu()
 # --------------------------------------------------------------------------
 # progress reporting
 # --------------------------------------------------------------------------
-
-
-def format_bytes(n):
-    """A human-readable size such as '12.34 MiB' for ``n`` bytes."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
 
 
 class _LinePrinter:

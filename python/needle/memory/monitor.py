@@ -1,6 +1,7 @@
-"""A timeline of one device's memory: allocated and reserved bytes and the collector's
-counters, sampled by hand (``monitor.sample(step)``) or by a background thread, written to
-CSV or plotted (PNG).
+"""needle.memory.monitor: memory over time: a timeline of one device's memory
+(:class:`MemoryMonitor`: allocated and reserved bytes and the collector's counters, sampled by
+hand with ``monitor.sample(step)`` or by a background thread, written to CSV or plotted as a
+PNG) and the allocation sites of tensors (:func:`record_history`).
 
 Sampling only reads the allocator's counters, so it is cheap and safe from another thread
 (the GIL serialises it with the ops that change them).
@@ -9,9 +10,9 @@ import csv
 import threading
 import time
 
-from .memory import _resolve, memory_stats
+import needle_c as _c
 
-__all__ = ["MemoryMonitor"]
+from .stats import _resolve, memory_stats
 
 _DEFAULT_INTERVAL = 0.1
 _MIB = float(2**20)
@@ -178,3 +179,33 @@ class MemoryMonitor:
         if path is not None:
             ax.figure.savefig(path, format="png")
         return ax
+
+
+class _HistoryRecording:
+    """The switch returned by :func:`record_history`; a context manager that restores the
+    previous setting on exit."""
+
+    def __init__(self, enabled):
+        self.enabled = bool(enabled)
+        self.previous = _c._record_history(self.enabled)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        _c._record_history(self.previous)
+        return False
+
+    def __repr__(self):
+        return f"record_history(enabled={self.enabled}, previous={self.previous})"
+
+
+def record_history(enabled=True):
+    """Turns recording of allocation sites on (or off): tensors created afterwards keep the
+    Python stack that created them (``t._alloc_site``), which :func:`live_tensors` and
+    :func:`find_cycles` report as ``"file:line"``. Recording costs time on every tensor.
+
+    Takes effect at once and returns a switch whose ``previous`` attribute is the former
+    setting; used as ``with record_history(): ...`` it restores that setting on exit.
+    """
+    return _HistoryRecording(enabled)

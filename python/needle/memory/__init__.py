@@ -1,0 +1,77 @@
+"""Device-memory statistics and limits, named after ``torch.cuda``'s.
+
+Every function takes ``device=None`` (the default device, ``cpu()``), a
+needle device, or a name such as ``"cpu"``, ``"cpu_numpy"``, ``"cuda"`` or
+``"cuda:1"``, and counts bytes. ``memory_stats()`` is the source of truth;
+the other getters are views of it.
+
+On the CPU a limit emulates a GPU's capacity, so that running out of memory
+(and not running out) can be tested on a machine without a GPU. The
+environment variable ``NEEDLE_MEMORY_LIMIT`` sets limits at import: either
+one size for every device (``"2GiB"``) or per device
+(``"cpu=1GiB,cuda=8GiB"``).
+
+Diagnostics: :func:`live_tensors` and :func:`live_tensors_summary` list the tensors that
+hold device memory, :func:`find_cycles` the reference cycles that hold it,
+:func:`warn_on_cycles` warns when a collection frees such memory, :func:`record_history`
+records where tensors are created, and :class:`MemoryMonitor` records a timeline. For
+:func:`live_tensors`, :func:`live_tensors_summary` and :func:`find_cycles`, ``device=None``
+means every device, not the default one.
+
+The package's modules: :mod:`.stats` (statistics, sizes, limits), :mod:`.policy` (the
+collection policy, ``freeze_heap``, :func:`safe_point`), :mod:`.diagnostics` (live tensors,
+cycles, warnings), :mod:`.summary` (``memory_summary``) and :mod:`.monitor` (timelines and
+allocation history). Each imports only the ones listed before it.
+"""
+# Private names that other modules (testing, apps) and the tests reach here:
+# _format_bytes (the package's one byte formatter), _engine_id, _cycle_callback.
+from .diagnostics import (
+    CycleWarning,
+    find_cycles,
+    live_tensors,
+    live_tensors_summary,
+    warn_on_cycles,
+)
+from .diagnostics import _cycle_callback as _cycle_callback
+from .monitor import MemoryMonitor, record_history
+from .policy import (
+    _policy_from_environment,
+    freeze_heap,
+    gc_visible,
+    get_gc_policy,
+    safe_point,
+    set_gc_policy,
+    set_gc_visible,
+)
+from .stats import _engine_id as _engine_id
+from .stats import _format_bytes as _format_bytes
+from .stats import (
+    _limits_from_environment,
+    empty_cache,
+    get_memory_limit,
+    max_memory_allocated,
+    max_memory_reserved,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    parse_size,
+    reset_peak_memory_stats,
+    set_memory_limit,
+)
+from .summary import memory_summary
+
+__all__ = [
+    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+    "memory_stats", "reset_peak_memory_stats", "empty_cache", "set_memory_limit",
+    "get_memory_limit", "memory_summary", "parse_size", "set_gc_policy", "get_gc_policy",
+    "set_gc_visible", "gc_visible", "freeze_heap", "live_tensors", "live_tensors_summary", "find_cycles",
+    "warn_on_cycles", "CycleWarning", "record_history", "MemoryMonitor", "safe_point",
+]
+
+# The public names are needle.memory's, wherever in the package they are defined.
+for _name in __all__:
+    globals()[_name].__module__ = __name__
+del _name
+
+_limits_from_environment()
+_policy_from_environment()

@@ -1,0 +1,145 @@
+"""needle.memory.policy: when device-memory pressure runs Python's collector.
+
+The policy itself (the trigger, pacing, safe points) runs in C, in needle_c/memory/pressure.c,
+which also owns its defaults (``needle_c._gc_policy_defaults()``). This module is its Python
+face: ``set_gc_policy``/``get_gc_policy``, the ``NEEDLE_GC*`` environment variables (parsed
+here, beside the functions they feed, because their sizes use :func:`parse_size`), the
+collector's visibility switch, ``freeze_heap`` and the safe point a training loop reaches.
+"""
+import gc
+import os
+
+import needle_c as _c
+
+from .stats import _size_fraction, parse_size
+
+_DEFAULTS = _c._gc_policy_defaults()
+
+
+def set_gc_policy(enabled=None, growth=None, min_growth=None, high_water=None,
+                  max_gc_fraction=None, watermark=...):
+    """Configures when device-memory pressure runs Python's collector; omitted values keep
+    their current setting.
+
+    - ``enabled``: False switches pressure and out-of-memory collections off (the course's
+      behaviour, which leaks cyclic garbage until Python's own collector gets to it).
+    - ``growth`` ({growth:g}) and ``min_growth`` ({min_growth_mib:g} MiB, a size): collect before allocations pass
+      ``max(survivors * (1 + growth), survivors + min_growth)``, where survivors is what was
+      allocated after the last pressure collection...
+    - ``high_water`` ({high_water:g}): ...capped at ``high_water * budget`` (the device limit, or a GPU's
+      capacity; a CPU without a limit has no budget and no pressure collections).
+    - ``max_gc_fraction`` ({max_gc_fraction:g}): the collector's share of wall time (0.5 near the budget).
+    - ``watermark``: a size (``"1.5GiB"`` or bytes) or a fraction of the budget (a float in
+      (0, 1] or ``"50%"``, resolved on each device against its own budget; a device without
+      one then has no trigger) that replaces the computed trigger: collect when allocations
+      pass it. ``None`` restores the computed trigger.
+
+    The defaults above are needle_c's (``needle_c._gc_policy_defaults()``); the environment
+    variables ``NEEDLE_GC`` (0/false/off/no: disabled), ``NEEDLE_GC_GROWTH``,
+    ``NEEDLE_GC_MIN_GROWTH``, ``NEEDLE_GC_HIGH_WATER``, ``NEEDLE_GC_MAX_FRACTION`` and
+    ``NEEDLE_GC_WATERMARK`` override them when :mod:`needle.memory` is imported.
+    """
+    kwargs = {}
+    if enabled is not None:
+        kwargs["enabled"] = bool(enabled)
+    for name, value in (("growth", growth), ("high_water", high_water),
+                        ("max_gc_fraction", max_gc_fraction)):
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+            kwargs[name] = float(value)
+    if min_growth is not None:
+        kwargs["min_growth"] = parse_size(min_growth)
+    if watermark is not ...:
+        kwargs["watermark"] = _watermark_argument(watermark)
+    _c._set_gc_policy(**kwargs)
+
+
+set_gc_policy.__doc__ = set_gc_policy.__doc__.format(
+    min_growth_mib=_DEFAULTS["min_growth"] / 2**20, **_DEFAULTS)
+
+
+def _watermark_argument(watermark):
+    """What needle_c takes as the watermark: None, bytes (int) or a fraction (float in (0, 1])
+    that pressure.c resolves against each device's own budget."""
+    if watermark is None:
+        return None
+    fraction = _size_fraction(watermark)
+    return fraction if fraction is not None else parse_size(watermark)
+
+
+def get_gc_policy():
+    """The pressure policy: enabled, growth, min_growth, high_water, max_gc_fraction,
+    watermark (None when computed)."""
+    return _c._get_gc_policy()
+
+
+def set_gc_visible(visible):
+    """``False`` makes Tensor and Op traversal report nothing to the collector, emulating a C
+    extension whose types the garbage collector cannot see: reference cycles through them
+    then leak for good. For demonstrating that failure only. Returns the previous value."""
+    return _c._set_gc_visible(bool(visible))
+
+
+def gc_visible():
+    """Whether the collector can traverse Tensors and Ops (see :func:`set_gc_visible`)."""
+    previous = _c._set_gc_visible(True)
+    _c._set_gc_visible(previous)
+    return previous
+
+
+def freeze_heap():
+    """Collects, then hides every object alive now from later collections (``gc.freeze()``);
+    returns how many objects are frozen.
+
+    A full collection's cost grows with every tracked object in the process: modules, NumPy,
+    the model, a corpus' token lists. Called once after setup (model, optimizer and data
+    built, before the first step), it leaves pressure collections only the objects training
+    creates to scan: in ``bench/gc_cost.py`` a collection after a PTB step drops from ~9 ms to
+    ~0.6 ms. The price: an object frozen now that later becomes part of cyclic garbage is not
+    collected until ``gc.unfreeze()`` (objects without cycles are still freed by reference
+    counting). Do not call it while a graph you will drop is alive (between a forward pass
+    and the next step). needle's out-of-memory path unfreezes everything before it collects,
+    so frozen cycles never cause an :class:`needle.OutOfMemoryError`; call this again after
+    one to freeze anew.
+    """
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
+
+def safe_point():
+    """Tells the pressure policy that a training step's old graph has probably just become
+    garbage (``Optimizer.reset_grad()`` calls it; ``Tensor.backward()`` does the same from C).
+    Collects when allocated bytes are past the trigger computed from the live set seen at
+    safe points, within the policy's pacing; does nothing when the policy is disabled, a
+    fixed watermark is set, or no device has a budget. Returns None."""
+    _c._gc_safe_point()
+
+
+def _policy_from_environment():
+    env = os.environ
+    kwargs, sources = {}, {}
+    if "NEEDLE_GC" in env:
+        kwargs["enabled"] = env["NEEDLE_GC"].strip().lower() not in ("0", "false", "off", "no")
+    for key, name in (("NEEDLE_GC_GROWTH", "growth"), ("NEEDLE_GC_HIGH_WATER", "high_water"),
+                      ("NEEDLE_GC_MAX_FRACTION", "max_gc_fraction")):
+        if key in env:
+            try:
+                kwargs[name] = float(env[key])
+            except ValueError:
+                raise ValueError(f"{key}={env[key]!r} is not a number") from None
+            sources[name] = key
+    if "NEEDLE_GC_MIN_GROWTH" in env:
+        kwargs["min_growth"] = env["NEEDLE_GC_MIN_GROWTH"]
+        sources["min_growth"] = "NEEDLE_GC_MIN_GROWTH"
+    if env.get("NEEDLE_GC_WATERMARK", "").strip():
+        kwargs["watermark"] = env["NEEDLE_GC_WATERMARK"].strip()
+        sources["watermark"] = "NEEDLE_GC_WATERMARK"
+    if kwargs:
+        try:
+            set_gc_policy(**kwargs)
+        except (ValueError, TypeError) as err:
+            names = ", ".join(f"{v}={env[v]!r}" for v in sources.values()) or "NEEDLE_GC"
+            raise ValueError(f"needle gc policy from the environment ({names}): {err}") from None

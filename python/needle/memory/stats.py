@@ -1,0 +1,188 @@
+"""needle.memory.stats: per-device statistics, size parsing and limits.
+
+The views of the allocator's counters that ``torch.cuda`` users know (``memory_stats`` is
+the source of truth; the other getters read it), ``parse_size``, the device limits (and
+``NEEDLE_MEMORY_LIMIT``, applied when :mod:`needle.memory` is imported) and the one byte
+formatter of the package, ``_format_bytes``. Device arguments are resolved by needle_c's
+own parser (``needle_c._device``), the one every array function uses.
+"""
+import os
+import re
+
+import needle_c as _c
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
+
+
+def _resolve(device):
+    """The Device object for ``device`` (None, a Device, or a name such as ``"cuda:1"``);
+    for a CUDA device this process cannot use, one whose ``enabled()`` is False."""
+    return _c._device(device)
+
+
+def _engine_id(device):
+    """The engine's id for ``device``, or -1 when this process cannot use it."""
+    dev = _resolve(device)
+    return dev._id if dev.enabled() else -1
+
+
+def memory_stats(device=None):
+    """A flat dict of the device's allocator statistics (bytes and counts).
+
+    Keys follow ``torch.cuda.memory_stats``: ``allocated_bytes.all.current``,
+    ``.peak``, ``.allocated`` (cumulative), ``.freed`` (cumulative); the same for
+    ``reserved_bytes``; ``allocation.all.*`` counts live and cumulative blocks;
+    ``num_alloc_retries``, ``num_ooms``; ``memory_limit_bytes`` (-1: none),
+    ``gc_trigger_bytes`` (-1: none), ``device_capacity_bytes``.
+
+    The collector's figures all come from one set of counters, kept by the pressure policy
+    (needle_c/memory/pressure.c) for every collection it runs on this device:
+    ``num_pressure_collections`` (soft ones, of which ``num_safe_point_collections`` at
+    safe points), ``num_oom_collections`` (on the out-of-memory path),
+    ``num_collect_calls`` (the two together), ``num_pressure_skips`` (paced out),
+    ``num_pressure_deferrals`` (left to the next safe point), ``gc_seconds`` (time spent),
+    ``gc_freed_bytes`` (allocated bytes that dropped during them; ``collect_freed_bytes``
+    is the same figure under its older name) and ``gc_survivor_bytes``. An unavailable
+    device gives ``{}``.
+    """
+    engine_id = _engine_id(device)
+    return _c._memory_stats(engine_id) if engine_id >= 0 else {}
+
+
+def memory_allocated(device=None):
+    """Bytes held by live arrays' storages on the device."""
+    engine_id = _engine_id(device)
+    return _c._memory_allocated(engine_id) if engine_id >= 0 else 0
+
+
+def max_memory_allocated(device=None):
+    """Peak of :func:`memory_allocated` since start or the last :func:`reset_peak_memory_stats`."""
+    return memory_stats(device).get("allocated_bytes.all.peak", 0)
+
+
+def memory_reserved(device=None):
+    """Bytes obtained from the device, cache included (on the CPU: blocks of 2 MiB and more are
+    rounded to 2 MiB and cached for reuse, so reserved can exceed allocated until
+    :func:`empty_cache`)."""
+    return memory_stats(device).get("reserved_bytes.all.current", 0)
+
+
+def max_memory_reserved(device=None):
+    """Peak of :func:`memory_reserved`."""
+    return memory_stats(device).get("reserved_bytes.all.peak", 0)
+
+
+def reset_peak_memory_stats(device=None):
+    """Sets every peak statistic of the device to its current value."""
+    engine_id = _engine_id(device)
+    if engine_id >= 0:
+        _c._reset_peak_memory_stats(engine_id)
+
+
+def empty_cache(device=None):
+    """Returns cached, unused device memory to the system; returns the bytes released."""
+    engine_id = _engine_id(device)
+    return _c._empty_cache(engine_id) if engine_id >= 0 else 0
+
+
+def _size_fraction(value):
+    """The fraction a size stands for (a float in (0, 1], or a string such as ``"50%"``), or
+    None when it is not a fraction."""
+    if isinstance(value, float):
+        fraction = value
+    elif isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            fraction = float(value.strip()[:-1]) / 100.0
+        except ValueError:
+            raise ValueError(f"cannot parse memory size {value!r}") from None
+    else:
+        return None
+    if not (0.0 < fraction <= 1.0):
+        raise ValueError(f"a fractional memory size must be in (0, 1], got {fraction}")
+    return fraction
+
+
+def parse_size(value, capacity=None):
+    """Bytes for a size: an int, a fraction of ``capacity`` (a float in (0, 1]), or a
+    string such as ``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``, ``"4096"`` or ``"50%"``."""
+    if isinstance(value, bool):
+        raise TypeError("a memory size cannot be a bool")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a memory size must be >= 0, got {value}")
+        return value
+    fraction = _size_fraction(value)
+    if fraction is not None:
+        if not capacity:
+            raise ValueError("a fractional size needs the device's capacity, which is unknown")
+        return int(fraction * capacity)
+    if isinstance(value, str):
+        match = _SIZE_RE.match(value.strip())
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _UNITS:
+            raise ValueError(
+                f"cannot parse memory size {value!r} (use e.g. '2GiB', '512MiB', '1.5GB', '4096')")
+        return int(float(match.group(1)) * _UNITS[unit])
+    raise TypeError(f"a memory size must be an int, a float fraction or a string, "
+                    f"got {type(value).__name__}")
+
+
+def set_memory_limit(device, limit):
+    """Limits the bytes the device may reserve; ``None`` removes the limit.
+
+    ``limit`` is bytes (int), a fraction of the device's capacity (float in (0, 1]) or a
+    string with units (``"2GiB"``). An allocation that would pass it raises
+    ``needle.OutOfMemoryError`` after the allocator has released its cache and run the
+    garbage collector.
+    """
+    dev = _resolve(device)
+    if not dev.enabled():
+        raise _c.DeviceError(f"cannot set a memory limit on {dev!r}: it is not available")
+    if limit is None:
+        _c._set_memory_limit(dev._id, -1)
+        return
+    capacity = _c._memory_stats(dev._id)["device_capacity_bytes"]
+    _c._set_memory_limit(dev._id, parse_size(limit, capacity))
+
+
+def get_memory_limit(device=None):
+    """The device's limit in bytes, or None."""
+    limit = memory_stats(device).get("memory_limit_bytes", -1)
+    return None if limit < 0 else limit
+
+
+
+def _format_bytes(n, exact=False):
+    """``n`` bytes as a readable size: ``"12.34 MiB"`` (``"512 B"`` under 1 KiB), or with
+    ``exact=True`` the exact count first: ``"8388608 bytes (8.00 MiB)"`` (``"512 bytes"``)."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            short = f"{n / size:.2f} {unit}"
+            return f"{n} bytes ({short})" if exact else short
+    return f"{n} bytes" if exact else f"{n} B"
+
+
+def _limits_from_environment():
+    text = os.environ.get("NEEDLE_MEMORY_LIMIT", "").strip()
+    if not text:
+        return
+    try:
+        if "=" in text:
+            for part in text.split(","):
+                name, _, size = part.partition("=")
+                dev = _resolve(name.strip())
+                if dev.enabled():
+                    set_memory_limit(dev, size.strip())
+        else:
+            for dev in (_c.cpu(), _c.cpu_numpy(), _c.cuda()):
+                if dev.enabled():
+                    set_memory_limit(dev, text)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"NEEDLE_MEMORY_LIMIT={text!r}: {err}") from None
+
+

@@ -1,0 +1,77 @@
+"""needle.memory.summary: ``memory_summary``, the readable report that puts together the
+statistics (:mod:`.stats`), the live tensors (:mod:`.diagnostics`) and the collection policy
+(:mod:`.policy`) of one device.
+"""
+from .diagnostics import live_tensors_summary
+from .policy import gc_visible, get_gc_policy
+from .stats import _format_bytes, _resolve, memory_stats
+
+
+def memory_summary(device=None):
+    """A readable report of the device's memory, as one string: the statistics table, the
+    largest groups of live tensors by op, the gc pressure policy and the collection
+    statistics (num_pressure_collections, num_oom_collections, gc_seconds, gc_freed_bytes)."""
+    dev = _resolve(device)
+    stats = memory_stats(dev)
+    if not stats:
+        return f"{dev!r}: not available\n"
+    rows = [
+        ("allocated", "allocated_bytes.all"),
+        ("reserved", "reserved_bytes.all"),
+    ]
+    lines = [f"needle memory summary for {dev!r}",
+             f"{'':<12}{'current':>14}{'peak':>14}{'total alloc':>14}{'total freed':>14}"]
+    for label, key in rows:
+        lines.append(f"{label:<12}" + "".join(
+            f"{_format_bytes(stats[f'{key}.{field}']):>14}"
+            for field in ("current", "peak", "allocated", "freed")))
+    lines.append(f"{'blocks':<12}" + "".join(
+        f"{stats[f'allocation.all.{field}']:>14}" for field in ("current", "peak", "allocated", "freed")))
+    limit = stats["memory_limit_bytes"]
+    lines.append(f"limit: {'none' if limit < 0 else _format_bytes(limit)}; "
+                 f"OOMs: {stats['num_ooms']}; retries: {stats['num_alloc_retries']}; "
+                 f"collections run: {stats['num_collect_calls']} "
+                 f"(freed {_format_bytes(stats['collect_freed_bytes'])})")
+    lines.extend(_summary_diagnostics(dev, stats))
+    return "\n".join(lines) + "\n"
+
+
+def _describe_watermark(watermark):
+    """The policy's watermark in words: computed, a size, or a share of each budget."""
+    if watermark is None:
+        return "computed"
+    if isinstance(watermark, float):
+        return f"{watermark:.0%} of each device's budget"
+    return _format_bytes(watermark)
+
+
+def _summary_diagnostics(dev, stats, top=10):
+    """The lines memory_summary appends: live-tensor groups, gc policy, collection stats."""
+    lines = []
+    rows = live_tensors_summary(dev, "op")
+    lines.append(f"live tensors by op (top {min(top, len(rows))} of {len(rows)} groups):")
+    if rows:
+        lines.append(f"  {'op':<24}{'count':>8}{'bytes':>14}{'storage':>14}")
+        for row in rows[:top]:
+            lines.append(f"  {str(row['key']):<24}{row['count']:>8}"
+                         f"{_format_bytes(row['bytes']):>14}"
+                         f"{_format_bytes(row['storage_bytes']):>14}")
+    else:
+        lines.append("  (none)")
+    policy = get_gc_policy()
+    watermark = policy["watermark"]
+    lines.append(
+        f"gc policy: {'enabled' if policy['enabled'] else 'disabled'}; "
+        f"growth {policy['growth']:g}; min_growth {_format_bytes(policy['min_growth'])}; "
+        f"high_water {policy['high_water']:g}; max_gc_fraction {policy['max_gc_fraction']:g}; "
+        f"watermark {_describe_watermark(watermark)}; "
+        f"gc visible: {gc_visible()}")
+    lines.append(
+        f"collections: pressure {stats.get('num_pressure_collections', 0)} "
+        f"({stats.get('num_safe_point_collections', 0)} at safe points); "
+        f"out-of-memory {stats.get('num_oom_collections', 0)}; "
+        f"skipped {stats.get('num_pressure_skips', 0)}; "
+        f"deferred {stats.get('num_pressure_deferrals', 0)}; "
+        f"gc time {stats.get('gc_seconds', 0.0):.3f} s; "
+        f"freed {_format_bytes(stats.get('gc_freed_bytes', 0))}")
+    return lines
