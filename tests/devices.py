@@ -22,3 +22,6 @@ DEVICES = [
         id="cuda",
     ),
 ]
+
+# The decorator that runs a test once per device in DEVICES.
+dev = pytest.mark.parametrize("device", DEVICES)

@@ -3,6 +3,7 @@ NumPy reference, a module checker over both graph modes, and the course's unifor
 import numpy as np
 
 import needle as ndl
+from needle import nn
 
 MODES = ("cycle_free", "needle")
 
@@ -88,3 +89,26 @@ def _uniform_draw(shape, low, high):
     """What init.rand draws: one np.random.rand, then float32 arithmetic."""
     u = np.random.rand(*shape).astype(np.float32)
     return u * np.float32(high - low) + np.float32(low)
+
+
+def _assert_params(params, expected):
+    assert len(params) == len(expected)
+    for k, (p, e) in enumerate(zip(params, expected)):
+        assert isinstance(p, nn.Parameter)
+        assert tuple(p.shape) == e.shape, f"parameter {k}"
+        np.testing.assert_allclose(p.numpy(), e, rtol=1e-6, atol=1e-7, err_msg=f"parameter {k}")
+
+
+def _assert_next_draw(seed_state_after):
+    """The global RNG is exactly where the reproduced draws left it."""
+    assert np.random.rand() == seed_state_after
+
+
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def _ln_ref(x, w, b, eps=1e-5):
+    mean = x.mean(axis=-1, keepdims=True)
+    var = x.var(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * w + b

@@ -13,7 +13,7 @@ import needle as ndl
 from needle import nn
 from devices import DEVICES
 
-from nn_check import MODES, _flatten, _numeric_grad, _t, _uniform_draw, check_module  # noqa: F401
+from nn_check import _ln_ref, _t, _uniform_draw, check_module
 
 
 # --------------------------------------------------------------------------- Linear
@@ -220,12 +220,6 @@ def test_batchnorm_bad_shapes():
 
 
 # --------------------------------------------------------------------------- LayerNorm1d
-
-def _ln_ref(x, w, b, eps=1e-5):
-    mean = x.mean(axis=-1, keepdims=True)
-    var = x.var(axis=-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * w + b
-
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(4, 5), (2, 3, 5)])
