@@ -40,25 +40,34 @@ def _weighted_sum64(reference, arrays64, weights):
                for o, w in zip(outs, weights))
 
 
+def numerical_gradient(f, arrays, index, eps):
+    """Central differences of the scalar ``f(*arrays)`` w.r.t. ``arrays[index]``, in float64.
+
+    The one finite-difference implementation of the tests: ``check_op`` (here) and
+    ``nn_check.check_module`` both use it. Returns an array of ``arrays[index]``'s shape.
+    """
+    arrays = [np.array(a, dtype=np.float64) for a in arrays]
+    x = arrays[index]
+    g = np.zeros_like(x)
+    flat = x.reshape(-1)
+    gflat = g.reshape(-1)
+    for j in range(flat.size):
+        old = flat[j]
+        flat[j] = old + eps
+        fp = f(*arrays)
+        flat[j] = old - eps
+        fm = f(*arrays)
+        flat[j] = old
+        gflat[j] = (fp - fm) / (2 * eps)
+    return g
+
+
 def numerical_gradients(reference, arrays, weights, wrt, eps):
-    """Central differences of ``sum(reference(*x) * w)`` in float64."""
-    arrays64 = [np.array(a, dtype=np.float64) for a in arrays]
-    grads = []
-    for i in wrt:
-        x = arrays64[i]
-        g = np.zeros_like(x)
-        flat = x.reshape(-1)
-        gflat = g.reshape(-1)
-        for j in range(flat.size):
-            old = flat[j]
-            flat[j] = old + eps
-            fp = _weighted_sum64(reference, arrays64, weights)
-            flat[j] = old - eps
-            fm = _weighted_sum64(reference, arrays64, weights)
-            flat[j] = old
-            gflat[j] = (fp - fm) / (2 * eps)
-        grads.append(g)
-    return grads
+    """Central differences of ``sum(reference(*x) * w)`` in float64, one per index in ``wrt``."""
+    def weighted_sum(*arrays64):
+        return _weighted_sum64(reference, arrays64, weights)
+
+    return [numerical_gradient(weighted_sum, arrays, i, eps) for i in wrt]
 
 
 def run_needle(fn, arrays, device, weights, wrt, mode, backward=True, check_shape=True,

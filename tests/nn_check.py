@@ -1,11 +1,13 @@
-"""Helpers shared by the nn module tests: tensors from NumPy, float64 finite differences on a
-NumPy reference, a module checker over both graph modes, and the course's uniform draw."""
+"""Helpers shared by the nn module tests (test_nn_*.py): tensors from NumPy, a module checker
+over both graph modes (gradients against ``gradcheck.numerical_gradient``, float64 finite
+differences on a NumPy reference), the course's uniform draw, parameter and RNG-state checks,
+and the NumPy references used by more than one file."""
 import numpy as np
 
 import needle as ndl
 from needle import nn
 
-MODES = ("cycle_free", "needle")
+from gradcheck import MODES, numerical_gradient
 
 
 # --------------------------------------------------------------------------- helpers
@@ -19,22 +21,6 @@ def _flatten(out):
     if isinstance(out, (tuple, list)):
         return [y for o in out for y in _flatten(o)]
     return [out]
-
-
-def _numeric_grad(f, arrays, index, eps=1e-6):
-    """Central differences of the scalar f(*arrays) (float64) w.r.t. arrays[index]."""
-    arrays = [np.array(a, dtype=np.float64) for a in arrays]
-    x = arrays[index]
-    g = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        old = x[idx]
-        x[idx] = old + eps
-        fp = f(*arrays)
-        x[idx] = old - eps
-        fm = f(*arrays)
-        x[idx] = old
-        g[idx] = (fp - fm) / (2 * eps)
-    return g
 
 
 def check_module(module, inputs, reference, device, forward=None, grads=True,
@@ -79,7 +65,7 @@ def check_module(module, inputs, reference, device, forward=None, grads=True,
 
     all_arrays = arrays + p_arrays
     for i in range(len(all_arrays)):
-        num = _numeric_grad(f, all_arrays, i)
+        num = numerical_gradient(f, all_arrays, i, eps=1e-6)
         for res in results:
             np.testing.assert_allclose(res[i], num, rtol=grad_rtol, atol=grad_atol,
                                        err_msg=f"gradient of array {i}")
