@@ -96,8 +96,9 @@ def test_mha_forward(device, causal, lq, lk):
         assert np.all(probs.numpy()[masked] == 0.0)  # exactly zero
 
 
-def test_mha_causal_mask():
-    mask = nn.MultiHeadAttention(causal=True).create_causal_mask(2, 3, ndl.cpu())
+@pytest.mark.parametrize("device", DEVICES)
+def test_mha_causal_mask(device):
+    mask = nn.MultiHeadAttention(causal=True, device=device).create_causal_mask(2, 3, device)
     assert isinstance(mask, ndl.NDArray) and mask.shape == (1, 1, 2, 3)
     big = -np.finfo(np.float32).max
     np.testing.assert_array_equal(mask.numpy()[0, 0], [[0, 0, big], [0, 0, 0]])
@@ -133,15 +134,16 @@ def test_mha_gradient(device, causal):
     check_module(mha, [q, k, v], lambda q, k, v: _mha_ref(q, k, v, causal), device)
 
 
-def test_mha_bad_shapes():
-    mha = nn.MultiHeadAttention()
-    x = _t(np.zeros((1, 2, 3, 4)), ndl.cpu())
+@pytest.mark.parametrize("device", DEVICES)
+def test_mha_bad_shapes(device):
+    mha = nn.MultiHeadAttention(device=device)
+    x = _t(np.zeros((1, 2, 3, 4)), device)
     with pytest.raises(ValueError, match="4-D"):
-        mha(_t(np.zeros((2, 3, 4)), ndl.cpu()), x, x)
+        mha(_t(np.zeros((2, 3, 4)), device), x, x)
     with pytest.raises(ValueError):
-        mha(x, _t(np.zeros((1, 2, 3, 5)), ndl.cpu()), x)
+        mha(x, _t(np.zeros((1, 2, 3, 5)), device), x)
     with pytest.raises(ValueError):
-        mha(x, x, _t(np.zeros((1, 2, 4, 4)), ndl.cpu()))
+        mha(x, x, _t(np.zeros((1, 2, 4, 4)), device))
     with pytest.raises(TypeError):
         mha(np.zeros((1, 2, 3, 4)), x, x)
 
@@ -203,15 +205,16 @@ def test_attention_layer_gradient(device):
                  lambda x, *p: _attention_layer_ref(x, x, x, p, 2, 2, True)[0], device)
 
 
-def test_attention_layer_bad_shapes():
-    layer = nn.AttentionLayer(6, 2, 3, k_features=5)
-    q = _t(np.zeros((2, 3, 6)), ndl.cpu())
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_layer_bad_shapes(device):
+    layer = nn.AttentionLayer(6, 2, 3, k_features=5, device=device)
+    q = _t(np.zeros((2, 3, 6)), device)
     with pytest.raises(ValueError, match="k must have shape"):
-        layer(q, _t(np.zeros((2, 4, 6)), ndl.cpu()), _t(np.zeros((2, 4, 6)), ndl.cpu()))
+        layer(q, _t(np.zeros((2, 4, 6)), device), _t(np.zeros((2, 4, 6)), device))
     with pytest.raises(ValueError):
-        layer(_t(np.zeros((3, 6)), ndl.cpu()))
+        layer(_t(np.zeros((3, 6)), device))
     with pytest.raises(ValueError):
-        layer(q, _t(np.zeros((2, 4, 5)), ndl.cpu()), _t(np.zeros((2, 3, 6)), ndl.cpu()))
+        layer(q, _t(np.zeros((2, 4, 5)), device), _t(np.zeros((2, 3, 6)), device))
 
 
 # --------------------------------------------------------------------------- Transformer
@@ -330,15 +333,16 @@ def test_transformer_train_eval_reaches_layers():
     assert all(d.training for d in drops)
 
 
-def test_transformer_bad_shapes():
-    model = nn.Transformer(4, 6, 1, num_head=1, dim_head=2, sequence_len=8)
+@pytest.mark.parametrize("device", DEVICES)
+def test_transformer_bad_shapes(device):
+    model = nn.Transformer(4, 6, 1, num_head=1, dim_head=2, sequence_len=8, device=device)
     with pytest.raises(ValueError, match="D = 4"):
-        model(_t(np.zeros((3, 2, 5)), ndl.cpu()))
+        model(_t(np.zeros((3, 2, 5)), device))
     with pytest.raises(ValueError):
-        model(_t(np.zeros((3, 4)), ndl.cpu()))
+        model(_t(np.zeros((3, 4)), device))
     with pytest.raises(ValueError, match="sequence_len"):
-        model(_t(np.zeros((9, 2, 4)), ndl.cpu()))
+        model(_t(np.zeros((9, 2, 4)), device))
     with pytest.raises(TypeError):
         model(np.zeros((3, 2, 4)))
     with pytest.raises(ValueError):
-        nn.TransformerLayer(4, 1, 2, 6)(_t(np.zeros((2, 3, 5)), ndl.cpu()))
+        nn.TransformerLayer(4, 1, 2, 6, device=device)(_t(np.zeros((2, 3, 5)), device))

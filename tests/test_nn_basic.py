@@ -60,10 +60,11 @@ def test_linear_nd_input_and_no_bias(device):
     check_module(layer, [x], lambda x, w: x @ w, device)
 
 
-def test_linear_bad_input():
-    layer = nn.Linear(4, 3)
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_bad_input(device):
+    layer = nn.Linear(4, 3, device=device)
     with pytest.raises(ValueError, match="last dimension 4"):
-        layer(_t(np.ones((2, 5)), ndl.cpu()))
+        layer(_t(np.ones((2, 5)), device))
     with pytest.raises(TypeError):
         layer(np.ones((2, 4), dtype=np.float32))
 
@@ -138,12 +139,13 @@ def test_softmax_loss(device):
     np.testing.assert_allclose(z.grad.numpy(), (soft - onehot) / 6, rtol=1e-4, atol=1e-6)
 
 
-def test_softmax_loss_bad_shapes():
-    z = _t(np.zeros((4, 3)), ndl.cpu())
+@pytest.mark.parametrize("device", DEVICES)
+def test_softmax_loss_bad_shapes(device):
+    z = _t(np.zeros((4, 3)), device)
     with pytest.raises(ValueError):
-        nn.SoftmaxLoss()(z, _t(np.zeros(3), ndl.cpu()))
+        nn.SoftmaxLoss()(z, _t(np.zeros(3), device))
     with pytest.raises(ValueError):
-        nn.SoftmaxLoss()(_t(np.zeros((4, 3, 2)), ndl.cpu()), _t(np.zeros(4), ndl.cpu()))
+        nn.SoftmaxLoss()(_t(np.zeros((4, 3, 2)), device), _t(np.zeros(4), device))
 
 
 # --------------------------------------------------------------------------- BatchNorm
@@ -212,11 +214,12 @@ def test_batchnorm2d(device):
                                rtol=1e-4, atol=1e-5)
 
 
-def test_batchnorm_bad_shapes():
+@pytest.mark.parametrize("device", DEVICES)
+def test_batchnorm_bad_shapes(device):
     with pytest.raises(ValueError):
-        nn.BatchNorm1d(3)(_t(np.zeros((4, 2)), ndl.cpu()))
+        nn.BatchNorm1d(3, device=device)(_t(np.zeros((4, 2)), device))
     with pytest.raises(ValueError):
-        nn.BatchNorm2d(3)(_t(np.zeros((4, 3)), ndl.cpu()))
+        nn.BatchNorm2d(3, device=device)(_t(np.zeros((4, 3)), device))
 
 
 # --------------------------------------------------------------------------- LayerNorm1d
@@ -237,9 +240,10 @@ def test_layernorm1d(device, shape):
         check_module(ln, [x], _ln_ref, device, grads=False)
 
 
-def test_layernorm1d_bad_shape():
+@pytest.mark.parametrize("device", DEVICES)
+def test_layernorm1d_bad_shape(device):
     with pytest.raises(ValueError):
-        nn.LayerNorm1d(5)(_t(np.zeros((3, 4)), ndl.cpu()))
+        nn.LayerNorm1d(5, device=device)(_t(np.zeros((3, 4)), device))
 
 
 # --------------------------------------------------------------------------- Dropout
@@ -272,8 +276,9 @@ def test_dropout_gradient_and_eval(device):
     np.testing.assert_array_equal(np.random.get_state()[1], state)  # no draw in eval
 
 
-def test_dropout_edge_cases():
-    x = _t(np.ones((3, 3)), ndl.cpu())
+@pytest.mark.parametrize("device", DEVICES)
+def test_dropout_edge_cases(device):
+    x = _t(np.ones((3, 3)), device)
     np.testing.assert_array_equal(nn.Dropout(1.0)(x).numpy(), np.zeros((3, 3)))
     with pytest.raises(ValueError):
         nn.Dropout(1.5)

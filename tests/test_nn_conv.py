@@ -76,23 +76,25 @@ def test_conv_gradient(device, stride):
     check_module(conv, [x], ref, device, atol=1e-4)
 
 
-def test_conv_matches_torch():
+@pytest.mark.parametrize("device", DEVICES)
+def test_conv_matches_torch(device):
     torch = pytest.importorskip("torch")
     np.random.seed(24)
-    conv = nn.Conv(3, 5, 3, stride=2)
+    conv = nn.Conv(3, 5, 3, stride=2, device=device)
     x = np.random.randn(2, 3, 9, 8).astype(np.float32)
-    out = conv(_t(x, ndl.cpu())).numpy()
+    out = conv(_t(x, device)).numpy()
     w = torch.tensor(conv.weight.numpy()).permute(3, 2, 0, 1)
     expected = torch.nn.functional.conv2d(torch.tensor(x), w, torch.tensor(conv.bias.numpy()),
                                           stride=2, padding=1).numpy()
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_conv_bad_input():
-    conv = nn.Conv(3, 4, 3)
+@pytest.mark.parametrize("device", DEVICES)
+def test_conv_bad_input(device):
+    conv = nn.Conv(3, 4, 3, device=device)
     with pytest.raises(ValueError, match="3 channels"):
-        conv(_t(np.zeros((2, 4, 5, 5)), ndl.cpu()))
+        conv(_t(np.zeros((2, 4, 5, 5)), device))
     with pytest.raises(ValueError):
-        conv(_t(np.zeros((3, 5, 5)), ndl.cpu()))
+        conv(_t(np.zeros((3, 5, 5)), device))
     with pytest.raises(TypeError):
         conv(np.zeros((2, 3, 5, 5), dtype=np.float32))

@@ -93,16 +93,17 @@ def test_rnn_cell_no_hidden(device):
     assert all(p.grad is not None for p in cell.parameters())
 
 
-def test_rnn_cell_errors():
+@pytest.mark.parametrize("device", DEVICES)
+def test_rnn_cell_errors(device):
     with pytest.raises(ValueError, match="nonlinearity"):
         nn.RNNCell(3, 4, nonlinearity="sigmoid")
-    cell = nn.RNNCell(3, 4)
+    cell = nn.RNNCell(3, 4, device=device)
     with pytest.raises(ValueError, match=r"\(batch, 3\)"):
-        cell(_t(np.zeros((2, 5)), ndl.cpu()))
+        cell(_t(np.zeros((2, 5)), device))
     with pytest.raises(ValueError):
-        cell(_t(np.zeros((1, 2, 3)), ndl.cpu()))
+        cell(_t(np.zeros((1, 2, 3)), device))
     with pytest.raises(ValueError, match="hidden state"):
-        cell(_t(np.zeros((2, 3)), ndl.cpu()), _t(np.zeros((3, 4)), ndl.cpu()))
+        cell(_t(np.zeros((2, 3)), device), _t(np.zeros((3, 4)), device))
     with pytest.raises(TypeError):
         cell(np.zeros((2, 3), dtype=np.float32))
 
@@ -138,14 +139,15 @@ def test_rnn_forward_numpy(device, num_layers, with_h0):
     np.testing.assert_allclose(h_n.numpy(), ref_h, rtol=1e-5, atol=1e-5)
 
 
-def test_rnn_errors():
-    rnn = nn.RNN(3, 4, num_layers=2)
+@pytest.mark.parametrize("device", DEVICES)
+def test_rnn_errors(device):
+    rnn = nn.RNN(3, 4, num_layers=2, device=device)
     with pytest.raises(ValueError, match="seq_len, batch, 3"):
-        rnn(_t(np.zeros((5, 2, 4)), ndl.cpu()))
+        rnn(_t(np.zeros((5, 2, 4)), device))
     with pytest.raises(ValueError):
-        rnn(_t(np.zeros((5, 3)), ndl.cpu()))
+        rnn(_t(np.zeros((5, 3)), device))
     with pytest.raises(ValueError, match="h0"):
-        rnn(_t(np.zeros((5, 2, 3)), ndl.cpu()), _t(np.zeros((1, 2, 4)), ndl.cpu()))
+        rnn(_t(np.zeros((5, 2, 3)), device), _t(np.zeros((1, 2, 4)), device))
 
 
 # --------------------------------------------------------------------------- LSTMCell / LSTM
@@ -203,15 +205,16 @@ def test_lstm_cell_no_hidden(device):
     check_module(cell, [x], lambda x, *p: _lstm_cell_ref(x, z, z, *p), device, grads=False)
 
 
-def test_lstm_cell_errors():
-    cell = nn.LSTMCell(3, 4)
-    x = _t(np.zeros((2, 3)), ndl.cpu())
+@pytest.mark.parametrize("device", DEVICES)
+def test_lstm_cell_errors(device):
+    cell = nn.LSTMCell(3, 4, device=device)
+    x = _t(np.zeros((2, 3)), device)
     with pytest.raises(ValueError):
-        cell(_t(np.zeros((2, 4)), ndl.cpu()))
+        cell(_t(np.zeros((2, 4)), device))
     with pytest.raises(TypeError):
-        cell(x, _t(np.zeros((2, 4)), ndl.cpu()))
+        cell(x, _t(np.zeros((2, 4)), device))
     with pytest.raises(ValueError, match="c0"):
-        cell(x, (_t(np.zeros((2, 4)), ndl.cpu()), _t(np.zeros((2, 5)), ndl.cpu())))
+        cell(x, (_t(np.zeros((2, 4)), device), _t(np.zeros((2, 5)), device)))
 
 
 def test_lstm_init_draws():
@@ -246,15 +249,16 @@ def test_lstm_forward_numpy(device, num_layers, with_h):
         np.testing.assert_allclose(got.numpy(), exp, rtol=1e-5, atol=1e-5)
 
 
-def test_lstm_errors():
-    lstm = nn.LSTM(3, 4, num_layers=2)
-    x = _t(np.zeros((5, 2, 3)), ndl.cpu())
+@pytest.mark.parametrize("device", DEVICES)
+def test_lstm_errors(device):
+    lstm = nn.LSTM(3, 4, num_layers=2, device=device)
+    x = _t(np.zeros((5, 2, 3)), device)
     with pytest.raises(ValueError):
-        lstm(_t(np.zeros((5, 2, 2)), ndl.cpu()))
+        lstm(_t(np.zeros((5, 2, 2)), device))
     with pytest.raises(TypeError):
-        lstm(x, _t(np.zeros((2, 2, 4)), ndl.cpu()))
+        lstm(x, _t(np.zeros((2, 2, 4)), device))
     with pytest.raises(ValueError, match="h0"):
-        lstm(x, (_t(np.zeros((1, 2, 4)), ndl.cpu()), _t(np.zeros((2, 2, 4)), ndl.cpu())))
+        lstm(x, (_t(np.zeros((1, 2, 4)), device), _t(np.zeros((2, 2, 4)), device)))
 
 
 # --------------------------------------------------------------------------- PyTorch
@@ -418,9 +422,10 @@ def test_embedding_forward_backward(device):
     np.testing.assert_allclose(emb.weight.grad.numpy(), expected, rtol=1e-6, atol=1e-6)
 
 
-def test_embedding_out_of_range():
-    emb = nn.Embedding(5, 2)
+@pytest.mark.parametrize("device", DEVICES)
+def test_embedding_out_of_range(device):
+    emb = nn.Embedding(5, 2, device=device)
     with pytest.raises((IndexError, ValueError)):
-        emb(_t(np.array([[1, 5]]), ndl.cpu(), requires_grad=False))
+        emb(_t(np.array([[1, 5]]), device, requires_grad=False))
     with pytest.raises(TypeError):
         emb(np.array([[1, 2]], dtype=np.float32))
