@@ -2,10 +2,10 @@
 random data, the many kinds of views of one array built identically in NumPy and in needle,
 result and stride checks against NumPy, and the translation of course-semantics indices.
 """
+
 import numpy as np
 
 from needle import backend_ndarray as nd
-
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -159,9 +159,7 @@ def make_views(x, device, seed=0):
     # (keeps the dim as size 1) followed by a reshape of the strided view
     base = _junk(rng, shape + (2,))
     base[..., 1] = x
-    views.append(
-        ("inner_int", base[..., 1], nd.array(base, device=device)[..., 1].reshape(shape))
-    )
+    views.append(("inner_int", base[..., 1], nd.array(base, device=device)[..., 1].reshape(shape)))
 
     # combined: offset + stepped slices, then a reversing permute
     perm = tuple(reversed(range(ndim)))
@@ -225,7 +223,7 @@ def course_index_to_numpy(idx, shape):
     if any(i is Ellipsis for i in idx):
         k = idx.index(Ellipsis)
         fill = len(shape) - (len(idx) - 1)
-        idx = idx[:k] + (slice(None),) * fill + idx[k + 1:]
+        idx = idx[:k] + (slice(None),) * fill + idx[k + 1 :]
     out = []
     for i, n in zip(idx, shape):
         if isinstance(i, int):

@@ -2,6 +2,7 @@
 over both graph modes (gradients against ``gradcheck.numerical_gradient``, float64 finite
 differences on a NumPy reference), the course's uniform draw, parameter and RNG-state checks,
 and the NumPy references used by more than one file."""
+
 import numpy as np
 
 import needle as ndl
@@ -9,12 +10,11 @@ from needle import nn
 
 from gradcheck import MODES, numerical_gradient
 
-
 # --------------------------------------------------------------------------- helpers
 
+
 def _t(a, device, requires_grad=True):
-    return ndl.Tensor(np.asarray(a, dtype=np.float32), device=device,
-                      requires_grad=requires_grad)
+    return ndl.Tensor(np.asarray(a, dtype=np.float32), device=device, requires_grad=requires_grad)
 
 
 def _flatten(out):
@@ -23,8 +23,17 @@ def _flatten(out):
     return [out]
 
 
-def check_module(module, inputs, reference, device, forward=None, grads=True,
-                 atol=1e-5, grad_rtol=2e-3, grad_atol=2e-4):
+def check_module(
+    module,
+    inputs,
+    reference,
+    device,
+    forward=None,
+    grads=True,
+    atol=1e-5,
+    grad_rtol=2e-3,
+    grad_atol=2e-4,
+):
     """Runs ``module`` on ``inputs`` (NumPy arrays, fed as Tensors) under both graph modes.
 
     ``reference(*inputs, *params)`` (float64 NumPy, params in ``parameters()`` order)
@@ -67,8 +76,9 @@ def check_module(module, inputs, reference, device, forward=None, grads=True,
     for i in range(len(all_arrays)):
         num = numerical_gradient(f, all_arrays, i, eps=1e-6)
         for res in results:
-            np.testing.assert_allclose(res[i], num, rtol=grad_rtol, atol=grad_atol,
-                                       err_msg=f"gradient of array {i}")
+            np.testing.assert_allclose(
+                res[i], num, rtol=grad_rtol, atol=grad_atol, err_msg=f"gradient of array {i}"
+            )
 
 
 def _uniform_draw(shape, low, high):

@@ -1,6 +1,7 @@
 """Data and NumPy references shared by the Tensor op tests (test_ops_*.py): ``rnd`` draws
 float32 inputs of a given kind (any, pos, nonzero, distinct), the ``*_ref`` functions are
 the float64 NumPy references that ``gradcheck.check_op`` compares against."""
+
 import numpy as np
 
 # The default input shape of the elementwise and tuple op tests.
@@ -25,10 +26,12 @@ def rnd(seed, shape, kind="any"):
 
 def red_ref(fn, axes):
     """A NumPy reduction with the course's shape convention: axes=None -> (1,)."""
+
     def ref(x):
         if axes is None:
             return np.asarray(fn(x)).reshape(1)
         return fn(x, axis=axes)
+
     return ref
 
 
@@ -54,7 +57,7 @@ def conv_ref(x, w, stride=1, padding=0):
     out = np.zeros((n, ho, wo, cout), dtype=np.result_type(x, w))
     for di in range(k):
         for dj in range(k):
-            patch = xp[:, di:di + s * (ho - 1) + 1:s, dj:dj + s * (wo - 1) + 1:s, :]
+            patch = xp[:, di : di + s * (ho - 1) + 1 : s, dj : dj + s * (wo - 1) + 1 : s, :]
             out = out + patch @ w[di, dj]
     return out
 

@@ -11,7 +11,6 @@ from needle import backend_ndarray as nd
 from devices import DEVICES
 from ndarray_check import check_result, make_views, rand_data, shape_id
 
-
 # --------------------------------------------------------------------------
 # devices
 # --------------------------------------------------------------------------
@@ -230,7 +229,6 @@ def test_repr():
     assert r.startswith("NDArray(") and "device=cpu_numpy()" in r
 
 
-
 # --------------------------------------------------------------------------
 # pad, fill, to, stack
 # --------------------------------------------------------------------------
@@ -308,7 +306,9 @@ def test_to_device(device):
 STACK_CASES = [((3,), 3), ((2, 3), 2), ((2, 3, 4), 4), ((), 3), ((0, 2), 2), ((4,), 1)]
 
 
-@pytest.mark.parametrize("shape,count", STACK_CASES, ids=[f"{shape_id(s)}x{c}" for s, c in STACK_CASES])
+@pytest.mark.parametrize(
+    "shape,count", STACK_CASES, ids=[f"{shape_id(s)}x{c}" for s, c in STACK_CASES]
+)
 @pytest.mark.parametrize("device", DEVICES)
 def test_stack(shape, count, device):
     rng = np.random.default_rng(91)

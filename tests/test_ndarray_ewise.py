@@ -8,8 +8,15 @@ import pytest
 from needle import backend_ndarray as nd
 
 from devices import DEVICES
-from ndarray_check import check_result, make_views, rand_data, shape_id, SHAPE_IDS, SHAPES, view_pairs
-
+from ndarray_check import (
+    SHAPE_IDS,
+    SHAPES,
+    check_result,
+    make_views,
+    rand_data,
+    shape_id,
+    view_pairs,
+)
 
 # --------------------------------------------------------------------------
 # elementwise ops
@@ -57,7 +64,9 @@ def test_unary(op, shape, device):
 
 def test_unary_special_values():
     a = nd.array([0.0, -0.0, 1e-30, 80.0, -80.0, 1e30])
-    np.testing.assert_array_equal(a.relu().numpy(), np.array([0, 0, 1e-30, 80, 0, 1e30], np.float32))
+    np.testing.assert_array_equal(
+        a.relu().numpy(), np.array([0, 0, 1e-30, 80, 0, 1e30], np.float32)
+    )
     np.testing.assert_allclose(a.sigmoid().numpy(), _sigmoid(a.numpy()), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(a.tanh().numpy(), np.tanh(a.numpy()), rtol=1e-5, atol=1e-6)
     assert np.isinf(nd.array([0.0]).log().numpy()[0])
@@ -75,15 +84,15 @@ BINARY_OPS = {
     "sub": (lambda a, b: a - b, lambda x, y: x - y, "any", "any"),
     "mul": (lambda a, b: a * b, lambda x, y: x * y, "any", "any"),
     "div": (lambda a, b: a / b, lambda x, y: x / y, "any", "nonzero"),
-    "pow": (lambda a, b: a ** b, lambda x, y: _np_pow(x, y), "pos", "any"),
+    "pow": (lambda a, b: a**b, lambda x, y: _np_pow(x, y), "pos", "any"),
     "maximum": (lambda a, b: a.maximum(b), np.maximum, "any", "any"),
     "nd.maximum": (lambda a, b: nd.maximum(a, b), np.maximum, "any", "any"),
-    "eq": (lambda a, b: a == b, lambda x, y: (x == y), "int", "int"),
-    "ne": (lambda a, b: a != b, lambda x, y: (x != y), "int", "int"),
-    "ge": (lambda a, b: a >= b, lambda x, y: (x >= y), "int", "int"),
-    "gt": (lambda a, b: a > b, lambda x, y: (x > y), "int", "int"),
-    "le": (lambda a, b: a <= b, lambda x, y: (x <= y), "int", "int"),
-    "lt": (lambda a, b: a < b, lambda x, y: (x < y), "int", "int"),
+    "eq": (lambda a, b: a == b, lambda x, y: x == y, "int", "int"),
+    "ne": (lambda a, b: a != b, lambda x, y: x != y, "int", "int"),
+    "ge": (lambda a, b: a >= b, lambda x, y: x >= y, "int", "int"),
+    "gt": (lambda a, b: a > b, lambda x, y: x > y, "int", "int"),
+    "le": (lambda a, b: a <= b, lambda x, y: x <= y, "int", "int"),
+    "lt": (lambda a, b: a < b, lambda x, y: x < y, "int", "int"),
 }
 EXACT_OPS = {"maximum", "nd.maximum", "eq", "ne", "ge", "gt", "le", "lt"}
 
@@ -172,11 +181,13 @@ def test_scalar_ops_array_on_left(s, device):
             check_result(ndv * s, npv.astype(np.float64) * sf, device, msg + " *")
             if sf != 0.0:
                 check_result(ndv / s, npv.astype(np.float64) / sf, device, msg + " /")
-            check_result(ndp ** s, np.power(npp.astype(np.float64), sf), device, msg + " **")
-            check_result(ndv.maximum(s), np.maximum(npv, np.float32(sf)), device, msg + " max",
-                         exact=True)
-            check_result(nd.maximum(ndv, s), np.maximum(npv, np.float32(sf)), device, msg,
-                         exact=True)
+            check_result(ndp**s, np.power(npp.astype(np.float64), sf), device, msg + " **")
+            check_result(
+                ndv.maximum(s), np.maximum(npv, np.float32(sf)), device, msg + " max", exact=True
+            )
+            check_result(
+                nd.maximum(ndv, s), np.maximum(npv, np.float32(sf)), device, msg, exact=True
+            )
             for name, f_nd, f_np in [
                 ("==", lambda a: a == s, lambda x: x == sf),
                 ("!=", lambda a: a != s, lambda x: x != sf),
@@ -204,12 +215,13 @@ def test_scalar_ops_python_scalar_on_right(s, device):
             check_result(s * ndv, sf * x64, device, msg + " rmul")
             check_result(s / ndv, sf / x64, device, msg + " rtruediv")
             if sf > 0:
-                check_result(s ** ndv, np.power(sf, x64), device, msg + " rpow")
+                check_result(s**ndv, np.power(sf, x64), device, msg + " rpow")
             check_result(-ndv, -npv, device, msg + " neg")
 
 
 @pytest.mark.parametrize(
-    "s", [np.float32(2.5), np.float64(-0.75), np.int64(3)],
+    "s",
+    [np.float32(2.5), np.float64(-0.75), np.int64(3)],
     ids=["float32", "float64", "int64"],
 )
 @pytest.mark.parametrize("device", DEVICES)

@@ -10,7 +10,6 @@ from needle import backend_ndarray as nd
 from devices import DEVICES
 from ndarray_check import check_strides_meaningful, course_index_to_numpy, make_views, rand_data
 
-
 GETITEM_CASES_2D = [
     1,
     -1,
@@ -120,8 +119,11 @@ def test_views_write_through(device):
         ("getitem", lambda a: a[1:4, ::2], lambda n: n[1:4, ::2]),
         ("flip", lambda a: a.flip((0, 1)), lambda n: n[::-1, ::-1]),
         ("flat", lambda a: a.flat, lambda n: n.reshape(-1)),
-        ("as_strided", lambda a: a.as_strided((3, 4), (6, 1)),
-         lambda n: np.lib.stride_tricks.as_strided(n, (3, 4), (24, 4))),
+        (
+            "as_strided",
+            lambda a: a.as_strided((3, 4), (6, 1)),
+            lambda n: np.lib.stride_tricks.as_strided(n, (3, 4), (24, 4)),
+        ),
         ("getitem_neg", lambda a: a[::-1, 4:0:-2], lambda n: n[::-1, 4:0:-2]),
     ]
     for name, ndf, npf in cases:

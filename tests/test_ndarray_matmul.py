@@ -9,7 +9,6 @@ from needle import backend_ndarray as nd
 from devices import DEVICES
 from ndarray_check import _c, check_result, make_views, rand_data, shape_id
 
-
 # --------------------------------------------------------------------------
 # matmul
 # --------------------------------------------------------------------------
@@ -29,9 +28,25 @@ def _check_matmul(nda, ndb, npa, npb, device, msg):
 
 
 MATMUL_2D = [
-    (1, 1, 1), (1, 5, 1), (2, 3, 4), (3, 1, 2), (7, 9, 5), (8, 8, 8), (9, 7, 13),
-    (15, 17, 16), (16, 16, 16), (31, 33, 29), (32, 1, 40), (64, 64, 64), (65, 127, 130),
-    (130, 3, 7), (1, 130, 1), (257, 129, 65), (0, 3, 4), (3, 0, 4), (3, 4, 0),
+    (1, 1, 1),
+    (1, 5, 1),
+    (2, 3, 4),
+    (3, 1, 2),
+    (7, 9, 5),
+    (8, 8, 8),
+    (9, 7, 13),
+    (15, 17, 16),
+    (16, 16, 16),
+    (31, 33, 29),
+    (32, 1, 40),
+    (64, 64, 64),
+    (65, 127, 130),
+    (130, 3, 7),
+    (1, 130, 1),
+    (257, 129, 65),
+    (0, 3, 4),
+    (3, 0, 4),
+    (3, 4, 0),
 ]
 
 
@@ -59,9 +74,9 @@ def test_matmul_view_operands(device):
     y = rand_data(rng, (5, 4))
     va = make_views(x, device, seed=5)
     vb = make_views(y, device, seed=6)
-    for (ka, npa, nda) in va:
+    for ka, npa, nda in va:
         _check_matmul(nda, vb[0][2], npa, vb[0][1], device, f"A {ka}")
-    for (kb, npb, ndb) in vb[1:]:
+    for kb, npb, ndb in vb[1:]:
         _check_matmul(va[0][2], ndb, va[0][1], npb, device, f"B {kb}")
     for (ka, npa, nda), (kb, npb, ndb) in zip(va, vb):
         _check_matmul(nda, ndb, npa, npb, device, f"A {ka} B {kb}")
@@ -86,7 +101,9 @@ MATMUL_ND = [
 ]
 
 
-@pytest.mark.parametrize("sa,sb", MATMUL_ND, ids=[f"{shape_id(a)}@{shape_id(b)}" for a, b in MATMUL_ND])
+@pytest.mark.parametrize(
+    "sa,sb", MATMUL_ND, ids=[f"{shape_id(a)}@{shape_id(b)}" for a, b in MATMUL_ND]
+)
 @pytest.mark.parametrize("device", DEVICES)
 def test_matmul_nd(sa, sb, device):
     rng = np.random.default_rng(73)
@@ -94,9 +111,9 @@ def test_matmul_nd(sa, sb, device):
     y = rand_data(rng, sb)
     va = make_views(x, device, seed=7)
     vb = make_views(y, device, seed=8)
-    for (ka, npa, nda) in va:
+    for ka, npa, nda in va:
         _check_matmul(nda, vb[0][2], npa, vb[0][1], device, f"{sa}@{sb} A {ka}")
-    for (kb, npb, ndb) in vb[1:]:
+    for kb, npb, ndb in vb[1:]:
         _check_matmul(va[0][2], ndb, va[0][1], npb, device, f"{sa}@{sb} B {kb}")
 
 

@@ -1,6 +1,7 @@
 """NDArray reductions (sum, max, min, ...) checked against NumPy: every axis option with
 and without keepdims on every shape and view, the conventions for empty axes and empty
 arrays, and the accuracy of large sums."""
+
 import itertools
 
 import numpy as np
@@ -9,8 +10,7 @@ import pytest
 from needle import backend_ndarray as nd
 
 from devices import DEVICES
-from ndarray_check import check_result, make_views, rand_data, SHAPE_IDS, SHAPES
-
+from ndarray_check import SHAPE_IDS, SHAPES, check_result, make_views, rand_data
 
 # --------------------------------------------------------------------------
 # reductions

@@ -1,6 +1,7 @@
 """NDArray views checked against NumPy: shapes, strides and compactness of every kind
 of view (offset, stepped, negative-step, flipped, permuted, broadcast), and the view
 ops reshape, permute, broadcast_to and flip."""
+
 import itertools
 
 import numpy as np
@@ -9,8 +10,17 @@ import pytest
 from needle import backend_ndarray as nd
 
 from devices import DEVICES
-from ndarray_check import _base_and_view, check_result, check_strides_meaningful, make_views, np_strides, rand_data, shape_id, SHAPE_IDS, SHAPES
-
+from ndarray_check import (
+    SHAPE_IDS,
+    SHAPES,
+    _base_and_view,
+    check_result,
+    check_strides_meaningful,
+    make_views,
+    np_strides,
+    rand_data,
+    shape_id,
+)
 
 # --------------------------------------------------------------------------
 # views: shapes, strides, compactness
@@ -104,11 +114,28 @@ def test_is_compact_cases(device):
 
 
 RESHAPE_KINDS = [
-    "contiguous", "transposed", "stepped", "offset_rows", "offset_cols", "flipped", "broadcast"
+    "contiguous",
+    "transposed",
+    "stepped",
+    "offset_rows",
+    "offset_cols",
+    "flipped",
+    "broadcast",
 ]
 RESHAPE_TARGETS = [
-    (12,), (4, 3), (2, 6), (2, 2, 3), (3, 2, 2), (3, 1, 4), (1, 3, 4), (3, 4, 1),
-    (12, 1), (-1,), (3, -1), (-1, 2, 2), (3, 4),
+    (12,),
+    (4, 3),
+    (2, 6),
+    (2, 2, 3),
+    (3, 2, 2),
+    (3, 1, 4),
+    (1, 3, 4),
+    (3, 4, 1),
+    (12, 1),
+    (-1,),
+    (3, -1),
+    (-1, 2, 2),
+    (3, 4),
 ]
 
 
@@ -142,8 +169,12 @@ def test_reshape_forms(device):
     check_result(a.reshape((4, -1)), x.reshape(4, -1), device, exact=True)
     check_result(a.reshape(-1, 4), x.reshape(-1, 4), device, exact=True)
     check_result(nd.reshape(a, (6, 4)), x.reshape(6, 4), device, exact=True)
-    check_result(a.reshape((1,) * 15 + (24,))[..., 3:5], x.reshape((1,) * 15 + (24,))[..., 3:5],
-                 device, exact=True)
+    check_result(
+        a.reshape((1,) * 15 + (24,))[..., 3:5],
+        x.reshape((1,) * 15 + (24,))[..., 3:5],
+        device,
+        exact=True,
+    )
     z = nd.array(np.zeros((3, 0, 2), np.float32), device=device)
     assert z.reshape((0, 6)).shape == (0, 6)
     assert z.reshape((2, 0)).shape == (2, 0)
@@ -194,7 +225,9 @@ BROADCAST_CASES = [
 ]
 
 
-@pytest.mark.parametrize("src,target", BROADCAST_CASES, ids=[f"{s}->{t}" for s, t in BROADCAST_CASES])
+@pytest.mark.parametrize(
+    "src,target", BROADCAST_CASES, ids=[f"{s}->{t}" for s, t in BROADCAST_CASES]
+)
 @pytest.mark.parametrize("device", DEVICES)
 def test_broadcast_to(src, target, device):
     rng = np.random.default_rng(12)
@@ -216,7 +249,9 @@ def test_flip(shape, device):
     rng = np.random.default_rng(13)
     x = rand_data(rng, shape)
     ndim = len(shape)
-    axes_options = [tuple(c) for r in range(0, ndim + 1) for c in itertools.combinations(range(ndim), r)]
+    axes_options = [
+        tuple(c) for r in range(0, ndim + 1) for c in itertools.combinations(range(ndim), r)
+    ]
     for kind, npv, ndv in make_views(x, device):
         for axes in axes_options:
             msg = f"{kind} flip {axes}"

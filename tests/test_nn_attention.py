@@ -3,6 +3,7 @@ MultiHeadAttention, AttentionLayer, TransformerLayer and Transformer. Forward va
 against NumPy references, gradients by central finite differences, the dropout draws,
 parameter creation order, train()/eval() reaching every layer, and the errors raised on
 bad input shapes."""
+
 import math
 
 import numpy as np
@@ -10,12 +11,12 @@ import pytest
 
 import needle as ndl
 from needle import nn
+
 from devices import DEVICES
-
-from nn_check import _assert_next_draw, _assert_params, check_module, _ln_ref, _t, _uniform_draw
-
+from nn_check import _assert_next_draw, _assert_params, _ln_ref, _t, _uniform_draw, check_module
 
 # --------------------------------------------------------------------------- attention refs
+
 
 def _drop_ref(x, p, training):
     """Dropout with the module's draw: one np.random.rand(*x.shape), keep where <= 1-p."""
@@ -63,8 +64,9 @@ def _transformer_ref(x, params, heads, dim, causal, p, training, batch_first):
         x = x.transpose(1, 0, 2)
     x = x + params[0][np.arange(x.shape[1])][None]
     for k in range((len(params) - 1) // 16):
-        x = _transformer_layer_ref(x, params[1 + 16 * k:17 + 16 * k], heads, dim, causal, p,
-                                   training)
+        x = _transformer_layer_ref(
+            x, params[1 + 16 * k : 17 + 16 * k], heads, dim, causal, p, training
+        )
     return x if batch_first else x.transpose(1, 0, 2)
 
 
@@ -74,9 +76,11 @@ def _np_params(module):
 
 # --------------------------------------------------------------------------- MultiHeadAttention
 
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("causal, lq, lk", [(False, 4, 4), (True, 4, 4), (True, 3, 5),
-                                            (False, 2, 6)])
+@pytest.mark.parametrize(
+    "causal, lq, lk", [(False, 4, 4), (True, 4, 4), (True, 3, 5), (False, 2, 6)]
+)
 def test_mha_forward(device, causal, lq, lk):
     np.random.seed(71)
     mha = nn.MultiHeadAttention(causal=causal, device=device)
@@ -91,8 +95,7 @@ def test_mha_forward(device, causal, lq, lk):
     np.testing.assert_allclose(res.numpy(), ref_res, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(probs.numpy(), ref_probs, rtol=1e-5, atol=1e-6)
     if causal:
-        masked = np.broadcast_to(np.triu(np.ones((lq, lk), dtype=bool), lk - lq + 1),
-                                 probs.shape)
+        masked = np.broadcast_to(np.triu(np.ones((lq, lk), dtype=bool), lk - lq + 1), probs.shape)
         assert np.all(probs.numpy()[masked] == 0.0)  # exactly zero
 
 
@@ -150,6 +153,7 @@ def test_mha_bad_shapes(device):
 
 # --------------------------------------------------------------------------- AttentionLayer
 
+
 def _attention_draws(q_f, k_f, v_f, out_f, inner):
     out = []
     for f in (q_f, k_f, v_f):
@@ -176,15 +180,15 @@ def test_attention_layer_init_draws():
 @pytest.mark.parametrize("causal", [True, False])
 def test_attention_layer_forward(device, causal):
     np.random.seed(82)
-    layer = nn.AttentionLayer(6, 2, 3, k_features=5, v_features=4, out_features=7,
-                              causal=causal, device=device)
+    layer = nn.AttentionLayer(
+        6, 2, 3, k_features=5, v_features=4, out_features=7, causal=causal, device=device
+    )
     for ln in (layer.prenorm_q, layer.prenorm_k, layer.prenorm_v):
         ln.w.data = _t(np.random.randn(ln.dim), device)
         ln.b.data = _t(np.random.randn(ln.dim), device)
     q, k, v = np.random.randn(2, 3, 6), np.random.randn(2, 4, 5), np.random.randn(2, 4, 4)
     out = layer(_t(q, device), _t(k, device), _t(v, device))
-    ref, ref_probs = _attention_layer_ref(q, k, v, _np_params(layer), 2, 3, causal,
-                                          training=True)
+    ref, ref_probs = _attention_layer_ref(q, k, v, _np_params(layer), 2, 3, causal, training=True)
     assert out.shape == (2, 3, 7)
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(layer.probs.numpy(), ref_probs, rtol=1e-4, atol=1e-6)
@@ -201,8 +205,7 @@ def test_attention_layer_gradient(device):
     layer = nn.AttentionLayer(4, 2, 2, device=device)
     layer.eval()
     x = np.random.randn(1, 3, 4)
-    check_module(layer, [x],
-                 lambda x, *p: _attention_layer_ref(x, x, x, p, 2, 2, True)[0], device)
+    check_module(layer, [x], lambda x, *p: _attention_layer_ref(x, x, x, p, 2, 2, True)[0], device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -218,6 +221,7 @@ def test_attention_layer_bad_shapes(device):
 
 
 # --------------------------------------------------------------------------- Transformer
+
 
 def _transformer_layer_draws(d, hidden, inner):
     out = _attention_draws(d, d, d, d, inner)
@@ -253,7 +257,9 @@ def test_transformer_init_draws():
     default = nn.Transformer(4, 8, 1)
     assert default.positional_embedding.weight.shape == (2048, 4)
     assert default.transformer_layers[0].residual1.fn.modules[0].q_projection.weight.shape == (
-        4, 256)
+        4,
+        256,
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -280,18 +286,35 @@ def test_transformer_layer_gradient(device):
     layer = nn.TransformerLayer(4, 2, 2, 5, device=device)
     layer.eval()
     x = np.random.randn(1, 3, 4)
-    check_module(layer, [x], lambda x, *p: _transformer_layer_ref(x, p, 2, 2, True), device,
-                 atol=1e-4)
+    check_module(
+        layer, [x], lambda x, *p: _transformer_layer_ref(x, p, 2, 2, True), device, atol=1e-4
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("batch_first, training, causal", [
-    (False, False, True), (True, False, False), (False, True, True), (True, True, True),
-])
+@pytest.mark.parametrize(
+    "batch_first, training, causal",
+    [
+        (False, False, True),
+        (True, False, False),
+        (False, True, True),
+        (True, True, True),
+    ],
+)
 def test_transformer_forward(device, batch_first, training, causal):
     np.random.seed(95)
-    model = nn.Transformer(8, 10, 2, num_head=2, dim_head=4, dropout=0.2, causal=causal,
-                           device=device, batch_first=batch_first, sequence_len=16)
+    model = nn.Transformer(
+        8,
+        10,
+        2,
+        num_head=2,
+        dim_head=4,
+        dropout=0.2,
+        causal=causal,
+        device=device,
+        batch_first=batch_first,
+        sequence_len=16,
+    )
     if not training:
         model.eval()
     x = np.random.randn(5, 3, 8)  # (L, B, D), or (B, L, D) when batch_first
@@ -310,8 +333,9 @@ def test_transformer_forward(device, batch_first, training, causal):
 @pytest.mark.parametrize("device", DEVICES)
 def test_transformer_backward_reaches_all_parameters(device):
     np.random.seed(97)
-    model = nn.Transformer(8, 10, 2, num_head=2, dim_head=4, dropout=0.1, device=device,
-                           sequence_len=8)
+    model = nn.Transformer(
+        8, 10, 2, num_head=2, dim_head=4, dropout=0.1, device=device, sequence_len=8
+    )
     x = _t(np.random.randn(4, 2, 8), device)
     out, _ = model(x)
     (out * out).sum().backward()
@@ -324,8 +348,12 @@ def test_transformer_backward_reaches_all_parameters(device):
 
 def test_transformer_train_eval_reaches_layers():
     model = nn.Transformer(4, 6, 2, num_head=1, dim_head=2, sequence_len=8)
-    drops = [m for layer in model.transformer_layers for m in layer._children()
-             if isinstance(m, nn.Dropout)]
+    drops = [
+        m
+        for layer in model.transformer_layers
+        for m in layer._children()
+        if isinstance(m, nn.Dropout)
+    ]
     assert len(drops) == 2 * 4
     model.eval()
     assert not any(d.training for d in drops)

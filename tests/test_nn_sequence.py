@@ -4,6 +4,7 @@ central finite differences for the cells, RNN/RNNCell/LSTM/LSTMCell against PyTo
 copied weights (needle keeps W_ih as (in, hidden), the transpose of torch's weight_ih),
 parameter creation order (the course's NumPy RNG draws), and the errors raised on bad
 input shapes."""
+
 import math
 
 import numpy as np
@@ -11,12 +12,12 @@ import pytest
 
 import needle as ndl
 from needle import nn
+
 from devices import DEVICES
-
-from nn_check import _assert_next_draw, _assert_params, check_module, _sigmoid, _t, _uniform_draw
-
+from nn_check import _assert_next_draw, _assert_params, _sigmoid, _t, _uniform_draw, check_module
 
 # --------------------------------------------------------------------------- RNNCell / RNN
+
 
 def _rnn_cell_ref(nonlinearity):
     act = np.tanh if nonlinearity == "tanh" else (lambda z: np.maximum(z, 0))
@@ -26,6 +27,7 @@ def _rnn_cell_ref(nonlinearity):
         if b_ih is not None:
             z = z + b_ih + b_hh
         return act(z)
+
     return ref
 
 
@@ -86,8 +88,7 @@ def test_rnn_cell_no_hidden(device):
     cell = nn.RNNCell(3, 4, device=device)
     x = np.random.randn(2, 3)
     ref = _rnn_cell_ref("tanh")
-    check_module(cell, [x], lambda x, *p: ref(x, np.zeros((2, 4)), *p), device,
-                 grads=False)
+    check_module(cell, [x], lambda x, *p: ref(x, np.zeros((2, 4)), *p), device, grads=False)
     out = cell(_t(x, device))
     out.sum().backward()
     assert all(p.grad is not None for p in cell.parameters())
@@ -127,7 +128,7 @@ def test_rnn_forward_numpy(device, num_layers, with_h0):
     x = np.random.randn(L, bs, n_in)
     h0 = np.random.randn(num_layers, bs, hid)
     params = [p.numpy().astype(np.float64) for p in rnn.parameters()]
-    cells = [params[4 * i:4 * i + 4] for i in range(num_layers)]
+    cells = [params[4 * i : 4 * i + 4] for i in range(num_layers)]
     if with_h0:
         out, h_n = rnn(_t(x, device), _t(h0, device))
     else:
@@ -151,6 +152,7 @@ def test_rnn_errors(device):
 
 
 # --------------------------------------------------------------------------- LSTMCell / LSTM
+
 
 def _lstm_cell_ref(x, h, c, w_ih, w_hh, b_ih=None, b_hh=None):
     z = x @ w_ih + h @ w_hh
@@ -192,8 +194,7 @@ def test_lstm_cell_gradient(device, bias):
     np.random.seed(42)
     cell = nn.LSTMCell(3, 2, bias=bias, device=device)
     x, h, c = np.random.randn(2, 3), np.random.randn(2, 2), np.random.randn(2, 2)
-    check_module(cell, [x, h, c], _lstm_cell_ref, device,
-                 forward=lambda m, x, h, c: m(x, (h, c)))
+    check_module(cell, [x, h, c], _lstm_cell_ref, device, forward=lambda m, x, h, c: m(x, (h, c)))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -237,7 +238,7 @@ def test_lstm_forward_numpy(device, num_layers, with_h):
     h0 = np.random.randn(num_layers, bs, hid)
     c0 = np.random.randn(num_layers, bs, hid)
     params = [p.numpy().astype(np.float64) for p in lstm.parameters()]
-    cells = [params[4 * i:4 * i + 4] for i in range(num_layers)]
+    cells = [params[4 * i : 4 * i + 4] for i in range(num_layers)]
     if with_h:
         out, (h_n, c_n) = lstm(_t(x, device), (_t(h0, device), _t(c0, device)))
     else:
@@ -263,6 +264,7 @@ def test_lstm_errors(device):
 
 # --------------------------------------------------------------------------- PyTorch
 
+
 def _copy_to_torch(torch, torch_mod, cells, bias, suffix):
     with torch.no_grad():
         for k, cell in enumerate(cells):
@@ -277,11 +279,15 @@ def _copy_to_torch(torch, torch_mod, cells, bias, suffix):
 def _compare_param_grads(torch_mod, cells, bias, suffix):
     for k, cell in enumerate(cells):
         s = suffix(k)
-        pairs = [(cell.W_ih, getattr(torch_mod, "weight_ih" + s).grad.numpy().T),
-                 (cell.W_hh, getattr(torch_mod, "weight_hh" + s).grad.numpy().T)]
+        pairs = [
+            (cell.W_ih, getattr(torch_mod, "weight_ih" + s).grad.numpy().T),
+            (cell.W_hh, getattr(torch_mod, "weight_hh" + s).grad.numpy().T),
+        ]
         if bias:
-            pairs += [(cell.bias_ih, getattr(torch_mod, "bias_ih" + s).grad.numpy()),
-                      (cell.bias_hh, getattr(torch_mod, "bias_hh" + s).grad.numpy())]
+            pairs += [
+                (cell.bias_ih, getattr(torch_mod, "bias_ih" + s).grad.numpy()),
+                (cell.bias_hh, getattr(torch_mod, "bias_hh" + s).grad.numpy()),
+            ]
         for p, g in pairs:
             np.testing.assert_allclose(p.grad.numpy(), g, rtol=1e-4, atol=1e-5)
 
@@ -332,16 +338,26 @@ def test_lstm_cell_vs_torch(device, bias):
     ref = torch.nn.LSTMCell(4, 3, bias=bias)
     _copy_to_torch(torch, ref, [cell], bias, lambda k: "")
     x, h, c = np.random.randn(2, 4), np.random.randn(2, 3), np.random.randn(2, 3)
-    _run_both(torch, device, lambda x, h, c: list(cell(x, (h, c))),
-              lambda x, h, c: list(ref(x, (h, c))), [x, h, c])
+    _run_both(
+        torch,
+        device,
+        lambda x, h, c: list(cell(x, (h, c))),
+        lambda x, h, c: list(ref(x, (h, c))),
+        [x, h, c],
+    )
     _compare_param_grads(ref, [cell], bias, lambda k: "")
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("num_layers, bias, nonlinearity, with_h0", [
-    (1, True, "tanh", True), (2, True, "relu", True), (2, False, "tanh", False),
-    (3, True, "tanh", False),
-])
+@pytest.mark.parametrize(
+    "num_layers, bias, nonlinearity, with_h0",
+    [
+        (1, True, "tanh", True),
+        (2, True, "relu", True),
+        (2, False, "tanh", False),
+        (3, True, "tanh", False),
+    ],
+)
 def test_rnn_vs_torch(device, num_layers, bias, nonlinearity, with_h0):
     torch = pytest.importorskip("torch")
     np.random.seed(53)
@@ -353,17 +369,23 @@ def test_rnn_vs_torch(device, num_layers, bias, nonlinearity, with_h0):
     x = np.random.randn(L, bs, n_in)
     if with_h0:
         h0 = np.random.randn(num_layers, bs, hid)
-        _run_both(torch, device, lambda x, h: list(rnn(x, h)), lambda x, h: list(ref(x, h)),
-                  [x, h0])
+        _run_both(
+            torch, device, lambda x, h: list(rnn(x, h)), lambda x, h: list(ref(x, h)), [x, h0]
+        )
     else:
         _run_both(torch, device, lambda x: list(rnn(x)), lambda x: list(ref(x)), [x])
     _compare_param_grads(ref, rnn.rnn_cells, bias, suffix)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("num_layers, bias, with_h", [
-    (1, True, True), (2, True, False), (2, False, True),
-])
+@pytest.mark.parametrize(
+    "num_layers, bias, with_h",
+    [
+        (1, True, True),
+        (2, True, False),
+        (2, False, True),
+    ],
+)
 def test_lstm_vs_torch(device, num_layers, bias, with_h):
     torch = pytest.importorskip("torch")
     np.random.seed(54)
@@ -390,6 +412,7 @@ def test_lstm_vs_torch(device, num_layers, bias, with_h):
 
 
 # --------------------------------------------------------------------------- Embedding
+
 
 def test_embedding_init_draw():
     np.random.seed(61)

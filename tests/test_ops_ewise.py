@@ -12,24 +12,82 @@ from devices import dev
 from gradcheck import MODES, check_op
 from op_refs import SHAPE, rnd, sigmoid_ref
 
-
 # --------------------------------------------------------------------------
 # names
 # --------------------------------------------------------------------------
 
 OP_CLASSES = [
-    "EWiseAdd", "AddScalar", "EWiseMul", "MulScalar", "EWisePow", "PowerScalar", "EWiseDiv",
-    "DivScalar", "Transpose", "Reshape", "BroadcastTo", "Summation", "MatMul", "Negate", "Log",
-    "Exp", "ReLU", "Tanh", "Sigmoid", "Sqrt", "Max", "Stack", "Split", "Flip", "Dilate",
-    "UnDilate", "Conv", "LogSoftmax", "LogSumExp", "MakeTensorTuple", "TupleGetItem",
-    "FusedAddScalars", "GetItem", "GatherRows", "SoftmaxCrossEntropy",
+    "EWiseAdd",
+    "AddScalar",
+    "EWiseMul",
+    "MulScalar",
+    "EWisePow",
+    "PowerScalar",
+    "EWiseDiv",
+    "DivScalar",
+    "Transpose",
+    "Reshape",
+    "BroadcastTo",
+    "Summation",
+    "MatMul",
+    "Negate",
+    "Log",
+    "Exp",
+    "ReLU",
+    "Tanh",
+    "Sigmoid",
+    "Sqrt",
+    "Max",
+    "Stack",
+    "Split",
+    "Flip",
+    "Dilate",
+    "UnDilate",
+    "Conv",
+    "LogSoftmax",
+    "LogSumExp",
+    "MakeTensorTuple",
+    "TupleGetItem",
+    "FusedAddScalars",
+    "GetItem",
+    "GatherRows",
+    "SoftmaxCrossEntropy",
 ]
 OP_FUNCTIONS = [
-    "add", "add_scalar", "multiply", "mul_scalar", "power", "power_scalar", "divide",
-    "divide_scalar", "transpose", "reshape", "broadcast_to", "summation", "matmul", "negate",
-    "log", "exp", "relu", "tanh", "sigmoid", "sqrt", "max", "stack", "split", "flip", "dilate",
-    "undilate", "conv", "logsoftmax", "logsumexp", "make_tuple", "tuple_get_item",
-    "fused_add_scalars", "gather_rows", "softmax_cross_entropy",
+    "add",
+    "add_scalar",
+    "multiply",
+    "mul_scalar",
+    "power",
+    "power_scalar",
+    "divide",
+    "divide_scalar",
+    "transpose",
+    "reshape",
+    "broadcast_to",
+    "summation",
+    "matmul",
+    "negate",
+    "log",
+    "exp",
+    "relu",
+    "tanh",
+    "sigmoid",
+    "sqrt",
+    "max",
+    "stack",
+    "split",
+    "flip",
+    "dilate",
+    "undilate",
+    "conv",
+    "logsoftmax",
+    "logsumexp",
+    "make_tuple",
+    "tuple_get_item",
+    "fused_add_scalars",
+    "gather_rows",
+    "softmax_cross_entropy",
 ]
 
 
@@ -57,31 +115,52 @@ def test_functions_record_their_op_class(device):
     b = ndl.Tensor(rnd(1, (2, 3), "pos"), device=device)
     m = ndl.Tensor(rnd(2, (3, 4)), device=device)
     cases = [
-        (ndl.add(a, b), ndl.ops.EWiseAdd), (a + b, ndl.ops.EWiseAdd),
-        (ndl.add_scalar(a, 1.0), ndl.ops.AddScalar), (a + 1, ndl.ops.AddScalar),
-        (ndl.multiply(a, b), ndl.ops.EWiseMul), (a * b, ndl.ops.EWiseMul),
-        (ndl.mul_scalar(a, 2.0), ndl.ops.MulScalar), (a * 2, ndl.ops.MulScalar),
-        (ndl.power(a, b), ndl.ops.EWisePow), (a ** b, ndl.ops.EWisePow),
-        (ndl.power_scalar(a, 2), ndl.ops.PowerScalar), (a ** 2, ndl.ops.PowerScalar),
-        (ndl.divide(a, b), ndl.ops.EWiseDiv), (a / b, ndl.ops.EWiseDiv),
-        (ndl.divide_scalar(a, 2.0), ndl.ops.DivScalar), (a / 2, ndl.ops.DivScalar),
-        (ndl.negate(a), ndl.ops.Negate), (-a, ndl.ops.Negate),
-        (ndl.matmul(a, m), ndl.ops.MatMul), (a @ m, ndl.ops.MatMul),
-        (ndl.transpose(a), ndl.ops.Transpose), (ndl.reshape(a, (3, 2)), ndl.ops.Reshape),
+        (ndl.add(a, b), ndl.ops.EWiseAdd),
+        (a + b, ndl.ops.EWiseAdd),
+        (ndl.add_scalar(a, 1.0), ndl.ops.AddScalar),
+        (a + 1, ndl.ops.AddScalar),
+        (ndl.multiply(a, b), ndl.ops.EWiseMul),
+        (a * b, ndl.ops.EWiseMul),
+        (ndl.mul_scalar(a, 2.0), ndl.ops.MulScalar),
+        (a * 2, ndl.ops.MulScalar),
+        (ndl.power(a, b), ndl.ops.EWisePow),
+        (a**b, ndl.ops.EWisePow),
+        (ndl.power_scalar(a, 2), ndl.ops.PowerScalar),
+        (a**2, ndl.ops.PowerScalar),
+        (ndl.divide(a, b), ndl.ops.EWiseDiv),
+        (a / b, ndl.ops.EWiseDiv),
+        (ndl.divide_scalar(a, 2.0), ndl.ops.DivScalar),
+        (a / 2, ndl.ops.DivScalar),
+        (ndl.negate(a), ndl.ops.Negate),
+        (-a, ndl.ops.Negate),
+        (ndl.matmul(a, m), ndl.ops.MatMul),
+        (a @ m, ndl.ops.MatMul),
+        (ndl.transpose(a), ndl.ops.Transpose),
+        (ndl.reshape(a, (3, 2)), ndl.ops.Reshape),
         (ndl.broadcast_to(a, (4, 2, 3)), ndl.ops.BroadcastTo),
-        (ndl.summation(a), ndl.ops.Summation), (a.sum(), ndl.ops.Summation),
-        (ndl.log(a), ndl.ops.Log), (ndl.exp(a), ndl.ops.Exp), (ndl.relu(a), ndl.ops.ReLU),
-        (ndl.tanh(a), ndl.ops.Tanh), (ndl.sigmoid(a), ndl.ops.Sigmoid),
-        (ndl.sqrt(a), ndl.ops.Sqrt), (ndl.max(a, axes=1), ndl.ops.Max),
-        (ndl.stack([a, b], 0), ndl.ops.Stack), (ndl.split(a, 0), ndl.ops.Split),
-        (ndl.flip(a, (0,)), ndl.ops.Flip), (ndl.dilate(a, (0,), 1), ndl.ops.Dilate),
-        (ndl.logsoftmax(a), ndl.ops.LogSoftmax), (ndl.logsumexp(a, axes=(1,)), ndl.ops.LogSumExp),
+        (ndl.summation(a), ndl.ops.Summation),
+        (a.sum(), ndl.ops.Summation),
+        (ndl.log(a), ndl.ops.Log),
+        (ndl.exp(a), ndl.ops.Exp),
+        (ndl.relu(a), ndl.ops.ReLU),
+        (ndl.tanh(a), ndl.ops.Tanh),
+        (ndl.sigmoid(a), ndl.ops.Sigmoid),
+        (ndl.sqrt(a), ndl.ops.Sqrt),
+        (ndl.max(a, axes=1), ndl.ops.Max),
+        (ndl.stack([a, b], 0), ndl.ops.Stack),
+        (ndl.split(a, 0), ndl.ops.Split),
+        (ndl.flip(a, (0,)), ndl.ops.Flip),
+        (ndl.dilate(a, (0,), 1), ndl.ops.Dilate),
+        (ndl.logsoftmax(a), ndl.ops.LogSoftmax),
+        (ndl.logsumexp(a, axes=(1,)), ndl.ops.LogSumExp),
         (ndl.make_tuple(a, b), ndl.ops.MakeTensorTuple),
         (ndl.fused_add_scalars(a, 1.0, 2.0), ndl.ops.FusedAddScalars),
         (a[0], ndl.ops.GetItem),
     ]
     for i, (value, cls) in enumerate(cases):
-        assert type(value.op) is cls, f"case {i}: op {type(value.op).__name__}, expected {cls.__name__}"
+        assert type(value.op) is cls, (
+            f"case {i}: op {type(value.op).__name__}, expected {cls.__name__}"
+        )
         assert all(isinstance(x, ndl.autograd.Value) for x in value.inputs)
 
 
@@ -93,10 +172,20 @@ def test_functions_record_their_op_class(device):
 @dev
 def test_add(device):
     check_op(ndl.add, rnd(0, SHAPE), rnd(1, SHAPE), device=device, reference=lambda a, b: a + b)
-    check_op(lambda a, b: a + b, rnd(2, SHAPE), rnd(3, SHAPE), device=device,
-             reference=lambda a, b: a + b)
-    check_op(lambda a, b: ndl.ops.EWiseAdd()(a, b), rnd(4, SHAPE), rnd(5, SHAPE), device=device,
-             reference=lambda a, b: a + b)
+    check_op(
+        lambda a, b: a + b,
+        rnd(2, SHAPE),
+        rnd(3, SHAPE),
+        device=device,
+        reference=lambda a, b: a + b,
+    )
+    check_op(
+        lambda a, b: ndl.ops.EWiseAdd()(a, b),
+        rnd(4, SHAPE),
+        rnd(5, SHAPE),
+        device=device,
+        reference=lambda a, b: a + b,
+    )
 
 
 @dev
@@ -106,80 +195,135 @@ def test_add_same_input_twice(device):
 
 @dev
 def test_add_scalar(device):
-    check_op(lambda a: ndl.add_scalar(a, 1.5), rnd(0, SHAPE), device=device,
-             reference=lambda a: a + 1.5)
-    check_op(lambda a: ndl.ops.AddScalar(-2.0)(a), rnd(1, SHAPE), device=device,
-             reference=lambda a: a - 2.0)
+    check_op(
+        lambda a: ndl.add_scalar(a, 1.5), rnd(0, SHAPE), device=device, reference=lambda a: a + 1.5
+    )
+    check_op(
+        lambda a: ndl.ops.AddScalar(-2.0)(a),
+        rnd(1, SHAPE),
+        device=device,
+        reference=lambda a: a - 2.0,
+    )
     check_op(lambda a: a + 1, rnd(2, SHAPE), device=device, reference=lambda a: a + 1)
     check_op(lambda a: 1 + a, rnd(3, SHAPE), device=device, reference=lambda a: 1 + a)
 
 
 @dev
 def test_subtract(device):
-    check_op(lambda a, b: a - b, rnd(0, SHAPE), rnd(1, SHAPE), device=device,
-             reference=lambda a, b: a - b)
+    check_op(
+        lambda a, b: a - b,
+        rnd(0, SHAPE),
+        rnd(1, SHAPE),
+        device=device,
+        reference=lambda a, b: a - b,
+    )
     check_op(lambda a: a - 2.5, rnd(2, SHAPE), device=device, reference=lambda a: a - 2.5)
     check_op(lambda a: 1 - a, rnd(3, SHAPE), device=device, reference=lambda a: 1 - a)
 
 
 @dev
 def test_multiply(device):
-    check_op(ndl.multiply, rnd(0, SHAPE), rnd(1, SHAPE), device=device,
-             reference=lambda a, b: a * b)
-    check_op(lambda a, b: a * b, rnd(2, SHAPE), rnd(3, SHAPE), device=device,
-             reference=lambda a, b: a * b)
+    check_op(
+        ndl.multiply, rnd(0, SHAPE), rnd(1, SHAPE), device=device, reference=lambda a, b: a * b
+    )
+    check_op(
+        lambda a, b: a * b,
+        rnd(2, SHAPE),
+        rnd(3, SHAPE),
+        device=device,
+        reference=lambda a, b: a * b,
+    )
     check_op(lambda a: a * a * a, rnd(4, SHAPE), device=device, reference=lambda a: a * a * a)
 
 
 @dev
 def test_mul_scalar(device):
-    check_op(lambda a: ndl.mul_scalar(a, -1.5), rnd(0, SHAPE), device=device,
-             reference=lambda a: a * -1.5)
-    check_op(lambda a: ndl.ops.MulScalar(0.25)(a), rnd(1, SHAPE), device=device,
-             reference=lambda a: a * 0.25)
+    check_op(
+        lambda a: ndl.mul_scalar(a, -1.5),
+        rnd(0, SHAPE),
+        device=device,
+        reference=lambda a: a * -1.5,
+    )
+    check_op(
+        lambda a: ndl.ops.MulScalar(0.25)(a),
+        rnd(1, SHAPE),
+        device=device,
+        reference=lambda a: a * 0.25,
+    )
     check_op(lambda a: 3 * a, rnd(2, SHAPE), device=device, reference=lambda a: 3 * a)
     check_op(lambda a: a * 3, rnd(3, SHAPE), device=device, reference=lambda a: a * 3)
 
 
 @dev
 def test_power(device):
-    check_op(ndl.power, rnd(0, SHAPE, "pos"), rnd(1, SHAPE), device=device,
-             reference=lambda a, b: a ** b)
-    check_op(lambda a, b: a ** b, rnd(2, SHAPE, "pos"), rnd(3, SHAPE), device=device,
-             reference=lambda a, b: a ** b)
+    check_op(
+        ndl.power, rnd(0, SHAPE, "pos"), rnd(1, SHAPE), device=device, reference=lambda a, b: a**b
+    )
+    check_op(
+        lambda a, b: a**b,
+        rnd(2, SHAPE, "pos"),
+        rnd(3, SHAPE),
+        device=device,
+        reference=lambda a, b: a**b,
+    )
 
 
 @pytest.mark.parametrize("scalar", [2, 3, 0.5, -1, 1.5])
 @dev
 def test_power_scalar(device, scalar):
     kind = "pos" if scalar != int(scalar) or scalar < 0 else "any"
-    check_op(lambda a: ndl.power_scalar(a, scalar), rnd(0, SHAPE, kind), device=device,
-             reference=lambda a: a ** scalar)
-    check_op(lambda a: a ** scalar, rnd(1, SHAPE, kind), device=device,
-             reference=lambda a: a ** scalar)
-    check_op(lambda a: ndl.ops.PowerScalar(scalar)(a), rnd(2, SHAPE, kind), device=device,
-             reference=lambda a: a ** scalar)
+    check_op(
+        lambda a: ndl.power_scalar(a, scalar),
+        rnd(0, SHAPE, kind),
+        device=device,
+        reference=lambda a: a**scalar,
+    )
+    check_op(lambda a: a**scalar, rnd(1, SHAPE, kind), device=device, reference=lambda a: a**scalar)
+    check_op(
+        lambda a: ndl.ops.PowerScalar(scalar)(a),
+        rnd(2, SHAPE, kind),
+        device=device,
+        reference=lambda a: a**scalar,
+    )
 
 
 @dev
 def test_reflected_power(device):
-    check_op(lambda a: 2 ** a, rnd(0, SHAPE), device=device, reference=lambda a: 2.0 ** a)
+    check_op(lambda a: 2**a, rnd(0, SHAPE), device=device, reference=lambda a: 2.0**a)
 
 
 @dev
 def test_divide(device):
-    check_op(ndl.divide, rnd(0, SHAPE), rnd(1, SHAPE, "nonzero"), device=device,
-             reference=lambda a, b: a / b)
-    check_op(lambda a, b: a / b, rnd(2, SHAPE), rnd(3, SHAPE, "nonzero"), device=device,
-             reference=lambda a, b: a / b)
+    check_op(
+        ndl.divide,
+        rnd(0, SHAPE),
+        rnd(1, SHAPE, "nonzero"),
+        device=device,
+        reference=lambda a, b: a / b,
+    )
+    check_op(
+        lambda a, b: a / b,
+        rnd(2, SHAPE),
+        rnd(3, SHAPE, "nonzero"),
+        device=device,
+        reference=lambda a, b: a / b,
+    )
 
 
 @dev
 def test_divide_scalar(device):
-    check_op(lambda a: ndl.divide_scalar(a, 4.0), rnd(0, SHAPE), device=device,
-             reference=lambda a: a / 4.0)
-    check_op(lambda a: ndl.ops.DivScalar(-0.5)(a), rnd(1, SHAPE), device=device,
-             reference=lambda a: a / -0.5)
+    check_op(
+        lambda a: ndl.divide_scalar(a, 4.0),
+        rnd(0, SHAPE),
+        device=device,
+        reference=lambda a: a / 4.0,
+    )
+    check_op(
+        lambda a: ndl.ops.DivScalar(-0.5)(a),
+        rnd(1, SHAPE),
+        device=device,
+        reference=lambda a: a / -0.5,
+    )
     check_op(lambda a: a / 3, rnd(2, SHAPE), device=device, reference=lambda a: a / 3)
     check_op(lambda a: 2 / a, rnd(3, SHAPE, "nonzero"), device=device, reference=lambda a: 2 / a)
 
@@ -238,7 +382,10 @@ def test_sqrt(device):
 
 @dev
 def test_composite_expression(device):
-    check_op(lambda a, b: ndl.tanh(a * b + ndl.exp(-a)) / (b * b + 1.0) - ndl.sigmoid(b) ** 2,
-             rnd(0, SHAPE), rnd(1, SHAPE), device=device,
-             reference=lambda a, b: np.tanh(a * b + np.exp(-a)) / (b * b + 1.0)
-             - sigmoid_ref(b) ** 2)
+    check_op(
+        lambda a, b: ndl.tanh(a * b + ndl.exp(-a)) / (b * b + 1.0) - ndl.sigmoid(b) ** 2,
+        rnd(0, SHAPE),
+        rnd(1, SHAPE),
+        device=device,
+        reference=lambda a, b: np.tanh(a * b + np.exp(-a)) / (b * b + 1.0) - sigmoid_ref(b) ** 2,
+    )

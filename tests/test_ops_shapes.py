@@ -11,16 +11,21 @@ from devices import dev
 from gradcheck import MODES, check_op
 from op_refs import SHAPE, dilate_ref, red_ref, rnd, undilate_ref
 
-
 # --------------------------------------------------------------------------
 # shapes
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shape,axes", [
-    ((3, 4), None), ((2, 3, 4), None), ((2, 3, 4), (0, 2)), ((2, 3, 4), (0, 1)),
-    ((2, 3, 4), (2, 1)),
-])
+@pytest.mark.parametrize(
+    "shape,axes",
+    [
+        ((3, 4), None),
+        ((2, 3, 4), None),
+        ((2, 3, 4), (0, 2)),
+        ((2, 3, 4), (0, 1)),
+        ((2, 3, 4), (2, 1)),
+    ],
+)
 @dev
 def test_transpose(device, shape, axes):
     ax = (-2, -1) if axes is None else axes
@@ -32,14 +37,24 @@ def test_transpose(device, shape, axes):
 
 @dev
 def test_transpose_method_default(device):
-    check_op(lambda a: a.transpose(), rnd(0, (2, 3, 4)), device=device,
-             reference=lambda a: np.swapaxes(a, 1, 2))
+    check_op(
+        lambda a: a.transpose(),
+        rnd(0, (2, 3, 4)),
+        device=device,
+        reference=lambda a: np.swapaxes(a, 1, 2),
+    )
 
 
-@pytest.mark.parametrize("shape,new", [
-    ((3, 4), (12,)), ((3, 4), (2, 6)), ((2, 3, 4), (4, 6)), ((2, 3, 4), (4, 3, 2)),
-    ((6,), (1, 6, 1)),
-])
+@pytest.mark.parametrize(
+    "shape,new",
+    [
+        ((3, 4), (12,)),
+        ((3, 4), (2, 6)),
+        ((2, 3, 4), (4, 6)),
+        ((2, 3, 4), (4, 3, 2)),
+        ((6,), (1, 6, 1)),
+    ],
+)
 @dev
 def test_reshape(device, shape, new):
     ref = lambda a: a.reshape(new)  # noqa: E731
@@ -50,14 +65,26 @@ def test_reshape(device, shape, new):
 
 @dev
 def test_reshape_of_transposed(device):
-    check_op(lambda a: ndl.reshape(ndl.transpose(a), (12,)), rnd(0, (3, 4)), device=device,
-             reference=lambda a: a.T.reshape(12))
+    check_op(
+        lambda a: ndl.reshape(ndl.transpose(a), (12,)),
+        rnd(0, (3, 4)),
+        device=device,
+        reference=lambda a: a.T.reshape(12),
+    )
 
 
-@pytest.mark.parametrize("shape,new", [
-    ((3, 1), (3, 4)), ((1, 4), (3, 4)), ((4,), (2, 3, 4)), ((1,), (5,)), ((2, 1, 3), (2, 4, 3)),
-    ((1, 1), (2, 3)), ((3,), (3,)),
-])
+@pytest.mark.parametrize(
+    "shape,new",
+    [
+        ((3, 1), (3, 4)),
+        ((1, 4), (3, 4)),
+        ((4,), (2, 3, 4)),
+        ((1,), (5,)),
+        ((2, 1, 3), (2, 4, 3)),
+        ((1, 1), (2, 3)),
+        ((3,), (3,)),
+    ],
+)
 @dev
 def test_broadcast_to(device, shape, new):
     ref = lambda a: np.broadcast_to(a, new)  # noqa: E731
@@ -66,10 +93,20 @@ def test_broadcast_to(device, shape, new):
     check_op(lambda a: a.broadcast_to(new), rnd(2, shape), device=device, reference=ref)
 
 
-@pytest.mark.parametrize("shape,axes", [
-    ((3, 4), None), ((5,), None), ((2, 3, 4), None), ((3, 4), 0), ((3, 4), 1), ((2, 3, 4), 1),
-    ((2, 3, 4), (0, 2)), ((2, 3, 4), (1,)), ((2, 3, 4), (2, 0)),
-])
+@pytest.mark.parametrize(
+    "shape,axes",
+    [
+        ((3, 4), None),
+        ((5,), None),
+        ((2, 3, 4), None),
+        ((3, 4), 0),
+        ((3, 4), 1),
+        ((2, 3, 4), 1),
+        ((2, 3, 4), (0, 2)),
+        ((2, 3, 4), (1,)),
+        ((2, 3, 4), (2, 0)),
+    ],
+)
 @dev
 def test_summation(device, shape, axes):
     ref = red_ref(np.sum, axes)
@@ -88,16 +125,24 @@ def test_summation_none_has_shape_1(device):
     assert ndl.summation(t, axes=1).shape == (2, 4)
 
 
-@pytest.mark.parametrize("shape,axes", [
-    ((3, 4), None), ((2, 3, 4), None), ((3, 4), 0), ((3, 4), 1), ((2, 3, 4), (0, 2)),
-    ((2, 3, 4), (1,)),
-])
+@pytest.mark.parametrize(
+    "shape,axes",
+    [
+        ((3, 4), None),
+        ((2, 3, 4), None),
+        ((3, 4), 0),
+        ((3, 4), 1),
+        ((2, 3, 4), (0, 2)),
+        ((2, 3, 4), (1,)),
+    ],
+)
 @dev
 def test_max(device, shape, axes):
     ref = red_ref(np.max, axes)
     check_op(lambda a: ndl.max(a, axes), rnd(0, shape, "distinct"), device=device, reference=ref)
-    check_op(lambda a: ndl.ops.Max(axes)(a), rnd(1, shape, "distinct"), device=device,
-             reference=ref)
+    check_op(
+        lambda a: ndl.ops.Max(axes)(a), rnd(1, shape, "distinct"), device=device, reference=ref
+    )
 
 
 @dev
@@ -110,8 +155,8 @@ def test_max_ties_split_gradient_evenly(device):
             np.testing.assert_array_equal(m.numpy(), [3.0, 2.0, 5.0])
             m.sum().backward()
             np.testing.assert_allclose(
-                t.grad.numpy(),
-                [[0.0, 0.5, 0.5], [0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]], rtol=1e-6)
+                t.grad.numpy(), [[0.0, 0.5, 0.5], [0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]], rtol=1e-6
+            )
             t2 = ndl.Tensor(np.array([[1.0, 4.0], [4.0, 2.0]], dtype=np.float32), device=device)
             m2 = ndl.max(t2)
             assert m2.shape == (1,)
@@ -125,18 +170,27 @@ def test_max_ties_split_gradient_evenly(device):
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sa,sb", [
-    ((3, 4), (4, 5)), ((1, 4), (4, 1)), ((2, 3, 4), (2, 4, 5)), ((3, 4), (2, 4, 5)),
-    ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (5, 4, 2)), ((1, 3, 4), (2, 4, 2)),
-])
+@pytest.mark.parametrize(
+    "sa,sb",
+    [
+        ((3, 4), (4, 5)),
+        ((1, 4), (4, 1)),
+        ((2, 3, 4), (2, 4, 5)),
+        ((3, 4), (2, 4, 5)),
+        ((2, 3, 4), (4, 5)),
+        ((2, 1, 3, 4), (5, 4, 2)),
+        ((1, 3, 4), (2, 4, 2)),
+    ],
+)
 @dev
 def test_matmul(device, sa, sb):
     ref = lambda a, b: a @ b  # noqa: E731
     check_op(ndl.matmul, rnd(0, sa), rnd(1, sb), device=device, reference=ref)
     check_op(lambda a, b: a @ b, rnd(2, sa), rnd(3, sb), device=device, reference=ref)
     check_op(lambda a, b: a.matmul(b), rnd(4, sa), rnd(5, sb), device=device, reference=ref)
-    check_op(lambda a, b: ndl.ops.MatMul()(a, b), rnd(6, sa), rnd(7, sb), device=device,
-             reference=ref)
+    check_op(
+        lambda a, b: ndl.ops.MatMul()(a, b), rnd(6, sa), rnd(7, sb), device=device, reference=ref
+    )
 
 
 @dev
@@ -154,16 +208,31 @@ def test_matmul_same_operand(device):
 def test_stack(device, axis):
     shape = (3, 4)
     ref = lambda *xs: np.stack(xs, axis=axis)  # noqa: E731
-    check_op(lambda *ts: ndl.stack(list(ts), axis), rnd(0, shape), rnd(1, shape), rnd(2, shape),
-             device=device, reference=ref)
-    check_op(lambda *ts: ndl.ops.Stack(axis)(ndl.make_tuple(*ts)), rnd(3, shape), rnd(4, shape),
-             device=device, reference=ref)
+    check_op(
+        lambda *ts: ndl.stack(list(ts), axis),
+        rnd(0, shape),
+        rnd(1, shape),
+        rnd(2, shape),
+        device=device,
+        reference=ref,
+    )
+    check_op(
+        lambda *ts: ndl.ops.Stack(axis)(ndl.make_tuple(*ts)),
+        rnd(3, shape),
+        rnd(4, shape),
+        device=device,
+        reference=ref,
+    )
 
 
 @dev
 def test_stack_single(device):
-    check_op(lambda a: ndl.stack([a], 1), rnd(0, (2, 3)), device=device,
-             reference=lambda a: a[:, None, :])
+    check_op(
+        lambda a: ndl.stack([a], 1),
+        rnd(0, (2, 3)),
+        device=device,
+        reference=lambda a: a[:, None, :],
+    )
 
 
 @pytest.mark.parametrize("shape,axis", [((3, 4), 0), ((3, 4), 1), ((2, 3, 4), 2), ((2, 3, 4), 1)])
@@ -192,21 +261,36 @@ def test_split_returns_tensortuple(device):
 
 @dev
 def test_split_then_stack_roundtrip(device):
-    check_op(lambda a: ndl.stack(list(ndl.split(a, 1).tuple()), 0), rnd(0, (3, 4)), device=device,
-             reference=lambda a: a.T)
+    check_op(
+        lambda a: ndl.stack(list(ndl.split(a, 1).tuple()), 0),
+        rnd(0, (3, 4)),
+        device=device,
+        reference=lambda a: a.T,
+    )
 
 
 @dev
 def test_split_partial_use(device):
     # only some outputs reach the loss: the others get no (or zero) gradient
-    check_op(lambda a: ndl.split(a, 0)[1] * 2.0, rnd(0, (3, 4)), device=device,
-             reference=lambda a: a[1] * 2.0)
+    check_op(
+        lambda a: ndl.split(a, 0)[1] * 2.0,
+        rnd(0, (3, 4)),
+        device=device,
+        reference=lambda a: a[1] * 2.0,
+    )
 
 
-@pytest.mark.parametrize("shape,axes", [
-    ((5,), (0,)), ((3, 4), (0,)), ((3, 4), (1,)), ((3, 4), (0, 1)), ((2, 3, 4), (0, 2)),
-    ((2, 3, 4), (1,)),
-])
+@pytest.mark.parametrize(
+    "shape,axes",
+    [
+        ((5,), (0,)),
+        ((3, 4), (0,)),
+        ((3, 4), (1,)),
+        ((3, 4), (0, 1)),
+        ((2, 3, 4), (0, 2)),
+        ((2, 3, 4), (1,)),
+    ],
+)
 @dev
 def test_flip(device, shape, axes):
     ref = lambda a: np.flip(a, axes)  # noqa: E731
@@ -214,10 +298,17 @@ def test_flip(device, shape, axes):
     check_op(lambda a: ndl.ops.Flip(axes)(a), rnd(1, shape), device=device, reference=ref)
 
 
-@pytest.mark.parametrize("shape,axes,d", [
-    ((4,), (0,), 1), ((3, 4), (0,), 1), ((3, 4), (1,), 2), ((3, 4), (0, 1), 1),
-    ((2, 3, 2), (0, 2), 2), ((3, 4), (0,), 0),
-])
+@pytest.mark.parametrize(
+    "shape,axes,d",
+    [
+        ((4,), (0,), 1),
+        ((3, 4), (0,), 1),
+        ((3, 4), (1,), 2),
+        ((3, 4), (0, 1), 1),
+        ((2, 3, 2), (0, 2), 2),
+        ((3, 4), (0,), 0),
+    ],
+)
 @dev
 def test_dilate(device, shape, axes, d):
     ref = lambda a: dilate_ref(a, axes, d)  # noqa: E731
@@ -232,16 +323,22 @@ def test_dilate(device, shape, axes, d):
 @dev
 def test_dilate_exact_values(device):
     t = ndl.Tensor(np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32), device=device)
+    np.testing.assert_array_equal(ndl.dilate(t, (0,), 1).numpy(), [[1, 2], [0, 0], [3, 4], [0, 0]])
     np.testing.assert_array_equal(
-        ndl.dilate(t, (0,), 1).numpy(), [[1, 2], [0, 0], [3, 4], [0, 0]])
-    np.testing.assert_array_equal(
-        ndl.dilate(t, (1,), 2).numpy(), [[1, 0, 0, 2, 0, 0], [3, 0, 0, 4, 0, 0]])
+        ndl.dilate(t, (1,), 2).numpy(), [[1, 0, 0, 2, 0, 0], [3, 0, 0, 4, 0, 0]]
+    )
 
 
-@pytest.mark.parametrize("shape,axes,d", [
-    ((8,), (0,), 1), ((6, 4), (0,), 1), ((3, 6), (1,), 2), ((6, 4), (0, 1), 1),
-    ((4, 3, 6), (0, 2), 1),
-])
+@pytest.mark.parametrize(
+    "shape,axes,d",
+    [
+        ((8,), (0,), 1),
+        ((6, 4), (0,), 1),
+        ((3, 6), (1,), 2),
+        ((6, 4), (0, 1), 1),
+        ((4, 3, 6), (0, 2), 1),
+    ],
+)
 @dev
 def test_undilate(device, shape, axes, d):
     ref = lambda a: undilate_ref(a, axes, d)  # noqa: E731
@@ -251,9 +348,12 @@ def test_undilate(device, shape, axes, d):
 
 @dev
 def test_undilate_inverts_dilate(device):
-    check_op(lambda a: ndl.undilate(ndl.dilate(a, (0, 1), 2), (0, 1), 2), rnd(0, (3, 4)),
-             device=device, reference=lambda a: a)
-
+    check_op(
+        lambda a: ndl.undilate(ndl.dilate(a, (0, 1), 2), (0, 1), 2),
+        rnd(0, (3, 4)),
+        device=device,
+        reference=lambda a: a,
+    )
 
 
 # --------------------------------------------------------------------------
@@ -263,32 +363,69 @@ def test_undilate_inverts_dilate(device):
 
 @dev
 def test_make_tuple(device):
-    res = check_op(lambda a, b: ndl.make_tuple(a, b), rnd(0, SHAPE), rnd(1, (2,)), device=device,
-                   reference=lambda a, b: (a, b))
+    res = check_op(
+        lambda a, b: ndl.make_tuple(a, b),
+        rnd(0, SHAPE),
+        rnd(1, (2,)),
+        device=device,
+        reference=lambda a, b: (a, b),
+    )
     assert len(res["needle"][0]) == 2
-    check_op(lambda a, b: ndl.ops.MakeTensorTuple()(a, b), rnd(2, SHAPE), rnd(3, SHAPE),
-             device=device, reference=lambda a, b: (a, b))
+    check_op(
+        lambda a, b: ndl.ops.MakeTensorTuple()(a, b),
+        rnd(2, SHAPE),
+        rnd(3, SHAPE),
+        device=device,
+        reference=lambda a, b: (a, b),
+    )
 
 
 @dev
 def test_tuple_get_item(device):
-    check_op(lambda a, b: ndl.tuple_get_item(ndl.make_tuple(a, b), 1) * 2.0 + a,
-             rnd(0, SHAPE), rnd(1, SHAPE), device=device, reference=lambda a, b: b * 2.0 + a)
-    check_op(lambda a, b: ndl.ops.TupleGetItem(0)(ndl.make_tuple(a, b)) * b,
-             rnd(2, SHAPE), rnd(3, SHAPE), device=device, reference=lambda a, b: a * b)
-    check_op(lambda a, b: ndl.make_tuple(a, b)[0] - ndl.make_tuple(a, b)[1],
-             rnd(4, SHAPE), rnd(5, SHAPE), device=device, reference=lambda a, b: a - b)
+    check_op(
+        lambda a, b: ndl.tuple_get_item(ndl.make_tuple(a, b), 1) * 2.0 + a,
+        rnd(0, SHAPE),
+        rnd(1, SHAPE),
+        device=device,
+        reference=lambda a, b: b * 2.0 + a,
+    )
+    check_op(
+        lambda a, b: ndl.ops.TupleGetItem(0)(ndl.make_tuple(a, b)) * b,
+        rnd(2, SHAPE),
+        rnd(3, SHAPE),
+        device=device,
+        reference=lambda a, b: a * b,
+    )
+    check_op(
+        lambda a, b: ndl.make_tuple(a, b)[0] - ndl.make_tuple(a, b)[1],
+        rnd(4, SHAPE),
+        rnd(5, SHAPE),
+        device=device,
+        reference=lambda a, b: a - b,
+    )
 
 
 @dev
 def test_fused_add_scalars(device):
-    res = check_op(lambda a: ndl.fused_add_scalars(a, 1.0, -2.0), rnd(0, SHAPE), device=device,
-                   reference=lambda a: (a + 1.0, a - 2.0))
+    res = check_op(
+        lambda a: ndl.fused_add_scalars(a, 1.0, -2.0),
+        rnd(0, SHAPE),
+        device=device,
+        reference=lambda a: (a + 1.0, a - 2.0),
+    )
     assert len(res["cycle_free"][0]) == 2
-    check_op(lambda a: ndl.ops.FusedAddScalars(0.5, 3.0)(a), rnd(1, SHAPE), device=device,
-             reference=lambda a: (a + 0.5, a + 3.0))
-    check_op(lambda a: ndl.fused_add_scalars(a, 1.0, 2.0)[0] * ndl.fused_add_scalars(a, 1.0, 2.0)[1],
-             rnd(2, SHAPE), device=device, reference=lambda a: (a + 1.0) * (a + 2.0))
+    check_op(
+        lambda a: ndl.ops.FusedAddScalars(0.5, 3.0)(a),
+        rnd(1, SHAPE),
+        device=device,
+        reference=lambda a: (a + 0.5, a + 3.0),
+    )
+    check_op(
+        lambda a: ndl.fused_add_scalars(a, 1.0, 2.0)[0] * ndl.fused_add_scalars(a, 1.0, 2.0)[1],
+        rnd(2, SHAPE),
+        device=device,
+        reference=lambda a: (a + 1.0) * (a + 2.0),
+    )
 
 
 # --------------------------------------------------------------------------
@@ -329,5 +466,9 @@ def test_getitem_int_drops_dim(device):
 
 @dev
 def test_getitem_composes(device):
-    check_op(lambda a: a[1:, ::-1][0, 1:] * a[0, 1:], rnd(0, (3, 4)), device=device,
-             reference=lambda a: a[1:, ::-1][0, 1:] * a[0, 1:])
+    check_op(
+        lambda a: a[1:, ::-1][0, 1:] * a[0, 1:],
+        rnd(0, (3, 4)),
+        device=device,
+        reference=lambda a: a[1:, ::-1][0, 1:] * a[0, 1:],
+    )
