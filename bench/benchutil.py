@@ -2,6 +2,7 @@
 
 The scripts run as ``python bench/NAME.py``, which puts this folder on ``sys.path``.
 """
+
 import json
 import os
 import platform
@@ -33,7 +34,13 @@ def timeit(fn, min_time=0.2, repeats=5):
 def print_machine(**extra):
     """Prints the JSON line that opens every benchmark's output: machine, CPUs, versions."""
     import needle
-    info = {"machine": platform.machine(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
-            "needle": needle.__version__, **extra}
+
+    info = {
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "needle": needle.__version__,
+        **extra,
+    }
     print(json.dumps({"machine": info}), flush=True)
     return info

@@ -16,6 +16,7 @@ with the collector off, and times `gc.collect()`:
 
 It prints JSON lines and a table: median milliseconds and the share of a median step.
 """
+
 import argparse
 import gc
 import json
@@ -71,11 +72,15 @@ def measure(mode, keep_corpus, steps, corpus_dir, freeze=False):
         gc.collect()
         memory.empty_cache()
     step_ms = 1e3 * statistics.median(step_s)
-    return {"graph_mode": mode, "heap": "frozen" if freeze else "kept" if keep_corpus else "dropped",
-            "tracked_objects": tracked, "step_ms": step_ms,
-            "gc_after_step_ms": statistics.median(after_step_ms),
-            "gc_warm_ms": statistics.median(warm_ms),
-            "after_step_share": statistics.median(after_step_ms) / step_ms}
+    return {
+        "graph_mode": mode,
+        "heap": "frozen" if freeze else "kept" if keep_corpus else "dropped",
+        "tracked_objects": tracked,
+        "step_ms": step_ms,
+        "gc_after_step_ms": statistics.median(after_step_ms),
+        "gc_warm_ms": statistics.median(warm_ms),
+        "after_step_share": statistics.median(after_step_ms) / step_ms,
+    }
 
 
 def main():
@@ -85,20 +90,28 @@ def main():
     args = parser.parse_args()
     print_machine()
     with tempfile.TemporaryDirectory() as tmp:
-        corpus_dir = str(write_synthetic_corpus(os.path.join(tmp, "corpus"), num_words=args.words,
-                                                seed=0))
-        rows = [measure(mode, keep, args.steps, corpus_dir)
-                for keep in (True, False) for mode in ("needle", "cycle_free")]
+        corpus_dir = str(
+            write_synthetic_corpus(os.path.join(tmp, "corpus"), num_words=args.words, seed=0)
+        )
+        rows = [
+            measure(mode, keep, args.steps, corpus_dir)
+            for keep in (True, False)
+            for mode in ("needle", "cycle_free")
+        ]
         rows.append(measure("needle", True, args.steps, corpus_dir, freeze=True))
     for row in rows:
         print(json.dumps(row))
     print()
-    print(f"{'graph mode':<12}{'heap':>12}{'objects':>9}{'step ms':>9}"
-          f"{'gc after step ms':>18}{'gc warm ms':>12}{'share of a step':>17}")
+    print(
+        f"{'graph mode':<12}{'heap':>12}{'objects':>9}{'step ms':>9}"
+        f"{'gc after step ms':>18}{'gc warm ms':>12}{'share of a step':>17}"
+    )
     for r in rows:
-        print(f"{r['graph_mode']:<12}{r['heap']:>12}{r['tracked_objects']:>9}"
-              f"{r['step_ms']:>9.1f}{r['gc_after_step_ms']:>18.2f}{r['gc_warm_ms']:>12.2f}"
-              f"{100 * r['after_step_share']:>16.2f}%")
+        print(
+            f"{r['graph_mode']:<12}{r['heap']:>12}{r['tracked_objects']:>9}"
+            f"{r['step_ms']:>9.1f}{r['gc_after_step_ms']:>18.2f}{r['gc_warm_ms']:>12.2f}"
+            f"{100 * r['after_step_share']:>16.2f}%"
+        )
 
 
 if __name__ == "__main__":

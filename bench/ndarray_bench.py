@@ -6,6 +6,7 @@ of several repeats of a timed loop.
 
     python bench/ndarray_bench.py [--quick]
 """
+
 import argparse
 import json
 import os
@@ -16,6 +17,7 @@ import numpy as np
 
 import needle as ndl
 from needle import backend_ndarray as nd
+
 from benchutil import timeit
 
 
@@ -37,8 +39,11 @@ def cases(quick):
     yield "sum axis=1 1024x1024", lambda: ma.sum(axis=1), lambda: m.sum(axis=1)
     yield "sum all 1M", lambda: ma.sum(), lambda: m.sum()
     yield "max axis=1 1024x1024", lambda: ma.max(axis=1), lambda: m.max(axis=1)
-    yield "compact transpose 1024x1024", lambda: ma.permute((1, 0)).compact(), \
-        lambda: np.ascontiguousarray(m.T)
+    yield (
+        "compact transpose 1024x1024",
+        lambda: ma.permute((1, 0)).compact(),
+        lambda: np.ascontiguousarray(m.T),
+    )
     b = rng.standard_normal((1024, 1)).astype(np.float32)
     ba = nd.array(b)
     yield "broadcast add 1024x1024 + 1024x1", lambda: ma + ba, lambda: m + b
@@ -56,8 +61,11 @@ def cases(quick):
     pa, qa = nd.array(p), nd.array(q)
     yield "batched matmul 64x(128,64)@(64,128)", lambda: pa @ qa, lambda: p @ q
     pt = nd.array(p).permute((0, 2, 1))
-    yield "batched matmul, transposed lhs view", lambda: pt @ pt.permute((0, 2, 1)).compact(), \
-        lambda: np.matmul(p.transpose(0, 2, 1), np.ascontiguousarray(p))
+    yield (
+        "batched matmul, transposed lhs view",
+        lambda: pt @ pt.permute((0, 2, 1)).compact(),
+        lambda: np.matmul(p.transpose(0, 2, 1), np.ascontiguousarray(p)),
+    )
 
 
 def main():
@@ -65,24 +73,29 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer and smaller cases")
     args = parser.parse_args()
     machine = {
-        "machine": platform.machine(), "processor": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(), "python": sys.version.split()[0], "numpy": np.__version__,
-        "needle": ndl.__version__, "blas": ndl._c._blas(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+        "needle": ndl.__version__,
+        "blas": ndl._c._blas(),
     }
     print(json.dumps({"machine": machine}))
     rows = []
     for name, needle_fn, numpy_fn in cases(args.quick):
         t_needle = timeit(needle_fn, min_time=0.1 if args.quick else 0.3)
         t_numpy = timeit(numpy_fn, min_time=0.1 if args.quick else 0.3)
-        row = {"case": name, "needle_s": t_needle, "numpy_s": t_numpy,
-               "ratio": t_needle / t_numpy}
+        row = {"case": name, "needle_s": t_needle, "numpy_s": t_numpy, "ratio": t_needle / t_numpy}
         rows.append(row)
         print(json.dumps(row), flush=True)
     print()
     print(f"{'case':<40}{'needle':>12}{'numpy':>12}{'needle/numpy':>14}")
     for row in rows:
-        print(f"{row['case']:<40}{row['needle_s'] * 1e6:>10.1f}us{row['numpy_s'] * 1e6:>10.1f}us"
-              f"{row['ratio']:>14.2f}")
+        print(
+            f"{row['case']:<40}{row['needle_s'] * 1e6:>10.1f}us{row['numpy_s'] * 1e6:>10.1f}us"
+            f"{row['ratio']:>14.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -7,16 +7,19 @@ without it only needle's numbers are printed.
 
     python bench/op_overhead.py [--quick]
 """
+
 import argparse
 import json
 
 import numpy as np
 
 import needle as ndl
+
 from benchutil import print_machine, timeit
 
 try:
     import torch
+
     torch.set_num_threads(1)
 except ImportError:  # the peer is optional
     torch = None
@@ -26,9 +29,15 @@ OPS = {
     "add": (2, lambda a, b: a + b),
     "mul": (2, lambda a, b: a * b),
     "matmul": (2, lambda a, b: a @ b),
-    "exp": (1, lambda a: a.exp() if torch is not None and isinstance(a, torch.Tensor) else ndl.exp(a)),
+    "exp": (
+        1,
+        lambda a: a.exp() if torch is not None and isinstance(a, torch.Tensor) else ndl.exp(a),
+    ),
     "sum": (1, lambda a: a.sum()),
-    "reshape": (1, lambda a: a.reshape((a.shape[0] * a.shape[1],)) if len(a.shape) == 2 else a.reshape((-1,))),
+    "reshape": (
+        1,
+        lambda a: a.reshape((a.shape[0] * a.shape[1],)) if len(a.shape) == 2 else a.reshape((-1,)),
+    ),
     "getitem": (1, lambda a: a[0]),
 }
 
@@ -40,12 +49,15 @@ def run_case(make, op_name, shape, backward):
     rng = np.random.default_rng(0)
     inputs = [make(rng.standard_normal(shape).astype(np.float32)) for _ in range(arity)]
     if backward:
+
         def step():
             out = fn(*inputs)
             out.sum().backward()
     else:
+
         def step():
             fn(*inputs)
+
     return timeit(step)
 
 
@@ -76,6 +88,7 @@ def mlp_step(lib):
                 W2.sub_(W2.grad * 0.01)
             W1.grad = None
             W2.grad = None
+
     return timeit(step)
 
 
@@ -83,24 +96,34 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.parse_args()
-    print_machine(numpy=np.__version__, torch=torch.__version__ if torch else None,
-                  torch_threads=torch.get_num_threads() if torch else None)
+    print_machine(
+        numpy=np.__version__,
+        torch=torch.__version__ if torch else None,
+        torch_threads=torch.get_num_threads() if torch else None,
+    )
     rows = []
     make_needle = lambda x: ndl.Tensor(x)  # noqa: E731
     make_torch = (lambda x: torch.tensor(x, requires_grad=True)) if torch else None
     for op_name in OPS:
         for shape_name, shape in SHAPES.items():
             for backward in (False, True):
-                row = {"op": op_name, "size": shape_name,
-                       "pass": "fwd+bwd" if backward else "fwd",
-                       "needle_us": run_case(make_needle, op_name, shape, backward) * 1e6}
+                row = {
+                    "op": op_name,
+                    "size": shape_name,
+                    "pass": "fwd+bwd" if backward else "fwd",
+                    "needle_us": run_case(make_needle, op_name, shape, backward) * 1e6,
+                }
                 if torch:
                     row["torch_us"] = run_case(make_torch, op_name, shape, backward) * 1e6
                     row["ratio"] = row["needle_us"] / row["torch_us"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    row = {"op": "2-layer MLP step", "size": "64x128x256x10", "pass": "fwd+bwd+update",
-           "needle_us": mlp_step("needle") * 1e6}
+    row = {
+        "op": "2-layer MLP step",
+        "size": "64x128x256x10",
+        "pass": "fwd+bwd+update",
+        "needle_us": mlp_step("needle") * 1e6,
+    }
     if torch:
         row["torch_us"] = mlp_step("torch") * 1e6
         row["ratio"] = row["needle_us"] / row["torch_us"]
@@ -111,7 +134,9 @@ def main():
     for r in rows:
         torch_us = f"{r['torch_us']:.1f}" if "torch_us" in r else "-"
         ratio = f"{r['ratio']:.2f}" if "ratio" in r else "-"
-        print(f"{r['op']:<18}{r['size']:<16}{r['pass']:<16}{r['needle_us']:>10.1f}{torch_us:>10}{ratio:>8}")
+        print(
+            f"{r['op']:<18}{r['size']:<16}{r['pass']:<16}{r['needle_us']:>10.1f}{torch_us:>10}{ratio:>8}"
+        )
 
 
 if __name__ == "__main__":

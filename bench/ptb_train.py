@@ -24,6 +24,7 @@ weights. Data: needle's synthetic corpus by default, ``--data DIR`` for real PTB
 
     python bench/ptb_train.py [--data DIR] [--steps 20] [--warmup 3] [--configs transformer,lstm]
 """
+
 import argparse
 import json
 import os
@@ -92,6 +93,7 @@ def peak_rss():
 def load_batches(data_dir, vocab):
     """(batches (nbatch, BATCH) float32 NumPy, vocabulary size used, training file name)."""
     from needle.data import Corpus, batchify
+
     corpus = Corpus(data_dir)
     vocab = max(vocab, len(corpus.dictionary))
     batches = batchify(corpus.train, BATCH, None, "float32")
@@ -118,8 +120,14 @@ def run_needle(cfg, batches, vocab, steps, warmup):
     from needle.data import get_batch
 
     np.random.seed(0)
-    model = LanguageModel(cfg["embedding"], vocab, cfg["hidden"], num_layers=cfg["layers"],
-                          seq_model=cfg["seq_model"], seq_len=SEQ_LEN)
+    model = LanguageModel(
+        cfg["embedding"],
+        vocab,
+        cfg["hidden"],
+        num_layers=cfg["layers"],
+        seq_model=cfg["seq_model"],
+        seq_len=SEQ_LEN,
+    )
     model.train()
     opt = optim.Adam(model.parameters(), lr=LR)
     loss_fn = nn.SoftmaxLoss()
@@ -143,12 +151,16 @@ def run_needle(cfg, batches, vocab, steps, warmup):
         losses.append(float(loss.numpy().reshape(-1)[0]))
         if n >= warmup:
             times.append(time.perf_counter() - start)
-    return dict(times=times, losses=losses, faults=(minor_faults() - faults) / steps,
-                cpu=[(b - a) / steps for a, b in zip(cpu0, cpu_seconds())],
-                peak_allocated=ndl.memory.max_memory_allocated(),
-                rss_delta=None if rss0 is None else peak_rss() - rss0,
-                params=sum(int(np.prod(p.shape)) for p in model.parameters()),
-                version=ndl.__version__)
+    return dict(
+        times=times,
+        losses=losses,
+        faults=(minor_faults() - faults) / steps,
+        cpu=[(b - a) / steps for a, b in zip(cpu0, cpu_seconds())],
+        peak_allocated=ndl.memory.max_memory_allocated(),
+        rss_delta=None if rss0 is None else peak_rss() - rss0,
+        params=sum(int(np.prod(p.shape)) for p in model.parameters()),
+        version=ndl.__version__,
+    )
 
 
 # --------------------------------------------------------------------------
@@ -181,7 +193,7 @@ def torch_models():
             q = heads(self.q_projection(self.prenorm_q(x)))
             k = heads(self.k_projection(self.prenorm_k(x)))
             v = heads(self.v_projection(self.prenorm_v(x)))
-            scores = q @ k.transpose(2, 3) / self.dim_head ** 0.5
+            scores = q @ k.transpose(2, 3) / self.dim_head**0.5
             mask = torch.triu(torch.full((seq, seq), -torch.finfo(torch.float32).max), 1)
             probs = torch.softmax(scores + mask, dim=3)
             out = (probs @ v).transpose(1, 2).reshape(b, seq, self.num_head * self.dim_head)
@@ -191,8 +203,9 @@ def torch_models():
         def __init__(self, d, hidden):
             super().__init__()
             self.attn = AttentionLayer(d, NUM_HEAD, DIM_HEAD)
-            self.mlp = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, hidden), nn.ReLU(),
-                                     nn.Linear(hidden, d))
+            self.mlp = nn.Sequential(
+                nn.LayerNorm(d), nn.Linear(d, hidden), nn.ReLU(), nn.Linear(hidden, d)
+            )
 
         def forward(self, x):
             x = x + self.attn(x)
@@ -237,31 +250,47 @@ def copy_needle_parameters(model, cfg, vocab):
     needle's Linear/LSTM weights are (in, out) and its Linear bias (1, out); PyTorch's are
     (out, in) and (out,). Both create their parameters in the same order."""
     import torch
+
     from needle.apps.models import LanguageModel
+
     np.random.seed(0)
-    ref = LanguageModel(cfg["embedding"], vocab, cfg["hidden"], num_layers=cfg["layers"],
-                        seq_model=cfg["seq_model"], seq_len=SEQ_LEN)
-    transposed = {f"{name}.weight" for name, m in model.named_modules()
-                  if isinstance(m, torch.nn.Linear)}
+    ref = LanguageModel(
+        cfg["embedding"],
+        vocab,
+        cfg["hidden"],
+        num_layers=cfg["layers"],
+        seq_model=cfg["seq_model"],
+        seq_len=SEQ_LEN,
+    )
+    transposed = {
+        f"{name}.weight" for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+    }
     named = list(model.named_parameters())
     params = ref.parameters()
     if len(params) != len(named):
-        raise SystemExit(f"ptb_train: needle has {len(params)} parameter tensors, the PyTorch "
-                         f"model {len(named)}")
+        raise SystemExit(
+            f"ptb_train: needle has {len(params)} parameter tensors, the PyTorch model {len(named)}"
+        )
     with torch.no_grad():
         for p, (name, t) in zip(params, named):
             a = p.numpy()
-            if name in transposed or ".weight_ih" in name or ".weight_hh" in name \
-                    or name.startswith("seq_model.weight_"):
+            if (
+                name in transposed
+                or ".weight_ih" in name
+                or ".weight_hh" in name
+                or name.startswith("seq_model.weight_")
+            ):
                 a = a.T
             if a.size != t.numel() or (a.ndim == t.ndim and a.shape != tuple(t.shape)):
-                raise SystemExit(f"ptb_train: parameter {name}: needle shape {p.shape}, "
-                                 f"PyTorch {tuple(t.shape)}")
+                raise SystemExit(
+                    f"ptb_train: parameter {name}: needle shape {p.shape}, PyTorch {tuple(t.shape)}"
+                )
             t.copy_(torch.from_numpy(np.ascontiguousarray(a).reshape(t.shape)))
 
 
 def run_torch(cfg, batches, vocab, steps, warmup):
     import torch
+
     torch.manual_seed(0)
     model = torch_models()(cfg["embedding"], vocab, cfg["hidden"], cfg["layers"], cfg["seq_model"])
     copy_needle_parameters(model, cfg, vocab)
@@ -274,7 +303,7 @@ def run_torch(cfg, batches, vocab, steps, warmup):
         if n == warmup:
             faults, cpu0 = minor_faults(), cpu_seconds()
         start = time.perf_counter()
-        X, y = data[i:i + SEQ_LEN], data[i + 1:i + 1 + SEQ_LEN].reshape(-1)
+        X, y = data[i : i + SEQ_LEN], data[i + 1 : i + 1 + SEQ_LEN].reshape(-1)
         if isinstance(h, tuple):
             h = tuple(t.detach() for t in h)
         logits, h = model(X, h)
@@ -285,12 +314,17 @@ def run_torch(cfg, batches, vocab, steps, warmup):
         losses.append(loss.item())
         if n >= warmup:
             times.append(time.perf_counter() - start)
-    return dict(times=times, losses=losses, faults=(minor_faults() - faults) / steps,
-                cpu=[(b - a) / steps for a, b in zip(cpu0, cpu_seconds())],
-                peak_allocated=None,
-                rss_delta=None if rss0 is None else peak_rss() - rss0,
-                params=sum(p.numel() for p in model.parameters()),
-                version=torch.__version__, threads=torch.get_num_threads())
+    return dict(
+        times=times,
+        losses=losses,
+        faults=(minor_faults() - faults) / steps,
+        cpu=[(b - a) / steps for a, b in zip(cpu0, cpu_seconds())],
+        peak_allocated=None,
+        rss_delta=None if rss0 is None else peak_rss() - rss0,
+        params=sum(p.numel() for p in model.parameters()),
+        version=torch.__version__,
+        threads=torch.get_num_threads(),
+    )
 
 
 # --------------------------------------------------------------------------
@@ -304,16 +338,26 @@ def worker(args):
     run = run_needle if args.worker == "needle" else run_torch
     result = run(cfg, batches, vocab, args.steps, args.warmup)
     step = statistics.median(result["times"])
-    row = {"config": args.config, "framework": args.worker, "vocab": vocab,
-           "seq_len": SEQ_LEN, "batch": BATCH, "params": result["params"],
-           "steps": len(result["times"]), "step_ms": step * 1e3,
-           "tokens_per_s": SEQ_LEN * BATCH / step,
-           "peak_allocated_bytes": result["peak_allocated"],
-           "rss_delta_bytes": result["rss_delta"],
-           "minor_faults_per_step": result["faults"],
-           "user_ms_per_step": result["cpu"][0] * 1e3, "sys_ms_per_step": result["cpu"][1] * 1e3,
-           "first_loss": result["losses"][0], "last_loss": result["losses"][-1],
-           "train_text": train_name, "version": result["version"]}
+    row = {
+        "config": args.config,
+        "framework": args.worker,
+        "vocab": vocab,
+        "seq_len": SEQ_LEN,
+        "batch": BATCH,
+        "params": result["params"],
+        "steps": len(result["times"]),
+        "step_ms": step * 1e3,
+        "tokens_per_s": SEQ_LEN * BATCH / step,
+        "peak_allocated_bytes": result["peak_allocated"],
+        "rss_delta_bytes": result["rss_delta"],
+        "minor_faults_per_step": result["faults"],
+        "user_ms_per_step": result["cpu"][0] * 1e3,
+        "sys_ms_per_step": result["cpu"][1] * 1e3,
+        "first_loss": result["losses"][0],
+        "last_loss": result["losses"][-1],
+        "train_text": train_name,
+        "version": result["version"],
+    }
     if "threads" in result:
         row["threads"] = result["threads"]
     print(json.dumps(row), flush=True)
@@ -327,15 +371,22 @@ def machine_info():
             cpu = next(names, cpu)
     except OSError:
         pass
-    info = {"machine": platform.machine(), "cpu": cpu, "cpus": os.cpu_count(),
-            "python": sys.version.split()[0], "numpy": np.__version__}
+    info = {
+        "machine": platform.machine(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+    }
     try:
         import needle
+
         info["needle"] = needle.__version__
     except ImportError:
         info["needle"] = None
     try:
         import torch
+
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()
     except ImportError:
@@ -349,12 +400,17 @@ def mib(n):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=None, metavar="DIR",
-                        help="PTB-format corpus directory (default: needle's synthetic corpus)")
+    parser.add_argument(
+        "--data",
+        default=None,
+        metavar="DIR",
+        help="PTB-format corpus directory (default: needle's synthetic corpus)",
+    )
     parser.add_argument("--steps", type=int, default=20, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    parser.add_argument("--vocab", type=int, default=10_000,
-                        help="output size (at least the corpus's vocabulary)")
+    parser.add_argument(
+        "--vocab", type=int, default=10_000, help="output size (at least the corpus's vocabulary)"
+    )
     parser.add_argument("--configs", default="transformer,lstm")
     parser.add_argument("--worker", choices=("needle", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--config", choices=tuple(CONFIGS), help=argparse.SUPPRESS)
@@ -373,10 +429,12 @@ def main():
     with tempfile.TemporaryDirectory(prefix="needle-ptb-bench-") as tmp:
         if args.data is None:
             from needle.data import write_synthetic_corpus
+
             words = int((args.warmup + args.steps + 2) * SEQ_LEN * BATCH / 0.85 * 1.1)
             data_dir = write_synthetic_corpus(tmp, num_words=words, seed=0, vocab_size=args.vocab)
-            print(f"# data: synthetic corpus, {words} words, vocabulary <= {args.vocab}",
-                  flush=True)
+            print(
+                f"# data: synthetic corpus, {words} words, vocabulary <= {args.vocab}", flush=True
+            )
         else:
             data_dir = args.data
             if not os.path.isdir(data_dir):
@@ -385,9 +443,22 @@ def main():
         rows = []
         for c in configs:
             for fw in frameworks:
-                cmd = [sys.executable, os.path.abspath(__file__), "--worker", fw, "--config", c,
-                       "--data", data_dir, "--steps", str(args.steps), "--warmup",
-                       str(args.warmup), "--vocab", str(args.vocab)]
+                cmd = [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "--worker",
+                    fw,
+                    "--config",
+                    c,
+                    "--data",
+                    data_dir,
+                    "--steps",
+                    str(args.steps),
+                    "--warmup",
+                    str(args.warmup),
+                    "--vocab",
+                    str(args.vocab),
+                ]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode != 0:
                     sys.stderr.write(proc.stderr)
@@ -396,28 +467,37 @@ def main():
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if rows and rows[0]["train_text"] == "ptb.valid.txt":
-        print("# note: no PTB training split in the data directory; ptb.valid.txt is the "
-              "training text")
+        print(
+            "# note: no PTB training split in the data directory; ptb.valid.txt is the "
+            "training text"
+        )
     print()
-    print(f"machine: {info['cpu']}, {info['cpus']} cpus, Python {info['python']}, "
-          f"NumPy {info['numpy']}, needle {info['needle']}, "
-          f"PyTorch {info['torch'] or 'absent'}"
-          + (f" ({info['torch_threads']} threads)" if info["torch"] else ""))
-    print(f"{'config':<13}{'framework':<10}{'params':>9}{'step ms':>10}{'tokens/s':>11}"
-          f"{'user ms':>9}{'sys ms':>8}"
-          f"{'peak alloc MiB':>16}{'peak RSS+ MiB':>15}{'faults/step':>13}"
-          f"{'loss first->last':>19}{'vs torch':>10}")
+    print(
+        f"machine: {info['cpu']}, {info['cpus']} cpus, Python {info['python']}, "
+        f"NumPy {info['numpy']}, needle {info['needle']}, "
+        f"PyTorch {info['torch'] or 'absent'}"
+        + (f" ({info['torch_threads']} threads)" if info["torch"] else "")
+    )
+    print(
+        f"{'config':<13}{'framework':<10}{'params':>9}{'step ms':>10}{'tokens/s':>11}"
+        f"{'user ms':>9}{'sys ms':>8}"
+        f"{'peak alloc MiB':>16}{'peak RSS+ MiB':>15}{'faults/step':>13}"
+        f"{'loss first->last':>19}{'vs torch':>10}"
+    )
     by_key = {(r["config"], r["framework"]): r for r in rows}
     for r in rows:
         peer = by_key.get((r["config"], "torch"))
-        ratio = f"{r['step_ms'] / peer['step_ms']:.2f}x" if peer and r["framework"] == "needle" \
-            else "-"
+        ratio = (
+            f"{r['step_ms'] / peer['step_ms']:.2f}x" if peer and r["framework"] == "needle" else "-"
+        )
         losses = f"{r['first_loss']:.2f}->{r['last_loss']:.2f}"
-        print(f"{r['config']:<13}{r['framework']:<10}{r['params']:>9}{r['step_ms']:>10.1f}"
-              f"{r['tokens_per_s']:>11.0f}{r['user_ms_per_step']:>9.0f}{r['sys_ms_per_step']:>8.0f}"
-              f"{mib(r['peak_allocated_bytes']):>16}"
-              f"{mib(r['rss_delta_bytes']):>15}{r['minor_faults_per_step']:>13.0f}"
-              f"{losses:>19}{ratio:>10}")
+        print(
+            f"{r['config']:<13}{r['framework']:<10}{r['params']:>9}{r['step_ms']:>10.1f}"
+            f"{r['tokens_per_s']:>11.0f}{r['user_ms_per_step']:>9.0f}{r['sys_ms_per_step']:>8.0f}"
+            f"{mib(r['peak_allocated_bytes']):>16}"
+            f"{mib(r['rss_delta_bytes']):>15}{r['minor_faults_per_step']:>13.0f}"
+            f"{losses:>19}{ratio:>10}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,17 +1,20 @@
-"""Helpers shared by the nn module tests: tensors from NumPy, float64 finite differences on a
-NumPy reference, a module checker over both graph modes, and the course's uniform draw."""
+"""Helpers shared by the nn module tests (test_nn_*.py): tensors from NumPy, a module checker
+over both graph modes (gradients against ``gradcheck.numerical_gradient``, float64 finite
+differences on a NumPy reference), the course's uniform draw, parameter and RNG-state checks,
+and the NumPy references used by more than one file."""
+
 import numpy as np
 
 import needle as ndl
+from needle import nn
 
-MODES = ("cycle_free", "needle")
-
+from gradcheck import MODES, numerical_gradient
 
 # --------------------------------------------------------------------------- helpers
 
+
 def _t(a, device, requires_grad=True):
-    return ndl.Tensor(np.asarray(a, dtype=np.float32), device=device,
-                      requires_grad=requires_grad)
+    return ndl.Tensor(np.asarray(a, dtype=np.float32), device=device, requires_grad=requires_grad)
 
 
 def _flatten(out):
@@ -20,24 +23,17 @@ def _flatten(out):
     return [out]
 
 
-def _numeric_grad(f, arrays, index, eps=1e-6):
-    """Central differences of the scalar f(*arrays) (float64) w.r.t. arrays[index]."""
-    arrays = [np.array(a, dtype=np.float64) for a in arrays]
-    x = arrays[index]
-    g = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        old = x[idx]
-        x[idx] = old + eps
-        fp = f(*arrays)
-        x[idx] = old - eps
-        fm = f(*arrays)
-        x[idx] = old
-        g[idx] = (fp - fm) / (2 * eps)
-    return g
-
-
-def check_module(module, inputs, reference, device, forward=None, grads=True,
-                 atol=1e-5, grad_rtol=2e-3, grad_atol=2e-4):
+def check_module(
+    module,
+    inputs,
+    reference,
+    device,
+    forward=None,
+    grads=True,
+    atol=1e-5,
+    grad_rtol=2e-3,
+    grad_atol=2e-4,
+):
     """Runs ``module`` on ``inputs`` (NumPy arrays, fed as Tensors) under both graph modes.
 
     ``reference(*inputs, *params)`` (float64 NumPy, params in ``parameters()`` order)
@@ -78,13 +74,37 @@ def check_module(module, inputs, reference, device, forward=None, grads=True,
 
     all_arrays = arrays + p_arrays
     for i in range(len(all_arrays)):
-        num = _numeric_grad(f, all_arrays, i)
+        num = numerical_gradient(f, all_arrays, i, eps=1e-6)
         for res in results:
-            np.testing.assert_allclose(res[i], num, rtol=grad_rtol, atol=grad_atol,
-                                       err_msg=f"gradient of array {i}")
+            np.testing.assert_allclose(
+                res[i], num, rtol=grad_rtol, atol=grad_atol, err_msg=f"gradient of array {i}"
+            )
 
 
 def _uniform_draw(shape, low, high):
     """What init.rand draws: one np.random.rand, then float32 arithmetic."""
     u = np.random.rand(*shape).astype(np.float32)
     return u * np.float32(high - low) + np.float32(low)
+
+
+def _assert_params(params, expected):
+    assert len(params) == len(expected)
+    for k, (p, e) in enumerate(zip(params, expected)):
+        assert isinstance(p, nn.Parameter)
+        assert tuple(p.shape) == e.shape, f"parameter {k}"
+        np.testing.assert_allclose(p.numpy(), e, rtol=1e-6, atol=1e-7, err_msg=f"parameter {k}")
+
+
+def _assert_next_draw(seed_state_after):
+    """The global RNG is exactly where the reproduced draws left it."""
+    assert np.random.rand() == seed_state_after
+
+
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def _ln_ref(x, w, b, eps=1e-5):
+    mean = x.mean(axis=-1, keepdims=True)
+    var = x.var(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * w + b

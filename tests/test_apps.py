@@ -5,6 +5,7 @@ collector, and the ``python -m needle.apps.train_ptb`` script.
 Data: needle's own synthetic PTB-format corpus (written to a temporary directory), plus the real
 PTB valid/test text at ``../shared/data/ptb`` when that folder exists (skipped otherwise).
 """
+
 import gc
 import math
 import os
@@ -63,8 +64,9 @@ class LossRecorder:
 
 
 def token_batch(rng, seq_len, bs, vocab):
-    return ndl.Tensor(rng.integers(0, vocab, size=(seq_len, bs)).astype(np.float32),
-                      requires_grad=False)
+    return ndl.Tensor(
+        rng.integers(0, vocab, size=(seq_len, bs)).astype(np.float32), requires_grad=False
+    )
 
 
 @pytest.mark.parametrize("seq_model", SEQ_MODELS)
@@ -108,11 +110,14 @@ def test_language_model_unknown_seq_model():
 
 
 def test_import_does_not_seed_numpy():
-    code = ("import numpy as np; np.random.seed(5); "
-            "import needle.apps.models, needle.apps.simple_ml, needle.apps.train_ptb; "
-            "a = np.random.rand(); np.random.seed(5); assert a == np.random.rand(), a")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=REPO, timeout=120)
+    code = (
+        "import numpy as np; np.random.seed(5); "
+        "import needle.apps.models, needle.apps.simple_ml, needle.apps.train_ptb; "
+        "a = np.random.rand(); np.random.seed(5); assert a == np.random.rand(), a"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -159,9 +164,11 @@ def torch_language_model(torch, seq_model, params, x, num_layers, num_head=8, di
             def heads(t):
                 return t.reshape(bs, seq, num_head, dim_head).transpose(1, 2)
 
-            q, k, v = (heads(F.layer_norm(x_b, (d,), w, b, 1e-5) @ proj)
-                       for (w, b), proj in zip(norms, (wq, wk, wv)))
-            scores = q @ k.transpose(2, 3) / dim_head ** 0.5
+            q, k, v = (
+                heads(F.layer_norm(x_b, (d,), w, b, 1e-5) @ proj)
+                for (w, b), proj in zip(norms, (wq, wk, wv))
+            )
+            scores = q @ k.transpose(2, 3) / dim_head**0.5
             scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), -1e30)
             att = (torch.softmax(scores, 3) @ v).transpose(1, 2).reshape(bs, seq, -1)
             x_b = x_b + att @ wo
@@ -223,12 +230,19 @@ def test_training_lowers_loss(seq_model, corpus):
     cfg = TRAIN_CONFIGS[seq_model]
     data = batchify(corpus.train, cfg["bs"], None, "float32")
     steps = 48
-    data = data[:steps * cfg["seq_len"] + 1]
+    data = data[: steps * cfg["seq_len"] + 1]
     np.random.seed(0)
     model = LanguageModel(16, len(corpus.dictionary), 32, seq_model=seq_model)
     rec = LossRecorder()
-    acc, loss = simple_ml.train_ptb(model, data, seq_len=cfg["seq_len"], n_epochs=1,
-                                    optimizer=optim.Adam, lr=cfg["lr"], progress=rec)
+    acc, loss = simple_ml.train_ptb(
+        model,
+        data,
+        seq_len=cfg["seq_len"],
+        n_epochs=1,
+        optimizer=optim.Adam,
+        lr=cfg["lr"],
+        progress=rec,
+    )
     assert rec.steps == list(range(1, steps + 1))
     first, last = np.mean(rec.losses[:8]), np.mean(rec.losses[-8:])
     assert last < first - 0.3, (first, last)
@@ -244,8 +258,9 @@ def test_rnn_lstm_train_long_sequences(seq_model, corpus):
     data = batchify(corpus.train, 8, None, "float32")[:41]
     np.random.seed(0)
     model = LanguageModel(8, len(corpus.dictionary), 8, seq_model=seq_model)
-    acc, loss = simple_ml.train_ptb(model, data, seq_len=20, n_epochs=1,
-                                    optimizer=optim.Adam, lr=1e-2)
+    acc, loss = simple_ml.train_ptb(
+        model, data, seq_len=20, n_epochs=1, optimizer=optim.Adam, lr=1e-2
+    )
     assert 0.0 <= acc <= 1.0 and math.isfinite(loss)
 
 
@@ -309,13 +324,15 @@ def test_progress_line_printer(corpus, capsys, monkeypatch):
 
 def test_ptb_real_text_lowers_loss():
     if not (PTB_DIR / "ptb.valid.txt").is_file() or not (PTB_DIR / "ptb.test.txt").is_file():
-        pytest.skip(f"real PTB text not found at {PTB_DIR} (only present next to the project's "
-                    f"development checkout)")
+        pytest.skip(
+            f"real PTB text not found at {PTB_DIR} (only present next to the project's "
+            f"development checkout)"
+        )
     corpus = Corpus(str(PTB_DIR), max_lines=300)
     assert os.path.basename(corpus.train_path) == "ptb.valid.txt"
     data = batchify(corpus.train, 16, None, "float32")
     seq_len = 10
-    data = data[:40 * seq_len + 1]
+    data = data[: 40 * seq_len + 1]
     np.random.seed(0)
     model = LanguageModel(16, len(corpus.dictionary), 32, seq_model="transformer")
     rec = LossRecorder()
@@ -352,7 +369,7 @@ def no_cpu_limit():
 
 
 def run_steps_gc_disabled(seq_model, corpus, steps, seq_len=8, bs=8):
-    data = batchify(corpus.train, bs, None, "float32")[:steps * seq_len + 1]
+    data = batchify(corpus.train, bs, None, "float32")[: steps * seq_len + 1]
     np.random.seed(0)
     model = CountingModel(LanguageModel(16, len(corpus.dictionary), 32, seq_model=seq_model))
     opt = optim.Adam(model.parameters(), lr=1e-3)
@@ -403,8 +420,9 @@ def test_epoch_general_cifar10_matches_independent_loss():
     assert loss == pytest.approx(total / 37, rel=1e-5)
     assert acc == pytest.approx(correct / 37)
     rec = LossRecorder()
-    acc, train_loss = simple_ml.train_cifar10(model, loader, n_epochs=3, lr=0.05,
-                                              weight_decay=0.0, progress=rec)
+    acc, train_loss = simple_ml.train_cifar10(
+        model, loader, n_epochs=3, lr=0.05, weight_decay=0.0, progress=rec
+    )
     assert len(rec.losses) == 15 and 0.0 <= acc <= 1.0
     assert simple_ml.evaluate_cifar10(model, loader)[1] < loss
 
@@ -415,14 +433,32 @@ def test_epoch_general_cifar10_matches_independent_loss():
 
 
 def run_script(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "needle.apps.train_ptb", *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "needle.apps.train_ptb", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+    )
 
 
 def test_train_ptb_script_synthetic():
-    proc = run_script("--epochs", "2", "--synthetic-words", "4000", "--synthetic-vocab", "200",
-                      "--batch-size", "16", "--seq-len", "8", "--embedding-size", "8",
-                      "--hidden-size", "16")
+    proc = run_script(
+        "--epochs",
+        "2",
+        "--synthetic-words",
+        "4000",
+        "--synthetic-vocab",
+        "200",
+        "--batch-size",
+        "16",
+        "--seq-len",
+        "8",
+        "--embedding-size",
+        "8",
+        "--hidden-size",
+        "16",
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "synthetic" in out and "temporary directory" in out
@@ -436,9 +472,24 @@ def test_train_ptb_script_reads_ptb_names(corpus_dir, tmp_path):
     """A directory with only ptb.valid.txt / ptb.test.txt trains on ptb.valid.txt and says so."""
     shutil.copy(corpus_dir / "valid.txt", tmp_path / "ptb.valid.txt")
     shutil.copy(corpus_dir / "test.txt", tmp_path / "ptb.test.txt")
-    proc = run_script("--data", str(tmp_path), "--model", "lstm", "--epochs", "1",
-                      "--batch-size", "8", "--seq-len", "8", "--embedding-size", "8",
-                      "--hidden-size", "8", "--max-lines", "40")
+    proc = run_script(
+        "--data",
+        str(tmp_path),
+        "--model",
+        "lstm",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+        "--seq-len",
+        "8",
+        "--embedding-size",
+        "8",
+        "--hidden-size",
+        "8",
+        "--max-lines",
+        "40",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "using ptb.valid.txt as the training text" in proc.stdout
     assert "epoch 1/1" in proc.stdout

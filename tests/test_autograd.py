@@ -1,4 +1,5 @@
 """The Tensor type, the autograd engine, graph modes, no_grad, and bad input."""
+
 import subprocess
 import sys
 import weakref
@@ -197,7 +198,8 @@ def test_tensor_methods():
     np.testing.assert_array_equal(t.transpose().numpy(), np.swapaxes(x, 1, 2))
     np.testing.assert_array_equal(t.transpose((0, 1)).numpy(), np.swapaxes(x, 0, 1))
     np.testing.assert_array_equal(
-        ndl.Tensor(x[:, :1]).broadcast_to((2, 5, 4)).numpy(), np.broadcast_to(x[:, :1], (2, 5, 4)))
+        ndl.Tensor(x[:, :1]).broadcast_to((2, 5, 4)).numpy(), np.broadcast_to(x[:, :1], (2, 5, 4))
+    )
     m = ndl.Tensor(arr(1, (4, 2)))
     np.testing.assert_allclose(t.matmul(m).numpy(), x @ arr(1, (4, 2)), rtol=1e-5, atol=1e-6)
 
@@ -207,9 +209,22 @@ def test_tensor_operators_values():
     y = np.array([2.0, -1.0, 0.5], dtype=np.float32)
     a, b = ndl.Tensor(x), ndl.Tensor(y)
     cases = [
-        (a + b, x + y), (a - b, x - y), (a * b, x * y), (a / b, x / y), (a ** b, x ** y),
-        (-a, -x), (a + 1, x + 1), (1 + a, 1 + x), (a - 1, x - 1), (1 - a, 1 - x), (3 * a, 3 * x),
-        (a * 3, 3 * x), (a / 2, x / 2), (2 / a, 2 / x), (a ** 2, x ** 2), (2 ** a, 2 ** x),
+        (a + b, x + y),
+        (a - b, x - y),
+        (a * b, x * y),
+        (a / b, x / y),
+        (a**b, x**y),
+        (-a, -x),
+        (a + 1, x + 1),
+        (1 + a, 1 + x),
+        (a - 1, x - 1),
+        (1 - a, 1 - x),
+        (3 * a, 3 * x),
+        (a * 3, 3 * x),
+        (a / 2, x / 2),
+        (2 / a, 2 / x),
+        (a**2, x**2),
+        (2**a, 2**x),
     ]
     for i, (t, expected) in enumerate(cases):
         assert isinstance(t, ndl.Tensor), i
@@ -254,8 +269,10 @@ def test_tensortuple_compute_gradient_of_variables(mode):
         a = ndl.Tensor(arr(0, (2,)))
         b = ndl.Tensor(arr(1, (3,)))
         tt = ndl.make_tuple(a * 2.0, b * 3.0)
-        og = ndl.make_tuple(ndl.Tensor(np.ones(2, dtype=np.float32), requires_grad=False),
-                            ndl.Tensor(np.full(3, 2.0, dtype=np.float32), requires_grad=False))
+        og = ndl.make_tuple(
+            ndl.Tensor(np.ones(2, dtype=np.float32), requires_grad=False),
+            ndl.Tensor(np.full(3, 2.0, dtype=np.float32), requires_grad=False),
+        )
         ndl.autograd.compute_gradient_of_variables(tt, og)
         np.testing.assert_allclose(a.grad.numpy(), [2, 2])
         np.testing.assert_allclose(b.grad.numpy(), [6, 6, 6])
@@ -267,8 +284,10 @@ def test_tensortuple_backward_with_out_grad(mode):
         a = ndl.Tensor(arr(0, (2,)))
         b = ndl.Tensor(arr(1, (3,)))
         tt = ndl.make_tuple(a * 2.0, b * 3.0)
-        og = ndl.make_tuple(ndl.Tensor(np.ones(2, dtype=np.float32), requires_grad=False),
-                            ndl.Tensor(np.full(3, 2.0, dtype=np.float32), requires_grad=False))
+        og = ndl.make_tuple(
+            ndl.Tensor(np.ones(2, dtype=np.float32), requires_grad=False),
+            ndl.Tensor(np.full(3, 2.0, dtype=np.float32), requires_grad=False),
+        )
         tt.backward(og)
         np.testing.assert_allclose(a.grad.numpy(), [2, 2])
         np.testing.assert_allclose(b.grad.numpy(), [6, 6, 6])
@@ -316,10 +335,10 @@ def test_find_topo_sort_scalar_and_matmul_graph():
     # the course's hw1 example shape: scalar ops take one input
     x1 = ndl.Tensor(arr(0, (2, 3)))
     x2 = ndl.Tensor(arr(1, (3, 2)))
-    p = x1 @ x2           # inputs [x1, x2]
-    q = p + 1.0           # inputs [p]
+    p = x1 @ x2  # inputs [x1, x2]
+    q = p + 1.0  # inputs [p]
     r = ndl.transpose(x2)  # inputs [x2]
-    s = q @ r             # (2,3): inputs [q, r]
+    s = q @ r  # (2,3): inputs [q, r]
     s2 = s * 2.0
     t = ndl.summation(s2)
     _same_nodes(ndl.autograd.find_topo_sort([t]), [x1, x2, p, q, r, s, s2, t])
@@ -331,7 +350,8 @@ def test_compute_gradient_of_variables(mode):
         x = ndl.Tensor(arr(0, (3,)))
         y = x * x
         ndl.autograd.compute_gradient_of_variables(
-            y, ndl.Tensor(np.array([1.0, 2.0, 3.0], dtype=np.float32), requires_grad=False))
+            y, ndl.Tensor(np.array([1.0, 2.0, 3.0], dtype=np.float32), requires_grad=False)
+        )
         np.testing.assert_allclose(x.grad.numpy(), 2 * arr(0, (3,)) * [1, 2, 3], rtol=1e-6)
 
 
@@ -386,9 +406,11 @@ def test_gradient_of_deep_diamond(mode):
 
 def test_default_graph_mode_in_fresh_process():
     out = subprocess.run(
-        [sys.executable, "-c",
-         "import needle as ndl; print(ndl.autograd.get_graph_mode())"],
-        capture_output=True, text=True, timeout=120)
+        [sys.executable, "-c", "import needle as ndl; print(ndl.autograd.get_graph_mode())"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "cycle_free"
 

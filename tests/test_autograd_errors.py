@@ -2,17 +2,21 @@
 cycle in ``.inputs``, an ``out_grad`` or a Python gradient of the wrong
 shape, ``scalar ** tensor`` at bases <= 0, and ``no_grad()`` in one thread
 turning recording off in another."""
+
 import threading
 
 import numpy as np
 import pytest
 
 import needle as ndl
+
 from devices import DEVICES
 
 
 def _t(values, device, requires_grad=True):
-    return ndl.Tensor(np.asarray(values, dtype=np.float32), device=device, requires_grad=requires_grad)
+    return ndl.Tensor(
+        np.asarray(values, dtype=np.float32), device=device, requires_grad=requires_grad
+    )
 
 
 @pytest.mark.parametrize("mode", ["cycle_free", "needle"])
@@ -92,9 +96,9 @@ def test_a_python_gradient_of_the_wrong_shape_or_type_is_an_error(device, mode):
 def test_scalar_power_of_a_tensor_matches_numpy_at_every_base(device):
     x = _t([0.0, 1.0, 2.0, 3.0], device)
     for base in (0.0, 2.0, -2.0, 0.5):
-        got = (base ** x).numpy()
+        got = (base**x).numpy()
         np.testing.assert_allclose(got, np.power(np.float32(base), x.numpy()), rtol=1e-6)
-    y = (3.0 ** x).sum()
+    y = (3.0**x).sum()
     y.backward()
     np.testing.assert_allclose(x.grad.numpy(), np.log(3.0) * 3.0 ** x.numpy(), rtol=1e-5)
 

@@ -1,12 +1,13 @@
-"""Tests of the CUDA backend (csrc/cuda) and of needle.cuda_mem.
+"""Tests of the CUDA backend (csrc/cuda) and of needle.cuda (its memory functions).
 
 Tests marked ``cuda`` need the backend built and a GPU; they check every engine
 operation against the CPU backend (the same NumPy data through both, over strided,
 transposed, flipped, broadcast and offset views), the caching allocator's statistics
 and limits, the driver's view of memory, and the repro modes on the GPU. The tests
 without the mark run everywhere: they check what a build reports and that
-``needle.cuda_mem`` answers 0 / {} / False / (0, 0) when there is no GPU.
+``needle.cuda`` answers 0 / {} / False / (0, 0) when there is no GPU.
 """
+
 import json
 import os
 import subprocess
@@ -62,6 +63,7 @@ def test_cuda_is_still_the_course_device_function():
     assert isinstance(ndl.cuda(), ndl.Device)
     assert ndl.cuda().name == "cuda"
     from needle import cuda as cuda_mem  # noqa: F401  (importing it shadows nothing)
+
     assert callable(ndl.cuda) and ndl.cuda() == CUDA
 
 
@@ -196,11 +198,19 @@ def test_binary_on_views_matches_cpu(name):
 def test_scalar_ops_match_cpu(scalar):
     base = _rand((8, 12), 3)
     for (kind, c), (_, g) in _pairs(base):
-        for fn in (lambda x: x + scalar, lambda x: scalar - x, lambda x: x * scalar,
-                   lambda x: x / (scalar or 1.0), lambda x: (scalar or 1.0) / x,
-                   lambda x: x.abs() ** scalar, lambda x: x.maximum(scalar),
-                   lambda x: x.minimum(scalar), lambda x: x == scalar, lambda x: x < scalar,
-                   lambda x: x >= scalar):
+        for fn in (
+            lambda x: x + scalar,
+            lambda x: scalar - x,
+            lambda x: x * scalar,
+            lambda x: x / (scalar or 1.0),
+            lambda x: (scalar or 1.0) / x,
+            lambda x: x.abs() ** scalar,
+            lambda x: x.maximum(scalar),
+            lambda x: x.minimum(scalar),
+            lambda x: x == scalar,
+            lambda x: x < scalar,
+            lambda x: x >= scalar,
+        ):
             _close(fn(c), fn(g), rtol=1e-5, msg=f"{kind} scalar {scalar}")
 
 
@@ -215,23 +225,28 @@ def test_unary_on_views_matches_cpu(name):
 
 @cuda_test
 def test_special_values_match_cpu():
-    x = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30, 88.0, -88.0,
-                  100.0, -100.0], dtype=np.float32)
+    x = np.array(
+        [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30, 88.0, -88.0, 100.0, -100.0],
+        dtype=np.float32,
+    )
     c, g = nd.array(x, device=ndl.cpu()), nd.array(x, device=CUDA)
     with np.errstate(all="ignore"):
         for name, fn in UNARY.items():
-            np.testing.assert_allclose(fn(g).numpy(), fn(c).numpy(), rtol=1e-5, atol=1e-37,
-                                       err_msg=name)
+            np.testing.assert_allclose(
+                fn(g).numpy(), fn(c).numpy(), rtol=1e-5, atol=1e-37, err_msg=name
+            )
         for name in ("maximum", "minimum", "eq", "ne", "lt", "ge"):
-            np.testing.assert_array_equal(BINARY[name](g, g[::-1]).numpy(),
-                                          BINARY[name](c, c[::-1]).numpy(), err_msg=name)
-        np.testing.assert_array_equal((g ** 2.0).numpy(), (c ** 2.0).numpy())
-        np.testing.assert_array_equal((g ** -1.0).numpy(), (c ** -1.0).numpy())
+            np.testing.assert_array_equal(
+                BINARY[name](g, g[::-1]).numpy(), BINARY[name](c, c[::-1]).numpy(), err_msg=name
+            )
+        np.testing.assert_array_equal((g**2.0).numpy(), (c**2.0).numpy())
+        np.testing.assert_array_equal((g**-1.0).numpy(), (c**-1.0).numpy())
 
 
 @cuda_test
-@pytest.mark.parametrize("shape", [(), (0,), (1,), (7,), (3, 0, 2), (2, 3, 4), (2, 1, 3, 5),
-                                   (2, 3, 1, 2, 3)])
+@pytest.mark.parametrize(
+    "shape", [(), (0,), (1,), (7,), (3, 0, 2), (2, 3, 4), (2, 1, 3, 5), (2, 3, 1, 2, 3)]
+)
 def test_shapes_round_trip_and_compact(shape):
     x = _rand(shape, 5)
     g = nd.array(x, device=CUDA)
@@ -248,11 +263,13 @@ def test_shapes_round_trip_and_compact(shape):
 def test_copies_fill_and_setitem_match_cpu():
     base = _rand((8, 12), 6)
     c, g = nd.array(base, device=ndl.cpu()), nd.array(base, device=CUDA)
-    for key, value in [((slice(1, 3), slice(None, None, 2)), 5.0),
-                       ((0,), -0.0),
-                       ((slice(None, None, -1), 1), 7.5),
-                       ((slice(2, 6), slice(3, 5)), np.arange(8, dtype=np.float32).reshape(4, 2)),
-                       ((Ellipsis,), 0.0)]:
+    for key, value in [
+        ((slice(1, 3), slice(None, None, 2)), 5.0),
+        ((0,), -0.0),
+        ((slice(None, None, -1), 1), 7.5),
+        ((slice(2, 6), slice(3, 5)), np.arange(8, dtype=np.float32).reshape(4, 2)),
+        ((Ellipsis,), 0.0),
+    ]:
         c[key] = value
         g[key] = value
         np.testing.assert_array_equal(g.numpy(), c.numpy(), err_msg=str(key))
@@ -323,13 +340,28 @@ def test_mixing_devices_raises():
 
 @cuda_test
 @pytest.mark.parametrize("op", ["sum", "max", "min"])
-@pytest.mark.parametrize("shape,axis", [
-    ((7,), None), ((7,), 0), ((3, 4), 0), ((3, 4), 1), ((3, 4), None), ((2, 3, 4), (0, 2)),
-    ((2, 3, 4), 1), ((2, 1, 3, 5), (1, 3)), ((5, 0, 2), 2), ((1, 1), None),
-    # long rows and columns: the warp- and block-per-output paths
-    ((4, 100_000), 1), ((100_000, 4), 0), ((3, 70_000), None), ((3000, 40), 1), ((40, 3000), 0),
-    ((64, 64, 64), (0, 2)),
-])
+@pytest.mark.parametrize(
+    "shape,axis",
+    [
+        ((7,), None),
+        ((7,), 0),
+        ((3, 4), 0),
+        ((3, 4), 1),
+        ((3, 4), None),
+        ((2, 3, 4), (0, 2)),
+        ((2, 3, 4), 1),
+        ((2, 1, 3, 5), (1, 3)),
+        ((5, 0, 2), 2),
+        ((1, 1), None),
+        # long rows and columns: the warp- and block-per-output paths
+        ((4, 100_000), 1),
+        ((100_000, 4), 0),
+        ((3, 70_000), None),
+        ((3000, 40), 1),
+        ((40, 3000), 0),
+        ((64, 64, 64), (0, 2)),
+    ],
+)
 def test_reductions_match_cpu(op, shape, axis):
     x = _rand(shape, 9)
     c, g = nd.array(x, device=ndl.cpu()), nd.array(x, device=CUDA)
@@ -364,8 +396,19 @@ def test_reductions_propagate_nan_and_handle_empty():
 
 
 @cuda_test
-@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (3, 5, 2), (64, 64, 64), (65, 33, 130),
-                                   (1, 300, 1), (257, 1, 3), (128, 0, 4), (0, 4, 3)])
+@pytest.mark.parametrize(
+    "m,k,n",
+    [
+        (1, 1, 1),
+        (3, 5, 2),
+        (64, 64, 64),
+        (65, 33, 130),
+        (1, 300, 1),
+        (257, 1, 3),
+        (128, 0, 4),
+        (0, 4, 3),
+    ],
+)
 def test_matmul_2d_matches_cpu(m, k, n):
     a, b = _rand((m, k), 10), _rand((k, n), 11)
     ca, cb = nd.array(a, device=ndl.cpu()), nd.array(b, device=ndl.cpu())
@@ -378,10 +421,19 @@ def test_matmul_2d_matches_cpu(m, k, n):
 
 
 @cuda_test
-@pytest.mark.parametrize("sa,sb", [
-    ((2, 3, 4), (2, 4, 5)), ((3, 4), (2, 4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (1, 5, 4, 2)),
-    ((4,), (2, 4, 3)), ((2, 3, 4), (4,)), ((5,), (5,)), ((7, 1, 16, 8), (7, 3, 8, 16)),
-])
+@pytest.mark.parametrize(
+    "sa,sb",
+    [
+        ((2, 3, 4), (2, 4, 5)),
+        ((3, 4), (2, 4, 5)),
+        ((2, 3, 4), (4, 5)),
+        ((2, 1, 3, 4), (1, 5, 4, 2)),
+        ((4,), (2, 4, 3)),
+        ((2, 3, 4), (4,)),
+        ((5,), (5,)),
+        ((7, 1, 16, 8), (7, 3, 8, 16)),
+    ],
+)
 def test_matmul_batched_matches_cpu(sa, sb):
     a, b = _rand(sa, 12), _rand(sb, 13)
     want = nd.array(a, device=ndl.cpu()) @ nd.array(b, device=ndl.cpu())
@@ -394,7 +446,7 @@ def test_matmul_batched_matches_cpu(sa, sb):
 def test_matmul_non_uniform_batch_strides():
     """Batch dims that cannot merge into one stride: a loop of strided-batched GEMMs."""
     base = _rand((4, 6, 8, 8), 14)
-    a = nd.array(base, device=CUDA)[:, ::2]           # (4, 3, 8, 8), batch strides (384, 128)
+    a = nd.array(base, device=CUDA)[:, ::2]  # (4, 3, 8, 8), batch strides (384, 128)
     b = nd.array(base, device=CUDA).permute((1, 0, 3, 2))[:3]  # (3, 4, 8, 8), transposed
     want = np.matmul(base[:, ::2], base.transpose(1, 0, 3, 2)[:3].transpose(1, 0, 2, 3))
     got = a @ b.permute((1, 0, 2, 3))
@@ -427,8 +479,9 @@ def test_matmul_kernel_fallback_matches_cublas(tmp_path):
     results = {}
     for flag in ("0", "1"):
         env = dict(os.environ, NEEDLE_CUBLAS=flag)
-        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                              timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         results[flag] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "kernel" in results["0"]["gemm"]
@@ -455,8 +508,12 @@ def test_gather_and_scatter_rows_match_cpu():
         sc = ndl.ops.scatter_add_rows(ndl.Tensor(src, device=dev), ix, 10)
         # a strided table (every other column, rows reversed)
         strided = ndl.Tensor(nd.array(table, device=dev)[::-1, ::2], device=dev)
-        outs[name] = (out.numpy(), tb.grad.numpy(), sc.numpy(),
-                      ndl.gather_rows(strided, ix).numpy())
+        outs[name] = (
+            out.numpy(),
+            tb.grad.numpy(),
+            sc.numpy(),
+            ndl.gather_rows(strided, ix).numpy(),
+        )
     for want, got in zip(outs["cpu"], outs["cuda"]):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(outs["cuda"][0], table[idx.astype(int)])
@@ -469,15 +526,17 @@ def test_bad_indices_raise_index_error_and_leave_state_intact(bad):
     idx = ndl.Tensor(np.array([0, 3, bad, 1], np.float32), device=CUDA, requires_grad=False)
     with pytest.raises(IndexError) as info:
         ndl.gather_rows(table, idx)
-    cpu_idx = ndl.Tensor(np.array([0, 3, bad, 1], np.float32), device=ndl.cpu(),
-                         requires_grad=False)
+    cpu_idx = ndl.Tensor(
+        np.array([0, 3, bad, 1], np.float32), device=ndl.cpu(), requires_grad=False
+    )
     with pytest.raises(IndexError) as cpu_info:
         ndl.gather_rows(ndl.Tensor(table.numpy(), device=ndl.cpu()), cpu_idx)
     assert str(info.value) == str(cpu_info.value)
     with pytest.raises(IndexError):
         ndl.ops.scatter_add_rows(ndl.Tensor(_rand((4, 4), 18), device=CUDA), idx, 10)
-    ok = ndl.gather_rows(table, ndl.Tensor(np.array([9.0, 0.0], np.float32), device=CUDA,
-                                           requires_grad=False))
+    ok = ndl.gather_rows(
+        table, ndl.Tensor(np.array([9.0, 0.0], np.float32), device=CUDA, requires_grad=False)
+    )
     np.testing.assert_array_equal(ok.numpy(), table.numpy()[[9, 0]])
 
 
@@ -518,7 +577,7 @@ def test_cuda_memory_statistics():
     del b
     assert cm.memory_allocated() == base_alloc + 4000
     assert cm.memory_reserved() == reserved_with_b  # cached, still reserved
-    c = nd.empty((2, 1000, 1000), device=CUDA)      # served from the cache (a split)
+    c = nd.empty((2, 1000, 1000), device=CUDA)  # served from the cache (a split)
     assert cm.memory_reserved() == reserved_with_b
     del c
     released = cm.empty_cache()
@@ -553,8 +612,12 @@ def test_cuda_limits_raise_out_of_memory():
     assert err.requested == 8 * MiB and err.limit == limit and err.device == CUDA
     assert err.reserved <= limit and cm.memory_reserved() <= limit
     # ops whose results would pass it fail the same way
-    for op in (lambda: a * 2, lambda: a.exp(),
-               lambda: a.reshape((768, 2048)).permute((1, 0)).compact()):
+    # (the closures read a before the del a below; ruff cannot see that order)
+    for op in (
+        lambda: a * 2,  # noqa: F821
+        lambda: a.exp(),  # noqa: F821
+        lambda: a.reshape((768, 2048)).permute((1, 0)).compact(),  # noqa: F821
+    ):
         with pytest.raises(ndl.OutOfMemoryError):
             op()
     assert cm.memory_stats()["num_ooms"] == ooms + 4
@@ -600,6 +663,7 @@ def test_driver_sees_what_needle_reserves():
 @cuda_test
 def test_garbage_collection_frees_gpu_memory():
     import gc
+
     base = cm.memory_allocated()
     with ndl.autograd.graph_mode("needle"):
         x = ndl.Tensor(_rand((256, 256), 20), device=CUDA)
@@ -618,9 +682,25 @@ def test_garbage_collection_frees_gpu_memory():
 def test_repro_modes_on_the_gpu(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "needle.repro", "--device", "cuda", "--steps", "8",
-           "--batch-size", "32", "--seq-len", "10", "--words", "20000",
-           "--modes", "leak,hook,cycle_free", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "needle.repro",
+        "--device",
+        "cuda",
+        "--steps",
+        "8",
+        "--batch-size",
+        "32",
+        "--seq-len",
+        "10",
+        "--words",
+        "20000",
+        "--modes",
+        "leak,hook,cycle_free",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = {r["mode"]: r for r in json.loads((out / "repro.json").read_text())}
@@ -634,6 +714,7 @@ def test_repro_modes_on_the_gpu(tmp_path):
 def test_needle_cuda_is_the_device_function_and_the_memory_api():
     """ndl.cuda() stays the course's device function; ndl.cuda.* is the torch.cuda-style API."""
     import needle.cuda as nc
+
     assert nc is ndl.cuda
     assert str(ndl.cuda()) == "cuda()" and ndl.cuda() == ndl.backend_ndarray.cuda()
     assert ndl.cuda.is_available() == ndl.cuda().enabled()

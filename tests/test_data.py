@@ -1,6 +1,7 @@
 """Tests for needle.data: DataLoader ordering and shuffling, the image transforms, the
 NDArray/MNIST/CIFAR-10 datasets on small generated files, the PTB helpers (Dictionary,
 Corpus, batchify, get_batch) and the synthetic PTB-format corpus generator."""
+
 import collections
 import gzip
 import math
@@ -13,19 +14,33 @@ import numpy as np
 import pytest
 
 import needle as ndl
+
 from devices import DEVICES
 
 PTB_DIR = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "ptb"
 
 
 def test_exported_names():
-    for name in ("Dataset", "DataLoader", "Transform", "RandomFlipHorizontal", "RandomCrop",
-                 "MNISTDataset", "NDArrayDataset", "CIFAR10Dataset", "Dictionary", "Corpus",
-                 "batchify", "get_batch", "write_synthetic_corpus"):
+    for name in (
+        "Dataset",
+        "DataLoader",
+        "Transform",
+        "RandomFlipHorizontal",
+        "RandomCrop",
+        "MNISTDataset",
+        "NDArrayDataset",
+        "CIFAR10Dataset",
+        "Dictionary",
+        "Corpus",
+        "batchify",
+        "get_batch",
+        "write_synthetic_corpus",
+    ):
         assert hasattr(ndl.data, name), name
 
 
 # ---------------------------------------------------------------- DataLoader
+
 
 def _toy_dataset(n=10):
     X = np.arange(n * 6, dtype=np.float32).reshape(n, 2, 3)
@@ -53,8 +68,8 @@ def test_dataloader_order_without_shuffle(device):
         for k, (xb, yb) in enumerate(batches):
             assert isinstance(xb, ndl.Tensor) and isinstance(yb, ndl.Tensor)
             assert xb.device == device and xb.dtype == "float32" and yb.dtype == "float32"
-            np.testing.assert_array_equal(xb.numpy(), X[3 * k:3 * k + 3])
-            np.testing.assert_array_equal(yb.numpy(), y[3 * k:3 * k + 3].astype(np.float32))
+            np.testing.assert_array_equal(xb.numpy(), X[3 * k : 3 * k + 3])
+            np.testing.assert_array_equal(yb.numpy(), y[3 * k : 3 * k + 3].astype(np.float32))
 
 
 def test_dataloader_default_batch_size_is_one():
@@ -82,6 +97,7 @@ def test_dataloader_shuffle_matches_seeded_numpy():
 
 
 # ---------------------------------------------------------------- transforms
+
 
 def test_random_flip_horizontal_matches_numpy():
     rng = np.random.default_rng(0)
@@ -144,6 +160,7 @@ def test_dataset_applies_transforms_in_order():
 
 # ---------------------------------------------------------------- MNIST
 
+
 def _write_idx(tmp_path, images, labels, image_magic=2051, label_magic=2049):
     n, rows, cols = images.shape
     img_path = tmp_path / "images-idx3-ubyte.gz"
@@ -197,6 +214,7 @@ def test_mnist_dataset_rejects_bad_magic(tmp_path):
 
 # ---------------------------------------------------------------- CIFAR-10
 
+
 def _write_cifar(folder, per_batch=2):
     rng = np.random.default_rng(3)
     raw = {}
@@ -232,6 +250,7 @@ def test_cifar10_missing_folder(tmp_path):
 
 
 # ---------------------------------------------------------------- PTB helpers
+
 
 def test_dictionary():
     d = ndl.data.Dictionary()
@@ -322,8 +341,8 @@ _TOKEN = re.compile(r"^([a-z]+|<unk>|N)$")
 def test_synthetic_corpus_is_deterministic(tmp_path):
     state = np.random.get_state()
     a = ndl.data.write_synthetic_corpus(tmp_path / "a", num_words=20_000, seed=3)
-    b = ndl.data.write_synthetic_corpus(str(tmp_path / "b"), num_words=20_000, seed=3)
-    c = ndl.data.write_synthetic_corpus(tmp_path / "c", num_words=20_000, seed=4)
+    ndl.data.write_synthetic_corpus(str(tmp_path / "b"), num_words=20_000, seed=3)
+    ndl.data.write_synthetic_corpus(tmp_path / "c", num_words=20_000, seed=4)
     assert str(a) == str(tmp_path / "a")
     after = np.random.get_state()
     assert after[0] == state[0] and np.array_equal(after[1], state[1]) and after[2:] == state[2:]
@@ -367,10 +386,12 @@ def test_synthetic_corpus_format_and_statistics(tmp_path):
 
     test = corpus.test
     h_uni = -np.mean([math.log(unigram(w)) for w in test])
-    h_bi = -np.mean([
-        math.log(0.6 * bigram[(p, w)] / freq[p] + 0.4 * unigram(w) if freq[p]
-                 else unigram(w))
-        for p, w in zip(test[:-1], test[1:])])
+    h_bi = -np.mean(
+        [
+            math.log(0.6 * bigram[(p, w)] / freq[p] + 0.4 * unigram(w) if freq[p] else unigram(w))
+            for p, w in zip(test[:-1], test[1:])
+        ]
+    )
     assert h_bi < h_uni - 0.3, (h_bi, h_uni)
 
 
@@ -381,6 +402,7 @@ def test_synthetic_corpus_vocabulary_bound(tmp_path):
 
 
 # ---------------------------------------------------------------- real PTB text
+
 
 def test_corpus_on_real_ptb():
     if not (PTB_DIR / "ptb.valid.txt").is_file() or not (PTB_DIR / "ptb.test.txt").is_file():

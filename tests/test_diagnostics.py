@@ -1,5 +1,6 @@
 """Tests for needle.memory's diagnostics: live_tensors and its summary, record_history,
 find_cycles, warn_on_cycles, memory_summary's new sections, and MemoryMonitor."""
+
 import csv
 import gc
 import inspect
@@ -59,6 +60,7 @@ def _records_with_shape(shape, **kwargs):
 
 
 # -- live_tensors ------------------------------------------------------------------------------
+
 
 def test_live_tensors_reports_bytes_op_shape_and_requires_grad():
     x = _tensor((37, 13), requires_grad=True)
@@ -121,8 +123,7 @@ def test_live_tensors_summary_groups_and_sorts():
     assert by_shape[(53, 7)]["count"] == 5
     assert by_shape[(53, 7)]["bytes"] == 5 * 53 * 7 * 4
     by_op = mem.live_tensors_summary(group_by="op")
-    assert [row["bytes"] for row in by_op] == sorted((row["bytes"] for row in by_op),
-                                                     reverse=True)
+    assert [row["bytes"] for row in by_op] == sorted((row["bytes"] for row in by_op), reverse=True)
     rows = {row["key"]: row for row in by_op}
     assert rows["Exp"]["count"] >= 2 and rows["Exp"]["bytes"] >= 2 * 53 * 7 * 4
     assert rows["(leaf)"]["count"] >= 3
@@ -136,6 +137,7 @@ def test_live_tensors_summary_groups_and_sorts():
 
 
 # -- record_history ----------------------------------------------------------------------------
+
 
 def test_record_history_site_points_at_the_creating_line():
     with mem.record_history() as switch:
@@ -165,6 +167,7 @@ def test_record_history_as_a_call():
 
 
 # -- find_cycles -------------------------------------------------------------------------------
+
 
 def test_find_cycles_finds_and_frees_needle_mode_cycles():
     gc.collect()
@@ -260,6 +263,7 @@ def test_find_cycles_restores_debug_flags():
 
 # -- warn_on_cycles ----------------------------------------------------------------------------
 
+
 def test_warn_on_cycles_warns_when_a_collection_frees_device_memory():
     assert mem.warn_on_cycles(True) is False
     assert mem.warn_on_cycles(True) is True  # installed once only
@@ -346,13 +350,15 @@ def test_cycle_warnings_are_shown_outside_pytest():
             del x
         gc.collect()
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert "CycleWarning" in result.stderr and "cycle_free" in result.stderr
 
 
 # -- memory_summary ----------------------------------------------------------------------------
+
 
 def test_memory_summary_has_the_diagnostics_sections():
     keep = ndl.exp(_tensor((19, 17), requires_grad=True))  # noqa: F841
@@ -367,6 +373,7 @@ def test_memory_summary_has_the_diagnostics_sections():
 
 
 # -- MemoryMonitor -----------------------------------------------------------------------------
+
 
 def test_monitor_sample_records_allocations():
     monitor = MemoryMonitor()
@@ -464,8 +471,9 @@ def test_monitors_share_one_axes(tmp_path):
     path = tmp_path / "both.png"
     assert second.plot(path, ax=ax, label="second") is ax
     labels = [line.get_label() for line in ax.get_lines()]
-    assert {"first allocated", "first reserved", "second allocated",
-            "second reserved"} <= set(labels)
+    assert {"first allocated", "first reserved", "second allocated", "second reserved"} <= set(
+        labels
+    )
     assert ax.get_xlabel() == "time (s)"
     assert os.path.getsize(path) > 0
     with open(path, "rb") as handle:

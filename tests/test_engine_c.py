@@ -3,6 +3,7 @@
 The engine has no Python in it, so its own tests are plain C programs; this
 file compiles each with the project's warning flags and checks it passes.
 """
+
 import pathlib
 import shutil
 import subprocess
@@ -20,9 +21,24 @@ COMPILER = shutil.which("cc") or shutil.which("gcc")
 def test_c_program(source, tmp_path):
     binary = tmp_path / source.stem
     build = subprocess.run(
-        [COMPILER, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-fno-math-errno",
-         f"-I{ROOT / 'csrc'}", str(source), *map(str, ENGINE_SOURCES), "-lm", "-o", str(binary)],
-        capture_output=True, text=True)
+        [
+            COMPILER,
+            "-std=c11",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-fno-math-errno",
+            f"-I{ROOT / 'csrc'}",
+            str(source),
+            *map(str, ENGINE_SOURCES),
+            "-lm",
+            "-o",
+            str(binary),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert build.returncode == 0, f"compiling {source.name} failed:\n{build.stderr}"
     run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, f"{source.name} failed:\n{run.stdout}\n{run.stderr}"

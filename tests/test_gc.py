@@ -6,6 +6,7 @@ cyclic collector (complete tp_traverse). In "cycle_free" mode the same graphs
 must die by reference counting alone. Every test runs with the collector
 disabled (re-enabled in a ``finally``) and collects before taking baselines.
 """
+
 import collections
 import gc
 import weakref
@@ -46,7 +47,8 @@ def reaches(referents, obj):
     """``obj`` is a referent, or an element of a tuple/list referent (inputs may
     be held in a tuple that the node traverses)."""
     return contains(referents, obj) or any(
-        isinstance(r, (tuple, list)) and contains(r, obj) for r in referents)
+        isinstance(r, (tuple, list)) and contains(r, obj) for r in referents
+    )
 
 
 # --------------------------------------------------------------------------
@@ -98,8 +100,7 @@ def test_referents_include_instance_dict():
     marker = object()
     p.marker = marker
     refs = gc.get_referents(p)
-    assert any((r is marker) or (isinstance(r, dict) and r.get("marker") is marker)
-               for r in refs)
+    assert any((r is marker) or (isinstance(r, dict) and r.get("marker") is marker) for r in refs)
 
 
 @pytest.mark.parametrize("cls", ["Tensor", "subclass"])
@@ -157,7 +158,7 @@ def build_layernorm(device):
     w = ndl.Tensor(arr(1, (n, d)), device=device, requires_grad=False)
     mean = (x.sum((1,)) / d).reshape((n, 1)).broadcast_to((n, d))
     center = x - mean
-    var = ((center ** 2).sum((1,)) / d).reshape((n, 1)).broadcast_to((n, d))
+    var = ((center**2).sum((1,)) / d).reshape((n, 1)).broadcast_to((n, d))
     y = center / ((var + 1e-5) ** 0.5)
     (y * w).sum().backward()
     assert x.grad is not None
@@ -165,8 +166,12 @@ def build_layernorm(device):
     return [x]
 
 
-BUILDERS = {"exp": build_exp, "mul": build_mul, "matmul": build_matmul,
-            "layernorm": build_layernorm}
+BUILDERS = {
+    "exp": build_exp,
+    "mul": build_mul,
+    "matmul": build_matmul,
+    "layernorm": build_layernorm,
+}
 
 
 @pytest.mark.parametrize("graph", list(BUILDERS))
@@ -309,8 +314,9 @@ def test_deep_chain_topo_sort_and_backward(mode):
 
 def _mlp_params(device):
     rng = np.random.default_rng(0)
-    x = ndl.Tensor(rng.standard_normal((8, 16)).astype(np.float32), device=device,
-                   requires_grad=False)
+    x = ndl.Tensor(
+        rng.standard_normal((8, 16)).astype(np.float32), device=device, requires_grad=False
+    )
     w1 = ndl.Tensor((rng.standard_normal((16, 32)) * 0.25).astype(np.float32), device=device)
     w2 = ndl.Tensor((rng.standard_normal((32, 4)) * 0.25).astype(np.float32), device=device)
     return x, w1, w2

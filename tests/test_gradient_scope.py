@@ -12,12 +12,14 @@ node's data for an equal copy and every node's inputs tuple for a new one
 must come out unchanged). Run under the sanitizer build, a borrowed reference
 here is a heap-use-after-free report.
 """
+
 import gc
 
 import numpy as np
 import pytest
 
 import needle as ndl
+
 from devices import DEVICES
 
 
@@ -33,7 +35,9 @@ def _graph(device):
     """A loss over every op whose gradient reads a node's data or inputs."""
     x = ndl.Tensor(_arr(0, (4, 5)), device=device)
     w = ndl.Tensor(_arr(1, (5, 6)), device=device)
-    labels = ndl.Tensor(np.array([0, 5, 2, 3], dtype=np.float32), device=device, requires_grad=False)
+    labels = ndl.Tensor(
+        np.array([0, 5, 2, 3], dtype=np.float32), device=device, requires_grad=False
+    )
     h = ndl.relu(x @ w)  # relu reads its output's data
     m = ndl.max(h / (h + 2.0), axes=(1,))  # max reads input and output data; div reads inputs
     parts = ndl.split(ndl.tanh(h), axis=1)  # tuple ops read the tuple's data

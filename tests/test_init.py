@@ -4,6 +4,7 @@ Each random initializer makes exactly one draw from NumPy's global RNG
 (``np.random.rand`` or ``np.random.randn`` of the requested shape) and
 transforms it in float32; the constant ones draw nothing.
 """
+
 import math
 
 import numpy as np
@@ -57,9 +58,21 @@ def one_draw(make, draw):
 
 def test_init_is_exported():
     assert ndl.init is init
-    for name in ["rand", "randn", "constant", "ones", "zeros", "randb", "one_hot",
-                 "zeros_like", "ones_like", "xavier_uniform", "xavier_normal",
-                 "kaiming_uniform", "kaiming_normal"]:
+    for name in [
+        "rand",
+        "randn",
+        "constant",
+        "ones",
+        "zeros",
+        "randb",
+        "one_hot",
+        "zeros_like",
+        "ones_like",
+        "xavier_uniform",
+        "xavier_normal",
+        "kaiming_uniform",
+        "kaiming_normal",
+    ]:
         assert callable(getattr(init, name)), name
 
 
@@ -68,8 +81,9 @@ def test_init_is_exported():
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shape,low,high", [((3, 4), 0.0, 1.0), ((5,), -2.0, 3.0),
-                                            ((2, 3, 2), 0.5, 0.75)])
+@pytest.mark.parametrize(
+    "shape,low,high", [((3, 4), 0.0, 1.0), ((5,), -2.0, 3.0), ((2, 3, 2), 0.5, 0.75)]
+)
 def test_rand(shape, low, high):
     np.random.seed(0)
     t = init.rand(*shape, low=low, high=high)
@@ -98,8 +112,9 @@ def test_rand_device_and_requires_grad(device):
     check_tensor(t2, (2, 2), device=device)
 
 
-@pytest.mark.parametrize("shape,mean,std", [((3, 4), 0.0, 1.0), ((6,), 1.5, 0.1),
-                                            ((2, 2, 2), -3.0, 2.0)])
+@pytest.mark.parametrize(
+    "shape,mean,std", [((3, 4), 0.0, 1.0), ((6,), 1.5, 0.1), ((2, 2, 2), -3.0, 2.0)]
+)
 def test_randn(shape, mean, std):
     np.random.seed(0)
     t = init.randn(*shape, mean=mean, std=std)

@@ -2,6 +2,7 @@
 array interface, and that shared memory is really shared (writes visible on
 both sides) and released (no leaked storages, producers' arrays freed).
 """
+
 import gc
 import weakref
 
@@ -13,8 +14,10 @@ import needle.backend_ndarray as nd
 from needle import memory
 
 _CUDA = ndl.cuda()
-needs_cuda = [pytest.mark.cuda,
-              pytest.mark.skipif(not _CUDA.enabled(), reason="CUDA backend not built or no GPU")]
+needs_cuda = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not _CUDA.enabled(), reason="CUDA backend not built or no GPU"),
+]
 
 
 def _array(shape=(3, 4), device=None):
@@ -146,12 +149,16 @@ def test_tensor_dlpack():
 # ------------------------------------------------------------ import
 
 
-@pytest.mark.parametrize("make", [
-    lambda x: x,
-    lambda x: x.T,
-    lambda x: x[1:, 1:3],
-    lambda x: x[::-1, ::-2],
-], ids=["contiguous", "transposed", "sliced", "negative_step"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda x: x,
+        lambda x: x.T,
+        lambda x: x[1:, 1:3],
+        lambda x: x[::-1, ::-2],
+    ],
+    ids=["contiguous", "transposed", "sliced", "negative_step"],
+)
 def test_from_dlpack_numpy_shares_memory(make):
     src = make(np.arange(12, dtype=np.float32).reshape(3, 4))
     a = nd.from_dlpack(src)

@@ -1,5 +1,6 @@
 """Tests for needle.memory: exact byte accounting, peaks, stats, limits and
 out-of-memory errors, and the NEEDLE_MEMORY_LIMIT environment variable."""
+
 import gc
 import json
 import os
@@ -70,8 +71,14 @@ def check_alive(device=None):
 def test_module_access():
     assert ndl.memory is mem
     for name in [
-        "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-        "reset_peak_memory_stats", "empty_cache", "memory_stats", "set_memory_limit",
+        "memory_allocated",
+        "max_memory_allocated",
+        "memory_reserved",
+        "max_memory_reserved",
+        "reset_peak_memory_stats",
+        "empty_cache",
+        "memory_stats",
+        "set_memory_limit",
         "get_memory_limit",
     ]:
         assert callable(getattr(mem, name)), name
@@ -221,8 +228,14 @@ def test_failed_ops_do_not_leak(device):
     a = nd.empty((3, 4), device=device)
     b = nd.empty((4, 3), device=device)
     base = mem.memory_allocated(device)
-    for op in [lambda: a + b, lambda: a @ a, lambda: a.sum(axis=5), lambda: a.reshape((5,)),
-               lambda: nd.stack([a, b]), lambda: a.pad(((1, 1),))]:
+    for op in [
+        lambda: a + b,
+        lambda: a @ a,
+        lambda: a.sum(axis=5),
+        lambda: a.reshape((5,)),
+        lambda: nd.stack([a, b]),
+        lambda: a.pad(((1, 1),)),
+    ]:
         with pytest.raises(ValueError):
             op()
     with pytest.raises(TypeError):
@@ -368,10 +381,14 @@ def test_memory_stats_keys_and_counters(device):
     assert st0["memory_limit_bytes"] == -1
     assert st0["allocated_bytes.all.peak"] >= st0["allocated_bytes.all.current"]
     assert st0["allocation.all.peak"] >= st0["allocation.all.current"]
-    assert (st0["allocated_bytes.all.allocated"] - st0["allocated_bytes.all.freed"]
-            == st0["allocated_bytes.all.current"])
-    assert (st0["allocation.all.allocated"] - st0["allocation.all.freed"]
-            == st0["allocation.all.current"])
+    assert (
+        st0["allocated_bytes.all.allocated"] - st0["allocated_bytes.all.freed"]
+        == st0["allocated_bytes.all.current"]
+    )
+    assert (
+        st0["allocation.all.allocated"] - st0["allocation.all.freed"]
+        == st0["allocation.all.current"]
+    )
 
     a = nd.empty((1000,), device=device)
     st1 = mem.memory_stats(device)
@@ -445,8 +462,25 @@ def test_limit_as_fraction(device):
     del a
 
 
-BAD_LIMITS = [-1, -4096, -0.5, 0.0, 1.5, 2.0, float("nan"), "abc", "", "12XB", "-1MiB",
-              "MiB", "1.2.3GB", True, False, object(), [1024]]
+BAD_LIMITS = [
+    -1,
+    -4096,
+    -0.5,
+    0.0,
+    1.5,
+    2.0,
+    float("nan"),
+    "abc",
+    "",
+    "12XB",
+    "-1MiB",
+    "MiB",
+    "1.2.3GB",
+    True,
+    False,
+    object(),
+    [1024],
+]
 
 
 @pytest.mark.parametrize("device", HOST)
@@ -515,9 +549,15 @@ def test_op_output_out_of_memory(device):
     b = nd.array(np.full(100, 2.0, np.float32), device=device)
     base = mem.memory_reserved(device)
     mem.set_memory_limit(device, base + 399)
-    for op in [lambda: a + b, lambda: a * 2, lambda: a.exp(), lambda: a.maximum(b),
-               lambda: a < b, lambda: a.reshape((10, 10)) @ b.reshape((10, 10)),
-               lambda: a.reshape((10, 10)).permute((1, 0)).compact()]:
+    for op in [
+        lambda: a + b,
+        lambda: a * 2,
+        lambda: a.exp(),
+        lambda: a.maximum(b),
+        lambda: a < b,
+        lambda: a.reshape((10, 10)) @ b.reshape((10, 10)),
+        lambda: a.reshape((10, 10)).permute((1, 0)).compact(),
+    ]:
         ooms0 = mem.memory_stats(device)["num_ooms"]
         with pytest.raises(ndl.OutOfMemoryError) as info:
             op()
@@ -614,7 +654,7 @@ def _run_env(value):
     )
     assert proc.returncode == 0, proc.stderr
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
-    return json.loads(line[len("RESULT"):])
+    return json.loads(line[len("RESULT") :])
 
 
 def test_env_limit_unset():

@@ -1,6 +1,7 @@
 """Bad-input tests for needle's NDArray: each error has the documented type,
 and the process keeps working afterwards (one more valid op is checked after
 every expected exception)."""
+
 import numpy as np
 import pytest
 
@@ -47,8 +48,17 @@ def test_exception_classes():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "idx",
-    [3, -4, (0, 5), (0, -6), (3, slice(None)), (Ellipsis, 5), (slice(None), 0, 0), (0, 0, 0),
-     (0, Ellipsis, 0, 0)],
+    [
+        3,
+        -4,
+        (0, 5),
+        (0, -6),
+        (3, slice(None)),
+        (Ellipsis, 5),
+        (slice(None), 0, 0),
+        (0, 0, 0),
+        (0, Ellipsis, 0, 0),
+    ],
     ids=repr,
 )
 def test_getitem_index_error(idx, device):
@@ -60,9 +70,7 @@ def test_getitem_index_error(idx, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(
-    "idx", [slice(None, None, 0), (slice(None), slice(1, 3, 0))], ids=repr
-)
+@pytest.mark.parametrize("idx", [slice(None, None, 0), (slice(None), slice(1, 3, 0))], ids=repr)
 def test_getitem_step_zero(idx, device):
     a = _arr((3, 5), device)
     with pytest.raises(ValueError):
@@ -123,7 +131,13 @@ def test_setitem_errors(device):
 # --------------------------------------------------------------------------
 
 
-BAD_SHAPE_PAIRS = [((3,), (4,)), ((2, 3), (3, 2)), ((2, 3, 4), (3, 2)), ((0,), (2,)), ((5, 2), (5,))]
+BAD_SHAPE_PAIRS = [
+    ((3,), (4,)),
+    ((2, 3), (3, 2)),
+    ((2, 3, 4), (3, 2)),
+    ((0,), (2,)),
+    ((5, 2), (5,)),
+]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -132,9 +146,20 @@ def test_binary_incompatible_shapes(sa, sb, device):
     a = _arr(sa, device)
     b = _arr(sb, device)
     ops = [
-        lambda: a + b, lambda: a - b, lambda: a * b, lambda: a / b, lambda: a ** b,
-        lambda: a.maximum(b), lambda: nd.maximum(a, b), lambda: a == b, lambda: a != b,
-        lambda: a >= b, lambda: a > b, lambda: a <= b, lambda: a < b, lambda: b + a,
+        lambda: a + b,
+        lambda: a - b,
+        lambda: a * b,
+        lambda: a / b,
+        lambda: a**b,
+        lambda: a.maximum(b),
+        lambda: nd.maximum(a, b),
+        lambda: a == b,
+        lambda: a != b,
+        lambda: a >= b,
+        lambda: a > b,
+        lambda: a <= b,
+        lambda: a < b,
+        lambda: b + a,
     ]
     for i, op in enumerate(ops):
         with pytest.raises(ValueError):
@@ -147,10 +172,21 @@ def test_binary_incompatible_shapes(sa, sb, device):
 def test_binary_bad_operand_type(bad, device):
     a = _arr((2, 3), device)
     ops = [
-        lambda: a + bad, lambda: a - bad, lambda: a * bad, lambda: a / bad, lambda: a ** bad,
-        lambda: bad - a, lambda: bad * a, lambda: bad / a,
-        lambda: a < bad, lambda: a <= bad, lambda: a > bad, lambda: a >= bad,
-        lambda: a.maximum(bad), lambda: nd.maximum(a, bad), lambda: bad + a,
+        lambda: a + bad,
+        lambda: a - bad,
+        lambda: a * bad,
+        lambda: a / bad,
+        lambda: a**bad,
+        lambda: bad - a,
+        lambda: bad * a,
+        lambda: bad / a,
+        lambda: a < bad,
+        lambda: a <= bad,
+        lambda: a > bad,
+        lambda: a >= bad,
+        lambda: a.maximum(bad),
+        lambda: nd.maximum(a, bad),
+        lambda: bad + a,
     ]
     for op in ops:
         with pytest.raises(TypeError):
@@ -169,7 +205,9 @@ def test_broadcast_to_errors(device):
     with pytest.raises(ValueError):
         nd.broadcast_to(_arr((2,), device), (3,))
     check_alive(device)
-    np.testing.assert_array_equal(a.broadcast_to((3, 2)).numpy(), np.array([[0, 0], [1, 1], [2, 2]], np.float32))
+    np.testing.assert_array_equal(
+        a.broadcast_to((3, 2)).numpy(), np.array([[0, 0], [1, 1], [2, 2]], np.float32)
+    )
 
 
 # --------------------------------------------------------------------------
@@ -209,7 +247,9 @@ def test_flip_errors(device):
         with pytest.raises(ValueError):
             a.flip(axes)
         check_alive(device)
-    np.testing.assert_array_equal(a.flip(1).numpy(), np.arange(6, dtype=np.float32).reshape(2, 3)[:, ::-1])
+    np.testing.assert_array_equal(
+        a.flip(1).numpy(), np.arange(6, dtype=np.float32).reshape(2, 3)[:, ::-1]
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -225,7 +265,9 @@ def test_as_strided_out_of_bounds(device):
         with pytest.raises(ValueError):
             b.as_strided(shape, strides)
         check_alive(device)
-    np.testing.assert_array_equal(b.as_strided((10,), (1,)).numpy(), np.arange(2, 12, dtype=np.float32))
+    np.testing.assert_array_equal(
+        b.as_strided((10,), (1,)).numpy(), np.arange(2, 12, dtype=np.float32)
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -235,8 +277,10 @@ def test_pad_errors(device):
         with pytest.raises(ValueError):
             a.pad(axes)
         check_alive(device)
-    np.testing.assert_array_equal(a.pad(((1, 0), (0, 1))).numpy(),
-                                  np.pad(np.arange(6, dtype=np.float32).reshape(2, 3), ((1, 0), (0, 1))))
+    np.testing.assert_array_equal(
+        a.pad(((1, 0), (0, 1))).numpy(),
+        np.pad(np.arange(6, dtype=np.float32).reshape(2, 3), ((1, 0), (0, 1))),
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -321,8 +365,12 @@ def test_max_min_of_empty_extent(op, device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_matmul_errors(device):
     a = _arr((3, 4), device)
-    for b in [_arr((3, 4), device), _arr((5,), device), _arr((2, 5, 3), device),
-              _arr((2, 4, 3), device).permute((0, 2, 1))]:
+    for b in [
+        _arr((3, 4), device),
+        _arr((5,), device),
+        _arr((2, 5, 3), device),
+        _arr((2, 4, 3), device).permute((0, 2, 1)),
+    ]:
         with pytest.raises(ValueError):
             a @ b
         check_alive(device)
@@ -356,7 +404,9 @@ def test_matmul_errors(device):
         check_alive(device)
     r = a @ _arr((4, 2), device)
     np.testing.assert_array_equal(
-        r.numpy(), np.arange(12, dtype=np.float32).reshape(3, 4) @ np.arange(8, dtype=np.float32).reshape(4, 2)
+        r.numpy(),
+        np.arange(12, dtype=np.float32).reshape(3, 4)
+        @ np.arange(8, dtype=np.float32).reshape(4, 2),
     )
 
 
@@ -442,9 +492,19 @@ def test_mixing_cpu_and_cpu_numpy_raises_device_error():
     a = nd.array(np.ones((2, 2), np.float32), device=nd.cpu())
     b = nd.array(np.ones((2, 2), np.float32), device=nd.cpu_numpy())
     ops = [
-        lambda: a + b, lambda: b + a, lambda: a - b, lambda: a * b, lambda: a / b, lambda: a ** b,
-        lambda: a.maximum(b), lambda: nd.maximum(a, b), lambda: a == b, lambda: a < b,
-        lambda: a @ b, lambda: nd.matmul(b, a), lambda: nd.stack([a, b]),
+        lambda: a + b,
+        lambda: b + a,
+        lambda: a - b,
+        lambda: a * b,
+        lambda: a / b,
+        lambda: a**b,
+        lambda: a.maximum(b),
+        lambda: nd.maximum(a, b),
+        lambda: a == b,
+        lambda: a < b,
+        lambda: a @ b,
+        lambda: nd.matmul(b, a),
+        lambda: nd.stack([a, b]),
     ]
     for op in ops:
         with pytest.raises(ndl.DeviceError):

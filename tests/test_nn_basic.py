@@ -6,27 +6,28 @@ small layers, the course's parameter initialisation (NumPy RNG draw order), the
 Dropout masks, Module.parameters() order and train()/eval() recursion, and the
 errors raised on bad input shapes.
 """
+
 import numpy as np
 import pytest
 
 import needle as ndl
 from needle import nn
+
 from devices import DEVICES
-
-from nn_check import MODES, _flatten, _numeric_grad, _t, _uniform_draw, check_module  # noqa: F401
-
+from nn_check import _ln_ref, _t, _uniform_draw, check_module
 
 # --------------------------------------------------------------------------- Linear
+
 
 def test_linear_course_values():
     np.random.seed(1337)
     layer = nn.Linear(7, 4)
     assert layer.weight.shape == (7, 4)
     assert layer.bias.shape == (1, 4)
-    np.testing.assert_allclose(layer.weight.numpy()[0], [-0.4406, -0.6320, -0.4108, -0.0753],
-                               atol=1e-4)
-    np.testing.assert_allclose(layer.bias.numpy()[0], [0.0776, 0.8141, -0.7710, 1.1203],
-                               atol=1e-4)
+    np.testing.assert_allclose(
+        layer.weight.numpy()[0], [-0.4406, -0.6320, -0.4108, -0.0753], atol=1e-4
+    )
+    np.testing.assert_allclose(layer.bias.numpy()[0], [0.0776, 0.8141, -0.7710, 1.1203], atol=1e-4)
 
 
 def test_linear_draw_order():
@@ -60,15 +61,17 @@ def test_linear_nd_input_and_no_bias(device):
     check_module(layer, [x], lambda x, w: x @ w, device)
 
 
-def test_linear_bad_input():
-    layer = nn.Linear(4, 3)
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_bad_input(device):
+    layer = nn.Linear(4, 3, device=device)
     with pytest.raises(ValueError, match="last dimension 4"):
-        layer(_t(np.ones((2, 5)), ndl.cpu()))
+        layer(_t(np.ones((2, 5)), device))
     with pytest.raises(TypeError):
         layer(np.ones((2, 4), dtype=np.float32))
 
 
 # --------------------------------------------------------------------------- simple modules
+
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_flatten(device):
@@ -79,11 +82,14 @@ def test_flatten(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name, ref", [
-    ("ReLU", lambda x: np.maximum(x, 0)),
-    ("Tanh", np.tanh),
-    ("Sigmoid", lambda x: 1 / (1 + np.exp(-x))),
-])
+@pytest.mark.parametrize(
+    "name, ref",
+    [
+        ("ReLU", lambda x: np.maximum(x, 0)),
+        ("Tanh", np.tanh),
+        ("Sigmoid", lambda x: 1 / (1 + np.exp(-x))),
+    ],
+)
 def test_activations(device, name, ref):
     np.random.seed(1)
     x = np.random.randn(3, 4)
@@ -103,8 +109,7 @@ def test_identity_and_residual(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_sequential(device):
     np.random.seed(3)
-    model = nn.Sequential(nn.Linear(4, 5, device=device), nn.ReLU(),
-                          nn.Linear(5, 2, device=device))
+    model = nn.Sequential(nn.Linear(4, 5, device=device), nn.ReLU(), nn.Linear(5, 2, device=device))
     assert isinstance(model.modules, tuple) and len(model.modules) == 3
     x = np.random.randn(6, 4)
 
@@ -116,6 +121,7 @@ def test_sequential(device):
 
 
 # --------------------------------------------------------------------------- SoftmaxLoss
+
 
 def _logsumexp(z):
     m = z.max(axis=1, keepdims=True)
@@ -138,15 +144,17 @@ def test_softmax_loss(device):
     np.testing.assert_allclose(z.grad.numpy(), (soft - onehot) / 6, rtol=1e-4, atol=1e-6)
 
 
-def test_softmax_loss_bad_shapes():
-    z = _t(np.zeros((4, 3)), ndl.cpu())
+@pytest.mark.parametrize("device", DEVICES)
+def test_softmax_loss_bad_shapes(device):
+    z = _t(np.zeros((4, 3)), device)
     with pytest.raises(ValueError):
-        nn.SoftmaxLoss()(z, _t(np.zeros(3), ndl.cpu()))
+        nn.SoftmaxLoss()(z, _t(np.zeros(3), device))
     with pytest.raises(ValueError):
-        nn.SoftmaxLoss()(_t(np.zeros((4, 3, 2)), ndl.cpu()), _t(np.zeros(4), ndl.cpu()))
+        nn.SoftmaxLoss()(_t(np.zeros((4, 3, 2)), device), _t(np.zeros(4), device))
 
 
 # --------------------------------------------------------------------------- BatchNorm
+
 
 def _bn_ref(x, w, b, eps=1e-5):
     mean = x.mean(axis=0)
@@ -199,32 +207,31 @@ def test_batchnorm2d(device):
         return (x - mean) / np.sqrt(var + 1e-5) * w.reshape(1, 3, 1, 1) + b.reshape(1, 3, 1, 1)
 
     check_module(bn, [x], ref, device, grads=False)
-    np.testing.assert_allclose(bn.running_mean.numpy(), 0.1 * x.mean(axis=(0, 2, 3)),
-                               rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(bn.running_var.numpy(), 0.9 + 0.1 * x.var(axis=(0, 2, 3)),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        bn.running_mean.numpy(), 0.1 * x.mean(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        bn.running_var.numpy(), 0.9 + 0.1 * x.var(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6
+    )
     bn.eval()
     rm = bn.running_mean.numpy().reshape(1, 3, 1, 1)
     rv = bn.running_var.numpy().reshape(1, 3, 1, 1)
     w = bn.weight.numpy().reshape(1, 3, 1, 1)
     b = bn.bias.numpy().reshape(1, 3, 1, 1)
-    np.testing.assert_allclose(bn(_t(x, device)).numpy(), (x - rm) / np.sqrt(rv + 1e-5) * w + b,
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        bn(_t(x, device)).numpy(), (x - rm) / np.sqrt(rv + 1e-5) * w + b, rtol=1e-4, atol=1e-5
+    )
 
 
-def test_batchnorm_bad_shapes():
+@pytest.mark.parametrize("device", DEVICES)
+def test_batchnorm_bad_shapes(device):
     with pytest.raises(ValueError):
-        nn.BatchNorm1d(3)(_t(np.zeros((4, 2)), ndl.cpu()))
+        nn.BatchNorm1d(3, device=device)(_t(np.zeros((4, 2)), device))
     with pytest.raises(ValueError):
-        nn.BatchNorm2d(3)(_t(np.zeros((4, 3)), ndl.cpu()))
+        nn.BatchNorm2d(3, device=device)(_t(np.zeros((4, 3)), device))
 
 
 # --------------------------------------------------------------------------- LayerNorm1d
-
-def _ln_ref(x, w, b, eps=1e-5):
-    mean = x.mean(axis=-1, keepdims=True)
-    var = x.var(axis=-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * w + b
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -243,12 +250,14 @@ def test_layernorm1d(device, shape):
         check_module(ln, [x], _ln_ref, device, grads=False)
 
 
-def test_layernorm1d_bad_shape():
+@pytest.mark.parametrize("device", DEVICES)
+def test_layernorm1d_bad_shape(device):
     with pytest.raises(ValueError):
-        nn.LayerNorm1d(5)(_t(np.zeros((3, 4)), ndl.cpu()))
+        nn.LayerNorm1d(5, device=device)(_t(np.zeros((3, 4)), device))
 
 
 # --------------------------------------------------------------------------- Dropout
+
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("p", [0.0, 0.3, 0.5, 0.9])
@@ -278,14 +287,16 @@ def test_dropout_gradient_and_eval(device):
     np.testing.assert_array_equal(np.random.get_state()[1], state)  # no draw in eval
 
 
-def test_dropout_edge_cases():
-    x = _t(np.ones((3, 3)), ndl.cpu())
+@pytest.mark.parametrize("device", DEVICES)
+def test_dropout_edge_cases(device):
+    x = _t(np.ones((3, 3)), device)
     np.testing.assert_array_equal(nn.Dropout(1.0)(x).numpy(), np.zeros((3, 3)))
     with pytest.raises(ValueError):
         nn.Dropout(1.5)
 
 
 # --------------------------------------------------------------------------- Module
+
 
 class _Inner(nn.Module):
     def __init__(self):
@@ -299,8 +310,10 @@ class _Outer(nn.Module):
     def __init__(self):
         super().__init__()
         self.p0 = nn.Parameter(ndl.Tensor(np.zeros(1, dtype=np.float32)))
-        self.blocks = [_Inner(), {"x": nn.Parameter(ndl.Tensor(np.ones(3, dtype=np.float32))),
-                                  "inner": _Inner()}]
+        self.blocks = [
+            _Inner(),
+            {"x": nn.Parameter(ndl.Tensor(np.ones(3, dtype=np.float32))), "inner": _Inner()},
+        ]
         self.pair = (nn.Parameter(ndl.Tensor(np.ones(4, dtype=np.float32))), nn.ReLU())
         self.bn = nn.BatchNorm1d(3)
         self.seq = nn.Sequential(nn.Linear(2, 2), nn.Dropout())
@@ -308,8 +321,17 @@ class _Outer(nn.Module):
 
 def test_module_parameters_order():
     m = _Outer()
-    expected = [m.p0, m.blocks[0].a, m.blocks[1]["x"], m.blocks[1]["inner"].a, m.pair[0],
-                m.bn.weight, m.bn.bias, m.seq.modules[0].weight, m.seq.modules[0].bias]
+    expected = [
+        m.p0,
+        m.blocks[0].a,
+        m.blocks[1]["x"],
+        m.blocks[1]["inner"].a,
+        m.pair[0],
+        m.bn.weight,
+        m.bn.bias,
+        m.seq.modules[0].weight,
+        m.seq.modules[0].bias,
+    ]
     params = m.parameters()
     assert len(params) == len(expected)
     assert all(p is q for p, q in zip(params, expected))
@@ -318,9 +340,18 @@ def test_module_parameters_order():
 
 def test_module_train_eval_recursion():
     m = _Outer()
-    modules = [m, m.blocks[0], m.blocks[0].drop, m.blocks[1]["inner"],
-               m.blocks[1]["inner"].drop, m.pair[1], m.bn, m.seq, m.seq.modules[0],
-               m.seq.modules[1]]
+    modules = [
+        m,
+        m.blocks[0],
+        m.blocks[0].drop,
+        m.blocks[1]["inner"],
+        m.blocks[1]["inner"].drop,
+        m.pair[1],
+        m.bn,
+        m.seq,
+        m.seq.modules[0],
+        m.seq.modules[1],
+    ]
     assert all(x.training for x in modules)
     m.eval()
     assert not any(x.training for x in modules)

@@ -1,6 +1,6 @@
 """Runs notebooks/leak_and_fix.ipynb (small configuration) and checks it is committed without
 outputs."""
-import os
+
 import pathlib
 
 import pytest
@@ -23,15 +23,25 @@ def test_notebook_runs(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     monkeypatch.setenv("NEEDLE_NOTEBOOK_SMALL", "1")
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()
     text = "\n".join(
-        out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
-        if out.get("output_type") == "stream")
+        out.get("text", "")
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.outputs
+        if out.get("output_type") == "stream"
+    )
     assert "still allocated" in text and "cycle of" in text
     assert "after del, no collection: 0 bytes" in text
     assert "OOM at step" in text
-    images = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
-              if "image/png" in out.get("data", {})]
+    images = [
+        out
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.outputs
+        if "image/png" in out.get("data", {})
+    ]
     assert len(images) == 1

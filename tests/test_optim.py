@@ -1,12 +1,14 @@
 """Tests for needle.optim: SGD (momentum, weight decay) and Adam against NumPy
 re-implementations, clip_grad_norm on every optimizer, reset_grad, and that updates
 record no graph and do not grow the number of live tensors."""
+
 import gc
 
 import numpy as np
 import pytest
 
 import needle as ndl
+
 from devices import DEVICES
 
 SHAPES = [(4, 3), (1, 3), (5,)]
@@ -48,8 +50,8 @@ def _adam_reference(x0, grad_seq, lr, b1, b2, eps, wd):
             g = g + wd * x[k]
             m[k] = b1 * m[k] + (1 - b1) * g
             v[k] = b2 * v[k] + (1 - b2) * g * g
-            m_hat = m[k] / (1 - b1 ** t)
-            v_hat = v[k] / (1 - b2 ** t)
+            m_hat = m[k] / (1 - b1**t)
+            v_hat = v[k] / (1 - b2**t)
             x[k] = x[k] - lr * m_hat / (np.sqrt(v_hat) + eps)
     return x
 
@@ -72,7 +74,8 @@ def _run(opt_cls, kwargs, device, steps=5, seed=0):
 def test_sgd_matches_numpy(device, momentum, wd):
     lr = 0.1
     params, x0, grad_seq, _ = _run(
-        ndl.optim.SGD, dict(lr=lr, momentum=momentum, weight_decay=wd), device)
+        ndl.optim.SGD, dict(lr=lr, momentum=momentum, weight_decay=wd), device
+    )
     expected = _sgd_reference(x0, grad_seq, lr, momentum, wd)
     for p, e in zip(params, expected):
         np.testing.assert_allclose(p.numpy(), e, rtol=1e-5, atol=1e-5)
@@ -84,8 +87,10 @@ def test_sgd_matches_numpy(device, momentum, wd):
 def test_adam_matches_numpy(device, wd, betas):
     lr, eps = 0.01, 1e-8
     params, x0, grad_seq, opt = _run(
-        ndl.optim.Adam, dict(lr=lr, beta1=betas[0], beta2=betas[1], eps=eps, weight_decay=wd),
-        device)
+        ndl.optim.Adam,
+        dict(lr=lr, beta1=betas[0], beta2=betas[1], eps=eps, weight_decay=wd),
+        device,
+    )
     expected = _adam_reference(x0, grad_seq, lr, betas[0], betas[1], eps, wd)
     assert opt.t == len(grad_seq)
     for p, e in zip(params, expected):
@@ -97,7 +102,13 @@ def test_defaults():
     assert (sgd.lr, sgd.momentum, sgd.weight_decay) == (0.01, 0.0, 0.0)
     adam = ndl.optim.Adam([])
     assert (adam.lr, adam.beta1, adam.beta2, adam.eps, adam.weight_decay, adam.t) == (
-        0.01, 0.9, 0.999, 1e-8, 0.0, 0)
+        0.01,
+        0.9,
+        0.999,
+        1e-8,
+        0.0,
+        0,
+    )
     assert isinstance(sgd, ndl.optim.Optimizer) and isinstance(adam, ndl.optim.Optimizer)
 
 
@@ -171,12 +182,11 @@ def test_reset_grad(device, opt_cls):
 
 def _train_steps(opt_cls, device, steps, counts, clip):
     rng = np.random.default_rng(5)
-    W = ndl.nn.Parameter(
-        ndl.Tensor(rng.standard_normal((6, 4)).astype(np.float32), device=device))
-    b = ndl.nn.Parameter(
-        ndl.Tensor(rng.standard_normal((1, 4)).astype(np.float32), device=device))
-    X = ndl.Tensor(rng.standard_normal((8, 6)).astype(np.float32), device=device,
-                   requires_grad=False)
+    W = ndl.nn.Parameter(ndl.Tensor(rng.standard_normal((6, 4)).astype(np.float32), device=device))
+    b = ndl.nn.Parameter(ndl.Tensor(rng.standard_normal((1, 4)).astype(np.float32), device=device))
+    X = ndl.Tensor(
+        rng.standard_normal((8, 6)).astype(np.float32), device=device, requires_grad=False
+    )
     opt = opt_cls([W, b], lr=0.01, weight_decay=0.01)
     for _ in range(steps):
         out = ndl.exp(X @ W + b.broadcast_to((8, 4)))

@@ -6,6 +6,7 @@ rely on the ``pytest11`` entry point, as a user's suite would, and pass ``-p nee
 entry point's name) only where ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` is set: otherwise ``-p``
 would also mark the already imported needle package for assertion rewriting, which warns.
 """
+
 import os
 import re
 
@@ -57,15 +58,23 @@ def test_under_an_int_limit_on_a_named_device():
 def test_limit_device_memory_fails_over_the_limit_and_passes_under_it(pytester):
     result = run(pytester, LIMIT_TESTS, "-v")
     result.assert_outcomes(passed=2, failed=1)
-    result.stdout.fnmatch_lines(["*test_over_the_limit FAILED*",
-                                 "*test_under_the_limit PASSED*",
-                                 "*test_under_an_int_limit_on_a_named_device PASSED*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*test_over_the_limit FAILED*",
+            "*test_under_the_limit PASSED*",
+            "*test_under_an_int_limit_on_a_named_device PASSED*",
+        ]
+    )
     out = result.stdout.str()
     assert "limit_device_memory: peak device memory on cpu" in out
     assert "limit:           1048576 bytes (1.00 MiB)" in out
     # The array is freed before the test ends: only the peak shows it.
-    peak, used = map(int, re.search(
-        r"peak:\s+(\d+) bytes \(.*?\), (\d+) bytes \(.*?\) above the start", out).groups())
+    peak, used = map(
+        int,
+        re.search(
+            r"peak:\s+(\d+) bytes \(.*?\), (\d+) bytes \(.*?\) above the start", out
+        ).groups(),
+    )
     start = int(re.search(r"start allocated:\s+(\d+) bytes", out).group(1))
     end = int(re.search(r"end allocated:\s+(\d+) bytes", out).group(1))
     assert used >= 8 * MiB
@@ -74,7 +83,9 @@ def test_limit_device_memory_fails_over_the_limit_and_passes_under_it(pytester):
 
 
 def test_limit_device_memory_keeps_the_tests_own_failure(pytester):
-    result = run(pytester, """
+    result = run(
+        pytester,
+        """
 import pytest
 import needle.backend_ndarray as nd
 
@@ -82,7 +93,8 @@ import needle.backend_ndarray as nd
 def test_fails_by_itself():
     a = nd.empty((1024 * 1024,))
     assert False, "the test's own failure"
-""")
+""",
+    )
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "the test's own failure" in out
@@ -90,7 +102,9 @@ def test_fails_by_itself():
 
 
 def test_malformed_marker_fails_the_test_before_it_runs(pytester):
-    result = run(pytester, """
+    result = run(
+        pytester,
+        """
 import pytest
 
 RAN = []
@@ -105,16 +119,23 @@ def test_bad_size():
 
 def test_nothing_ran():
     assert RAN == []
-""")
+""",
+    )
     result.assert_outcomes(passed=1, failed=2)
-    result.stdout.fnmatch_lines(["*TypeError: limit_device_memory needs a limit*",
-                                 "*ValueError: cannot parse memory size 'lots'*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*TypeError: limit_device_memory needs a limit*",
+            "*ValueError: cannot parse memory size 'lots'*",
+        ]
+    )
 
 
 def test_unmarked_tests_are_left_alone(pytester):
     # An unmarked test must not reset the peak statistics: the second test sees the
     # first one's 8 MiB peak.
-    result = run(pytester, """
+    result = run(
+        pytester,
+        """
 import needle.backend_ndarray as nd
 import needle.memory as mem
 
@@ -124,19 +145,23 @@ def test_a_peak():
 
 def test_the_peak_survives():
     assert mem.max_memory_allocated() - mem.memory_allocated() >= 8 * 1024 * 1024
-""")
+""",
+    )
     result.assert_outcomes(passed=2)
 
 
 @pytest.mark.skipif(ndl.cuda().enabled(), reason="needs a device that is unavailable")
 def test_limit_on_an_unavailable_device_warns(pytester):
-    result = run(pytester, """
+    result = run(
+        pytester,
+        """
 import pytest
 
 @pytest.mark.limit_device_memory("1 MiB", device="cuda")
 def test_on_cuda():
     pass
-""")
+""",
+    )
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*limit_device_memory: cuda is not available*"])
 
@@ -196,14 +221,20 @@ def test_cycles_with_collect(device_memory):
 def test_check_no_growth(pytester):
     result = run(pytester, GROWTH_TESTS, "-v")
     result.assert_outcomes(passed=3, failed=2)
-    result.stdout.fnmatch_lines(["*test_leak FAILED*",
-                                 "*test_leak_within_tolerance PASSED*",
-                                 "*test_no_leak PASSED*",
-                                 "*test_cycles_without_collect FAILED*",
-                                 "*test_cycles_with_collect PASSED*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*test_leak FAILED*",
+            "*test_leak_within_tolerance PASSED*",
+            "*test_no_leak PASSED*",
+            "*test_cycles_without_collect FAILED*",
+            "*test_cycles_with_collect PASSED*",
+        ]
+    )
     out = result.stdout.str()
-    assert ("device memory on cpu (the default device) grew by 81920 bytes (80.00 KiB) "
-            "over 20 steps (tolerance 0 bytes; 4096 bytes per step on average)") in out
+    assert (
+        "device memory on cpu (the default device) grew by 81920 bytes (80.00 KiB) "
+        "over 20 steps (tolerance 0 bytes; 4096 bytes per step on average)"
+    ) in out
     assert "after 3 warmup steps:" in out
     assert re.search(r"step    1: \d+ bytes \(\+4096\)", out)
     assert re.search(r"step   20: \d+ bytes \(\+81920\)", out)
@@ -226,14 +257,17 @@ def test_check_no_growth_rejects_bad_arguments():
         dm.check_no_growth(lambda: None, tolerance="a lot")
 
 
-@pytest.mark.parametrize("tolerance, baseline, expected", [
-    (0, 1000, 0),
-    (4096, 1000, 4096),
-    ("64 KiB", 1000, 65536),
-    (0.25, 1000, 250),
-    ("10%", 1000, 100),
-    (0.5, 0, 0),
-])
+@pytest.mark.parametrize(
+    "tolerance, baseline, expected",
+    [
+        (0, 1000, 0),
+        (4096, 1000, 4096),
+        ("64 KiB", 1000, 65536),
+        (0.25, 1000, 250),
+        ("10%", 1000, 100),
+        (0.5, 0, 0),
+    ],
+)
 def test_tolerance_bytes(tolerance, baseline, expected):
     assert needle_testing._tolerance_bytes(tolerance, baseline) == expected
 
@@ -243,8 +277,10 @@ def test_live_tensor_report_is_optional(monkeypatch):
     assert needle_testing._live_tensor_report(None) == ""
 
     def summary(device=None, group_by="op"):
-        return [{"key": "EWiseAdd", "count": 2, "bytes": 64},
-                {"key": "Exp", "count": 1, "bytes": 4096}]
+        return [
+            {"key": "EWiseAdd", "count": 2, "bytes": 64},
+            {"key": "Exp", "count": 1, "bytes": 4096},
+        ]
 
     monkeypatch.setattr(ndl.memory, "live_tensors_summary", summary, raising=False)
     report = needle_testing._live_tensor_report(None)

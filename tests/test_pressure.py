@@ -1,5 +1,6 @@
 """The fix itself: pressure-paced collections, the out-of-memory ladder, pacing and
 back-off, re-entrancy, and the repro modes (leak, manual, hook, cycle_free, gc_blind)."""
+
 import gc
 import json
 import os
@@ -34,8 +35,9 @@ def clean_policy():
         gc.set_threshold(*thresholds)
         memory.set_gc_visible(True)
         memory.set_memory_limit("cpu", None)
-        memory.set_gc_policy(**{k: v for k, v in policy.items() if k != "watermark"},
-                             watermark=policy["watermark"])
+        memory.set_gc_policy(
+            **{k: v for k, v in policy.items() if k != "watermark"}, watermark=policy["watermark"]
+        )
         gc.collect()
 
 
@@ -47,12 +49,23 @@ def _cyclic_garbage(nbytes):
 
 def test_policy_defaults_and_validation(clean_policy):
     policy = memory.get_gc_policy()
-    assert policy == {"enabled": True, "growth": 0.25, "min_growth": 64 * MiB, "high_water": 0.8,
-                      "max_gc_fraction": 0.05, "watermark": None}
+    assert policy == {
+        "enabled": True,
+        "growth": 0.25,
+        "min_growth": 64 * MiB,
+        "high_water": 0.8,
+        "max_gc_fraction": 0.05,
+        "watermark": None,
+    }
     memory.set_gc_policy(growth=0.5, min_growth="8MiB")
     assert memory.get_gc_policy()["growth"] == 0.5
     assert memory.get_gc_policy()["min_growth"] == 8 * MiB
-    for bad in ({"high_water": 0.0}, {"high_water": 1.5}, {"max_gc_fraction": 0.9}, {"growth": -1.0}):
+    for bad in (
+        {"high_water": 0.0},
+        {"high_water": 1.5},
+        {"max_gc_fraction": 0.9},
+        {"growth": -1.0},
+    ):
         with pytest.raises(ValueError):
             memory.set_gc_policy(**bad)
     with pytest.raises(TypeError):
@@ -178,6 +191,7 @@ def test_collector_time_share_stays_under_the_cap(clean_policy):
 
 class _Finalizer:
     """Frees and allocates arrays while the collector runs."""
+
     made = []
 
     def __init__(self):
@@ -259,8 +273,11 @@ def test_safe_point_respects_disabled_policy_gc_disable_and_watermark(clean_poli
     base = memory.memory_allocated()
     memory.set_memory_limit("cpu", base + 256 * MiB)
     memory.set_gc_policy(min_growth="4MiB", max_gc_fraction=0.5)
-    for configure in (lambda: memory.set_gc_policy(enabled=False), gc.disable,
-                      lambda: memory.set_gc_policy(enabled=True, watermark=base + 200 * MiB)):
+    for configure in (
+        lambda: memory.set_gc_policy(enabled=False),
+        gc.disable,
+        lambda: memory.set_gc_policy(enabled=True, watermark=base + 200 * MiB),
+    ):
         configure()
         for _ in range(16):
             _cyclic_garbage(MiB)
@@ -312,7 +329,7 @@ def test_oom_path_unfreezes_frozen_cycles(clean_policy):
     holder = {"array": nd.empty((24 * MiB // 4,))}
     holder["self"] = holder
     memory.freeze_heap()  # the cycle is alive, so it is frozen with the rest
-    del holder            # now frozen cyclic garbage: 24 MiB no soft collection can see
+    del holder  # now frozen cyclic garbage: 24 MiB no soft collection can see
     gc.collect()
     assert memory.memory_allocated() - base >= 24 * MiB
     start = memory.memory_stats()
@@ -333,7 +350,11 @@ def test_finalizers_that_allocate_during_a_pressure_collection(clean_policy):
     for _ in range(30):
         _Finalizer()
         time.sleep(0.001)
-    assert memory.memory_stats()["num_pressure_collections"] + memory.memory_stats()["num_oom_collections"] > 0
+    assert (
+        memory.memory_stats()["num_pressure_collections"]
+        + memory.memory_stats()["num_oom_collections"]
+        > 0
+    )
     assert len(_Finalizer.made) > 0
     assert all(float(a.sum().numpy()[0]) == 16.0 for a in _Finalizer.made)
     _Finalizer.made.clear()
@@ -402,13 +423,21 @@ def test_disabled_policy_does_not_collect_on_oom(clean_policy):
 
 
 def test_environment_configures_the_policy():
-    code = ("import needle.memory as m, json; print(json.dumps(m.get_gc_policy()))")
+    code = "import needle.memory as m, json; print(json.dumps(m.get_gc_policy()))"
     env = dict(os.environ, NEEDLE_GC="0", NEEDLE_GC_GROWTH="0.5", NEEDLE_GC_MIN_GROWTH="16MiB")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     policy = json.loads(out.stdout)
-    assert policy["enabled"] is False and policy["growth"] == 0.5 and policy["min_growth"] == 16 * MiB
-    bad = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, NEEDLE_GC_GROWTH="lots"),
-                         capture_output=True, text=True)
+    assert (
+        policy["enabled"] is False and policy["growth"] == 0.5 and policy["min_growth"] == 16 * MiB
+    )
+    bad = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, NEEDLE_GC_GROWTH="lots"),
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode != 0 and "NEEDLE_GC" in bad.stderr
 
 
@@ -417,8 +446,21 @@ def test_repro_modes(tmp_path):
     emulated device, the fixes do not, and cycle_free stays flat."""
     pytest.importorskip("matplotlib")
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "needle.repro", "--steps", "8", "--batch-size", "32", "--seq-len", "10",
-           "--words", "20000", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "needle.repro",
+        "--steps",
+        "8",
+        "--batch-size",
+        "32",
+        "--seq-len",
+        "10",
+        "--words",
+        "20000",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = {r["mode"]: r for r in json.loads((out / "repro.json").read_text())}
@@ -429,8 +471,19 @@ def test_repro_modes(tmp_path):
         assert not report[mode]["oom"] and report[mode]["steps"] == 8, mode
     assert report["hook"]["pressure_collections"] > 0
     assert report["cycle_free"]["peak_allocated_bytes"] <= report["hook"]["peak_allocated_bytes"]
-    keys = {"mode", "device", "steps", "oom", "oom_step", "peak_allocated_bytes", "final_allocated_bytes",
-            "pressure_collections", "gc_seconds", "mean_step_seconds", "last_loss"}
+    keys = {
+        "mode",
+        "device",
+        "steps",
+        "oom",
+        "oom_step",
+        "peak_allocated_bytes",
+        "final_allocated_bytes",
+        "pressure_collections",
+        "gc_seconds",
+        "mean_step_seconds",
+        "last_loss",
+    }
     assert all(set(r) == keys for r in report.values())
     png = (out / "repro_timeline.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -440,8 +493,23 @@ def test_repro_modes(tmp_path):
 def test_repro_hook_frozen_mode(tmp_path):
     """The opt-in mode: hook after freeze_heap() trains exactly like hook, within the limit."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "needle.repro", "--steps", "6", "--batch-size", "32", "--seq-len", "10",
-           "--words", "20000", "--modes", "hook,hook_frozen", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "needle.repro",
+        "--steps",
+        "6",
+        "--batch-size",
+        "32",
+        "--seq-len",
+        "10",
+        "--words",
+        "20000",
+        "--modes",
+        "hook,hook_frozen",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = {r["mode"]: r for r in json.loads((out / "repro.json").read_text())}
@@ -454,6 +522,7 @@ def test_repro_hook_frozen_mode(tmp_path):
 
 
 def test_repro_rejects_bad_arguments():
-    proc = subprocess.run([sys.executable, "-m", "needle.repro", "--modes", "nope"], capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "needle.repro", "--modes", "nope"], capture_output=True, text=True
+    )
     assert proc.returncode != 0 and "unknown mode" in proc.stderr

@@ -1,12 +1,14 @@
 """Views whose element count, extent or offset would overflow int64 are
 refused with ValueError (csrc/layout.c checks every view where it is made),
 never turned into a small or empty view that reads outside its storage."""
+
 import numpy as np
 import pytest
 
 import needle as ndl
-from devices import DEVICES
 from needle import backend_ndarray as nd
+
+from devices import DEVICES
 
 HUGE = [
     ("as_strided count", lambda a: a.as_strided((2**32, 2**32), (0, 0))),
