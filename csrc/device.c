@@ -25,11 +25,7 @@ static int64_t host_capacity(void) {
 static void ensure_initialised(void) {
     if (initialised) return;
     initialised = 1;
-    int64_t capacity = host_capacity();
-    nd_device_register(ND_DEVICE_CPU, 0, "cpu", &nd_cpu_backend, capacity, 1);
-    /* The course's numpy-kernel device: the same host kernels, separate
-     * accounting, and mixing it with "cpu" is an error as in the course. */
-    nd_device_register(ND_DEVICE_CPU, 1, "cpu_numpy", &nd_cpu_backend, capacity, 1);
+    nd_device_register(ND_DEVICE_CPU, 0, "cpu", &nd_cpu_backend, host_capacity(), 1);
 #ifdef NEEDLE_WITH_CUDA
     nd_cuda_register_devices();
 #endif
@@ -52,6 +48,18 @@ nd_device *nd_device_register(nd_device_kind kind, int ordinal, const char *name
     dev->alloc.stats.trigger = -1;
     device_count++;
     return dev;
+}
+
+nd_device *nd_host_device_register(const char *name) {
+    ensure_initialised();
+    int hosts = 0;
+    for (int id = 0; id < device_count; id++) {
+        if (devices[id].kind != ND_DEVICE_CPU) continue;
+        if (strncmp(devices[id].name, name, sizeof devices[id].name - 1) == 0) return &devices[id];
+        hosts++;
+    }
+    if (hosts >= ND_MAX_HOST_DEVICES) return NULL;
+    return nd_device_register(ND_DEVICE_CPU, hosts, name, &nd_cpu_backend, host_capacity(), 1);
 }
 
 int nd_device_count(void) {

@@ -52,11 +52,14 @@ typedef struct nd_device nd_device;
 
 typedef enum nd_device_kind { ND_DEVICE_CPU = 0, ND_DEVICE_CUDA = 1 } nd_device_kind;
 
-/* Devices are numbered 0..nd_device_count()-1. Device 0 is "cpu"; device 1 is
- * "cpu_numpy", a second host device with its own accounting (the course's
- * numpy-kernel device, kept distinct so that mixing devices is detectable);
- * CUDA devices follow when a CUDA backend is registered. */
+/* Devices are numbered 0..nd_device_count()-1. Device 0 is "cpu"; CUDA
+ * devices follow when a CUDA backend is built; further host devices (the same
+ * host kernels, their own accounting, so that mixing them with "cpu" is
+ * detectable) are added by name with nd_host_device_register. */
 int nd_device_count(void);
+/* The host device called name, registered on first use (NULL when
+ * ND_MAX_HOST_DEVICES are taken). */
+nd_device *nd_host_device_register(const char *name);
 nd_device *nd_device_at(int id);
 int nd_device_id(const nd_device *dev);
 const char *nd_device_name(const nd_device *dev);

@@ -306,7 +306,8 @@ static PyObject *module_cpu(PyObject *module, PyObject *Py_UNUSED(ignored)) {
 }
 
 static PyObject *module_cpu_numpy(PyObject *module, PyObject *Py_UNUSED(ignored)) {
-    return Py_NewRef(state_of_module(module)->devices[1]);
+    needle_state *st = state_of_module(module);
+    return Py_NewRef(st->devices[st->cpu_numpy_id]);
 }
 
 /* The Device for CUDA ordinal `index`: the engine's, or a placeholder
@@ -378,6 +379,13 @@ static PyMethodDef device_module_functions[] = {
 int device_module_init(PyObject *module, needle_state *st) {
     st->device_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &device_type_spec, NULL);
     if (st->device_type == NULL || PyModule_AddType(module, st->device_type) < 0) return -1;
+    /* The course's numpy-kernel device is the binding's, not the engine's. */
+    nd_device *cpu_numpy = nd_host_device_register("cpu_numpy");
+    if (cpu_numpy == NULL) {
+        PyErr_SetString(PyExc_SystemError, "no room to register the cpu_numpy device");
+        return -1;
+    }
+    st->cpu_numpy_id = nd_device_id(cpu_numpy);
     int count = nd_device_count();
     if (count > ND_MAX_DEVICES) count = ND_MAX_DEVICES;
     for (int id = 0; id < count; id++) {

@@ -25,6 +25,7 @@ typedef struct {
      * engine does not have (enabled() is False). */
     PyObject *devices[ND_MAX_DEVICES];
     PyObject *cuda_placeholder;
+    int cpu_numpy_id;            /* the engine id of the binding's cpu_numpy device */
     PyObject *numpy_random;      /* numpy.random, for Device.rand/randn */
     struct autograd_state *autograd; /* tensor.h: Tensor/Op types, graph mode */
 } needle_state;

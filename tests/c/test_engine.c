@@ -35,7 +35,7 @@ static void test_accounting(void) {
     nd_memory_get_stats(cpu, &st);
     CHECK(st.allocated_peak == base);
     /* cpu_numpy is another device with its own books. */
-    nd_device *other = nd_device_at(1);
+    nd_device *other = nd_host_device_register("cpu_numpy");
     CHECK(other != NULL && strcmp(nd_device_name(other), "cpu_numpy") == 0);
     int64_t other_base = allocated(other);
     CHECK(nd_storage_new(other, 10, &s) == ND_OK);

@@ -98,7 +98,7 @@ static void test_gather_errors(void) {
     nd_array idx = make(cpu, 1, (int64_t[]){1}, (float[]){0});
     CHECK(nd_array_gather_rows(&flat, &idx, &out) == ND_ERR_SHAPE);
     /* Arrays on two devices. */
-    nd_array other = make(nd_device_at(1), 1, (int64_t[]){1}, (float[]){0});
+    nd_array other = make(nd_host_device_register("cpu_numpy"), 1, (int64_t[]){1}, (float[]){0});
     CHECK(nd_array_gather_rows(&table, &other, &out) == ND_ERR_DEVICE);
     nd_array_release(&other);
     nd_array_release(&idx);
