@@ -104,7 +104,6 @@ void pressure_refresh(nd_device *dev);
  * (reset_grad, backward): collects if allocations are past the trigger. */
 void pressure_safe_point(void);
 int pressure_add_stats(const nd_device *dev, PyObject *dict);
-int needle_gc_visible(void);
 
 /* BLAS discovery (blas.c): installs NumPy's OpenBLAS sgemm in the engine. */
 void install_blas(void);

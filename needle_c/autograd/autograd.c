@@ -442,7 +442,9 @@ int autograd_module_init(PyObject *module, needle_state *st) {
             return -1;
         }
     if (tensor_types_init(module, st) < 0 || op_types_init(module, st) < 0) return -1;
-    if (PyModule_AddFunctions(module, alloc_site_functions) < 0) return -1;
+    if (PyModule_AddFunctions(module, alloc_site_functions) < 0 ||
+        PyModule_AddFunctions(module, gc_visibility_functions) < 0)
+        return -1;
     return PyModule_AddFunctions(module, autograd_functions);
 }
 

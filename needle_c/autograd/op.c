@@ -47,7 +47,7 @@ static PyObject *op_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
 
 /* Visits the type, then the instance dict and the getitem key. */
 static int op_traverse(PyObject *op, visitproc visit, void *arg) {
-    if (!needle_gc_visible()) return 0; /* the gc_blind demonstration */
+    if (!autograd_gc_visible()) return 0; /* the gc_blind demonstration */
     Py_VISIT(Py_TYPE(op));
     Py_VISIT(Op_CAST(op)->dict);
     Py_VISIT(Op_CAST(op)->p.key);

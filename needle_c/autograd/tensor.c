@@ -62,10 +62,33 @@ static PyObject *value_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     return value_alloc(type);
 }
 
+/* The gc_blind demonstration: when 0, every autograd tp_traverse (Values
+ * here, Ops in op.c) reports no references, so the collector can neither
+ * see nor free graph cycles (an extension invisible to the collector). */
+static int gc_visible = 1;
+
+int autograd_gc_visible(void) { return gc_visible; }
+
+static PyObject *set_gc_visible(PyObject *module, PyObject *arg) {
+    (void)module;
+    int visible = PyObject_IsTrue(arg);
+    if (visible < 0) return NULL;
+    PyObject *previous = PyBool_FromLong(gc_visible);
+    gc_visible = visible;
+    return previous;
+}
+
+PyMethodDef gc_visibility_functions[] = {
+    {"_set_gc_visible", set_gc_visible, METH_O,
+     "_set_gc_visible(visible, /)\n--\n\nFalse makes Tensor/Op traversal report nothing (a demonstration of "
+     "an extension invisible to the collector: cycles leak for good). Returns the previous value."},
+    {NULL, NULL, 0, NULL},
+};
+
 /* Visits the type, then every owned reference. */
 int value_traverse(PyObject *op, visitproc visit, void *arg) {
     TensorObject *self = Tensor_CAST(op);
-    if (!needle_gc_visible()) return 0; /* the gc_blind demonstration */
+    if (!gc_visible) return 0; /* the gc_blind demonstration */
     Py_VISIT(Py_TYPE(op));
     Py_VISIT(self->op);
     Py_VISIT(self->inputs);

@@ -174,6 +174,9 @@ PyObject *value_alloc(PyTypeObject *type);
 /* The shape of a Value's data copied into shape (ND_MAX_DIMS long). */
 int value_shape(needle_state *st, PyObject *value, int *ndim, int64_t *shape);
 int tensor_types_init(PyObject *module, needle_state *st);
+/* The gc_blind switch (tensor.c), read by every autograd tp_traverse. */
+int autograd_gc_visible(void);
+extern PyMethodDef gc_visibility_functions[];
 
 /* ------------------------------------- alloc_sites.c: leak diagnostics */
 

@@ -1,5 +1,5 @@
 /* pressure.c: when to run Python's collector for device memory (the policy
- * of DESIGN.md "Memory: accounting, limits, pressure"), registered as the
+ * of docs/design.md, "The memory policy"), registered as the
  * engine's collection callback.
  *
  * Trigger: collect before an allocation that would take allocated bytes
@@ -82,9 +82,6 @@ static const gc_policy default_policy = {
 };
 static gc_policy policy = default_policy;
 static device_pressure pressure[ND_MAX_DEVICES];
-static int gc_visible = 1;
-
-int needle_gc_visible(void) { return gc_visible; }
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -384,15 +381,6 @@ static PyObject *gc_policy_defaults(PyObject *module, PyObject *Py_UNUSED(ignore
     return policy_dict(&default_policy);
 }
 
-static PyObject *set_gc_visible(PyObject *module, PyObject *arg) {
-    (void)module;
-    int visible = PyObject_IsTrue(arg);
-    if (visible < 0) return NULL;
-    PyObject *previous = PyBool_FromLong(gc_visible);
-    gc_visible = visible;
-    return previous;
-}
-
 static PyObject *reset_pressure_stats(PyObject *module, PyObject *arg) {
     (void)module;
     int id = PyLong_AsLong(arg);
@@ -424,9 +412,6 @@ PyMethodDef pressure_module_functions[] = {
     {"_get_gc_policy", get_gc_policy, METH_NOARGS, "_get_gc_policy()\n--\n\nThe pressure policy as a dict."},
     {"_gc_policy_defaults", gc_policy_defaults, METH_NOARGS,
      "_gc_policy_defaults()\n--\n\nThe policy needle starts with, as a dict like _get_gc_policy()'s."},
-    {"_set_gc_visible", set_gc_visible, METH_O,
-     "_set_gc_visible(visible, /)\n--\n\nFalse makes Tensor/Op traversal report nothing (a demonstration of "
-     "an extension invisible to the collector: cycles leak for good). Returns the previous value."},
     {"_reset_pressure_stats", reset_pressure_stats, METH_O,
      "_reset_pressure_stats(device_id, /)\n--\n\nZeroes the device's collection statistics."},
     {NULL, NULL, 0, NULL},
