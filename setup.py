@@ -25,6 +25,7 @@ time (NEEDLE_CUBLAS=<path> names it) and falls back to its own SGEMM kernel
 where it is missing; the libcublas found here at build time, if any, is
 remembered as the first place to look.
 """
+
 import glob
 import os
 import re
@@ -40,8 +41,11 @@ from setuptools.command.build_ext import build_ext
 strict = os.environ.get("NEEDLE_STRICT", "0") == "1"
 debug = os.environ.get("NEEDLE_DEBUG", "0") == "1"
 sanitize = os.environ.get("NEEDLE_SANITIZE", "0") == "1"
-SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-                  "-fno-omit-frame-pointer"]
+SANITIZE_FLAGS = [
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+    "-fno-omit-frame-pointer",
+]
 
 compile_args = [
     "-std=c11",
@@ -74,8 +78,12 @@ DEFAULT_ARCHS = ["75", "80", "86", "89", "90"]
 
 def _cuda_lib_dir(home):
     """The directory that holds libcudart_static.a under a toolkit, or None."""
-    for sub in ("lib64", "lib", os.path.join("targets", "x86_64-linux", "lib"),
-                os.path.join("targets", "sbsa-linux", "lib")):
+    for sub in (
+        "lib64",
+        "lib",
+        os.path.join("targets", "x86_64-linux", "lib"),
+        os.path.join("targets", "sbsa-linux", "lib"),
+    ):
         path = os.path.join(home, sub)
         if os.path.isfile(os.path.join(path, "libcudart_static.a")):
             return path
@@ -115,6 +123,7 @@ def find_cublas(cuda_home, lib_dir):
     dirs = [lib_dir, os.path.join(cuda_home, "lib64")]
     try:
         import importlib.util
+
         spec = importlib.util.find_spec("nvidia")
         for root in (spec.submodule_search_locations or []) if spec else []:
             dirs += [os.path.join(root, "cu13", "lib"), os.path.join(root, "cublas", "lib")]
@@ -135,15 +144,26 @@ def cuda_archs():
     archs = [a.strip().replace(".", "") for a in re.split(r"[;, ]+", text) if a.strip()]
     bad = [a for a in archs if not re.fullmatch(r"\d{2,3}[af]?", a)]
     if bad or not archs:
-        raise SystemExit(f"needle: NEEDLE_CUDA_ARCH={text!r}: expected compute capabilities "
-                         "such as '80;90'")
+        raise SystemExit(
+            f"needle: NEEDLE_CUDA_ARCH={text!r}: expected compute capabilities such as '80;90'"
+        )
     return archs
 
 
 def nvcc_flags(archs, cublas):
-    flags = ["-O0" if debug else "-O3", "-Xcompiler", "-fPIC", "-std=c++17",
-             "--expt-relaxed-constexpr", "-Xcompiler", "-fvisibility=hidden",
-             "-Xcompiler", "-Wall,-Wextra", "-Icsrc", "-DNEEDLE_WITH_CUDA"]
+    flags = [
+        "-O0" if debug else "-O3",
+        "-Xcompiler",
+        "-fPIC",
+        "-std=c++17",
+        "--expt-relaxed-constexpr",
+        "-Xcompiler",
+        "-fvisibility=hidden",
+        "-Xcompiler",
+        "-Wall,-Wextra",
+        "-Icsrc",
+        "-DNEEDLE_WITH_CUDA",
+    ]
     if debug:
         flags += ["-g", "-lineinfo"]
     for arch in archs:
@@ -174,17 +194,18 @@ def cuda_plan():
     if found is None:
         where = ", ".join(looked)
         if mode == "1":
-            raise SystemExit("needle: NEEDLE_CUDA=1 but no usable CUDA toolkit was found (need "
-                             f"bin/nvcc, include/cuda_runtime.h and libcudart_static.a; looked in: "
-                             f"{where}); set CUDA_HOME")
+            raise SystemExit(
+                "needle: NEEDLE_CUDA=1 but no usable CUDA toolkit was found (need "
+                f"bin/nvcc, include/cuda_runtime.h and libcudart_static.a; looked in: "
+                f"{where}); set CUDA_HOME"
+            )
         print(f"needle: building without CUDA (no CUDA toolkit with nvcc found in: {where})")
         return None
     home, nvcc, lib_dir = found
     if not CUDA_SOURCES:
         raise SystemExit("needle: csrc/cuda/*.cu not found; run setup.py from the repository root")
     cublas = find_cublas(home, lib_dir)
-    return {"home": home, "nvcc": nvcc, "lib_dir": lib_dir, "archs": cuda_archs(),
-            "cublas": cublas}
+    return {"home": home, "nvcc": nvcc, "lib_dir": lib_dir, "archs": cuda_archs(), "cublas": cublas}
 
 
 class BuildExt(build_ext):
@@ -210,25 +231,36 @@ class BuildExt(build_ext):
         jobs = []
         for src in CUDA_SOURCES:
             obj = os.path.join(out_dir, os.path.splitext(os.path.basename(src))[0] + ".o")
-            fresh = (os.path.exists(obj) and old_flags == " ".join(flags) and not self.force
-                     and os.path.getmtime(obj) >= max(os.path.getmtime(src), newest_dep))
+            fresh = (
+                os.path.exists(obj)
+                and old_flags == " ".join(flags)
+                and not self.force
+                and os.path.getmtime(obj) >= max(os.path.getmtime(src), newest_dep)
+            )
             jobs.append((src, obj, fresh))
         todo = [(src, obj) for src, obj, fresh in jobs if not fresh]
         if todo:
-            print(f"needle: compiling {len(todo)} CUDA file(s) with {plan['nvcc']} for sm_"
-                  + ", sm_".join(plan["archs"]), flush=True)
+            print(
+                f"needle: compiling {len(todo)} CUDA file(s) with {plan['nvcc']} for sm_"
+                + ", sm_".join(plan["archs"]),
+                flush=True,
+            )
             start = time.perf_counter()
             workers = max(1, min(len(todo), os.cpu_count() or 1))
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 list(pool.map(lambda job: self._nvcc(plan["nvcc"], flags, *job), todo))
             with open(stamp, "w") as f:
                 f.write(" ".join(flags))
-            print(f"needle: CUDA compile took {time.perf_counter() - start:.1f} s "
-                  f"({workers} parallel nvcc)", flush=True)
+            print(
+                f"needle: CUDA compile took {time.perf_counter() - start:.1f} s "
+                f"({workers} parallel nvcc)",
+                flush=True,
+            )
         return [obj for _, obj, _ in jobs]
 
     def _nvcc(self, nvcc, flags, src, obj):
         import subprocess
+
         cmd = [nvcc, *flags, "-c", src, "-o", obj]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         output = (proc.stdout + proc.stderr).strip()
@@ -253,9 +285,11 @@ if cuda is not None:
     library_dirs = [cuda["lib_dir"]]
     # A changed .cu must relink the module, not only recompile its object.
     depends += CUDA_SOURCES + CUDA_HEADERS
-    cublas_note = (f"cuBLAS at run time from {cuda['cublas']} or the loader's path"
-                   if cuda["cublas"] else "cuBLAS not found here: loaded at run time if present, "
-                   "else needle's SGEMM kernel")
+    cublas_note = (
+        f"cuBLAS at run time from {cuda['cublas']} or the loader's path"
+        if cuda["cublas"]
+        else "cuBLAS not found here: loaded at run time if present, else needle's SGEMM kernel"
+    )
     archs = ", sm_".join(cuda["archs"])
     print(f"needle: building the CUDA backend with {cuda['home']} (sm_{archs}); {cublas_note}")
 

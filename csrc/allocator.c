@@ -79,7 +79,8 @@ static void run_collection(nd_device *dev, int64_t requested, nd_collect_reason 
 nd_status nd_memory_alloc(nd_device *dev, int64_t nbytes, void **out) {
     nd_memory_stats *st = &dev->alloc.stats;
     *out = NULL;
-    if (nbytes < 0) return nd_fail(ND_ERR_VALUE, "negative allocation size %lld", (long long)nbytes);
+    if (nbytes < 0)
+        return nd_fail(ND_ERR_VALUE, "negative allocation size %lld", (long long)nbytes);
     if (!dev->available) return nd_fail(ND_ERR_DEVICE, "device %s is not available", dev->name);
     if (st->trigger >= 0 && st->allocated_current + nbytes > st->trigger)
         run_collection(dev, nbytes, ND_COLLECT_PRESSURE);

@@ -66,8 +66,7 @@ nd_status nd_array_compact_copy(const nd_array *src, nd_device *dev, nd_array *o
     if (dev == src->storage->device)
         status = backend_of(src)->copy(&out->layout, nd_storage_data(out->storage),
                                        array_operand(src, &src->layout));
-    else
-        status = copy_between_devices(src, out);
+    else status = copy_between_devices(src, out);
     if (status != ND_OK) nd_array_release(out);
     return status;
 }
@@ -108,7 +107,8 @@ nd_status nd_array_from_host(const nd_array *dst, const float *host) {
 
 nd_status nd_array_binary(nd_binary_op op, nd_operand a, nd_operand b, nd_array *out) {
     memset(out, 0, sizeof *out);
-    if ((unsigned)op >= ND_BINARY_OP_COUNT) return nd_fail(ND_ERR_VALUE, "unknown binary op %d", op);
+    if ((unsigned)op >= ND_BINARY_OP_COUNT)
+        return nd_fail(ND_ERR_VALUE, "unknown binary op %d", op);
     if (a.array == NULL && b.array == NULL)
         return nd_fail(ND_ERR_VALUE, "a binary op needs at least one array operand");
     const nd_array *any = a.array != NULL ? a.array : b.array;
@@ -160,7 +160,8 @@ nd_status nd_array_unary(nd_unary_op op, const nd_array *a, nd_array *out) {
 nd_status nd_array_reduce(nd_reduce_op op, const nd_array *a, uint32_t axes_mask, int keepdims,
                           nd_array *out) {
     memset(out, 0, sizeof *out);
-    if ((unsigned)op >= ND_REDUCE_OP_COUNT) return nd_fail(ND_ERR_VALUE, "unknown reduction %d", op);
+    if ((unsigned)op >= ND_REDUCE_OP_COUNT)
+        return nd_fail(ND_ERR_VALUE, "unknown reduction %d", op);
     const nd_layout *in = &a->layout;
     if (in->ndim < 32 && (axes_mask >> in->ndim) != 0)
         return nd_fail(ND_ERR_AXIS, "reduction axis out of bounds for an array of dimension %d",
@@ -172,7 +173,8 @@ nd_status nd_array_reduce(nd_reduce_op op, const nd_array *a, uint32_t axes_mask
         if (reduced) reduced_extent *= in->shape[i];
     }
     if (reduced_extent == 0 && op != ND_REDUCE_SUM)
-        return nd_fail(ND_ERR_VALUE, "zero-size array to reduction operation %s which has no identity",
+        return nd_fail(ND_ERR_VALUE,
+                       "zero-size array to reduction operation %s which has no identity",
                        op == ND_REDUCE_MAX ? "maximum" : "minimum");
     nd_status status = nd_array_empty(a->storage->device, in->ndim, kept_shape, out);
     if (status != ND_OK) return status;
@@ -181,7 +183,9 @@ nd_status nd_array_reduce(nd_reduce_op op, const nd_array *a, uint32_t axes_mask
         kernel_out.shape[i] = in->shape[i];
         if ((axes_mask >> i) & 1u) kernel_out.strides[i] = 0;
     }
-    float identity = op == ND_REDUCE_SUM ? 0.0f : op == ND_REDUCE_MAX ? -__builtin_inff() : __builtin_inff();
+    float identity = op == ND_REDUCE_SUM   ? 0.0f
+                     : op == ND_REDUCE_MAX ? -__builtin_inff()
+                                           : __builtin_inff();
     status = nd_array_fill(out, identity);
     if (status == ND_OK && nd_layout_numel(in) > 0)
         status = backend_of(a)->reduce(op, &kernel_out, nd_storage_data(out->storage), in,
@@ -236,8 +240,8 @@ nd_status nd_array_matmul(const nd_array *a, const nd_array *b, nd_array *out) {
     int64_t m = la->shape[la->ndim - 2], k = la->shape[la->ndim - 1];
     int64_t k2 = lb->shape[lb->ndim - 2], n = lb->shape[lb->ndim - 1];
     if (k != k2)
-        return nd_fail(ND_ERR_SHAPE, "matmul: inner dimensions differ (%lld and %lld)", (long long)k,
-                       (long long)k2);
+        return nd_fail(ND_ERR_SHAPE, "matmul: inner dimensions differ (%lld and %lld)",
+                       (long long)k, (long long)k2);
     int batch_ndim;
     int64_t out_shape[ND_MAX_DIMS + 2];
     status = nd_broadcast_shapes(la->ndim - 2, la->shape, lb->ndim - 2, lb->shape, &batch_ndim,

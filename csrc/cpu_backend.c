@@ -83,41 +83,41 @@ static nd_status cpu_from_host(const nd_layout *dst_layout, float *dst, const fl
 /* Each op gets contiguous, scalar-right, scalar-left and strided loops so
  * the common cases vectorise. x and y are the operands, the expression the
  * result. */
-#define DEFINE_BINARY(name, expr)                                                         \
-    ND_SIMD_CLONES static void binary_##name(int64_t n, float **p, const int64_t *s,      \
-                                             const void *ctx) {                           \
-        (void)ctx;                                                                        \
-        float *o = p[0];                                                                  \
-        const float *a = p[1], *b = p[2];                                                 \
-        int64_t so = s[0], sa = s[1], sb = s[2];                                          \
-        if (so == 1 && sa == 1 && sb == 1) {                                              \
-            for (int64_t i = 0; i < n; i++) {                                             \
-                const float x = a[i], y = b[i];                                           \
-                o[i] = (expr);                                                            \
-            }                                                                             \
-        } else if (so == 1 && sa == 1 && sb == 0) {                                       \
-            const float y = b[0];                                                         \
-            for (int64_t i = 0; i < n; i++) {                                             \
-                const float x = a[i];                                                     \
-                o[i] = (expr);                                                            \
-            }                                                                             \
-        } else if (so == 1 && sa == 0 && sb == 1) {                                       \
-            const float x = a[0];                                                         \
-            for (int64_t i = 0; i < n; i++) {                                             \
-                const float y = b[i];                                                     \
-                o[i] = (expr);                                                            \
-            }                                                                             \
-        } else {                                                                          \
-            for (int64_t i = 0; i < n; i++) {                                             \
-                const float x = a[i * sa], y = b[i * sb];                                 \
-                o[i * so] = (expr);                                                       \
-            }                                                                             \
-        }                                                                                 \
+#define DEFINE_BINARY(name, expr)                                                    \
+    ND_SIMD_CLONES static void binary_##name(int64_t n, float **p, const int64_t *s, \
+                                             const void *ctx) {                      \
+        (void)ctx;                                                                   \
+        float *o = p[0];                                                             \
+        const float *a = p[1], *b = p[2];                                            \
+        int64_t so = s[0], sa = s[1], sb = s[2];                                     \
+        if (so == 1 && sa == 1 && sb == 1) {                                         \
+            for (int64_t i = 0; i < n; i++) {                                        \
+                const float x = a[i], y = b[i];                                      \
+                o[i] = (expr);                                                       \
+            }                                                                        \
+        } else if (so == 1 && sa == 1 && sb == 0) {                                  \
+            const float y = b[0];                                                    \
+            for (int64_t i = 0; i < n; i++) {                                        \
+                const float x = a[i];                                                \
+                o[i] = (expr);                                                       \
+            }                                                                        \
+        } else if (so == 1 && sa == 0 && sb == 1) {                                  \
+            const float x = a[0];                                                    \
+            for (int64_t i = 0; i < n; i++) {                                        \
+                const float y = b[i];                                                \
+                o[i] = (expr);                                                       \
+            }                                                                        \
+        } else {                                                                     \
+            for (int64_t i = 0; i < n; i++) {                                        \
+                const float x = a[i * sa], y = b[i * sb];                            \
+                o[i * so] = (expr);                                                  \
+            }                                                                        \
+        }                                                                            \
     }
 
 DEFINE_BINARY(add, x + y)
 DEFINE_BINARY(sub, x - y)
-DEFINE_BINARY(mul, x * y)
+DEFINE_BINARY(mul, x *y)
 DEFINE_BINARY(div, x / y)
 DEFINE_BINARY(pow, nd_powf(x, y))
 /* NaN propagates from either side, as in NumPy's maximum/minimum. */
@@ -130,15 +130,15 @@ DEFINE_BINARY(gt, x > y ? 1.0f : 0.0f)
 DEFINE_BINARY(le, x <= y ? 1.0f : 0.0f)
 DEFINE_BINARY(lt, x < y ? 1.0f : 0.0f)
 /* Exact forms of common scalar powers (x**2 in norms and variances). */
-DEFINE_BINARY(square, x * x + 0.0f * y)
+DEFINE_BINARY(square, x *x + 0.0f * y)
 DEFINE_BINARY(cube, x * x * x + 0.0f * y)
 DEFINE_BINARY(reciprocal, 1.0f / x + 0.0f * y)
 
 static const nd_inner_fn binary_kernels[ND_BINARY_OP_COUNT] = {
-    [ND_ADD] = binary_add, [ND_SUB] = binary_sub,         [ND_MUL] = binary_mul,
-    [ND_DIV] = binary_div, [ND_POW] = binary_pow,         [ND_MAXIMUM] = binary_maximum,
+    [ND_ADD] = binary_add,         [ND_SUB] = binary_sub, [ND_MUL] = binary_mul,
+    [ND_DIV] = binary_div,         [ND_POW] = binary_pow, [ND_MAXIMUM] = binary_maximum,
     [ND_MINIMUM] = binary_minimum, [ND_EQ] = binary_eq,   [ND_NE] = binary_ne,
-    [ND_GE] = binary_ge,   [ND_GT] = binary_gt,           [ND_LE] = binary_le,
+    [ND_GE] = binary_ge,           [ND_GT] = binary_gt,   [ND_LE] = binary_le,
     [ND_LT] = binary_lt,
 };
 
@@ -166,24 +166,24 @@ static nd_status cpu_binary(nd_binary_op op, const nd_layout *out_layout, float 
 
 /* --------------------------------------------------------- unary ops */
 
-#define DEFINE_UNARY(name, expr)                                                          \
-    ND_SIMD_CLONES static void unary_##name(int64_t n, float **p, const int64_t *s,       \
-                                            const void *ctx) {                            \
-        (void)ctx;                                                                        \
-        float *o = p[0];                                                                  \
-        const float *a = p[1];                                                            \
-        int64_t so = s[0], sa = s[1];                                                     \
-        if (so == 1 && sa == 1) {                                                         \
-            for (int64_t i = 0; i < n; i++) {                                             \
-                const float x = a[i];                                                     \
-                o[i] = (expr);                                                            \
-            }                                                                             \
-        } else {                                                                          \
-            for (int64_t i = 0; i < n; i++) {                                             \
-                const float x = a[i * sa];                                                \
-                o[i * so] = (expr);                                                       \
-            }                                                                             \
-        }                                                                                 \
+#define DEFINE_UNARY(name, expr)                                                    \
+    ND_SIMD_CLONES static void unary_##name(int64_t n, float **p, const int64_t *s, \
+                                            const void *ctx) {                      \
+        (void)ctx;                                                                  \
+        float *o = p[0];                                                            \
+        const float *a = p[1];                                                      \
+        int64_t so = s[0], sa = s[1];                                               \
+        if (so == 1 && sa == 1) {                                                   \
+            for (int64_t i = 0; i < n; i++) {                                       \
+                const float x = a[i];                                               \
+                o[i] = (expr);                                                      \
+            }                                                                       \
+        } else {                                                                    \
+            for (int64_t i = 0; i < n; i++) {                                       \
+                const float x = a[i * sa];                                          \
+                o[i * so] = (expr);                                                 \
+            }                                                                       \
+        }                                                                           \
     }
 
 DEFINE_UNARY(neg, -x)
@@ -196,8 +196,8 @@ DEFINE_UNARY(abs, fabsf(x))
 DEFINE_UNARY(relu, (x > 0.0f || x != x) ? x : 0.0f)
 
 static const nd_inner_fn unary_kernels[ND_UNARY_OP_COUNT] = {
-    [ND_NEG] = unary_neg,   [ND_LOG] = unary_log,         [ND_EXP] = unary_exp,
-    [ND_TANH] = unary_tanh, [ND_SQRT] = unary_sqrt,       [ND_SIGMOID] = unary_sigmoid,
+    [ND_NEG] = unary_neg,   [ND_LOG] = unary_log,   [ND_EXP] = unary_exp,
+    [ND_TANH] = unary_tanh, [ND_SQRT] = unary_sqrt, [ND_SIGMOID] = unary_sigmoid,
     [ND_ABS] = unary_abs,   [ND_RELU] = unary_relu,
 };
 
@@ -240,76 +240,77 @@ ND_SIMD_CLONES static double sum_contiguous(const float *a, int64_t n) {
  * value above those of +inf means a NaN was there. Both are one vector
  * operation per 16 floats, where testing x != x and or-ing per element took
  * three more. The lanes are folded in halves, also vectorised. */
-#define DEFINE_EXTREMUM_ROW(name, better)                                                 \
+#define DEFINE_EXTREMUM_ROW(name, better)                                                  \
     ND_SIMD_CLONES static float name##_contiguous(const float *a, int64_t n, float init) { \
-        enum { LANES = 64 };                                                              \
-        float acc[LANES];                                                                 \
-        uint32_t mag[LANES];                                                              \
-        for (int l = 0; l < LANES; l++) {                                                 \
-            acc[l] = init;                                                                \
-            mag[l] = 0;                                                                   \
-        }                                                                                 \
-        int64_t i = 0;                                                                    \
-        for (; i + LANES <= n; i += LANES)                                                \
-            for (int l = 0; l < LANES; l++) {                                             \
-                const float x = a[i + l];                                                 \
-                const uint32_t m = nd__f2u(x) & 0x7FFFFFFFu;                              \
-                acc[l] = better(x, acc[l]) ? x : acc[l];                                  \
-                mag[l] = m > mag[l] ? m : mag[l];                                         \
-            }                                                                             \
-        for (int w = LANES / 2; w > 0; w /= 2)                                            \
-            for (int l = 0; l < w; l++) {                                                 \
-                acc[l] = better(acc[l + w], acc[l]) ? acc[l + w] : acc[l];                \
-                mag[l] = mag[l + w] > mag[l] ? mag[l + w] : mag[l];                       \
-            }                                                                             \
-        /* A NaN init (a NaN from an earlier row of the same output) stays. */            \
-        int nan = mag[0] > 0x7F800000u || init != init;                                   \
-        float r = acc[0];                                                                 \
-        for (; i < n; i++) {                                                              \
-            const float x = a[i];                                                         \
-            nan |= x != x;                                                                \
-            r = better(x, r) ? x : r;                                                     \
-        }                                                                                 \
-        return nan ? __builtin_nanf("") : r;                                              \
+        enum { LANES = 64 };                                                               \
+        float acc[LANES];                                                                  \
+        uint32_t mag[LANES];                                                               \
+        for (int l = 0; l < LANES; l++) {                                                  \
+            acc[l] = init;                                                                 \
+            mag[l] = 0;                                                                    \
+        }                                                                                  \
+        int64_t i = 0;                                                                     \
+        for (; i + LANES <= n; i += LANES)                                                 \
+            for (int l = 0; l < LANES; l++) {                                              \
+                const float x = a[i + l];                                                  \
+                const uint32_t m = nd__f2u(x) & 0x7FFFFFFFu;                               \
+                acc[l] = better(x, acc[l]) ? x : acc[l];                                   \
+                mag[l] = m > mag[l] ? m : mag[l];                                          \
+            }                                                                              \
+        for (int w = LANES / 2; w > 0; w /= 2)                                             \
+            for (int l = 0; l < w; l++) {                                                  \
+                acc[l] = better(acc[l + w], acc[l]) ? acc[l + w] : acc[l];                 \
+                mag[l] = mag[l + w] > mag[l] ? mag[l + w] : mag[l];                        \
+            }                                                                              \
+        /* A NaN init (a NaN from an earlier row of the same output) stays. */             \
+        int nan = mag[0] > 0x7F800000u || init != init;                                    \
+        float r = acc[0];                                                                  \
+        for (; i < n; i++) {                                                               \
+            const float x = a[i];                                                          \
+            nan |= x != x;                                                                 \
+            r = better(x, r) ? x : r;                                                      \
+        }                                                                                  \
+        return nan ? __builtin_nanf("") : r;                                               \
     }
 #define GREATER(x, y) ((x) > (y))
 #define LESS(x, y) ((x) < (y))
 DEFINE_EXTREMUM_ROW(max, GREATER)
 DEFINE_EXTREMUM_ROW(min, LESS)
 
-#define DEFINE_REDUCE(name, combine)                                                      \
-    ND_SIMD_CLONES static void reduce_##name(int64_t n, float **p, const int64_t *s,      \
-                                             const void *ctx) {                           \
-        (void)ctx;                                                                        \
-        float *o = p[0];                                                                  \
-        const float *a = p[1];                                                            \
-        int64_t so = s[0], sa = s[1];                                                     \
-        if (so == 0 && sa == 1) {                                                         \
-            o[0] = name##_contiguous(a, n, o[0]);                                         \
-        } else if (so == 0) {                                                             \
-            float acc = o[0];                                                             \
-            for (int64_t i = 0; i < n; i++) {                                             \
-                const float x = a[i * sa];                                                \
-                acc = (combine);                                                          \
-            }                                                                             \
-            o[0] = acc;                                                                   \
-        } else if (so == 1 && sa == 1) {                                                  \
-            for (int64_t i = 0; i < n; i++) {                                             \
-                const float x = a[i], acc = o[i];                                         \
-                o[i] = (combine);                                                         \
-            }                                                                             \
-        } else {                                                                          \
-            for (int64_t i = 0; i < n; i++) {                                             \
-                const float x = a[i * sa], acc = o[i * so];                               \
-                o[i * so] = (combine);                                                    \
-            }                                                                             \
-        }                                                                                 \
+#define DEFINE_REDUCE(name, combine)                                                 \
+    ND_SIMD_CLONES static void reduce_##name(int64_t n, float **p, const int64_t *s, \
+                                             const void *ctx) {                      \
+        (void)ctx;                                                                   \
+        float *o = p[0];                                                             \
+        const float *a = p[1];                                                       \
+        int64_t so = s[0], sa = s[1];                                                \
+        if (so == 0 && sa == 1) {                                                    \
+            o[0] = name##_contiguous(a, n, o[0]);                                    \
+        } else if (so == 0) {                                                        \
+            float acc = o[0];                                                        \
+            for (int64_t i = 0; i < n; i++) {                                        \
+                const float x = a[i * sa];                                           \
+                acc = (combine);                                                     \
+            }                                                                        \
+            o[0] = acc;                                                              \
+        } else if (so == 1 && sa == 1) {                                             \
+            for (int64_t i = 0; i < n; i++) {                                        \
+                const float x = a[i], acc = o[i];                                    \
+                o[i] = (combine);                                                    \
+            }                                                                        \
+        } else {                                                                     \
+            for (int64_t i = 0; i < n; i++) {                                        \
+                const float x = a[i * sa], acc = o[i * so];                          \
+                o[i * so] = (combine);                                               \
+            }                                                                        \
+        }                                                                            \
     }
 
 DEFINE_REDUCE(max, (x > acc || x != x) ? x : acc)
 DEFINE_REDUCE(min, (x < acc || x != x) ? x : acc)
 
-ND_SIMD_CLONES static void reduce_sum_strided(int64_t n, float **p, const int64_t *s, const void *ctx) {
+ND_SIMD_CLONES static void reduce_sum_strided(int64_t n, float **p, const int64_t *s,
+                                              const void *ctx) {
     (void)ctx;
     float *o = p[0];
     const float *a = p[1];
@@ -336,7 +337,9 @@ static void reduce_sum(int64_t n, float **p, const int64_t *s, const void *ctx) 
 }
 
 static const nd_inner_fn reduce_kernels[ND_REDUCE_OP_COUNT] = {
-    [ND_REDUCE_SUM] = reduce_sum, [ND_REDUCE_MAX] = reduce_max, [ND_REDUCE_MIN] = reduce_min,
+    [ND_REDUCE_SUM] = reduce_sum,
+    [ND_REDUCE_MAX] = reduce_max,
+    [ND_REDUCE_MIN] = reduce_min,
 };
 
 static nd_status cpu_reduce(nd_reduce_op op, const nd_layout *out_layout, float *out,

@@ -49,8 +49,9 @@ nd_status nd_cpu_gather_rows(const nd_layout *out_layout, float *out, const nd_l
     return ND_OK;
 }
 
-nd_status nd_cpu_scatter_add_rows(const nd_layout *out_layout, float *out, const nd_layout *src_layout,
-                                  const float *src, const nd_layout *idx_layout, const float *idx) {
+nd_status nd_cpu_scatter_add_rows(const nd_layout *out_layout, float *out,
+                                  const nd_layout *src_layout, const float *src,
+                                  const nd_layout *idx_layout, const float *idx) {
     nd_status status = check_indices(idx_layout, idx, out_layout->shape[0]);
     if (status != ND_OK || out_layout->shape[1] == 0) return status;
     const float *ip = idx + idx_layout->offset, *s = src + src_layout->offset;

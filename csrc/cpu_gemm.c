@@ -72,8 +72,7 @@ static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
 static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 /* C = beta*C, where beta == 0 must write zeros without reading C. */
-static void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc)
-{
+static void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
     for (int64_t i = 0; i < m; ++i) {
         float *ci = c + i * ldc;
         if (beta == 0.0f) {
@@ -86,10 +85,9 @@ static void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc)
 
 /* Used only when the packing buffers cannot be allocated: slow, but exact
  * in the same sense as the blocked path and it needs no memory. */
-static void sgemm_unpacked(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
-                           float alpha, const float *a, int64_t lda, const float *b,
-                           int64_t ldb, float beta, float *c, int64_t ldc)
-{
+static void sgemm_unpacked(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                           float *c, int64_t ldc) {
     scale_c(m, n, beta, c, ldc);
     for (int64_t i = 0; i < m; ++i) {
         float *ci = c + i * ldc;
@@ -115,9 +113,8 @@ static void sgemm_unpacked(int trans_a, int trans_b, int64_t m, int64_t n, int64
 
 /* Packs op(A)[i0 : i0+mc, p0 : p0+kc] as ceil(mc/MR) slivers, each kc
  * columns of MR consecutive values, rows past mc padded with zeros. */
-ND_INLINE void pack_a(int trans_a, const float *a, int64_t lda, int64_t i0,
-                      int64_t p0, int64_t mc, int64_t kc, float *restrict ap)
-{
+ND_INLINE void pack_a(int trans_a, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc,
+                      int64_t kc, float *restrict ap) {
     for (int64_t ir = 0; ir < mc; ir += MR) {
         const int64_t mr = min_i64(MR, mc - ir);
         if (trans_a) {
@@ -152,9 +149,8 @@ ND_INLINE void pack_a(int trans_a, const float *a, int64_t lda, int64_t i0,
 
 /* Packs op(B)[p0 : p0+kc, j0 : j0+nc] as ceil(nc/NR) slivers, each kc rows
  * of NR consecutive values, columns past nc padded with zeros. */
-ND_INLINE void pack_b(int trans_b, const float *b, int64_t ldb, int64_t p0,
-                      int64_t j0, int64_t kc, int64_t nc, float *restrict bp)
-{
+ND_INLINE void pack_b(int trans_b, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
+                      int64_t nc, float *restrict bp) {
     for (int64_t jr = 0; jr < nc; jr += NR) {
         const int64_t nr = min_i64(NR, nc - jr);
         if (!trans_b) {
@@ -191,10 +187,8 @@ ND_INLINE void pack_b(int trans_b, const float *b, int64_t ldb, int64_t p0,
  * The accumulators are only ever indexed by constants once the row loop is
  * unrolled, which is what lets GCC keep all of them in registers; the column
  * loop is the one it vectorizes. */
-ND_INLINE void micro_kernel(int64_t kc, const float *restrict ap,
-                            const float *restrict bp, float alpha, float beta,
-                            float *restrict c, int64_t ldc)
-{
+ND_INLINE void micro_kernel(int64_t kc, const float *restrict ap, const float *restrict bp,
+                            float alpha, float beta, float *restrict c, int64_t ldc) {
     float acc[MR][NR] = {{0.0f}};
     for (int64_t p = 0; p < kc; ++p) {
         const float *restrict bq = bp + p * NR;
@@ -213,8 +207,7 @@ ND_INLINE void micro_kernel(int64_t kc, const float *restrict ap,
             for (int j = 0; j < NR; ++j) c[i * ldc + j] += alpha * acc[i][j];
     } else {
         for (int i = 0; i < MR; ++i)
-            for (int j = 0; j < NR; ++j)
-                c[i * ldc + j] = alpha * acc[i][j] + beta * c[i * ldc + j];
+            for (int j = 0; j < NR; ++j) c[i * ldc + j] = alpha * acc[i][j] + beta * c[i * ldc + j];
     }
 }
 
@@ -222,9 +215,8 @@ ND_INLINE void micro_kernel(int64_t kc, const float *restrict ap,
  * accumulators with the run-time tile size would force them into memory for
  * the full tiles too. */
 ND_INLINE void edge_tile(int64_t kc, const float *restrict ap, const float *restrict bp,
-                         float alpha, float beta, float *restrict c, int64_t ldc,
-                         int64_t mr, int64_t nr)
-{
+                         float alpha, float beta, float *restrict c, int64_t ldc, int64_t mr,
+                         int64_t nr) {
     float tmp[MR * NR];
     micro_kernel(kc, ap, bp, alpha, 0.0f, tmp, NR);
     for (int64_t i = 0; i < mr; ++i)
@@ -235,11 +227,9 @@ ND_INLINE void edge_tile(int64_t kc, const float *restrict ap, const float *rest
 }
 
 ND_HOT
-static void sgemm_blocked(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
-                          float alpha, const float *a, int64_t lda, const float *b,
-                          int64_t ldb, float beta, float *c, int64_t ldc,
-                          float *restrict apack, float *restrict bpack)
-{
+static void sgemm_blocked(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                          float *c, int64_t ldc, float *restrict apack, float *restrict bpack) {
     for (int64_t jc = 0; jc < n; jc += NC) {
         const int64_t nc = min_i64(NC, n - jc);
         for (int64_t pc = 0; pc < k; pc += KC) {
@@ -259,9 +249,7 @@ static void sgemm_blocked(int trans_a, int trans_b, int64_t m, int64_t n, int64_
                         float *ct = c + (ic + ir) * ldc + (jc + jr);
                         if (mr == MR && nr == NR)
                             micro_kernel(kc, apack + ir * kc, bs, alpha, beta_eff, ct, ldc);
-                        else
-                            edge_tile(kc, apack + ir * kc, bs, alpha, beta_eff, ct, ldc,
-                                      mr, nr);
+                        else edge_tile(kc, apack + ir * kc, bs, alpha, beta_eff, ct, ldc, mr, nr);
                     }
                 }
             }
@@ -269,17 +257,14 @@ static void sgemm_blocked(int trans_a, int trans_b, int64_t m, int64_t n, int64_
     }
 }
 
-static float *align_ptr(void *p)
-{
+static float *align_ptr(void *p) {
     return (float *)(((uintptr_t)p + (ALIGN_BYTES - 1)) & ~(uintptr_t)(ALIGN_BYTES - 1));
 }
 
-void nd_cpu_sgemm_fallback(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
-                           float alpha, const float *a, int64_t lda, const float *b,
-                           int64_t ldb, float beta, float *c, int64_t ldc)
-{
-    if (m <= 0 || n <= 0)
-        return;
+void nd_cpu_sgemm_fallback(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                           float *c, int64_t ldc) {
+    if (m <= 0 || n <= 0) return;
     /* As in reference BLAS, alpha == 0 skips the product entirely, so A and
      * B are not read and cannot inject NaNs. */
     if (k <= 0 || alpha == 0.0f) {
@@ -298,7 +283,6 @@ void nd_cpu_sgemm_fallback(int trans_a, int trans_b, int64_t m, int64_t n, int64
     }
     float *apack = align_ptr(raw);
     float *bpack = align_ptr(apack + a_elems);
-    sgemm_blocked(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
-                  apack, bpack);
+    sgemm_blocked(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, apack, bpack);
     free(raw);
 }

@@ -20,9 +20,9 @@ extern "C" {
  * trans_a != 0: A is stored k x m (row-major, leading dimension lda), else m x k.
  * trans_b != 0: B is stored n x k, else k x n. ldc >= n. beta == 0 means C is
  * overwritten without being read (NaN/garbage in C must not propagate). */
-void nd_cpu_sgemm_fallback(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
-                           float alpha, const float *a, int64_t lda, const float *b,
-                           int64_t ldb, float beta, float *c, int64_t ldc);
+void nd_cpu_sgemm_fallback(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                           float *c, int64_t ldc);
 
 #ifdef __cplusplus
 }

@@ -14,7 +14,7 @@
 #define ND_ITER_MAX_OPS ND_COALESCE_MAX_OPS
 
 typedef struct nd_iter {
-    int ndim;     /* >= 1 after preparation */
+    int ndim; /* >= 1 after preparation */
     int nops;
     int64_t shape[ND_MAX_DIMS];
     int64_t strides[ND_ITER_MAX_OPS][ND_MAX_DIMS];

@@ -37,10 +37,26 @@
 
 /* memcpy is the C11 way to reinterpret bits; GCC lowers it to a register
  * move, which the vectorizer treats as a free view conversion. */
-static inline uint32_t nd__f2u(float f) { uint32_t u; memcpy(&u, &f, sizeof u); return u; }
-static inline float nd__u2f(uint32_t u) { float f; memcpy(&f, &u, sizeof f); return f; }
-static inline uint64_t nd__d2u(double d) { uint64_t u; memcpy(&u, &d, sizeof u); return u; }
-static inline double nd__u2d(uint64_t u) { double d; memcpy(&d, &u, sizeof d); return d; }
+static inline uint32_t nd__f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+static inline float nd__u2f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline uint64_t nd__d2u(double d) {
+    uint64_t u;
+    memcpy(&u, &d, sizeof u);
+    return u;
+}
+static inline double nd__u2d(uint64_t u) {
+    double d;
+    memcpy(&d, &u, sizeof d);
+    return d;
+}
 
 /* Selects built from bit masks rather than `?:`. A conditional expression
  * evaluates only one arm, so with -ftrapping-math (the default) GCC may not
@@ -51,13 +67,11 @@ static inline double nd__u2d(uint64_t u) { double d; memcpy(&d, &u, sizeof d); r
  * double version: GCC 12 cannot vectorize a 64-bit select on a double
  * comparison for plain SSE2, so nd_powf makes all its decisions on float
  * lanes. */
-static inline float nd__self(int c, float a, float b)
-{
+static inline float nd__self(int c, float a, float b) {
     uint32_t m = 0u - (uint32_t)c;
     return nd__u2f((nd__f2u(a) & m) | (nd__f2u(b) & ~m));
 }
-static inline uint32_t nd__selu(int c, uint32_t a, uint32_t b)
-{
+static inline uint32_t nd__selu(int c, uint32_t a, uint32_t b) {
     uint32_t m = 0u - (uint32_t)c;
     return (a & m) | (b & ~m);
 }
@@ -66,8 +80,7 @@ static inline uint32_t nd__selu(int c, uint32_t a, uint32_t b)
 #define ND__NAN nd__u2f(0x7FC00000u)
 
 /* e^r for |r| <= ~0.35: Cephes expf polynomial, ~1 ulp. */
-static inline float nd__exp_poly(float r)
-{
+static inline float nd__exp_poly(float r) {
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
@@ -81,8 +94,7 @@ static inline float nd__exp_poly(float r)
  * float exponent field, so two normal factors build 2^n. The first product
  * is exact and the second rounds once: correct gradual underflow, and a
  * natural overflow to +inf. */
-static inline float nd__scale(float p, int32_t n)
-{
+static inline float nd__scale(float p, int32_t n) {
     int32_t n1 = n >> 1;
     int32_t n2 = n - n1;
     float s1 = nd__u2f((uint32_t)(n1 + 127) << 23);
@@ -92,8 +104,7 @@ static inline float nd__scale(float p, int32_t n)
 
 /* exp(x): n = round(x / ln2), r = x - n*ln2 in two pieces (Cody-Waite, the
  * high piece has few bits so n*hi is exact), e^r by polynomial, times 2^n. */
-static inline float nd_expf(float x)
-{
+static inline float nd_expf(float x) {
     /* Beyond these bounds the result is already inf or rounds to 0; clamping
      * keeps n inside the range nd__scale handles. The comparisons are
      * written so that a NaN falls through unchanged. */
@@ -122,8 +133,7 @@ static inline float nd_expf(float x)
  * operation counts: one division and a degree-3 polynomial in s^2 replace
  * the degree-8 polynomial in f of Cephes, and the special cases cost one
  * added term instead of a chain of selects. */
-static inline float nd_logf(float x)
-{
+static inline float nd_logf(float x) {
     uint32_t ix = nd__f2u(x);
 
     /* Subnormals (and +0) have no implicit leading bit; scaling them by 2^23
@@ -160,9 +170,9 @@ static inline float nd_logf(float x)
      * for x < 0 (including -inf), -inf for +-0, x itself for +inf and nan.
      * The three cases exclude each other, so each is one masked constant
      * and the terms combine with plain ors. */
-    uint32_t special = (0x7FC00000u & (0u - (uint32_t)(x < 0.0f)))
-                     | (0xFF800000u & (0u - (uint32_t)(x == 0.0f)))
-                     | (ix & (0u - (uint32_t)!(x < ND__INF)));
+    uint32_t special = (0x7FC00000u & (0u - (uint32_t)(x < 0.0f))) |
+                       (0xFF800000u & (0u - (uint32_t)(x == 0.0f))) |
+                       (ix & (0u - (uint32_t)!(x < ND__INF)));
     return r + nd__u2f(special);
 }
 
@@ -181,8 +191,7 @@ static inline float nd_logf(float x)
  * The sign is applied to the quotient's numerator and, on the polynomial
  * side, comes with x; written as x + x*(0 - z*P), the correction is +0 for
  * x = +-0, so tanh(-0) = -0. */
-static inline float nd_tanhf(float x)
-{
+static inline float nd_tanhf(float x) {
     uint32_t ix = nd__f2u(x);
     uint32_t sign = ix & 0x80000000u;
     int32_t ia = (int32_t)(ix & 0x7FFFFFFFu);
@@ -215,8 +224,8 @@ static inline float nd_tanhf(float x)
      * 1.7e-8), evaluated by Estrin's scheme. */
     float r2 = r * r;
     float r4 = r2 * r2;
-    float q = (1.999999881e+0f + 1.333323479e+0f * r) + r2 * (6.666752100e-1f + 2.677284479e-1f * r)
-            + r4 * 8.884806931e-2f;
+    float q = (1.999999881e+0f + 1.333323479e+0f * r) +
+              r2 * (6.666752100e-1f + 2.677284479e-1f * r) + r4 * 8.884806931e-2f;
     float u = (r + r) + r2 * q;
 
     /* For |x| >= 9.01, e >= 2^26 and e+2 rounds to e: the quotient is 1. */
@@ -229,8 +238,7 @@ static inline float nd_tanhf(float x)
 /* 1/(1+e^-x), evaluated through e = e^-|x| <= 1 so that nothing overflows:
  * for x < 0 the identity e/(1+e) keeps the tiny results (down to the
  * subnormals) that 1/(1+e^-x) would lose to an overflowing exponential. */
-static inline float nd_sigmoidf(float x)
-{
+static inline float nd_sigmoidf(float x) {
     float ax = nd__u2f(nd__f2u(x) & 0x7FFFFFFFu);
     float e = nd_expf(-ax);
     float num = nd__self(x < 0.0f, e, 1.0f);
@@ -249,8 +257,7 @@ static inline float nd_sigmoidf(float x)
  * the product is split into integer and fraction, the fraction is small and
  * the rest runs in float, twice as many lanes wide. Signs and the Annex F
  * cases are selects applied at the end. */
-static inline float nd_powf(float x, float y)
-{
+static inline float nd_powf(float x, float y) {
     float ax = nd__u2f(nd__f2u(x) & 0x7FFFFFFFu);
     float ay = nd__u2f(nd__f2u(y) & 0x7FFFFFFFu);
 

@@ -58,7 +58,8 @@ nd_status nd_cpu_raw_alloc(nd_device *dev, int64_t nbytes, void **out) {
     /* 64-byte alignment: whole cache lines and aligned AVX-512 loads; large
      * blocks align to 2 MiB so they can be huge pages (as NumPy asks for). */
     void *ptr = NULL;
-    if (posix_memalign(&ptr, size >= LARGE_BLOCK ? (size_t)LARGE_BLOCK : 64, (size_t)size) != 0 || ptr == NULL) {
+    if (posix_memalign(&ptr, size >= LARGE_BLOCK ? (size_t)LARGE_BLOCK : 64, (size_t)size) != 0 ||
+        ptr == NULL) {
         nd_memory_unreserve(dev, size);
         return nd_fail(ND_ERR_OOM, "the host could not provide %lld bytes", (long long)size);
     }

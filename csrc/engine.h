@@ -32,15 +32,15 @@ extern "C" {
 
 typedef enum nd_status {
     ND_OK = 0,
-    ND_ERR_SHAPE,       /* incompatible or invalid shapes        -> ValueError   */
-    ND_ERR_AXIS,        /* axis out of range or repeated         -> ValueError   */
-    ND_ERR_INDEX,       /* index out of range, too many indices  -> IndexError   */
-    ND_ERR_VALUE,       /* any other bad argument value          -> ValueError   */
-    ND_ERR_NOT_VIEWABLE,/* a view is impossible; the caller may copy instead      */
-    ND_ERR_DEVICE,      /* mixing devices, device unavailable    -> DeviceError  */
-    ND_ERR_OOM,         /* allocation refused after the retries  -> OutOfMemoryError */
-    ND_ERR_BACKEND,     /* a backend (CUDA) call failed          -> DeviceError  */
-    ND_ERR_INTERNAL     /* a bug in the engine                   -> RuntimeError */
+    ND_ERR_SHAPE,        /* incompatible or invalid shapes        -> ValueError   */
+    ND_ERR_AXIS,         /* axis out of range or repeated         -> ValueError   */
+    ND_ERR_INDEX,        /* index out of range, too many indices  -> IndexError   */
+    ND_ERR_VALUE,        /* any other bad argument value          -> ValueError   */
+    ND_ERR_NOT_VIEWABLE, /* a view is impossible; the caller may copy instead      */
+    ND_ERR_DEVICE,       /* mixing devices, device unavailable    -> DeviceError  */
+    ND_ERR_OOM,          /* allocation refused after the retries  -> OutOfMemoryError */
+    ND_ERR_BACKEND,      /* a backend (CUDA) call failed          -> DeviceError  */
+    ND_ERR_INTERNAL      /* a bug in the engine                   -> RuntimeError */
 } nd_status;
 
 /* The message of the last failure on this thread (never NULL). */
@@ -75,16 +75,16 @@ typedef struct nd_memory_stats {
     int64_t allocated_current, allocated_peak, allocated_total, allocated_freed;
     int64_t reserved_current, reserved_peak, reserved_total, reserved_freed;
     int64_t blocks_current, blocks_peak, blocks_total, blocks_freed;
-    int64_t num_alloc_retries;      /* allocations retried after freeing memory */
-    int64_t num_ooms;               /* allocations refused                      */
+    int64_t num_alloc_retries; /* allocations retried after freeing memory */
+    int64_t num_ooms;          /* allocations refused                      */
     /* The mechanism's view of collections: callbacks made (both reasons,
      * including ones the host declined) and the allocated bytes that dropped
      * during them. needle_c reports its policy's own counters instead
      * (needle_c/memory/pressure.c), which also cover safe points. */
     int64_t num_collect_calls;
     int64_t collect_freed_bytes;
-    int64_t limit;                  /* bytes; -1 when there is none             */
-    int64_t trigger;                /* pressure trigger in bytes; -1 when off    */
+    int64_t limit;   /* bytes; -1 when there is none             */
+    int64_t trigger; /* pressure trigger in bytes; -1 when off    */
 } nd_memory_stats;
 
 void nd_memory_get_stats(const nd_device *dev, nd_memory_stats *out);
@@ -175,8 +175,8 @@ nd_status nd_layout_drop_dim(nd_layout *l, int dim);
 nd_status nd_layout_flip(const nd_layout *in, int naxes, const int *axes, nd_layout *out);
 /* Checks that a view stays inside a storage of numel elements. */
 nd_status nd_layout_check_bounds(const nd_layout *l, int64_t numel);
-nd_status nd_broadcast_shapes(int andim, const int64_t *ashape, int bndim,
-                              const int64_t *bshape, int *out_ndim, int64_t *out_shape);
+nd_status nd_broadcast_shapes(int andim, const int64_t *ashape, int bndim, const int64_t *bshape,
+                              int *out_ndim, int64_t *out_shape);
 /* Normalises axis (negative counts from the end) against ndim. */
 nd_status nd_normalize_axis(int64_t axis, int ndim, int *out);
 
@@ -203,17 +203,40 @@ nd_status nd_array_to_host(const nd_array *src, float *host);
 nd_status nd_array_from_host(const nd_array *dst, const float *host);
 
 typedef enum nd_binary_op {
-    ND_ADD, ND_SUB, ND_MUL, ND_DIV, ND_POW, ND_MAXIMUM, ND_MINIMUM,
-    ND_EQ, ND_NE, ND_GE, ND_GT, ND_LE, ND_LT,
+    ND_ADD,
+    ND_SUB,
+    ND_MUL,
+    ND_DIV,
+    ND_POW,
+    ND_MAXIMUM,
+    ND_MINIMUM,
+    ND_EQ,
+    ND_NE,
+    ND_GE,
+    ND_GT,
+    ND_LE,
+    ND_LT,
     ND_BINARY_OP_COUNT
 } nd_binary_op;
 
 typedef enum nd_unary_op {
-    ND_NEG, ND_LOG, ND_EXP, ND_TANH, ND_SQRT, ND_SIGMOID, ND_ABS, ND_RELU,
+    ND_NEG,
+    ND_LOG,
+    ND_EXP,
+    ND_TANH,
+    ND_SQRT,
+    ND_SIGMOID,
+    ND_ABS,
+    ND_RELU,
     ND_UNARY_OP_COUNT
 } nd_unary_op;
 
-typedef enum nd_reduce_op { ND_REDUCE_SUM, ND_REDUCE_MAX, ND_REDUCE_MIN, ND_REDUCE_OP_COUNT } nd_reduce_op;
+typedef enum nd_reduce_op {
+    ND_REDUCE_SUM,
+    ND_REDUCE_MAX,
+    ND_REDUCE_MIN,
+    ND_REDUCE_OP_COUNT
+} nd_reduce_op;
 
 /* An operand of a binary op: an array, or (array == NULL) a scalar. */
 typedef struct nd_operand {
@@ -227,8 +250,8 @@ nd_status nd_array_binary(nd_binary_op op, nd_operand a, nd_operand b, nd_array 
 nd_status nd_array_unary(nd_unary_op op, const nd_array *a, nd_array *out);
 /* Reduces over the axes set in axes_mask (bit i = axis i). keepdims keeps them
  * as size-1 dims. Reducing an empty extent: sum gives 0, max/min fail. */
-nd_status nd_array_reduce(nd_reduce_op op, const nd_array *a, uint32_t axes_mask,
-                          int keepdims, nd_array *out);
+nd_status nd_array_reduce(nd_reduce_op op, const nd_array *a, uint32_t axes_mask, int keepdims,
+                          nd_array *out);
 /* NumPy matmul semantics: 1-D operands are promoted, batch dims broadcast. */
 nd_status nd_array_matmul(const nd_array *a, const nd_array *b, nd_array *out);
 
@@ -237,9 +260,9 @@ nd_status nd_array_matmul(const nd_array *a, const nd_array *b, nd_array *out);
 /* A row-major single-precision GEMM: C = alpha*op(A) op(B) + beta*C, where
  * op transposes when trans_* is nonzero. The host may install a BLAS (needle_c
  * installs NumPy's OpenBLAS); without one the engine uses its own kernel. */
-typedef void (*nd_sgemm_fn)(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
-                            float alpha, const float *a, int64_t lda, const float *b,
-                            int64_t ldb, float beta, float *c, int64_t ldc);
+typedef void (*nd_sgemm_fn)(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                            const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                            float *c, int64_t ldc);
 void nd_cpu_set_sgemm(nd_sgemm_fn fn);
 nd_sgemm_fn nd_cpu_get_sgemm(void);
 

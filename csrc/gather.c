@@ -49,7 +49,8 @@ nd_status nd_array_gather_rows(const nd_array *table, const nd_array *indices, n
     if ((status = index_ndim_ok(indices)) != ND_OK) return status;
     const nd_backend *backend = table->storage->device->backend;
     if (backend->gather_rows == NULL)
-        return nd_fail(ND_ERR_DEVICE, "gather_rows is not supported on %s()", table->storage->device->name);
+        return nd_fail(ND_ERR_DEVICE, "gather_rows is not supported on %s()",
+                       table->storage->device->name);
     int nd = indices->layout.ndim;
     int64_t n = nd_layout_numel(&indices->layout), d = table->layout.shape[1];
     int64_t out_shape[ND_MAX_DIMS];
@@ -95,18 +96,19 @@ nd_status nd_array_scatter_add_rows_into(const nd_array *dst, const nd_array *sr
     if ((status = scatter_shapes(src, indices, d)) != ND_OK) return status;
     const nd_backend *backend = dst->storage->device->backend;
     if (backend->scatter_add_rows == NULL)
-        return nd_fail(ND_ERR_DEVICE, "scatter_add_rows is not supported on %s()", dst->storage->device->name);
+        return nd_fail(ND_ERR_DEVICE, "scatter_add_rows is not supported on %s()",
+                       dst->storage->device->name);
     int64_t n = nd_layout_numel(&indices->layout);
     nd_array rows, rows_tmp, idx, idx_tmp;
     /* Sources that share dst's storage are copied first: the adds would
      * otherwise change rows and indices still to be read. */
-    if ((status = reshaped(src, 2, (int64_t[]){n, d}, src->storage == dst->storage, &rows, &rows_tmp)) !=
-        ND_OK)
+    if ((status = reshaped(src, 2, (int64_t[]){n, d}, src->storage == dst->storage, &rows,
+                           &rows_tmp)) != ND_OK)
         return status;
     status = reshaped(indices, 1, &n, indices->storage == dst->storage, &idx, &idx_tmp);
     if (status == ND_OK) {
-        status = backend->scatter_add_rows(&dst->layout, nd_storage_data(dst->storage), &rows.layout,
-                                           nd_storage_data(rows.storage), &idx.layout,
+        status = backend->scatter_add_rows(&dst->layout, nd_storage_data(dst->storage),
+                                           &rows.layout, nd_storage_data(rows.storage), &idx.layout,
                                            nd_storage_data(idx.storage));
         if (idx_tmp.storage != NULL) nd_array_release(&idx_tmp);
     }

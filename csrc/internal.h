@@ -63,8 +63,9 @@ typedef struct nd_backend {
                              const float *table, const nd_layout *idx_layout, const float *idx);
     /* Row idx[r] of out (rows x d) += row r of src (n x d), in index order, so
      * repeated indices accumulate; indices checked first, as for gather_rows. */
-    nd_status (*scatter_add_rows)(const nd_layout *out_layout, float *out, const nd_layout *src_layout,
-                                  const float *src, const nd_layout *idx_layout, const float *idx);
+    nd_status (*scatter_add_rows)(const nd_layout *out_layout, float *out,
+                                  const nd_layout *src_layout, const float *src,
+                                  const nd_layout *idx_layout, const float *idx);
 } nd_backend;
 
 typedef struct nd_allocator {
@@ -99,8 +100,8 @@ struct nd_storage {
  * one. layouts[op] == NULL marks a scalar (stride 0). nops is at most
  * ND_COALESCE_MAX_OPS. Returns the number of dims left (>= 1). */
 #define ND_COALESCE_MAX_OPS 3
-int nd_coalesce(int ndim, const int64_t *shape, int nops, const nd_layout *const *layouts, int order_by,
-                int64_t *out_shape, int64_t out_strides[][ND_MAX_DIMS]);
+int nd_coalesce(int ndim, const int64_t *shape, int nops, const nd_layout *const *layouts,
+                int order_by, int64_t *out_shape, int64_t out_strides[][ND_MAX_DIMS]);
 
 /* Records the message of a failure and returns its status. */
 nd_status nd_fail(nd_status status, const char *fmt, ...)
@@ -135,7 +136,8 @@ int nd_cuda_register_devices(void);
 /* The CPU's row-indexing kernels (cpu_gather.c), entries of nd_cpu_backend. */
 nd_status nd_cpu_gather_rows(const nd_layout *out_layout, float *out, const nd_layout *table_layout,
                              const float *table, const nd_layout *idx_layout, const float *idx);
-nd_status nd_cpu_scatter_add_rows(const nd_layout *out_layout, float *out, const nd_layout *src_layout,
-                                  const float *src, const nd_layout *idx_layout, const float *idx);
+nd_status nd_cpu_scatter_add_rows(const nd_layout *out_layout, float *out,
+                                  const nd_layout *src_layout, const float *src,
+                                  const nd_layout *idx_layout, const float *idx);
 
 #endif /* NEEDLE_INTERNAL_H */

@@ -26,7 +26,8 @@ static nd_status checked_numel(int ndim, const int64_t *shape, int64_t *numel) {
     int64_t n = 1;
     int zero = 0;
     for (int i = 0; i < ndim; i++) {
-        if (shape[i] < 0) return nd_fail(ND_ERR_SHAPE, "negative dimension %lld", (long long)shape[i]);
+        if (shape[i] < 0)
+            return nd_fail(ND_ERR_SHAPE, "negative dimension %lld", (long long)shape[i]);
         if (shape[i] == 0) zero = 1;
         /* A 0 anywhere makes the count 0, but the other dims must still be
          * representable: their product bounds what strides can reach. */
@@ -42,11 +43,13 @@ static nd_status checked_numel(int ndim, const int64_t *shape, int64_t *numel) {
  * +-ND_MAX_ELEMENTS (strides may be huge in as_strided). */
 static nd_status checked_extent(const nd_layout *l) {
     int64_t low = l->offset, high = l->offset;
-    if (low < -ND_MAX_ELEMENTS || low > ND_MAX_ELEMENTS) return nd_fail(ND_ERR_VALUE, "view offset is too large");
+    if (low < -ND_MAX_ELEMENTS || low > ND_MAX_ELEMENTS)
+        return nd_fail(ND_ERR_VALUE, "view offset is too large");
     for (int i = 0; i < l->ndim; i++) {
         if (l->shape[i] <= 1) continue;
         int64_t stride = l->strides[i] < 0 ? -l->strides[i] : l->strides[i];
-        if (l->strides[i] == INT64_MIN || (stride > 0 && l->shape[i] - 1 > ND_MAX_ELEMENTS / stride))
+        if (l->strides[i] == INT64_MIN ||
+            (stride > 0 && l->shape[i] - 1 > ND_MAX_ELEMENTS / stride))
             return nd_fail(ND_ERR_VALUE, "view strides reach too far");
         int64_t span = (l->shape[i] - 1) * stride;
         if (l->strides[i] < 0) low -= span;
@@ -110,7 +113,8 @@ nd_status nd_resolve_shape(int64_t numel, int ndim, const int64_t *shape, int64_
     int64_t known = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] == -1) {
-            if (unknown >= 0) return nd_fail(ND_ERR_SHAPE, "can only specify one unknown dimension");
+            if (unknown >= 0)
+                return nd_fail(ND_ERR_SHAPE, "can only specify one unknown dimension");
             unknown = i;
             resolved[i] = 1;
         } else {
@@ -120,7 +124,8 @@ nd_status nd_resolve_shape(int64_t numel, int ndim, const int64_t *shape, int64_
     if ((status = checked_numel(ndim, resolved, &known)) != ND_OK) return status;
     if (unknown >= 0) {
         if (known == 0 || numel % known != 0)
-            return nd_fail(ND_ERR_SHAPE, "cannot reshape array of size %lld with an unknown dimension",
+            return nd_fail(ND_ERR_SHAPE,
+                           "cannot reshape array of size %lld with an unknown dimension",
                            (long long)numel);
         resolved[unknown] = numel / known;
     } else if (known != numel) {
@@ -172,7 +177,8 @@ nd_status nd_layout_reshape(const nd_layout *in, int ndim, const int64_t *new_sh
             if (old_strides[ok] != old_shape[ok + 1] * old_strides[ok + 1])
                 return nd_fail(ND_ERR_NOT_VIEWABLE, "reshape needs a copy");
         result.strides[nj - 1] = old_strides[oj - 1];
-        for (int nk = nj - 1; nk > ni; nk--) result.strides[nk - 1] = result.strides[nk] * shape[nk];
+        for (int nk = nj - 1; nk > ni; nk--)
+            result.strides[nk - 1] = result.strides[nk] * shape[nk];
         ni = nj++;
         oi = oj++;
     }
@@ -274,7 +280,8 @@ nd_status nd_layout_flip(const nd_layout *in, int naxes, const int *axes, nd_lay
         if (status != ND_OK) return status;
         if (seen[axis]) return nd_fail(ND_ERR_AXIS, "repeated axis %d in flip", axis);
         seen[axis] = 1;
-        if (result.shape[axis] > 0) result.offset += (result.shape[axis] - 1) * result.strides[axis];
+        if (result.shape[axis] > 0)
+            result.offset += (result.shape[axis] - 1) * result.strides[axis];
         result.strides[axis] = -result.strides[axis];
     }
     *out = result;
@@ -318,15 +325,16 @@ nd_status nd_broadcast_shapes(int andim, const int64_t *ashape, int bndim, const
     return ND_OK;
 }
 
-int nd_coalesce(int ndim, const int64_t *shape, int nops, const nd_layout *const *layouts, int order_by,
-                int64_t *out_shape, int64_t out_strides[][ND_MAX_DIMS]) {
+int nd_coalesce(int ndim, const int64_t *shape, int nops, const nd_layout *const *layouts,
+                int order_by, int64_t *out_shape, int64_t out_strides[][ND_MAX_DIMS]) {
     int64_t dims[ND_MAX_DIMS];
     int64_t strides[ND_COALESCE_MAX_OPS][ND_MAX_DIMS];
     int n = 0;
     for (int d = 0; d < ndim; d++) {
         if (shape[d] == 1) continue;
         dims[n] = shape[d];
-        for (int op = 0; op < nops; op++) strides[op][n] = layouts[op] ? layouts[op]->strides[d] : 0;
+        for (int op = 0; op < nops; op++)
+            strides[op][n] = layouts[op] ? layouts[op]->strides[d] : 0;
         n++;
     }
     /* Stable insertion sort: outermost first by the chosen operand's |stride|. */

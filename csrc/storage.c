@@ -57,10 +57,8 @@ void nd_storage_retain(nd_storage *s) { s->refcount++; }
 
 void nd_storage_release(nd_storage *s) {
     if (s == NULL || --s->refcount > 0) return;
-    if (s->release != NULL)
-        s->release(s->release_ctx);
-    else
-        nd_memory_free(s->device, s->data, s->numel * (int64_t)sizeof(float));
+    if (s->release != NULL) s->release(s->release_ctx);
+    else nd_memory_free(s->device, s->data, s->numel * (int64_t)sizeof(float));
     free(s);
 }
 

@@ -30,7 +30,8 @@ static PyObject *make_device(needle_state *st, int engine_id, const char *name, 
 static nd_device *device_by_name(needle_state *st, const char *name, int ordinal) {
     for (int id = 0; id < nd_device_count() && id < ND_MAX_DEVICES; id++) {
         DeviceObject *d = st->devices[id] ? Device_CAST(st->devices[id]) : NULL;
-        if (d != NULL && strcmp(d->name, name) == 0 && d->ordinal == ordinal) return nd_device_at(id);
+        if (d != NULL && strcmp(d->name, name) == 0 && d->ordinal == ordinal)
+            return nd_device_at(id);
     }
     return NULL;
 }
@@ -56,7 +57,8 @@ static int parse_device_name(PyObject *obj, char *name, size_t size, int *ordina
         *ordinal = (int)v;
     }
     if (strcmp(name, "cpu") != 0 && strcmp(name, "cpu_numpy") != 0 && strcmp(name, "cuda") != 0) {
-        PyErr_Format(PyExc_ValueError, "unknown device %R (expected cpu, cpu_numpy or cuda[:N])", obj);
+        PyErr_Format(PyExc_ValueError, "unknown device %R (expected cpu, cpu_numpy or cuda[:N])",
+                     obj);
         return -1;
     }
     return 0;
@@ -115,7 +117,8 @@ static Py_hash_t device_hash(PyObject *op) {
 }
 
 static PyObject *device_richcompare(PyObject *a, PyObject *b, int op) {
-    if ((op != Py_EQ && op != Py_NE) || !PyObject_TypeCheck(b, Py_TYPE(a))) Py_RETURN_NOTIMPLEMENTED;
+    if ((op != Py_EQ && op != Py_NE) || !PyObject_TypeCheck(b, Py_TYPE(a)))
+        Py_RETURN_NOTIMPLEMENTED;
     DeviceObject *x = Device_CAST(a), *y = Device_CAST(b);
     int equal = strcmp(x->name, y->name) == 0 && x->ordinal == y->ordinal;
     return PyBool_FromLong(op == Py_EQ ? equal : !equal);
@@ -163,8 +166,8 @@ static int check_dtype(PyObject *dtype) {
 
 /* Shapes from varargs: rand(2, 3) or rand((2, 3)). */
 static PyObject *shape_from_args(PyObject *args) {
-    if (PyTuple_GET_SIZE(args) == 1 && (PyTuple_Check(PyTuple_GET_ITEM(args, 0)) ||
-                                        PyList_Check(PyTuple_GET_ITEM(args, 0))))
+    if (PyTuple_GET_SIZE(args) == 1 &&
+        (PyTuple_Check(PyTuple_GET_ITEM(args, 0)) || PyList_Check(PyTuple_GET_ITEM(args, 0))))
         return PySequence_Tuple(PyTuple_GET_ITEM(args, 0));
     return Py_NewRef(args);
 }
@@ -231,7 +234,8 @@ static PyObject *device_one_hot(PyObject *op, PyObject *args, PyObject *kwargs) 
 }
 
 /* empty and full: an array of shape_obj on op's device, filled when fill. */
-static PyObject *device_new_array(PyObject *op, PyObject *shape_obj, PyObject *dtype, int fill, double value) {
+static PyObject *device_new_array(PyObject *op, PyObject *shape_obj, PyObject *dtype, int fill,
+                                  double value) {
     if (check_dtype(dtype) < 0) return NULL;
     needle_state *st = state_of_type(Py_TYPE(op));
     if (st == NULL) return NULL;
@@ -243,7 +247,8 @@ static PyObject *device_new_array(PyObject *op, PyObject *shape_obj, PyObject *d
 static PyObject *device_empty(PyObject *op, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"shape", "dtype", NULL};
     PyObject *shape_obj, *dtype = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:empty", kwlist, &shape_obj, &dtype)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:empty", kwlist, &shape_obj, &dtype))
+        return NULL;
     return device_new_array(op, shape_obj, dtype, 0, 0.0);
 }
 
@@ -355,7 +360,8 @@ static PyObject *module_device(PyObject *module, PyObject *arg) {
     nd_device *dev = device_by_name(st, name, ordinal);
     PyObject *device = dev ? device_object(st, dev) : NULL;
     if (device == NULL) {
-        PyErr_Format(PyExc_ValueError, "unknown device %R (expected cpu, cpu_numpy or cuda[:N])", arg);
+        PyErr_Format(PyExc_ValueError, "unknown device %R (expected cpu, cpu_numpy or cuda[:N])",
+                     arg);
         return NULL;
     }
     return Py_NewRef(device);
@@ -364,14 +370,17 @@ static PyObject *module_device(PyObject *module, PyObject *arg) {
 static PyMethodDef device_module_functions[] = {
     {"cpu", module_cpu, METH_NOARGS, "cpu()\n--\n\nThe host device."},
     {"cpu_numpy", module_cpu_numpy, METH_NOARGS,
-     "cpu_numpy()\n--\n\nA second host device with its own accounting (the course's numpy device)."},
+     "cpu_numpy()\n--\n\nA second host device with its own accounting (the course's numpy "
+     "device)."},
     {"cuda", (PyCFunction)(void (*)(void))module_cuda, METH_FASTCALL,
      "cuda(index=0, /)\n--\n\nThe CUDA device; enabled() is False without CUDA."},
     {"_engine_device_count", module_device_count, METH_NOARGS, NULL},
     {"_device", module_device, METH_O,
      "_device(device, /)\n--\n\nThe Device that a device argument names (None: cpu(); a Device; or "
-     "'cpu', 'cpu_numpy', 'cuda', 'cuda:N'), parsed as every needle_c function parses it. A CUDA device "
-     "this process cannot use comes back with enabled() False and _id -1. Raises ValueError or TypeError "
+     "'cpu', 'cpu_numpy', 'cuda', 'cuda:N'), parsed as every needle_c function parses it. A CUDA "
+     "device "
+     "this process cannot use comes back with enabled() False and _id -1. Raises ValueError or "
+     "TypeError "
      "for what is not a device."},
     {NULL, NULL, 0, NULL},
 };
@@ -396,7 +405,8 @@ int device_module_init(PyObject *module, needle_state *st) {
         if (st->devices[id] == NULL) return -1;
     }
     nd_device *cuda0 = device_by_name(st, "cuda", 0);
-    st->cuda_placeholder = cuda0 ? Py_NewRef(device_object(st, cuda0)) : make_device(st, -1, "cuda", 0);
+    st->cuda_placeholder =
+        cuda0 ? Py_NewRef(device_object(st, cuda0)) : make_device(st, -1, "cuda", 0);
     if (st->cuda_placeholder == NULL) return -1;
     st->numpy_random = PyImport_ImportModule("numpy.random");
     if (st->numpy_random == NULL) return -1;

@@ -71,24 +71,13 @@ static PyObject *raise_out_of_memory(needle_state *st) {
 
 PyObject *raise_status(needle_state *st, nd_status status) {
     switch (status) {
-    case ND_OK:
-        PyErr_SetString(PyExc_SystemError, "raise_status called without an error");
-        break;
-    case ND_ERR_INDEX:
-        PyErr_SetString(PyExc_IndexError, nd_last_error());
-        break;
+    case ND_OK: PyErr_SetString(PyExc_SystemError, "raise_status called without an error"); break;
+    case ND_ERR_INDEX: PyErr_SetString(PyExc_IndexError, nd_last_error()); break;
     case ND_ERR_DEVICE:
-    case ND_ERR_BACKEND:
-        PyErr_SetString(st->device_error, nd_last_error());
-        break;
-    case ND_ERR_OOM:
-        return raise_out_of_memory(st);
-    case ND_ERR_INTERNAL:
-        PyErr_SetString(PyExc_RuntimeError, nd_last_error());
-        break;
-    default:
-        PyErr_SetString(PyExc_ValueError, nd_last_error());
-        break;
+    case ND_ERR_BACKEND: PyErr_SetString(st->device_error, nd_last_error()); break;
+    case ND_ERR_OOM: return raise_out_of_memory(st);
+    case ND_ERR_INTERNAL: PyErr_SetString(PyExc_RuntimeError, nd_last_error()); break;
+    default: PyErr_SetString(PyExc_ValueError, nd_last_error()); break;
     }
     return NULL;
 }

@@ -10,7 +10,9 @@
 
 #include <structmember.h>
 
-needle_state *state_of_module(PyObject *module) { return (needle_state *)PyModule_GetState(module); }
+needle_state *state_of_module(PyObject *module) {
+    return (needle_state *)PyModule_GetState(module);
+}
 
 needle_state *state_of_type(PyTypeObject *type) {
     PyObject *module = PyType_GetModuleByDef(type, &needle_c_module);
@@ -39,7 +41,8 @@ static int needle_c_exec(PyObject *module) {
         "needle.DeviceError",
         "Raised when arrays on different devices meet, or a device fails or is unavailable.",
         PyExc_RuntimeError, NULL);
-    if (st->device_error == NULL || PyModule_AddObjectRef(module, "DeviceError", st->device_error) < 0)
+    if (st->device_error == NULL ||
+        PyModule_AddObjectRef(module, "DeviceError", st->device_error) < 0)
         return -1;
     st->out_of_memory = PyErr_NewExceptionWithDoc(
         "needle.OutOfMemoryError",
@@ -72,7 +75,8 @@ static int needle_c_traverse(PyObject *module, visitproc visit, void *arg) {
     Py_VISIT(st->ndarray_type);
     Py_VISIT(st->device_error);
     Py_VISIT(st->out_of_memory);
-    for (size_t i = 0; i < sizeof st->devices / sizeof st->devices[0]; i++) Py_VISIT(st->devices[i]);
+    for (size_t i = 0; i < sizeof st->devices / sizeof st->devices[0]; i++)
+        Py_VISIT(st->devices[i]);
     Py_VISIT(st->cuda_placeholder);
     Py_VISIT(st->numpy_random);
     return autograd_traverse(st, visit, arg);
@@ -84,7 +88,8 @@ static int needle_c_clear(PyObject *module) {
     Py_CLEAR(st->ndarray_type);
     Py_CLEAR(st->device_error);
     Py_CLEAR(st->out_of_memory);
-    for (size_t i = 0; i < sizeof st->devices / sizeof st->devices[0]; i++) Py_CLEAR(st->devices[i]);
+    for (size_t i = 0; i < sizeof st->devices / sizeof st->devices[0]; i++)
+        Py_CLEAR(st->devices[i]);
     Py_CLEAR(st->cuda_placeholder);
     Py_CLEAR(st->numpy_random);
     autograd_clear(st);

@@ -19,27 +19,25 @@
 typedef struct {
     PyTypeObject *device_type;
     PyTypeObject *ndarray_type;
-    PyObject *device_error;      /* needle.DeviceError (RuntimeError) */
-    PyObject *out_of_memory;     /* needle.OutOfMemoryError (MemoryError) */
+    PyObject *device_error;  /* needle.DeviceError (RuntimeError) */
+    PyObject *out_of_memory; /* needle.OutOfMemoryError (MemoryError) */
     /* Device objects by engine id, and placeholders for CUDA devices the
      * engine does not have (enabled() is False). */
     PyObject *devices[ND_MAX_DEVICES];
     PyObject *cuda_placeholder;
-    int cpu_numpy_id;            /* the engine id of the binding's cpu_numpy device */
-    PyObject *numpy_random;      /* numpy.random, for Device.rand/randn */
+    int cpu_numpy_id;                /* the engine id of the binding's cpu_numpy device */
+    PyObject *numpy_random;          /* numpy.random, for Device.rand/randn */
     struct autograd_state *autograd; /* tensor.h: Tensor/Op types, graph mode */
 } needle_state;
 
 typedef struct {
-    PyObject_HEAD
-    int engine_id;          /* -1: a device this process cannot use */
+    PyObject_HEAD int engine_id; /* -1: a device this process cannot use */
     int ordinal;
     char name[32];
 } DeviceObject;
 
 typedef struct {
-    PyObject_HEAD
-    nd_array array;         /* owns one reference on its storage */
+    PyObject_HEAD nd_array array; /* owns one reference on its storage */
     PyObject *weakreflist;
 } NDArrayObject;
 

@@ -153,7 +153,8 @@ static nd_status new_segment(nd_device *dev, int pool, int64_t seg_size, cuda_bl
         (void)cudaGetLastError();
         nd_memory_unreserve(dev, seg_size);
         if (err == cudaErrorMemoryAllocation)
-            return nd_fail(ND_ERR_OOM, "cudaMalloc of %lld bytes failed on %s:%d: the GPU is out of memory",
+            return nd_fail(ND_ERR_OOM,
+                           "cudaMalloc of %lld bytes failed on %s:%d: the GPU is out of memory",
                            (long long)seg_size, dev->name, dev->ordinal);
         return nd_fail(ND_ERR_BACKEND, "CUDA error %s (%s) at %s:%d: cudaMalloc of %lld bytes",
                        cudaGetErrorName(err), cudaGetErrorString(err), __FILE__, __LINE__,
@@ -187,7 +188,8 @@ nd_status nd_cuda_raw_alloc(nd_device *dev, int64_t nbytes, void **out) {
     a->blocks[pool] += 2;
     int room = ensure_room(a, pool);
     a->blocks[pool] -= 2;
-    if (!room) return nd_fail(ND_ERR_BACKEND, "out of host memory for the CUDA allocator's bookkeeping");
+    if (!room)
+        return nd_fail(ND_ERR_BACKEND, "out of host memory for the CUDA allocator's bookkeeping");
 
     /* Best fit: the smallest cached block that holds size. */
     block_vec *free_list = &a->free_blocks[pool];

@@ -72,14 +72,15 @@ nd_status nd_cuda_activate(const void *ptr, nd_device **dev) {
     if (cuda_device_count <= 1) {
         /* One GPU: made current by the allocator when it took the memory. */
         if (dev != NULL) *dev = sole_device;
-        return sole_device != NULL && sole_device->ordinal != 0 ? nd_cuda_set_device(sole_device->ordinal)
-                                                                : ND_OK;
+        return sole_device != NULL && sole_device->ordinal != 0
+                   ? nd_cuda_set_device(sole_device->ordinal)
+                   : ND_OK;
     }
     if (ptr == NULL) return nd_fail(ND_ERR_INTERNAL, "a CUDA kernel was given no buffer");
     cudaPointerAttributes attr;
     ND_CUDA_CHECK(cudaPointerGetAttributes(&attr, ptr));
-    if (attr.type != cudaMemoryTypeDevice || attr.device < 0 || attr.device >= ND_CUDA_MAX_DEVICES ||
-        cuda_devices[attr.device] == NULL)
+    if (attr.type != cudaMemoryTypeDevice || attr.device < 0 ||
+        attr.device >= ND_CUDA_MAX_DEVICES || cuda_devices[attr.device] == NULL)
         return nd_fail(ND_ERR_INTERNAL, "pointer %p is not memory of a registered GPU", ptr);
     if (dev != NULL) *dev = cuda_devices[attr.device];
     return nd_cuda_set_device(attr.device);

@@ -24,21 +24,21 @@ extern "C" {
  * and returns ND_ERR_BACKEND from the enclosing function. The error is
  * cleared from the runtime's last-error slot so that the next call starts
  * clean (sticky errors, such as a kernel fault, stay in the context). */
-#define ND_CUDA_CHECK(call)                                                                 \
-    do {                                                                                    \
-        cudaError_t nd_cuda_err_ = (call);                                                  \
-        if (nd_cuda_err_ != cudaSuccess) {                                                  \
-            (void)cudaGetLastError();                                                       \
-            return nd_fail(ND_ERR_BACKEND, "CUDA error %s (%s) at %s:%d: %s",               \
+#define ND_CUDA_CHECK(call)                                                                  \
+    do {                                                                                     \
+        cudaError_t nd_cuda_err_ = (call);                                                   \
+        if (nd_cuda_err_ != cudaSuccess) {                                                   \
+            (void)cudaGetLastError();                                                        \
+            return nd_fail(ND_ERR_BACKEND, "CUDA error %s (%s) at %s:%d: %s",                \
                            cudaGetErrorName(nd_cuda_err_), cudaGetErrorString(nd_cuda_err_), \
-                           __FILE__, __LINE__, #call);                                      \
-        }                                                                                   \
+                           __FILE__, __LINE__, #call);                                       \
+        }                                                                                    \
     } while (0)
 
 /* Returns from the enclosing function when an engine call failed. */
-#define ND_TRY(expr)                            \
-    do {                                        \
-        nd_status nd_try_status_ = (expr);      \
+#define ND_TRY(expr)                                        \
+    do {                                                    \
+        nd_status nd_try_status_ = (expr);                  \
         if (nd_try_status_ != ND_OK) return nd_try_status_; \
     } while (0)
 
@@ -64,7 +64,7 @@ static inline unsigned int nd_cuda_blocks(int64_t work, int64_t per_block) {
  * dims that every operand steps through as one are merged, so most calls
  * become ndim == 1. */
 typedef struct nd_cuda_iter {
-    int ndim;      /* >= 1 */
+    int ndim; /* >= 1 */
     int64_t numel;
     int64_t shape[ND_MAX_DIMS];
     int64_t strides[ND_CUDA_MAX_OPS][ND_MAX_DIMS];

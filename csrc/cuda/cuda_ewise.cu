@@ -16,11 +16,21 @@
 
 /* ----------------------------------------------------------- operations */
 
-struct op_add { __device__ float operator()(float x, float y) const { return x + y; } };
-struct op_sub { __device__ float operator()(float x, float y) const { return x - y; } };
-struct op_mul { __device__ float operator()(float x, float y) const { return x * y; } };
-struct op_div { __device__ float operator()(float x, float y) const { return x / y; } };
-struct op_pow { __device__ float operator()(float x, float y) const { return powf(x, y); } };
+struct op_add {
+    __device__ float operator()(float x, float y) const { return x + y; }
+};
+struct op_sub {
+    __device__ float operator()(float x, float y) const { return x - y; }
+};
+struct op_mul {
+    __device__ float operator()(float x, float y) const { return x * y; }
+};
+struct op_div {
+    __device__ float operator()(float x, float y) const { return x / y; }
+};
+struct op_pow {
+    __device__ float operator()(float x, float y) const { return powf(x, y); }
+};
 /* NaN propagates from either side, as in NumPy's maximum/minimum. */
 struct op_maximum {
     __device__ float operator()(float x, float y) const { return (x >= y || x != x) ? x : y; }
@@ -28,22 +38,50 @@ struct op_maximum {
 struct op_minimum {
     __device__ float operator()(float x, float y) const { return (x <= y || x != x) ? x : y; }
 };
-struct op_eq { __device__ float operator()(float x, float y) const { return x == y ? 1.0f : 0.0f; } };
-struct op_ne { __device__ float operator()(float x, float y) const { return x != y ? 1.0f : 0.0f; } };
-struct op_ge { __device__ float operator()(float x, float y) const { return x >= y ? 1.0f : 0.0f; } };
-struct op_gt { __device__ float operator()(float x, float y) const { return x > y ? 1.0f : 0.0f; } };
-struct op_le { __device__ float operator()(float x, float y) const { return x <= y ? 1.0f : 0.0f; } };
-struct op_lt { __device__ float operator()(float x, float y) const { return x < y ? 1.0f : 0.0f; } };
+struct op_eq {
+    __device__ float operator()(float x, float y) const { return x == y ? 1.0f : 0.0f; }
+};
+struct op_ne {
+    __device__ float operator()(float x, float y) const { return x != y ? 1.0f : 0.0f; }
+};
+struct op_ge {
+    __device__ float operator()(float x, float y) const { return x >= y ? 1.0f : 0.0f; }
+};
+struct op_gt {
+    __device__ float operator()(float x, float y) const { return x > y ? 1.0f : 0.0f; }
+};
+struct op_le {
+    __device__ float operator()(float x, float y) const { return x <= y ? 1.0f : 0.0f; }
+};
+struct op_lt {
+    __device__ float operator()(float x, float y) const { return x < y ? 1.0f : 0.0f; }
+};
 /* Exact forms of common scalar powers, as on the CPU (x**2 in norms). */
-struct op_square { __device__ float operator()(float x, float) const { return x * x; } };
-struct op_cube { __device__ float operator()(float x, float) const { return x * x * x; } };
-struct op_reciprocal { __device__ float operator()(float x, float) const { return 1.0f / x; } };
+struct op_square {
+    __device__ float operator()(float x, float) const { return x * x; }
+};
+struct op_cube {
+    __device__ float operator()(float x, float) const { return x * x * x; }
+};
+struct op_reciprocal {
+    __device__ float operator()(float x, float) const { return 1.0f / x; }
+};
 
-struct op_neg { __device__ float operator()(float x) const { return -x; } };
-struct op_log { __device__ float operator()(float x) const { return logf(x); } };
-struct op_exp { __device__ float operator()(float x) const { return expf(x); } };
-struct op_tanh { __device__ float operator()(float x) const { return tanhf(x); } };
-struct op_sqrt { __device__ float operator()(float x) const { return sqrtf(x); } };
+struct op_neg {
+    __device__ float operator()(float x) const { return -x; }
+};
+struct op_log {
+    __device__ float operator()(float x) const { return logf(x); }
+};
+struct op_exp {
+    __device__ float operator()(float x) const { return expf(x); }
+};
+struct op_tanh {
+    __device__ float operator()(float x) const { return tanhf(x); }
+};
+struct op_sqrt {
+    __device__ float operator()(float x) const { return sqrtf(x); }
+};
 /* 1/(1+e^-x) through e = e^-|x| <= 1, so nothing overflows and tiny results
  * for very negative x survive (e/(1+e)). */
 struct op_sigmoid {
@@ -52,7 +90,9 @@ struct op_sigmoid {
         return (x < 0.0f ? e : 1.0f) / (1.0f + e);
     }
 };
-struct op_abs { __device__ float operator()(float x) const { return fabsf(x); } };
+struct op_abs {
+    __device__ float operator()(float x) const { return fabsf(x); }
+};
 struct op_relu {
     __device__ float operator()(float x) const { return (x > 0.0f || x != x) ? x : 0.0f; }
 };
@@ -105,7 +145,9 @@ __global__ void unary_kernel(nd_cuda_iter it, float *out, const float *a, Op op)
     }
 }
 
-struct op_identity { __device__ float operator()(float x) const { return x; } };
+struct op_identity {
+    __device__ float operator()(float x) const { return x; }
+};
 
 /* it: (dst) strides; every element of the view gets value. */
 __global__ void fill_kernel(nd_cuda_iter it, float *dst, float value) {
@@ -128,7 +170,8 @@ static nd_status binary(const nd_cuda_iter &it, float *out, const float *a, floa
             it.numel, out, it.strides[0][0], a, it.strides[1][0], a_scalar, b, it.strides[2][0],
             b_scalar, op);
     else
-        binary_kernel<Op><<<blocks, ND_CUDA_THREADS, 0, stream>>>(it, out, a, a_scalar, b, b_scalar, op);
+        binary_kernel<Op>
+            <<<blocks, ND_CUDA_THREADS, 0, stream>>>(it, out, a, a_scalar, b, b_scalar, op);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }
@@ -140,8 +183,7 @@ static nd_status unary(const nd_cuda_iter &it, float *out, const float *a, Op op
     if (it.ndim == 1)
         unary_flat_kernel<Op><<<blocks, ND_CUDA_THREADS, 0, stream>>>(
             it.numel, out, it.strides[0][0], a, it.strides[1][0], op);
-    else
-        unary_kernel<Op><<<blocks, ND_CUDA_THREADS, 0, stream>>>(it, out, a, op);
+    else unary_kernel<Op><<<blocks, ND_CUDA_THREADS, 0, stream>>>(it, out, a, op);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }
@@ -154,7 +196,7 @@ static nd_status fill(const nd_cuda_iter &it, float *dst, float value, cudaStrea
         return ND_OK;
     }
     fill_kernel<<<nd_cuda_blocks(it.numel, ND_CUDA_THREADS), ND_CUDA_THREADS, 0, stream>>>(it, dst,
-                                                                                         value);
+                                                                                           value);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }

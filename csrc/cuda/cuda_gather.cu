@@ -45,8 +45,8 @@ __global__ void gather_rows_kernel(int64_t n, int64_t d, float *out, int64_t os0
 
 /* out (rows, d) [idx[r], j] += src (n, d) [r, j]. */
 __global__ void scatter_add_rows_kernel(int64_t n, int64_t d, float *out, int64_t os0, int64_t os1,
-                                        const float *src, int64_t ss0, int64_t ss1, const float *idx,
-                                        int64_t is) {
+                                        const float *src, int64_t ss0, int64_t ss1,
+                                        const float *idx, int64_t is) {
     const int64_t total = n * d;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -63,11 +63,12 @@ static nd_status check_indices(nd_device *dev, const nd_layout *idx_layout, cons
                                int64_t rows, cudaStream_t stream) {
     int64_t n = idx_layout->shape[0], is = idx_layout->strides[0];
     int ordinal = dev != NULL ? dev->ordinal : 0;
-    if (flags[ordinal] == NULL) ND_CUDA_CHECK(cudaMalloc((void **)&flags[ordinal], sizeof(unsigned long long)));
+    if (flags[ordinal] == NULL)
+        ND_CUDA_CHECK(cudaMalloc((void **)&flags[ordinal], sizeof(unsigned long long)));
     unsigned long long *flag = flags[ordinal];
     ND_CUDA_CHECK(cudaMemsetAsync(flag, 0xFF, sizeof *flag, stream));
-    check_indices_kernel<<<nd_cuda_blocks(n, ND_CUDA_THREADS), ND_CUDA_THREADS, 0, stream>>>(n, idx, is,
-                                                                                           rows, flag);
+    check_indices_kernel<<<nd_cuda_blocks(n, ND_CUDA_THREADS), ND_CUDA_THREADS, 0, stream>>>(
+        n, idx, is, rows, flag);
     ND_CUDA_CHECK(cudaGetLastError());
     unsigned long long first_bad = NO_BAD_INDEX;
     ND_CUDA_CHECK(cudaMemcpy(&first_bad, flag, sizeof first_bad, cudaMemcpyDeviceToHost));
@@ -76,12 +77,14 @@ static nd_status check_indices(nd_device *dev, const nd_layout *idx_layout, cons
     ND_CUDA_CHECK(cudaMemcpy(&v, idx + (int64_t)first_bad * is, sizeof v, cudaMemcpyDeviceToHost));
     if (v != v) return nd_fail(ND_ERR_INDEX, "index nan is not an integer");
     if (!((double)v >= 0.0 && (double)v < (double)rows))
-        return nd_fail(ND_ERR_INDEX, "index %g is out of range for %lld rows", (double)v, (long long)rows);
+        return nd_fail(ND_ERR_INDEX, "index %g is out of range for %lld rows", (double)v,
+                       (long long)rows);
     return nd_fail(ND_ERR_INDEX, "index %g is not an integer", (double)v);
 }
 
-nd_status nd_cuda_gather_rows(const nd_layout *out_layout, float *out, const nd_layout *table_layout,
-                              const float *table, const nd_layout *idx_layout, const float *idx) {
+nd_status nd_cuda_gather_rows(const nd_layout *out_layout, float *out,
+                              const nd_layout *table_layout, const float *table,
+                              const nd_layout *idx_layout, const float *idx) {
     int64_t n = idx_layout->shape[0], d = table_layout->shape[1];
     if (n == 0) return ND_OK;
     nd_device *dev = NULL;
@@ -99,8 +102,9 @@ nd_status nd_cuda_gather_rows(const nd_layout *out_layout, float *out, const nd_
     return ND_OK;
 }
 
-nd_status nd_cuda_scatter_add_rows(const nd_layout *out_layout, float *out, const nd_layout *src_layout,
-                                   const float *src, const nd_layout *idx_layout, const float *idx) {
+nd_status nd_cuda_scatter_add_rows(const nd_layout *out_layout, float *out,
+                                   const nd_layout *src_layout, const float *src,
+                                   const nd_layout *idx_layout, const float *idx) {
     int64_t n = idx_layout->shape[0], d = out_layout->shape[1];
     if (n == 0) return ND_OK;
     nd_device *dev = NULL;

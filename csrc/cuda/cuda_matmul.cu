@@ -75,7 +75,8 @@ static int load_cublas(void) {
     cublas.tried = 1;
     const char *env = getenv("NEEDLE_CUBLAS");
     if (env != NULL && strcmp(env, "0") == 0) {
-        snprintf(cublas.description, sizeof cublas.description, "%s (NEEDLE_CUBLAS=0)", KERNEL_NAME);
+        snprintf(cublas.description, sizeof cublas.description, "%s (NEEDLE_CUBLAS=0)",
+                 KERNEL_NAME);
         return 0;
     }
     if (env != NULL && env[0] != '\0' && strcmp(env, "1") != 0) {
@@ -88,7 +89,9 @@ static int load_cublas(void) {
 #ifdef NEEDLE_CUBLAS_HINT
         NEEDLE_CUBLAS_HINT, /* the library setup.py found at build time */
 #endif
-        "libcublas.so.13", "libcublas.so.12", "libcublas.so",
+        "libcublas.so.13",
+        "libcublas.so.12",
+        "libcublas.so",
     };
     for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; i++)
         if (try_open(candidates[i])) return 1;
@@ -114,8 +117,8 @@ static cublas_handle handle_for(int ordinal) {
             /* Such as a cuBLAS too new for the driver: the kernel serves. */
             handles[ordinal] = NULL;
             handle_failed[ordinal] = 1;
-            snprintf(cublas.description, sizeof cublas.description,
-                     "%s (cublasCreate failed: %s)", KERNEL_NAME, status_text(status));
+            snprintf(cublas.description, sizeof cublas.description, "%s (cublasCreate failed: %s)",
+                     KERNEL_NAME, status_text(status));
             return NULL;
         }
     }
@@ -142,7 +145,8 @@ static void batch_make(const nd_matmul_desc *d, gemm_batch *g) {
         if (s == 1) continue;
         int last = g->ndim - 1;
         /* out's batch strides are contiguous, so a and b decide. */
-        if (last >= 0 && g->a[last] == d->a_batch_strides[i] * s && g->b[last] == d->b_batch_strides[i] * s) {
+        if (last >= 0 && g->a[last] == d->a_batch_strides[i] * s &&
+            g->b[last] == d->b_batch_strides[i] * s) {
             g->shape[last] *= s;
             g->a[last] = d->a_batch_strides[i];
             g->b[last] = d->b_batch_strides[i];
@@ -165,10 +169,9 @@ static void batch_make(const nd_matmul_desc *d, gemm_batch *g) {
 
 /* out[batch] (m, n) contiguous = a[batch] (m, k) @ b[batch] (k, n), where
  * a's (i, p) is at a + i * ars + p * acs and b's (p, j) at b + p * brs + j * bcs. */
-__global__ void __launch_bounds__(256) sgemm_kernel(int64_t m, int64_t n, int64_t k, const float *a,
-                                                    int64_t ars, int64_t acs, const float *b,
-                                                    int64_t brs, int64_t bcs, float *out,
-                                                    gemm_batch batch) {
+__global__ void __launch_bounds__(256)
+    sgemm_kernel(int64_t m, int64_t n, int64_t k, const float *a, int64_t ars, int64_t acs,
+                 const float *b, int64_t brs, int64_t bcs, float *out, gemm_batch batch) {
     __shared__ float as[TILE_K][TILE_M + 4];
     __shared__ float bs[TILE_K][TILE_N + 4];
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -264,16 +267,17 @@ static nd_status cublas_matmul(cublas_handle h, const nd_matmul_desc *d, const g
             a_off += index[i] * g.a[i];
             b_off += index[i] * g.b[i];
         }
-        int status = cublas.sgemm_strided(h, op_b, op_a, (int)d->n, (int)d->m, (int)d->k, &one,
-                                          d->b + b_off, (int)ldb, stride_b, d->a + a_off, (int)lda,
-                                          stride_a, &zero, d->out + o * count * stride_c, (int)d->n,
-                                          stride_c, (int)count);
+        int status =
+            cublas.sgemm_strided(h, op_b, op_a, (int)d->n, (int)d->m, (int)d->k, &one, d->b + b_off,
+                                 (int)ldb, stride_b, d->a + a_off, (int)lda, stride_a, &zero,
+                                 d->out + o * count * stride_c, (int)d->n, stride_c, (int)count);
         if (status != CUBLAS_OK)
-            return nd_fail(ND_ERR_BACKEND,
-                           "cuBLAS error %d (%s) at %s:%d: cublasSgemmStridedBatched (m=%lld, n=%lld, "
-                           "k=%lld, batch %lld)",
-                           status, status_text(status), __FILE__, __LINE__, (long long)d->m,
-                           (long long)d->n, (long long)d->k, (long long)count);
+            return nd_fail(
+                ND_ERR_BACKEND,
+                "cuBLAS error %d (%s) at %s:%d: cublasSgemmStridedBatched (m=%lld, n=%lld, "
+                "k=%lld, batch %lld)",
+                status, status_text(status), __FILE__, __LINE__, (long long)d->m, (long long)d->n,
+                (long long)d->k, (long long)count);
         for (int i = inner - 1; i >= 0; i--) {
             if (++index[i] < g.shape[i]) break;
             index[i] = 0;
@@ -290,7 +294,8 @@ nd_status nd_cuda_matmul(const nd_matmul_desc *d) {
     ND_TRY(nd_cuda_activate(d->out, &dev));
     cudaStream_t stream = 0;
     if (d->k == 0) {
-        ND_CUDA_CHECK(cudaMemsetAsync(d->out, 0, (size_t)(g.count * d->m * d->n) * sizeof(float), stream));
+        ND_CUDA_CHECK(
+            cudaMemsetAsync(d->out, 0, (size_t)(g.count * d->m * d->n) * sizeof(float), stream));
         return ND_OK;
     }
     int64_t lda = d->a_col_stride == 1 ? d->a_row_stride : d->a_col_stride;

@@ -34,8 +34,7 @@ struct reduce_min {
 /* Combines the values of the G consecutive threads of a group (G = 1, 32 or
  * ND_CUDA_THREADS); the result is valid in the group's first thread. Every
  * thread of the block calls it (the block-wide version synchronises). */
-template <class R, int G>
-__device__ __forceinline__ float group_reduce(float v, float *shared) {
+template <class R, int G> __device__ __forceinline__ float group_reduce(float v, float *shared) {
     if constexpr (G == 1) {
         (void)shared;
         return v;
@@ -111,8 +110,8 @@ __global__ void reduce_partial_kernel(nd_cuda_iter kept, nd_cuda_iter reduced, i
 }
 
 template <class R>
-static nd_status reduce(const nd_cuda_iter &kept, const nd_cuda_iter &reduced, int group, float *out,
-                        const float *a, cudaStream_t stream);
+static nd_status reduce(const nd_cuda_iter &kept, const nd_cuda_iter &reduced, int group,
+                        float *out, const float *a, cudaStream_t stream);
 
 /* Rows at least this long, when there are few of them, are split over many
  * blocks (SPLIT_CHUNK elements each) and the partial results reduced again. */
@@ -158,8 +157,8 @@ static nd_status reduce_split(nd_device *dev, const nd_cuda_iter &kept, const nd
 }
 
 template <class R>
-static nd_status reduce(const nd_cuda_iter &kept, const nd_cuda_iter &reduced, int group, float *out,
-                        const float *a, cudaStream_t stream) {
+static nd_status reduce(const nd_cuda_iter &kept, const nd_cuda_iter &reduced, int group,
+                        float *out, const float *a, cudaStream_t stream) {
     const int64_t groups_per_block = ND_CUDA_THREADS / group;
     unsigned int blocks = nd_cuda_blocks(kept.numel, groups_per_block);
     if (group == 1)
@@ -167,7 +166,8 @@ static nd_status reduce(const nd_cuda_iter &kept, const nd_cuda_iter &reduced, i
     else if (group == 32)
         reduce_kernel<R, 32><<<blocks, ND_CUDA_THREADS, 0, stream>>>(kept, reduced, out, a);
     else
-        reduce_kernel<R, ND_CUDA_THREADS><<<blocks, ND_CUDA_THREADS, 0, stream>>>(kept, reduced, out, a);
+        reduce_kernel<R, ND_CUDA_THREADS>
+            <<<blocks, ND_CUDA_THREADS, 0, stream>>>(kept, reduced, out, a);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }
@@ -219,9 +219,15 @@ nd_status nd_cuda_reduce(nd_reduce_op op, const nd_layout *out_layout, float *ou
     if (kept.numel <= SPLIT_MAX_OUTPUTS && reduced.numel >= SPLIT_MIN_ROW) {
         nd_status status = ND_ERR_OOM;
         switch (op) {
-        case ND_REDUCE_SUM: status = reduce_split<reduce_sum>(dev, kept, reduced, o, x, stream); break;
-        case ND_REDUCE_MAX: status = reduce_split<reduce_max>(dev, kept, reduced, o, x, stream); break;
-        case ND_REDUCE_MIN: status = reduce_split<reduce_min>(dev, kept, reduced, o, x, stream); break;
+        case ND_REDUCE_SUM:
+            status = reduce_split<reduce_sum>(dev, kept, reduced, o, x, stream);
+            break;
+        case ND_REDUCE_MAX:
+            status = reduce_split<reduce_max>(dev, kept, reduced, o, x, stream);
+            break;
+        case ND_REDUCE_MIN:
+            status = reduce_split<reduce_min>(dev, kept, reduced, o, x, stream);
+            break;
         default: break;
         }
         /* Without scratch (a tight limit) the one-pass kernels below still work. */

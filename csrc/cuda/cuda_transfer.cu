@@ -49,7 +49,8 @@ static void host_scatter(const nd_cuda_iter *it, float *base, const float *host)
 /* A scratch block of numel floats, or NULL when none can be had. */
 static float *scratch_alloc(nd_device *dev, int64_t numel) {
     void *p = NULL;
-    if (dev == NULL || nd_cuda_raw_alloc(dev, numel * (int64_t)sizeof(float), &p) != ND_OK) return NULL;
+    if (dev == NULL || nd_cuda_raw_alloc(dev, numel * (int64_t)sizeof(float), &p) != ND_OK)
+        return NULL;
     return (float *)p;
 }
 
@@ -64,8 +65,8 @@ static nd_status to_host_through_range(const nd_layout *l, const nd_cuda_iter *i
     nd_layout_extent(l, &lo, &hi);
     float *range = (float *)malloc((size_t)(hi - lo) * sizeof(float));
     if (range == NULL) return nd_fail(ND_ERR_OOM, "out of host memory for a device transfer");
-    cudaError_t err = cudaMemcpy(range, src + lo, (size_t)(hi - lo) * sizeof(float),
-                                 cudaMemcpyDeviceToHost);
+    cudaError_t err =
+        cudaMemcpy(range, src + lo, (size_t)(hi - lo) * sizeof(float), cudaMemcpyDeviceToHost);
     if (err == cudaSuccess) host_gather(it, range + (l->offset - lo), host);
     free(range);
     ND_CUDA_CHECK(err);
@@ -81,7 +82,8 @@ nd_status nd_cuda_to_host(const nd_layout *src_layout, const float *src, float *
     ND_TRY(nd_cuda_activate(src, &dev));
     const float *first = src + src_layout->offset;
     if (it.ndim == 1 && it.strides[0][0] == 1) {
-        ND_CUDA_CHECK(cudaMemcpy(host, first, (size_t)it.numel * sizeof(float), cudaMemcpyDeviceToHost));
+        ND_CUDA_CHECK(
+            cudaMemcpy(host, first, (size_t)it.numel * sizeof(float), cudaMemcpyDeviceToHost));
         return ND_OK;
     }
     int64_t lo, hi;
@@ -130,7 +132,8 @@ nd_status nd_cuda_from_host(const nd_layout *dst_layout, float *dst, const float
     ND_TRY(nd_cuda_activate(dst, &dev));
     float *first = dst + dst_layout->offset;
     if (it.ndim == 1 && it.strides[0][0] == 1) {
-        ND_CUDA_CHECK(cudaMemcpy(first, host, (size_t)it.numel * sizeof(float), cudaMemcpyHostToDevice));
+        ND_CUDA_CHECK(
+            cudaMemcpy(first, host, (size_t)it.numel * sizeof(float), cudaMemcpyHostToDevice));
         return ND_OK;
     }
     float *scratch = scratch_alloc(dev, it.numel);
@@ -139,7 +142,8 @@ nd_status nd_cuda_from_host(const nd_layout *dst_layout, float *dst, const float
      * goes back to the cache at once: later kernels on the stream run after
      * this one. */
     nd_status status = ND_OK;
-    cudaError_t err = cudaMemcpy(scratch, host, (size_t)it.numel * sizeof(float), cudaMemcpyHostToDevice);
+    cudaError_t err =
+        cudaMemcpy(scratch, host, (size_t)it.numel * sizeof(float), cudaMemcpyHostToDevice);
     if (err == cudaSuccess) {
         nd_layout packed;
         nd_layout_contiguous(dst_layout->ndim, dst_layout->shape, &packed);

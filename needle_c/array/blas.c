@@ -25,27 +25,28 @@ static cblas_sgemm64_fn sgemm64 = NULL;
 static cblas_sgemm32_fn sgemm32 = NULL;
 static char description[512] = "needle's built-in GEMM";
 
-static void call_sgemm64(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                         int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    sgemm64(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS, tb ? CBLAS_TRANS : CBLAS_NO_TRANS, m, n,
-            k, alpha, a, lda, b, ldb, beta, c, ldc);
+static void call_sgemm64(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                         float *c, int64_t ldc) {
+    sgemm64(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS, tb ? CBLAS_TRANS : CBLAS_NO_TRANS,
+            m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-static void call_sgemm32(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
-                         int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    sgemm32(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS, tb ? CBLAS_TRANS : CBLAS_NO_TRANS, (int)m,
-            (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+static void call_sgemm32(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                         float *c, int64_t ldc) {
+    sgemm32(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS, tb ? CBLAS_TRANS : CBLAS_NO_TRANS,
+            (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }
 
 /* 32-bit CBLAS cannot take dims past INT_MAX; those go to needle's GEMM. */
 static void call_sgemm32_checked(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
-                                 const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                                 float *c, int64_t ldc) {
+                                 const float *a, int64_t lda, const float *b, int64_t ldb,
+                                 float beta, float *c, int64_t ldc) {
     const int64_t big = 0x7fffffff;
     if (m > big || n > big || k > big || lda > big || ldb > big || ldc > big)
         nd_cpu_sgemm_fallback(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    else
-        call_sgemm32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    else call_sgemm32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 static int try_library(const char *path) {
@@ -100,7 +101,8 @@ static int try_numpy_libs(void) {
     int found = 0;
     struct dirent *entry;
     while (!found && (entry = readdir(d)) != NULL) {
-        if (strstr(entry->d_name, "openblas") == NULL || strstr(entry->d_name, ".so") == NULL) continue;
+        if (strstr(entry->d_name, "openblas") == NULL || strstr(entry->d_name, ".so") == NULL)
+            continue;
         char full[4608];
         snprintf(full, sizeof full, "%s/%s", dir, entry->d_name);
         found = try_library(full);

@@ -95,7 +95,9 @@ static void export_ctx_free(export_ctx *ctx) {
 }
 
 static void export_deleter(DLManagedTensor *self) { export_ctx_free(self->manager_ctx); }
-static void export_deleter_versioned(DLManagedTensorVersioned *self) { export_ctx_free(self->manager_ctx); }
+static void export_deleter_versioned(DLManagedTensorVersioned *self) {
+    export_ctx_free(self->manager_ctx);
+}
 
 /* A capsule nobody consumed still owns its tensor; a consumed one was renamed
  * and its consumer calls the deleter. */
@@ -140,8 +142,8 @@ static int wants_versioned(PyObject *max_version) {
 /* A DLPack (device_type, device_id) pair; TypeError for anything else. */
 static int parse_device_pair(PyObject *obj, const char *what, int *type, int *id) {
     if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 2) {
-        PyErr_Format(PyExc_TypeError, "%s must be a (device_type, device_id) tuple, got %.100s", what,
-                     Py_TYPE(obj)->tp_name);
+        PyErr_Format(PyExc_TypeError, "%s must be a (device_type, device_id) tuple, got %.100s",
+                     what, Py_TYPE(obj)->tp_name);
         return -1;
     }
     return PyArg_ParseTuple(obj, "ii", type, id) ? 0 : -1;
@@ -152,8 +154,8 @@ PyObject *interop_ndarray_dlpack(PyObject *op, PyObject *args, PyObject *kwargs)
      * the legacy default stream, which blocking streams already wait for. */
     static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
     PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:__dlpack__", kwlist, &stream, &max_version,
-                                     &dl_device, &copy))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:__dlpack__", kwlist, &stream,
+                                     &max_version, &dl_device, &copy))
         return NULL;
     (void)stream;
     NDArrayObject *self = NDArray_CAST(op);
@@ -163,8 +165,9 @@ PyObject *interop_ndarray_dlpack(PyObject *op, PyObject *args, PyObject *kwargs)
         int type, id;
         if (parse_device_pair(dl_device, "__dlpack__'s dl_device", &type, &id) < 0) return NULL;
         if (type != device.device_type || id != device.device_id) {
-            PyErr_Format(PyExc_BufferError, "__dlpack__: cannot export to device (%d, %d) from (%d, %d)",
-                         type, id, device.device_type, device.device_id);
+            PyErr_Format(PyExc_BufferError,
+                         "__dlpack__: cannot export to device (%d, %d) from (%d, %d)", type, id,
+                         device.device_type, device.device_id);
             return NULL;
         }
     }
@@ -208,7 +211,8 @@ PyObject *interop_ndarray_dlpack(PyObject *op, PyObject *args, PyObject *kwargs)
         ctx->versioned.deleter = export_deleter_versioned;
         ctx->versioned.flags = 0;
         ctx->versioned.dl_tensor = t;
-        capsule = PyCapsule_New(&ctx->versioned, VERSIONED_CAPSULE_NAME, capsule_destructor_versioned);
+        capsule =
+            PyCapsule_New(&ctx->versioned, VERSIONED_CAPSULE_NAME, capsule_destructor_versioned);
     } else {
         ctx->managed.dl_tensor = t;
         ctx->managed.manager_ctx = ctx;
@@ -244,7 +248,8 @@ static PyObject *array_interface(NDArrayObject *self, int cuda) {
             return NULL;
         }
         for (int i = 0; i < l->ndim; i++)
-            PyTuple_SET_ITEM(strides, i, PyLong_FromLongLong(l->strides[i] * (int64_t)sizeof(float)));
+            PyTuple_SET_ITEM(strides, i,
+                             PyLong_FromLongLong(l->strides[i] * (int64_t)sizeof(float)));
     }
     /* PyTuple_SET_ITEM above may have stored NULL on a failed allocation. */
     if (PyErr_Occurred()) {
@@ -258,8 +263,8 @@ static PyObject *array_interface(NDArrayObject *self, int cuda) {
         Py_DECREF(strides);
         return NULL;
     }
-    PyObject *dict = Py_BuildValue("{s:N,s:s,s:(NO),s:N,s:i}", "shape", shape, "typestr", "<f4", "data", ptr,
-                                   Py_False, "strides", strides, "version", 3);
+    PyObject *dict = Py_BuildValue("{s:N,s:s,s:(NO),s:N,s:i}", "shape", shape, "typestr", "<f4",
+                                   "data", ptr, Py_False, "strides", strides, "version", 3);
     if (dict != NULL && cuda && PyDict_SetItemString(dict, "stream", Py_None) < 0) Py_CLEAR(dict);
     return dict;
 }
@@ -269,7 +274,8 @@ PyObject *interop_ndarray_array_interface(PyObject *op, void *Py_UNUSED(closure)
     /* AttributeError, not another error, so NumPy falls back to __array__
      * (a copy through the host) for device arrays. */
     if (nd_device_get_kind(nd_storage_device(self->array.storage)) != ND_DEVICE_CPU) {
-        PyErr_SetString(PyExc_AttributeError, "__array_interface__ is only defined for arrays on the CPU");
+        PyErr_SetString(PyExc_AttributeError,
+                        "__array_interface__ is only defined for arrays on the CPU");
         return NULL;
     }
     return array_interface(self, 0);
@@ -278,7 +284,8 @@ PyObject *interop_ndarray_array_interface(PyObject *op, void *Py_UNUSED(closure)
 PyObject *interop_ndarray_cuda_array_interface(PyObject *op, void *Py_UNUSED(closure)) {
     NDArrayObject *self = NDArray_CAST(op);
     if (nd_device_get_kind(nd_storage_device(self->array.storage)) != ND_DEVICE_CUDA) {
-        PyErr_SetString(PyExc_AttributeError, "__cuda_array_interface__ is only defined for CUDA arrays");
+        PyErr_SetString(PyExc_AttributeError,
+                        "__cuda_array_interface__ is only defined for CUDA arrays");
         return NULL;
     }
     return array_interface(self, 1);
@@ -344,15 +351,17 @@ static nd_device *device_for(needle_state *st, DLDevice d) {
     if (d.device_type == kDLCUDA) {
         for (int id = 0; id < nd_device_count(); id++) {
             nd_device *dev = nd_device_at(id);
-            if (nd_device_get_kind(dev) == ND_DEVICE_CUDA && nd_device_ordinal(dev) == d.device_id &&
-                nd_device_available(dev))
+            if (nd_device_get_kind(dev) == ND_DEVICE_CUDA &&
+                nd_device_ordinal(dev) == d.device_id && nd_device_available(dev))
                 return dev;
         }
-        PyErr_Format(st->device_error, "from_dlpack: the data is on cuda:%d, which needle cannot use here",
+        PyErr_Format(st->device_error,
+                     "from_dlpack: the data is on cuda:%d, which needle cannot use here",
                      (int)d.device_id);
         return NULL;
     }
-    PyErr_Format(st->device_error, "from_dlpack: DLPack device type %d is not supported (only CPU and CUDA)",
+    PyErr_Format(st->device_error,
+                 "from_dlpack: DLPack device type %d is not supported (only CPU and CUDA)",
                  (int)d.device_type);
     return NULL;
 }
@@ -371,8 +380,8 @@ static int import_layout(needle_state *st, const DLTensor *t, nd_layout *layout,
         return -1;
     }
     if (t->ndim < 0 || t->ndim > ND_MAX_DIMS) {
-        PyErr_Format(PyExc_ValueError, "from_dlpack: arrays have at most %d dimensions, got %d", ND_MAX_DIMS,
-                     (int)t->ndim);
+        PyErr_Format(PyExc_ValueError, "from_dlpack: arrays have at most %d dimensions, got %d",
+                     ND_MAX_DIMS, (int)t->ndim);
         return -1;
     }
     if (t->byte_offset % sizeof(float) != 0) {
@@ -439,8 +448,9 @@ static PyObject *wrap_managed(needle_state *st, void *managed, int versioned, nd
         /* Needle arrays are always writable; sharing read-only memory would
          * let needle write into it. */
         if (v->flags & DLPACK_FLAG_BITMASK_READ_ONLY) {
-            PyErr_SetString(PyExc_BufferError,
-                            "from_dlpack: the data is read-only and needle arrays are writable; copy it first");
+            PyErr_SetString(
+                PyExc_BufferError,
+                "from_dlpack: the data is read-only and needle arrays are writable; copy it first");
             goto fail;
         }
     }
@@ -489,9 +499,10 @@ static PyObject *from_capsule(needle_state *st, PyObject *capsule, nd_device *ta
     } else {
         const char *name = PyCapsule_GetName(capsule);
         PyErr_Clear();
-        PyErr_Format(PyExc_ValueError,
-                     "from_dlpack: expected a 'dltensor' capsule, got one named '%s' (already consumed?)",
-                     name ? name : "(null)");
+        PyErr_Format(
+            PyExc_ValueError,
+            "from_dlpack: expected a 'dltensor' capsule, got one named '%s' (already consumed?)",
+            name ? name : "(null)");
         return NULL;
     }
     const char *name = versioned ? VERSIONED_CAPSULE_NAME : CAPSULE_NAME;
@@ -541,7 +552,8 @@ static PyObject *request_capsule(PyObject *obj) {
 static PyObject *module_from_dlpack(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"obj", "device", NULL};
     PyObject *obj, *device = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:from_dlpack", kwlist, &obj, &device)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:from_dlpack", kwlist, &obj, &device))
+        return NULL;
     needle_state *st = state_of_module(module);
     nd_device *target = NULL;
     if (device != Py_None && (target = device_from_object(st, device)) == NULL) return NULL;

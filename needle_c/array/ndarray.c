@@ -60,7 +60,8 @@ int parse_shape(PyObject *obj, int *ndim, int64_t *shape) {
         return 0;
     }
     if (!PyTuple_Check(obj) && !PyList_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "a shape must be a tuple of ints, got %.100s", Py_TYPE(obj)->tp_name);
+        PyErr_Format(PyExc_TypeError, "a shape must be a tuple of ints, got %.100s",
+                     Py_TYPE(obj)->tp_name);
         return -1;
     }
     PyObject *seq = sequence_tuple(obj, "a shape must be a sequence");
@@ -68,7 +69,8 @@ int parse_shape(PyObject *obj, int *ndim, int64_t *shape) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     if (n > ND_MAX_DIMS) {
         Py_DECREF(seq);
-        PyErr_Format(PyExc_ValueError, "arrays have at most %d dimensions, got %zd", ND_MAX_DIMS, n);
+        PyErr_Format(PyExc_ValueError, "arrays have at most %d dimensions, got %zd", ND_MAX_DIMS,
+                     n);
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -103,7 +105,8 @@ int parse_axis_list(PyObject *obj, int ndim, int *naxes, int *axes) {
     int n;
     if (parse_shape(obj, &n, values) < 0) return -1;
     (void)ndim;
-    for (int i = 0; i < n; i++) axes[i] = (int)(values[i] < -1000 ? -1000 : values[i] > 1000 ? 1000 : values[i]);
+    for (int i = 0; i < n; i++)
+        axes[i] = (int)(values[i] < -1000 ? -1000 : values[i] > 1000 ? 1000 : values[i]);
     *naxes = n;
     return 0;
 }
@@ -153,14 +156,14 @@ PyObject *ndarray_from_object(needle_state *st, PyObject *obj, nd_device *dev) {
 static PyObject *ndarray_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"other", "device", NULL};
     PyObject *other, *device = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:NDArray", kwlist, &other, &device)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:NDArray", kwlist, &other, &device))
+        return NULL;
     needle_state *st = state_of_type(type);
     if (st == NULL) return NULL;
     nd_device *dev;
     if (device == Py_None && ndarray_check(st, other))
         dev = nd_storage_device(NDArray_CAST(other)->array.storage);
-    else if ((dev = device_from_object(st, device)) == NULL)
-        return NULL;
+    else if ((dev = device_from_object(st, device)) == NULL) return NULL;
     return ndarray_from_object(st, other, dev);
 }
 
@@ -184,10 +187,12 @@ PyObject *ndarray_numpy(PyObject *op, PyObject *Py_UNUSED(ignored)) {
 static PyObject *ndarray_array(PyObject *op, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"dtype", "copy", NULL};
     PyObject *dtype = Py_None, *copy = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO:__array__", kwlist, &dtype, &copy)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO:__array__", kwlist, &dtype, &copy))
+        return NULL;
     if (copy == Py_False) {
-        PyErr_SetString(PyExc_ValueError,
-                        "needle arrays are converted to NumPy by copying; copy=False is impossible");
+        PyErr_SetString(
+            PyExc_ValueError,
+            "needle arrays are converted to NumPy by copying; copy=False is impossible");
         return NULL;
     }
     PyObject *result = ndarray_numpy(op, NULL);
@@ -204,9 +209,9 @@ static PyObject *ndarray_repr(PyObject *op) {
     PyObject *text = PyObject_Str(values);
     Py_DECREF(values);
     if (text == NULL) return NULL;
-    PyObject *result = PyUnicode_FromFormat(
-        "NDArray(%U, device=%R)", text,
-        device_object(st, nd_storage_device(NDArray_CAST(op)->array.storage)));
+    PyObject *result =
+        PyUnicode_FromFormat("NDArray(%U, device=%R)", text,
+                             device_object(st, nd_storage_device(NDArray_CAST(op)->array.storage)));
     Py_DECREF(text);
     return result;
 }
@@ -301,7 +306,8 @@ static PyObject *ndarray_reshape(PyObject *op, PyObject *const *args, Py_ssize_t
     if (status == ND_OK) return ndarray_view(st, self, &layout);
     if (status != ND_ERR_NOT_VIEWABLE) return raise_status(st, status);
     nd_array copy;
-    if ((status = nd_array_compact_copy(&self->array, NULL, &copy)) != ND_OK) return raise_status(st, status);
+    if ((status = nd_array_compact_copy(&self->array, NULL, &copy)) != ND_OK)
+        return raise_status(st, status);
     status = nd_layout_reshape(&copy.layout, ndim, shape, &layout);
     if (status != ND_OK) {
         nd_array_release(&copy);
@@ -327,7 +333,8 @@ static PyObject *ndarray_permute(PyObject *op, PyObject *const *args, Py_ssize_t
     Py_DECREF(spec);
     if (rc < 0) return NULL;
     if (naxes != self->array.layout.ndim) {
-        PyErr_Format(PyExc_ValueError, "permute: expected %d axes, got %d", self->array.layout.ndim, naxes);
+        PyErr_Format(PyExc_ValueError, "permute: expected %d axes, got %d", self->array.layout.ndim,
+                     naxes);
         return NULL;
     }
     nd_layout layout;
@@ -449,7 +456,8 @@ static int index_layout(NDArrayObject *self, PyObject *key, nd_layout *out) {
         goto done;
     }
     if (explicit_count > l.ndim) {
-        PyErr_Format(PyExc_IndexError, "too many indices for array: array is %d-dimensional, but %zd were indexed",
+        PyErr_Format(PyExc_IndexError,
+                     "too many indices for array: array is %d-dimensional, but %zd were indexed",
                      l.ndim, explicit_count);
         goto done;
     }
@@ -464,14 +472,16 @@ static int index_layout(NDArrayObject *self, PyObject *key, nd_layout *out) {
         if (PySlice_Check(item)) {
             Py_ssize_t start, stop, step;
             if (PySlice_Unpack(item, &start, &stop, &step) < 0) goto done;
-            Py_ssize_t length = PySlice_AdjustIndices((Py_ssize_t)l.shape[dim], &start, &stop, step);
+            Py_ssize_t length =
+                PySlice_AdjustIndices((Py_ssize_t)l.shape[dim], &start, &stop, step);
             status = nd_layout_slice(&l, dim, start, step, length);
         } else if (PyIndex_Check(item) && !PyFloat_Check(item)) {
             Py_ssize_t index = PyNumber_AsSsize_t(item, PyExc_IndexError);
             if (index == -1 && PyErr_Occurred()) goto done;
             if (index < 0) index += (Py_ssize_t)l.shape[dim];
             if (index < 0 || index >= l.shape[dim]) {
-                PyErr_Format(PyExc_IndexError, "index %zd is out of bounds for axis %d with size %lld",
+                PyErr_Format(PyExc_IndexError,
+                             "index %zd is out of bounds for axis %d with size %lld",
                              PyNumber_AsSsize_t(item, NULL), dim, (long long)l.shape[dim]);
                 goto done;
             }
@@ -521,10 +531,12 @@ static int ndarray_setitem(PyObject *op, PyObject *key, PyObject *value) {
     } else {
         if (PyErr_Occurred()) return -1;
         if (value == Py_None || PyUnicode_Check(value) || PyBytes_Check(value)) {
-            PyErr_Format(PyExc_TypeError, "cannot assign %.100s to an NDArray", Py_TYPE(value)->tp_name);
+            PyErr_Format(PyExc_TypeError, "cannot assign %.100s to an NDArray",
+                         Py_TYPE(value)->tp_name);
             return -1;
         }
-        PyObject *converted = ndarray_from_object(st, value, nd_storage_device(self->array.storage));
+        PyObject *converted =
+            ndarray_from_object(st, value, nd_storage_device(self->array.storage));
         if (converted == NULL) return -1;
         status = nd_array_assign(&view, &NDArray_CAST(converted)->array);
         Py_DECREF(converted);
@@ -559,10 +571,15 @@ static PyMethodDef ndarray_methods[] = {
     {"as_strided", (PyCFunction)(void (*)(void))ndarray_as_strided, METH_FASTCALL,
      "as_strided($self, shape, strides, /)\n--\n\nA view with explicit strides (elements), "
      "bounds-checked against the storage."},
-    {"to", ndarray_to, METH_O, "to($self, device, /)\n--\n\nself on device (a copy when it moves)."},
+    {"to", ndarray_to, METH_O,
+     "to($self, device, /)\n--\n\nself on device (a copy when it moves)."},
     {"fill", ndarray_fill, METH_O, "fill($self, value, /)\n--\n\nSets every element, in place."},
-    {"__dlpack__", (PyCFunction)(void (*)(void))interop_ndarray_dlpack, METH_VARARGS | METH_KEYWORDS, "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\nA DLPack capsule sharing this view's memory (interop.c)."},
-    {"__dlpack_device__", interop_ndarray_dlpack_device, METH_NOARGS, "__dlpack_device__($self, /)\n--\n\n(device_type, device_id) as DLPack numbers them."},
+    {"__dlpack__", (PyCFunction)(void (*)(void))interop_ndarray_dlpack,
+     METH_VARARGS | METH_KEYWORDS,
+     "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\nA "
+     "DLPack capsule sharing this view's memory (interop.c)."},
+    {"__dlpack_device__", interop_ndarray_dlpack_device, METH_NOARGS,
+     "__dlpack_device__($self, /)\n--\n\n(device_type, device_id) as DLPack numbers them."},
     {"log", ndarray_log, METH_NOARGS, "log($self, /)\n--\n\nNatural logarithm, elementwise."},
     {"exp", ndarray_exp, METH_NOARGS, "exp($self, /)\n--\n\nExponential, elementwise."},
     {"tanh", ndarray_tanh, METH_NOARGS, "tanh($self, /)\n--\n\nHyperbolic tangent, elementwise."},
@@ -574,7 +591,8 @@ static PyMethodDef ndarray_methods[] = {
      "maximum($self, other, /)\n--\n\nElementwise maximum with an NDArray or a number."},
     {"minimum", ndarray_minimum, METH_O,
      "minimum($self, other, /)\n--\n\nElementwise minimum with an NDArray or a number."},
-    {"matmul", ndarray_matmul, METH_O, "matmul($self, other, /)\n--\n\nself @ other (NumPy rules)."},
+    {"matmul", ndarray_matmul, METH_O,
+     "matmul($self, other, /)\n--\n\nself @ other (NumPy rules)."},
     {"sum", (PyCFunction)(void (*)(void))ndarray_sum, METH_FASTCALL | METH_KEYWORDS,
      "sum($self, /, axis=None, keepdims=False)\n--\n\nSum over axis (None, an int or a tuple). "
      "axis=None without keepdims gives shape (1,), as in the course."},
@@ -599,8 +617,10 @@ static PyGetSetDef ndarray_getset[] = {
     {"flat", get_flat, NULL, "The array reshaped to (size,).", NULL},
     {"_storage_refcount", get_storage_refcount, NULL, "Views sharing the storage.", NULL},
     {"_storage_size", get_storage_numel, NULL, "Elements in the underlying storage.", NULL},
-    {"__array_interface__", interop_ndarray_array_interface, NULL, "NumPy's array interface v3 (CPU only; shares memory).", NULL},
-    {"__cuda_array_interface__", interop_ndarray_cuda_array_interface, NULL, "The CUDA array interface v3 (CUDA only).", NULL},
+    {"__array_interface__", interop_ndarray_array_interface, NULL,
+     "NumPy's array interface v3 (CPU only; shares memory).", NULL},
+    {"__cuda_array_interface__", interop_ndarray_cuda_array_interface, NULL,
+     "The CUDA array interface v3 (CUDA only).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

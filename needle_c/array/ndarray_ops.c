@@ -80,10 +80,8 @@ static PyObject *unary(PyObject *a, nd_unary_op op) {
 PyObject *ndarray_negative(PyObject *a) { return unary(a, ND_NEG); }
 PyObject *ndarray_absolute(PyObject *a) { return unary(a, ND_ABS); }
 
-#define UNARY_METHOD(name, op)                                                            \
-    PyObject *ndarray_##name(PyObject *a, PyObject *Py_UNUSED(ignored)) {          \
-        return unary(a, op);                                                              \
-    }
+#define UNARY_METHOD(name, op) \
+    PyObject *ndarray_##name(PyObject *a, PyObject *Py_UNUSED(ignored)) { return unary(a, op); }
 UNARY_METHOD(log, ND_LOG)
 UNARY_METHOD(exp, ND_EXP)
 UNARY_METHOD(tanh, ND_TANH)
@@ -125,7 +123,8 @@ PyObject *ndarray_matmul_slot(PyObject *a, PyObject *b) {
 
 PyObject *ndarray_matmul(PyObject *a, PyObject *b) {
     if (!IS_NDARRAY(b)) {
-        PyErr_Format(PyExc_TypeError, "matmul: expected an NDArray, got %.100s", Py_TYPE(b)->tp_name);
+        PyErr_Format(PyExc_TypeError, "matmul: expected an NDArray, got %.100s",
+                     Py_TYPE(b)->tp_name);
         return NULL;
     }
     return ndarray_matmul_slot(a, b);
@@ -137,7 +136,8 @@ PyObject *ndarray_matmul(PyObject *a, PyObject *b) {
 static int parse_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                       const char *const *names, int count, PyObject **values, const char *fname) {
     if (nargs > count) {
-        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments (%zd given)", fname, count, nargs);
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments (%zd given)", fname, count,
+                     nargs);
         return -1;
     }
     for (Py_ssize_t i = 0; i < nargs; i++) values[i] = args[i];
@@ -148,8 +148,8 @@ static int parse_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
         for (int i = 0; i < count; i++) {
             if (PyUnicode_CompareWithASCIIString(key, names[i]) == 0) {
                 if (values[i] != NULL) {
-                    PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", fname,
-                                 names[i]);
+                    PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'",
+                                 fname, names[i]);
                     return -1;
                 }
                 values[i] = args[nargs + k];
@@ -157,7 +157,8 @@ static int parse_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
             }
         }
         if (!found) {
-            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fname, key);
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fname,
+                         key);
             return -1;
         }
     }
@@ -247,7 +248,8 @@ PyObject *ndarray_pad(PyObject *op, PyObject *axes) {
             return NULL;
         }
         if (n != 2 || pair[0] < 0 || pair[1] < 0) {
-            PyErr_SetString(PyExc_ValueError, "pad: each axis needs a (before, after) pair of non-negative ints");
+            PyErr_SetString(PyExc_ValueError,
+                            "pad: each axis needs a (before, after) pair of non-negative ints");
             Py_DECREF(seq);
             return NULL;
         }
@@ -256,10 +258,12 @@ PyObject *ndarray_pad(PyObject *op, PyObject *axes) {
     }
     Py_DECREF(seq);
     nd_array out;
-    nd_status status = nd_array_empty(nd_storage_device(self->array.storage), in->ndim, shape, &out);
+    nd_status status =
+        nd_array_empty(nd_storage_device(self->array.storage), in->ndim, shape, &out);
     if (status != ND_OK) return raise_status(st, status);
     nd_array interior = out;
-    for (int i = 0; i < in->ndim; i++) nd_layout_slice(&interior.layout, i, before[i], 1, in->shape[i]);
+    for (int i = 0; i < in->ndim; i++)
+        nd_layout_slice(&interior.layout, i, before[i], 1, in->shape[i]);
     if ((status = nd_array_fill(&out, 0.0f)) != ND_OK ||
         (status = nd_array_assign(&interior, &self->array)) != ND_OK) {
         nd_array_release(&out);
@@ -275,7 +279,8 @@ static PyObject *module_stack(PyObject *module, PyObject *args, PyObject *kwargs
     static char *kwlist[] = {"arrays", "axis", NULL};
     PyObject *arrays;
     Py_ssize_t axis = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|n:stack", kwlist, &arrays, &axis)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|n:stack", kwlist, &arrays, &axis))
+        return NULL;
     needle_state *st = state_of_module(module);
     PyObject *seq = sequence_tuple(arrays, "stack: expected a sequence of NDArrays");
     if (seq == NULL) return NULL;
@@ -296,15 +301,17 @@ static PyObject *module_stack(PyObject *module, PyObject *args, PyObject *kwargs
     int ndim = first->layout.ndim;
     for (Py_ssize_t i = 1; i < n; i++) {
         const nd_layout *l = &NDArray_CAST(PySequence_Fast_GET_ITEM(seq, i))->array.layout;
-        if (l->ndim != ndim || memcmp(l->shape, first->layout.shape, sizeof(int64_t) * (size_t)ndim) != 0) {
+        if (l->ndim != ndim ||
+            memcmp(l->shape, first->layout.shape, sizeof(int64_t) * (size_t)ndim) != 0) {
             PyErr_SetString(PyExc_ValueError, "stack: all input arrays must have the same shape");
             goto done;
         }
     }
     int ax;
     if (nd_normalize_axis(axis, ndim + 1, &ax) != ND_OK || ndim + 1 > ND_MAX_DIMS) {
-        PyErr_Format(PyExc_ValueError, "stack: axis %zd is out of bounds for the result of dimension %d",
-                     axis, ndim + 1);
+        PyErr_Format(PyExc_ValueError,
+                     "stack: axis %zd is out of bounds for the result of dimension %d", axis,
+                     ndim + 1);
         goto done;
     }
     int64_t shape[ND_MAX_DIMS];
@@ -338,7 +345,8 @@ PyObject *ndarray_new_on(needle_state *st, nd_device *dev, PyObject *shape_obj, 
     if (parse_shape(shape_obj, &ndim, shape) < 0) return NULL;
     nd_array arr;
     nd_status status = nd_array_empty(dev, ndim, shape, &arr);
-    if (status == ND_OK && fill != NULL && (status = nd_array_fill(&arr, *fill)) != ND_OK) nd_array_release(&arr);
+    if (status == ND_OK && fill != NULL && (status = nd_array_fill(&arr, *fill)) != ND_OK)
+        nd_array_release(&arr);
     if (status != ND_OK) return raise_status(st, status);
     return ndarray_wrap(st, &arr);
 }
@@ -346,7 +354,8 @@ PyObject *ndarray_new_on(needle_state *st, nd_device *dev, PyObject *shape_obj, 
 static PyObject *module_empty(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"shape", "device", NULL};
     PyObject *shape_obj, *device = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:empty", kwlist, &shape_obj, &device)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:empty", kwlist, &shape_obj, &device))
+        return NULL;
     needle_state *st = state_of_module(module);
     nd_device *dev = device_from_object(st, device);
     return dev ? ndarray_new_on(st, dev, shape_obj, NULL) : NULL;
@@ -356,7 +365,8 @@ static PyObject *module_full(PyObject *module, PyObject *args, PyObject *kwargs)
     static char *kwlist[] = {"shape", "fill_value", "device", NULL};
     PyObject *shape_obj, *device = Py_None;
     double value;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Od|O:full", kwlist, &shape_obj, &value, &device))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Od|O:full", kwlist, &shape_obj, &value,
+                                     &device))
         return NULL;
     needle_state *st = state_of_module(module);
     nd_device *dev = device_from_object(st, device);

@@ -18,7 +18,8 @@ static void remember_site(PyObject *value) {
     Py_XINCREF(frame);
     for (int depth = 0; frame != NULL && depth < HISTORY_DEPTH; depth++) {
         PyCodeObject *code = PyFrame_GetCode(frame);
-        PyObject *entry = Py_BuildValue("(OiO)", code->co_filename, PyFrame_GetLineNumber(frame), code->co_name);
+        PyObject *entry =
+            Py_BuildValue("(OiO)", code->co_filename, PyFrame_GetLineNumber(frame), code->co_name);
         Py_DECREF(code);
         if (entry == NULL || PyList_Append(frames, entry) < 0) {
             Py_XDECREF(entry);
@@ -73,6 +74,7 @@ PyMethodDef alloc_site_functions[] = {
     {"_record_history", mod_record_history, METH_O,
      "_record_history(on, /)\n--\n\nWhen on, new tensors keep the frames that created them in "
      "_alloc_site. Returns the previous setting."},
-    {"_tensor_count", mod_tensor_count, METH_NOARGS, "_tensor_count()\n--\n\nLive Tensor/TensorTuple objects."},
+    {"_tensor_count", mod_tensor_count, METH_NOARGS,
+     "_tensor_count()\n--\n\nLive Tensor/TensorTuple objects."},
     {NULL, NULL, 0, NULL},
 };

@@ -42,14 +42,16 @@ PyObject *find_topo_sort(needle_state *st, PyObject *roots) {
     for (Py_ssize_t r = 0; r < PyTuple_GET_SIZE(roots); r++) {
         PyObject *next = PyTuple_GET_ITEM(roots, r);
         if (!is_value(st, next)) {
-            PyErr_Format(PyExc_TypeError, "find_topo_sort takes Tensors, got %.100s", Py_TYPE(next)->tp_name);
+            PyErr_Format(PyExc_TypeError, "find_topo_sort takes Tensors, got %.100s",
+                         Py_TYPE(next)->tp_name);
             goto fail;
         }
         while (next != NULL || depth > 0) {
             if (next != NULL) {
                 PyObject *seen = PyDict_GetItemWithError(state, next);
                 if (seen == Py_False) {
-                    PyErr_SetString(PyExc_ValueError, "graph has a cycle: a node is among its own inputs");
+                    PyErr_SetString(PyExc_ValueError,
+                                    "graph has a cycle: a node is among its own inputs");
                     goto fail;
                 }
                 if (seen == NULL && PyErr_Occurred()) goto fail;
@@ -77,7 +79,9 @@ PyObject *find_topo_sort(needle_state *st, PyObject *roots) {
                 next = PyTuple_GET_ITEM(top->inputs, top->next++);
                 continue;
             }
-            if (PyDict_SetItem(state, top->node, Py_True) < 0 || PyList_Append(order, top->node) < 0) goto fail;
+            if (PyDict_SetItem(state, top->node, Py_True) < 0 ||
+                PyList_Append(order, top->node) < 0)
+                goto fail;
             depth--;
             Py_DECREF(top->node);
             Py_DECREF(top->inputs);
@@ -138,15 +142,17 @@ static int check_partials(needle_state *st, PyObject *op, PyObject *partials, Py
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(inputs); k++) {
         PyObject *partial = PyTuple_GET_ITEM(partials, k);
         if (!is_value(st, partial)) {
-            PyErr_Format(PyExc_TypeError, "%R.gradient returned a %.100s for input %zd, not a Tensor", op,
+            PyErr_Format(PyExc_TypeError,
+                         "%R.gradient returned a %.100s for input %zd, not a Tensor", op,
                          Py_TYPE(partial)->tp_name, k);
             return -1;
         }
         int differ = shapes_differ(st, partial, PyTuple_GET_ITEM(inputs, k));
         if (differ) {
             if (differ > 0)
-                PyErr_Format(PyExc_ValueError, "%R.gradient returned a gradient of the wrong shape for input %zd",
-                             op, k);
+                PyErr_Format(PyExc_ValueError,
+                             "%R.gradient returned a gradient of the wrong shape for input %zd", op,
+                             k);
             return -1;
         }
     }
@@ -213,7 +219,8 @@ fail:
     return -1;
 }
 
-static int backward_cycle_free(needle_state *st, PyObject *topo, PyObject *output, PyObject *out_grad) {
+static int backward_cycle_free(needle_state *st, PyObject *topo, PyObject *output,
+                               PyObject *out_grad) {
     PyObject *grads = PyDict_New();
     if (grads == NULL) return -1;
     PyObject *seed_data = realize(st, out_grad);
@@ -290,7 +297,8 @@ fail:
 
 int compute_gradient_of_variables(needle_state *st, PyObject *output, PyObject *out_grad) {
     if (!is_value(st, out_grad)) {
-        PyErr_Format(PyExc_TypeError, "out_grad must be a Tensor, got %.100s", Py_TYPE(out_grad)->tp_name);
+        PyErr_Format(PyExc_TypeError, "out_grad must be a Tensor, got %.100s",
+                     Py_TYPE(out_grad)->tp_name);
         return -1;
     }
     int differ = shapes_differ(st, out_grad, output);
@@ -336,8 +344,10 @@ PyObject *tensor_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
         }
         const nd_array *a = &NDArray_CAST(data)->array;
         nd_array ones;
-        nd_status status = nd_array_empty(nd_storage_device(a->storage), a->layout.ndim, a->layout.shape, &ones);
-        if (status == ND_OK && (status = nd_array_fill(&ones, 1.0f)) != ND_OK) nd_array_release(&ones);
+        nd_status status =
+            nd_array_empty(nd_storage_device(a->storage), a->layout.ndim, a->layout.shape, &ones);
+        if (status == ND_OK && (status = nd_array_fill(&ones, 1.0f)) != ND_OK)
+            nd_array_release(&ones);
         Py_DECREF(data);
         if (status != ND_OK) return raise_status(st, status);
         PyObject *array = ndarray_wrap(st, &ones);
@@ -390,15 +400,16 @@ static PyObject *mod_set_graph_mode(PyObject *module, PyObject *arg) {
     if (strcmp(name, "cycle_free") == 0) st->autograd->mode = GRAPH_CYCLE_FREE;
     else if (strcmp(name, "needle") == 0) st->autograd->mode = GRAPH_NEEDLE;
     else {
-        PyErr_Format(PyExc_ValueError, "unknown graph mode %R (expected 'cycle_free' or 'needle')", arg);
+        PyErr_Format(PyExc_ValueError, "unknown graph mode %R (expected 'cycle_free' or 'needle')",
+                     arg);
         return NULL;
     }
     return PyUnicode_FromString(previous == GRAPH_NEEDLE ? "needle" : "cycle_free");
 }
 
 static PyObject *mod_get_graph_mode(PyObject *module, PyObject *Py_UNUSED(ignored)) {
-    return PyUnicode_FromString(state_of_module(module)->autograd->mode == GRAPH_NEEDLE ? "needle"
-                                                                                         : "cycle_free");
+    return PyUnicode_FromString(
+        state_of_module(module)->autograd->mode == GRAPH_NEEDLE ? "needle" : "cycle_free");
 }
 
 static PyObject *mod_set_grad_enabled(PyObject *module, PyObject *arg) {
@@ -416,10 +427,12 @@ static PyObject *mod_is_grad_enabled(PyObject *module, PyObject *Py_UNUSED(ignor
 static PyMethodDef autograd_functions[] = {
     {"find_topo_sort", mod_find_topo_sort, METH_O,
      "find_topo_sort(node_list, /)\n--\n\nNodes in the course's post-order DFS order (iterative)."},
-    {"compute_gradient_of_variables", (PyCFunction)(void (*)(void))mod_compute_gradient, METH_FASTCALL,
+    {"compute_gradient_of_variables", (PyCFunction)(void (*)(void))mod_compute_gradient,
+     METH_FASTCALL,
      "compute_gradient_of_variables(output_tensor, out_grad, /)\n--\n\nBackward from output_tensor "
      "in the current graph mode."},
-    {"_set_graph_mode", mod_set_graph_mode, METH_O, "_set_graph_mode(name, /)\n--\n\nReturns the previous mode."},
+    {"_set_graph_mode", mod_set_graph_mode, METH_O,
+     "_set_graph_mode(name, /)\n--\n\nReturns the previous mode."},
     {"_get_graph_mode", mod_get_graph_mode, METH_NOARGS, NULL},
     {"_set_grad_enabled", mod_set_grad_enabled, METH_O,
      "_set_grad_enabled(enabled, /)\n--\n\nRecording on or off; returns the previous setting."},
@@ -438,7 +451,8 @@ int autograd_module_init(PyObject *module, needle_state *st) {
     ops_nn_register(op_impls);
     for (int k = 1; k < OP_KIND_COUNT; k++)
         if (op_impls[k].compute == NULL || op_impls[k].gradient == NULL) {
-            PyErr_Format(PyExc_SystemError, "built-in op %s has no implementation", op_table[k].name);
+            PyErr_Format(PyExc_SystemError, "built-in op %s has no implementation",
+                         op_table[k].name);
             return -1;
         }
     if (tensor_types_init(module, st) < 0 || op_types_init(module, st) < 0) return -1;

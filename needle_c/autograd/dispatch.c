@@ -33,11 +33,13 @@ static int check_arrays(needle_state *st, op_kind kind, PyObject *const *arrays,
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         int ok = info->inputs == IN_TUPLE ? PyTuple_Check(arrays[i]) : ndarray_check(st, arrays[i]);
-        for (Py_ssize_t k = 0; ok && info->inputs == IN_TUPLE && k < PyTuple_GET_SIZE(arrays[i]); k++)
+        for (Py_ssize_t k = 0; ok && info->inputs == IN_TUPLE && k < PyTuple_GET_SIZE(arrays[i]);
+             k++)
             ok = ndarray_check(st, PyTuple_GET_ITEM(arrays[i], k));
         if (!ok) {
             PyErr_Format(PyExc_TypeError, "%s expects %s, got %.100s at position %zd", info->name,
-                         info->inputs == IN_TUPLE ? "a TensorTuple of NDArrays" : "Tensors (not TensorTuples)",
+                         info->inputs == IN_TUPLE ? "a TensorTuple of NDArrays"
+                                                  : "Tensors (not TensorTuples)",
                          Py_TYPE(arrays[i])->tp_name, i);
             return -1;
         }
@@ -45,8 +47,8 @@ static int check_arrays(needle_state *st, op_kind kind, PyObject *const *arrays,
     return 0;
 }
 
-PyObject *compute_arrays(needle_state *st, op_kind kind, const op_params *p, PyObject *const *arrays,
-                         Py_ssize_t n) {
+PyObject *compute_arrays(needle_state *st, op_kind kind, const op_params *p,
+                         PyObject *const *arrays, Py_ssize_t n) {
     if (check_arrays(st, kind, arrays, n) < 0) return NULL;
     return op_impls[kind].compute(st, p, arrays, n);
 }
@@ -62,10 +64,12 @@ static PyObject *python_compute(PyObject *op, PyObject *const *arrays, Py_ssize_
 
 #define INLINE_INPUTS 8
 
-PyObject *run_compute(needle_state *st, PyObject *op, op_kind kind, const op_params *p, PyObject *inputs) {
+PyObject *run_compute(needle_state *st, PyObject *op, op_kind kind, const op_params *p,
+                      PyObject *inputs) {
     Py_ssize_t n = PyTuple_GET_SIZE(inputs);
     PyObject *inline_arrays[INLINE_INPUTS];
-    PyObject **arrays = n <= INLINE_INPUTS ? inline_arrays : PyMem_Malloc(sizeof(PyObject *) * (size_t)n);
+    PyObject **arrays =
+        n <= INLINE_INPUTS ? inline_arrays : PyMem_Malloc(sizeof(PyObject *) * (size_t)n);
     if (arrays == NULL) return PyErr_NoMemory();
     PyObject *result = NULL;
     Py_ssize_t held = 0;
@@ -97,8 +101,8 @@ done:
 
 /* The result of op(inputs) with its data: a graph node when `record`, else a
  * detached constant. Steals data. */
-static PyObject *record_node(needle_state *st, PyObject *op, PyObject *inputs, PyObject *data, int record,
-                             int tuple_output) {
+static PyObject *record_node(needle_state *st, PyObject *op, PyObject *inputs, PyObject *data,
+                             int record, int tuple_output) {
     if (data == NULL) return NULL;
     if (!record) {
         PyObject *node = make_const(st, data, 0);
@@ -127,7 +131,8 @@ PyObject *make_from_op(needle_state *st, PyObject *op, PyObject *inputs, int tup
     /* Compute first: a failing op leaves no half-built node behind. The
      * caller holds inputs and op across this. */
     PyObject *data = run_compute(st, op, Op_CAST(op)->kind, &Op_CAST(op)->p, inputs);
-    return record_node(st, op, inputs, data, data != NULL && should_record(st, inputs), tuple_output);
+    return record_node(st, op, inputs, data, data != NULL && should_record(st, inputs),
+                       tuple_output);
 }
 
 PyObject *apply_op(needle_state *st, op_kind kind, const op_params *p, PyObject *inputs) {
@@ -166,8 +171,8 @@ PyObject *apply2(needle_state *st, op_kind kind, const op_params *p, PyObject *a
 PyObject *builtin_gradient(needle_state *st, OpObject *op, PyObject *out_grad, PyObject *node) {
     Py_ssize_t arity = op_table[op->kind].arity, n = PyTuple_GET_SIZE(Tensor_CAST(node)->inputs);
     if (arity != ARITY_ANY && n != arity) {
-        PyErr_Format(PyExc_ValueError, "%s takes %zd input%s, but the node has %zd", op_table[op->kind].name,
-                     arity, arity == 1 ? "" : "s", n);
+        PyErr_Format(PyExc_ValueError, "%s takes %zd input%s, but the node has %zd",
+                     op_table[op->kind].name, arity, arity == 1 ? "" : "s", n);
         return NULL;
     }
     grad_scope s;
@@ -184,14 +189,16 @@ static PyObject *python_gradient(PyObject *op, PyObject *out_grad, PyObject *nod
     PyObject *args[3] = {op, out_grad, node};
     PyObject *name = PyUnicode_FromString("gradient");
     if (name == NULL) return NULL;
-    PyObject *result = PyObject_VectorcallMethod(name, args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    PyObject *result =
+        PyObject_VectorcallMethod(name, args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     Py_DECREF(name);
     return result;
 }
 
 PyObject *run_gradient(needle_state *st, PyObject *op, PyObject *out_grad, PyObject *node) {
-    PyObject *result = op_dispatches_in_c(st, op) ? builtin_gradient(st, Op_CAST(op), out_grad, node)
-                                                  : python_gradient(op, out_grad, node);
+    PyObject *result = op_dispatches_in_c(st, op)
+                           ? builtin_gradient(st, Op_CAST(op), out_grad, node)
+                           : python_gradient(op, out_grad, node);
     if (result == NULL || PyTuple_CheckExact(result)) return result;
     if (PyList_Check(result) || PyTuple_Check(result)) {
         Py_SETREF(result, PySequence_Tuple(result));

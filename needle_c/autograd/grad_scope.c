@@ -78,13 +78,23 @@ PyObject *g_apply2(grad_scope *s, op_kind kind, const op_params *p, PyObject *a,
     return s->failed || a == NULL || b == NULL ? NULL : scope_keep(s, apply2(s->st, kind, p, a, b));
 }
 
-PyObject *g_add(grad_scope *s, PyObject *a, PyObject *b) { return g_apply2(s, OP_EWISE_ADD, &no_params, a, b); }
+PyObject *g_add(grad_scope *s, PyObject *a, PyObject *b) {
+    return g_apply2(s, OP_EWISE_ADD, &no_params, a, b);
+}
 PyObject *g_sub(grad_scope *s, PyObject *a, PyObject *b) { return g_add(s, a, g_neg(s, b)); }
-PyObject *g_mul(grad_scope *s, PyObject *a, PyObject *b) { return g_apply2(s, OP_EWISE_MUL, &no_params, a, b); }
-PyObject *g_div(grad_scope *s, PyObject *a, PyObject *b) { return g_apply2(s, OP_EWISE_DIV, &no_params, a, b); }
-PyObject *g_matmul(grad_scope *s, PyObject *a, PyObject *b) { return g_apply2(s, OP_MATMUL, &no_params, a, b); }
+PyObject *g_mul(grad_scope *s, PyObject *a, PyObject *b) {
+    return g_apply2(s, OP_EWISE_MUL, &no_params, a, b);
+}
+PyObject *g_div(grad_scope *s, PyObject *a, PyObject *b) {
+    return g_apply2(s, OP_EWISE_DIV, &no_params, a, b);
+}
+PyObject *g_matmul(grad_scope *s, PyObject *a, PyObject *b) {
+    return g_apply2(s, OP_MATMUL, &no_params, a, b);
+}
 PyObject *g_neg(grad_scope *s, PyObject *a) { return g_apply1(s, OP_NEGATE, &no_params, a); }
-PyObject *g_unary(grad_scope *s, op_kind kind, PyObject *a) { return g_apply1(s, kind, &no_params, a); }
+PyObject *g_unary(grad_scope *s, op_kind kind, PyObject *a) {
+    return g_apply1(s, kind, &no_params, a);
+}
 
 PyObject *g_scalar(grad_scope *s, op_kind kind, PyObject *a, double scalar) {
     op_params p = no_params;
@@ -92,7 +102,8 @@ PyObject *g_scalar(grad_scope *s, op_kind kind, PyObject *a, double scalar) {
     return g_apply1(s, kind, &p, a);
 }
 
-static PyObject *shape_op(grad_scope *s, op_kind kind, PyObject *a, int ndim, const int64_t *shape) {
+static PyObject *shape_op(grad_scope *s, op_kind kind, PyObject *a, int ndim,
+                          const int64_t *shape) {
     op_params p = no_params;
     p.ndim = ndim;
     memcpy(p.shape, shape, sizeof(int64_t) * (size_t)ndim);
@@ -115,7 +126,8 @@ PyObject *g_sum_mask(grad_scope *s, PyObject *a, int ndim, uint32_t mask) {
     return g_apply1(s, OP_SUMMATION, &p, a);
 }
 
-PyObject *g_axes_op(grad_scope *s, op_kind kind, PyObject *a, int naxes, const int *axes, int dilation) {
+PyObject *g_axes_op(grad_scope *s, op_kind kind, PyObject *a, int naxes, const int *axes,
+                    int dilation) {
     op_params p = no_params;
     p.axes_given = 1;
     p.naxes = naxes;
@@ -128,7 +140,9 @@ PyObject *g_transpose(grad_scope *s, PyObject *a, int x, int y) {
     return g_axes_op(s, OP_TRANSPOSE, a, 2, (int[]){x, y}, 0);
 }
 
-PyObject *g_transpose_last(grad_scope *s, PyObject *a) { return g_apply1(s, OP_TRANSPOSE, &no_params, a); }
+PyObject *g_transpose_last(grad_scope *s, PyObject *a) {
+    return g_apply1(s, OP_TRANSPOSE, &no_params, a);
+}
 
 PyObject *g_expand(grad_scope *s, PyObject *g, int ndim, const int64_t *shape, uint32_t mask) {
     int64_t kept[ND_MAX_DIMS];
@@ -157,7 +171,8 @@ PyObject *g_zeros_like(grad_scope *s, PyObject *value) {
     PyObject *data = g_data(s, value);
     if (data == NULL) return NULL;
     if (!ndarray_check(s->st, data)) {
-        PyErr_Format(PyExc_TypeError, "a zero gradient needs a Tensor holding an NDArray, got %.100s",
+        PyErr_Format(PyExc_TypeError,
+                     "a zero gradient needs a Tensor holding an NDArray, got %.100s",
                      Py_TYPE(data)->tp_name);
         return scope_fail(s);
     }
@@ -179,4 +194,6 @@ PyObject *grads_n(grad_scope *s, PyObject *const *items, Py_ssize_t n) {
 
 PyObject *grads1(grad_scope *s, PyObject *a) { return grads_n(s, &a, 1); }
 
-PyObject *grads2(grad_scope *s, PyObject *a, PyObject *b) { return grads_n(s, (PyObject *[]){a, b}, 2); }
+PyObject *grads2(grad_scope *s, PyObject *a, PyObject *b) {
+    return grads_n(s, (PyObject *[]){a, b}, 2);
+}

@@ -66,7 +66,8 @@ PyObject *g_broadcast(grad_scope *s, PyObject *a, int ndim, const int64_t *shape
 PyObject *g_sum_mask(grad_scope *s, PyObject *a, int ndim, uint32_t mask);
 PyObject *g_transpose(grad_scope *s, PyObject *a, int x, int y);
 PyObject *g_transpose_last(grad_scope *s, PyObject *a);
-PyObject *g_axes_op(grad_scope *s, op_kind kind, PyObject *a, int naxes, const int *axes, int dilation);
+PyObject *g_axes_op(grad_scope *s, op_kind kind, PyObject *a, int naxes, const int *axes,
+                    int dilation);
 /* g reshaped to keep the reduced axes (mask) as size-1 dims, then broadcast
  * back to the full shape: the adjoint of a reduction. */
 PyObject *g_expand(grad_scope *s, PyObject *g, int ndim, const int64_t *shape, uint32_t mask);

@@ -155,7 +155,8 @@ static const char *const *signature_names(op_signature sig, int *count) {
     switch (sig) {
     case SIG_SCALAR: *count = 1; return scalar;
     case SIG_TWO_SCALARS: *count = 2; return two;
-    case SIG_AXES_OPT: case SIG_AXES: *count = 1; return axes;
+    case SIG_AXES_OPT:
+    case SIG_AXES: *count = 1; return axes;
     case SIG_SHAPE: *count = 1; return shape;
     case SIG_AXIS: *count = 1; return axis;
     case SIG_AXES_DILATION: *count = 2; return dil;
@@ -212,8 +213,8 @@ static int op_init(PyObject *op, PyObject *args, PyObject *kwargs) {
     int required = sig == SIG_NONE || sig == SIG_AXES_OPT || sig == SIG_CONV ? 0 : count;
     for (int i = 0; i < required; i++)
         if (values[i] == NULL) {
-            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", op_table[self->kind].name,
-                         names[i]);
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'",
+                         op_table[self->kind].name, names[i]);
             return -1;
         }
     switch (sig) {
@@ -226,7 +227,8 @@ static int op_init(PyObject *op, PyObject *args, PyObject *kwargs) {
     case SIG_SHAPE: return parse_shape_param(values[0], p);
     case SIG_AXIS: return parse_int(values[0], &p->axis, "axis");
     case SIG_AXES_DILATION:
-        if (parse_axes(values[0], p, 0) < 0 || parse_int(values[1], &p->dilation, "dilation") < 0) return -1;
+        if (parse_axes(values[0], p, 0) < 0 || parse_int(values[1], &p->dilation, "dilation") < 0)
+            return -1;
         if (p->dilation < 0) {
             PyErr_SetString(PyExc_ValueError, "dilation must be >= 0");
             return -1;
@@ -324,7 +326,8 @@ static PyObject *op_compute(PyObject *op, PyObject *const *args, Py_ssize_t narg
     if (st == NULL) return NULL;
     OpObject *self = Op_CAST(op);
     if (self->kind == OP_PYTHON) {
-        PyErr_Format(PyExc_NotImplementedError, "%.100s does not implement compute()", Py_TYPE(op)->tp_name);
+        PyErr_Format(PyExc_NotImplementedError, "%.100s does not implement compute()",
+                     Py_TYPE(op)->tp_name);
         return NULL;
     }
     return compute_arrays(st, self->kind, &self->p, args, nargs);
@@ -335,7 +338,8 @@ static PyObject *op_gradient(PyObject *op, PyObject *const *args, Py_ssize_t nar
     if (st == NULL) return NULL;
     OpObject *self = Op_CAST(op);
     if (self->kind == OP_PYTHON) {
-        PyErr_Format(PyExc_NotImplementedError, "%.100s does not implement gradient()", Py_TYPE(op)->tp_name);
+        PyErr_Format(PyExc_NotImplementedError, "%.100s does not implement gradient()",
+                     Py_TYPE(op)->tp_name);
         return NULL;
     }
     if (nargs != 2 || !is_value(st, args[0]) || !is_value(st, args[1])) {
@@ -346,7 +350,8 @@ static PyObject *op_gradient(PyObject *op, PyObject *const *args, Py_ssize_t nar
 }
 
 /* gradient() as a tuple; built-in ops skip the Python method lookup. */
-static PyObject *op_gradient_as_tuple_method(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *op_gradient_as_tuple_method(PyObject *op, PyObject *const *args,
+                                             Py_ssize_t nargs) {
     needle_state *st = state_of_value(op);
     if (st == NULL) return NULL;
     if (nargs != 2 || !is_value(st, args[1])) {
@@ -359,7 +364,8 @@ static PyObject *op_gradient_as_tuple_method(PyObject *op, PyObject *const *args
 static PyObject *op_base_call(PyObject *op, PyObject *args, PyObject *kwargs) {
     (void)args;
     (void)kwargs;
-    PyErr_Format(PyExc_NotImplementedError, "%.100s cannot be called: subclass TensorOp or TensorTupleOp",
+    PyErr_Format(PyExc_NotImplementedError,
+                 "%.100s cannot be called: subclass TensorOp or TensorTupleOp",
                  Py_TYPE(op)->tp_name);
     return NULL;
 }
@@ -381,7 +387,8 @@ static PyObject *call_op(PyObject *op, PyObject *args, PyObject *kwargs, int tup
         PyErr_Format(PyExc_TypeError, "%.100s() takes no keyword arguments", Py_TYPE(op)->tp_name);
         return NULL;
     }
-    return make_from_op(st, op, args, self->kind == OP_PYTHON ? tuple : op_table[self->kind].tuple_output);
+    return make_from_op(st, op, args,
+                        self->kind == OP_PYTHON ? tuple : op_table[self->kind].tuple_output);
 }
 
 static PyObject *tensor_op_call(PyObject *op, PyObject *args, PyObject *kwargs) {
@@ -483,10 +490,11 @@ int op_types_init(PyObject *module, needle_state *st) {
     ag->tensor_op_type =
         (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_op_spec, (PyObject *)ag->op_type);
     if (ag->tensor_op_type == NULL) return -1;
-    ag->tensor_tuple_op_type =
-        (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_tuple_op_spec, (PyObject *)ag->op_type);
+    ag->tensor_tuple_op_type = (PyTypeObject *)PyType_FromModuleAndSpec(
+        module, &tensor_tuple_op_spec, (PyObject *)ag->op_type);
     if (ag->tensor_tuple_op_type == NULL) return -1;
-    if (PyModule_AddType(module, ag->op_type) < 0 || PyModule_AddType(module, ag->tensor_op_type) < 0 ||
+    if (PyModule_AddType(module, ag->op_type) < 0 ||
+        PyModule_AddType(module, ag->tensor_op_type) < 0 ||
         PyModule_AddType(module, ag->tensor_tuple_op_type) < 0)
         return -1;
     static char names[OP_KIND_COUNT][64];
@@ -498,7 +506,8 @@ int op_types_init(PyObject *module, needle_state *st) {
             .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
             .slots = builtin_op_slots,
         };
-        PyObject *base = (PyObject *)(op_table[k].tuple_output ? ag->tensor_tuple_op_type : ag->tensor_op_type);
+        PyObject *base =
+            (PyObject *)(op_table[k].tuple_output ? ag->tensor_tuple_op_type : ag->tensor_op_type);
         ag->op_types[k] = (PyTypeObject *)PyType_FromModuleAndSpec(module, &spec, base);
         if (ag->op_types[k] == NULL || PyModule_AddType(module, ag->op_types[k]) < 0) return -1;
     }

@@ -14,25 +14,25 @@ static const op_params no_params;
 
 /* ----------------------------------------------------------- ewise */
 
-#define EWISE_COMPUTE(name, op)                                                           \
+#define EWISE_COMPUTE(name, op)                                                               \
     static PyObject *name##_compute(needle_state *st, const op_params *p, PyObject *const *a, \
-                                    Py_ssize_t n) {                                       \
-        UNUSED(p);                                                                        \
-        UNUSED(n);                                                                        \
-        return nd_binary_arrays(st, op, a[0], a[1]);                                      \
+                                    Py_ssize_t n) {                                           \
+        UNUSED(p);                                                                            \
+        UNUSED(n);                                                                            \
+        return nd_binary_arrays(st, op, a[0], a[1]);                                          \
     }
-#define SCALAR_COMPUTE(name, op)                                                          \
+#define SCALAR_COMPUTE(name, op)                                                              \
     static PyObject *name##_compute(needle_state *st, const op_params *p, PyObject *const *a, \
-                                    Py_ssize_t n) {                                       \
-        UNUSED(n);                                                                        \
-        return nd_binary_scalar(st, op, a[0], p->scalar, 0);                              \
+                                    Py_ssize_t n) {                                           \
+        UNUSED(n);                                                                            \
+        return nd_binary_scalar(st, op, a[0], p->scalar, 0);                                  \
     }
-#define UNARY_COMPUTE(name, op)                                                           \
+#define UNARY_COMPUTE(name, op)                                                               \
     static PyObject *name##_compute(needle_state *st, const op_params *p, PyObject *const *a, \
-                                    Py_ssize_t n) {                                       \
-        UNUSED(p);                                                                        \
-        UNUSED(n);                                                                        \
-        return nd_unary_array(st, op, a[0]);                                              \
+                                    Py_ssize_t n) {                                           \
+        UNUSED(p);                                                                            \
+        UNUSED(n);                                                                            \
+        return nd_unary_array(st, op, a[0]);                                                  \
     }
 
 EWISE_COMPUTE(add, ND_ADD)
@@ -72,7 +72,8 @@ static PyObject *div_gradient(grad_scope *s, const op_params *p, PyObject *g, Py
     PyObject *a = g_input(s, 0), *b = g_input(s, 1);
     /* (g / b, -g * a / b**2) */
     PyObject *ga = unbroadcast(s, g_div(s, g, b), a);
-    PyObject *gb = unbroadcast(s, g_neg(s, g_div(s, g_mul(s, g, a), g_scalar(s, OP_POWER_SCALAR, b, 2.0))), b);
+    PyObject *gb =
+        unbroadcast(s, g_neg(s, g_div(s, g_mul(s, g, a), g_scalar(s, OP_POWER_SCALAR, b, 2.0))), b);
     return grads2(s, ga, gb);
 }
 
@@ -92,21 +93,26 @@ static PyObject *identity_gradient(grad_scope *s, const op_params *p, PyObject *
     return grads1(s, g);
 }
 
-static PyObject *mul_scalar_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *mul_scalar_gradient(grad_scope *s, const op_params *p, PyObject *g,
+                                     PyObject *node) {
     UNUSED(node);
     return grads1(s, g_scalar(s, OP_MUL_SCALAR, g, p->scalar)); /* g * c */
 }
 
-static PyObject *div_scalar_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *div_scalar_gradient(grad_scope *s, const op_params *p, PyObject *g,
+                                     PyObject *node) {
     UNUSED(node);
     return grads1(s, g_scalar(s, OP_DIV_SCALAR, g, p->scalar)); /* g / c */
 }
 
-static PyObject *power_scalar_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *power_scalar_gradient(grad_scope *s, const op_params *p, PyObject *g,
+                                       PyObject *node) {
     UNUSED(node);
     /* g * (c * x**(c-1)) */
     PyObject *x = g_input(s, 0);
-    return grads1(s, g_mul(s, g, g_scalar(s, OP_MUL_SCALAR, g_scalar(s, OP_POWER_SCALAR, x, p->scalar - 1.0), p->scalar)));
+    return grads1(s, g_mul(s, g,
+                           g_scalar(s, OP_MUL_SCALAR,
+                                    g_scalar(s, OP_POWER_SCALAR, x, p->scalar - 1.0), p->scalar)));
 }
 
 static PyObject *negate_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
@@ -139,7 +145,9 @@ static PyObject *relu_gradient(grad_scope *s, const op_params *p, PyObject *g, P
 static PyObject *tanh_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
     /* g * (1 - out**2), reading the node itself as the course does */
-    return grads1(s, g_mul(s, g, g_scalar(s, OP_ADD_SCALAR, g_neg(s, g_scalar(s, OP_POWER_SCALAR, node, 2.0)), 1.0)));
+    return grads1(s, g_mul(s, g,
+                           g_scalar(s, OP_ADD_SCALAR,
+                                    g_neg(s, g_scalar(s, OP_POWER_SCALAR, node, 2.0)), 1.0)));
 }
 
 static PyObject *sigmoid_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
@@ -170,14 +178,16 @@ static int transpose_axes(const op_params *p, int ndim, int *x, int *y) {
         PyErr_Format(PyExc_ValueError, "transpose swaps two axes, got %d", p->naxes);
         return -1;
     }
-    if (nd_normalize_axis(p->axes[0], ndim, x) != ND_OK || nd_normalize_axis(p->axes[1], ndim, y) != ND_OK) {
+    if (nd_normalize_axis(p->axes[0], ndim, x) != ND_OK ||
+        nd_normalize_axis(p->axes[1], ndim, y) != ND_OK) {
         PyErr_SetString(PyExc_ValueError, nd_last_error());
         return -1;
     }
     return 0;
 }
 
-static PyObject *transpose_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *transpose_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                   Py_ssize_t n) {
     UNUSED(n);
     const nd_layout *l = array_layout(a[0]);
     int x, y, axes[ND_MAX_DIMS];
@@ -191,12 +201,14 @@ static PyObject *transpose_compute(needle_state *st, const op_params *p, PyObjec
     return nd_layout_view(st, a[0], &out);
 }
 
-static PyObject *transpose_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *transpose_gradient(grad_scope *s, const op_params *p, PyObject *g,
+                                    PyObject *node) {
     UNUSED(node);
     return grads1(s, g_apply1(s, OP_TRANSPOSE, p, g)); /* the same swap */
 }
 
-static PyObject *reshape_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *reshape_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                 Py_ssize_t n) {
     UNUSED(n);
     return nd_reshape_array(st, a[0], p->ndim, p->shape);
 }
@@ -210,7 +222,8 @@ static PyObject *reshape_gradient(grad_scope *s, const op_params *p, PyObject *g
     return grads1(s, g_reshape(s, g, ndim, shape)); /* g reshaped back to x's shape */
 }
 
-static PyObject *broadcast_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *broadcast_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                   Py_ssize_t n) {
     UNUSED(n);
     nd_layout out;
     nd_status status = nd_layout_broadcast_to(array_layout(a[0]), p->ndim, p->shape, &out);
@@ -218,7 +231,8 @@ static PyObject *broadcast_compute(needle_state *st, const op_params *p, PyObjec
     return nd_layout_view(st, a[0], &out);
 }
 
-static PyObject *broadcast_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *broadcast_gradient(grad_scope *s, const op_params *p, PyObject *g,
+                                    PyObject *node) {
     UNUSED(p);
     UNUSED(node);
     return grads1(s, unbroadcast(s, g, g_input(s, 0))); /* g summed over the broadcast axes */
@@ -226,7 +240,8 @@ static PyObject *broadcast_gradient(grad_scope *s, const op_params *p, PyObject 
 
 /* ------------------------------------------------------- reductions */
 
-static PyObject *reduce_compute(needle_state *st, const op_params *p, PyObject *a, nd_reduce_op op) {
+static PyObject *reduce_compute(needle_state *st, const op_params *p, PyObject *a,
+                                nd_reduce_op op) {
     uint32_t mask;
     if (axes_to_mask(p, array_layout(a)->ndim, &mask) < 0) return NULL;
     PyObject *r = nd_reduce_array(st, op, a, mask, 0);
@@ -238,26 +253,29 @@ static PyObject *reduce_compute(needle_state *st, const op_params *p, PyObject *
     return r;
 }
 
-static PyObject *summation_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *summation_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                   Py_ssize_t n) {
     UNUSED(n);
     return reduce_compute(st, p, a[0], ND_REDUCE_SUM);
 }
 
-static PyObject *max_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *max_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                             Py_ssize_t n) {
     UNUSED(n);
     return reduce_compute(st, p, a[0], ND_REDUCE_MAX);
 }
 
 /* The reduction's input shape and its reduced axes as a mask. */
-static int reduced_shape(grad_scope *s, const op_params *p, int *ndim, int64_t *shape, uint32_t *mask) {
+static int reduced_shape(grad_scope *s, const op_params *p, int *ndim, int64_t *shape,
+                         uint32_t *mask) {
     if (g_shape(s, g_input(s, 0), ndim, shape) < 0) return -1;
     return axes_to_mask(p, *ndim, mask);
 }
 
 /* The weights of Max's gradient: x == max (broadcast back), divided by the
  * number of ties in each reduced slice. x and max are held by the scope. */
-static PyObject *max_weights(grad_scope *s, PyObject *x, PyObject *max, int ndim, const int64_t *shape,
-                             uint32_t mask) {
+static PyObject *max_weights(grad_scope *s, PyObject *x, PyObject *max, int ndim,
+                             const int64_t *shape, uint32_t mask) {
     if (x == NULL || max == NULL) return NULL;
     int64_t kept[ND_MAX_DIMS];
     for (int i = 0; i < ndim; i++) kept[i] = (mask >> i) & 1u ? 1 : shape[i];
@@ -274,7 +292,8 @@ static PyObject *max_weights(grad_scope *s, PyObject *x, PyObject *max, int ndim
     return count ? scope_keep(s, nd_binary_arrays(s->st, ND_DIV, eq, count)) : NULL;
 }
 
-static PyObject *summation_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *summation_gradient(grad_scope *s, const op_params *p, PyObject *g,
+                                    PyObject *node) {
     UNUSED(node);
     int ndim;
     int64_t shape[ND_MAX_DIMS];
@@ -289,13 +308,15 @@ static PyObject *max_gradient(grad_scope *s, const op_params *p, PyObject *g, Py
     uint32_t mask;
     if (reduced_shape(s, p, &ndim, shape, &mask) < 0) return scope_fail(s);
     /* broadcast(reshape(g)) * w, w: 1/ties at the maxima, 0 elsewhere (a constant) */
-    PyObject *weights = max_weights(s, g_data(s, g_input(s, 0)), g_data(s, node), ndim, shape, mask);
+    PyObject *weights =
+        max_weights(s, g_data(s, g_input(s, 0)), g_data(s, node), ndim, shape, mask);
     return grads1(s, g_mul(s, g_expand(s, g, ndim, shape, mask), g_const(s, weights)));
 }
 
 /* ----------------------------------------------------------- matmul */
 
-static PyObject *matmul_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *matmul_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                Py_ssize_t n) {
     UNUSED(p);
     UNUSED(n);
     if (array_layout(a[0])->ndim < 2 || array_layout(a[1])->ndim < 2) {
@@ -303,7 +324,8 @@ static PyObject *matmul_compute(needle_state *st, const op_params *p, PyObject *
         return NULL;
     }
     nd_array out;
-    nd_status status = nd_array_matmul(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array, &out);
+    nd_status status =
+        nd_array_matmul(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array, &out);
     if (status != ND_OK) return raise_status(st, status);
     return ndarray_wrap(st, &out);
 }
@@ -339,7 +361,8 @@ static int int_dims(PyObject *key, int ndim, int *marked) {
     return 0;
 }
 
-static PyObject *getitem_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *getitem_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                 Py_ssize_t n) {
     UNUSED(n);
     UNUSED(st);
     PyObject *view = PyObject_GetItem(a[0], p->key);
@@ -360,13 +383,17 @@ static PyObject *getitem_gradient(grad_scope *s, const op_params *p, PyObject *g
     return grads1(s, g_apply1(s, OP_SET_ITEM_GRAD, &q, g));
 }
 
-static PyObject *scatter_slice_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *scatter_slice_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                       Py_ssize_t n) {
     UNUSED(n);
     PyObject *zeros = nd_full_like_shape(st, a[0], p->ndim, p->shape, 0.0f);
     if (zeros == NULL) return NULL;
     PyObject *view = PyObject_GetItem(zeros, p->key);
-    PyObject *src = view ? nd_reshape_array(st, a[0], array_layout(view)->ndim, array_layout(view)->shape) : NULL;
-    nd_status status = src ? nd_array_assign(&NDArray_CAST(view)->array, &NDArray_CAST(src)->array) : ND_OK;
+    PyObject *src =
+        view ? nd_reshape_array(st, a[0], array_layout(view)->ndim, array_layout(view)->shape)
+             : NULL;
+    nd_status status =
+        src ? nd_array_assign(&NDArray_CAST(view)->array, &NDArray_CAST(src)->array) : ND_OK;
     Py_XDECREF(view);
     if (src == NULL || status != ND_OK) {
         Py_XDECREF(src);
@@ -377,14 +404,16 @@ static PyObject *scatter_slice_compute(needle_state *st, const op_params *p, PyO
     return zeros;
 }
 
-static PyObject *scatter_slice_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *scatter_slice_gradient(grad_scope *s, const op_params *p, PyObject *g,
+                                        PyObject *node) {
     UNUSED(node);
     return grads1(s, g_apply1(s, OP_GET_ITEM, p, g)); /* g[key] */
 }
 
 /* ----------------------------------------------------------- tuples */
 
-static PyObject *make_tuple_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *make_tuple_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                    Py_ssize_t n) {
     UNUSED(st);
     UNUSED(p);
     PyObject *t = PyTuple_New(n);
@@ -392,7 +421,8 @@ static PyObject *make_tuple_compute(needle_state *st, const op_params *p, PyObje
     return t;
 }
 
-static PyObject *make_tuple_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *make_tuple_gradient(grad_scope *s, const op_params *p, PyObject *g,
+                                     PyObject *node) {
     UNUSED(p);
     UNUSED(node);
     /* (g[0], g[1], ...) */
@@ -408,7 +438,8 @@ static PyObject *make_tuple_gradient(grad_scope *s, const op_params *p, PyObject
     return items;
 }
 
-static PyObject *tuple_get_item_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *tuple_get_item_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                        Py_ssize_t n) {
     UNUSED(st);
     UNUSED(n);
     Py_ssize_t size = PyTuple_GET_SIZE(a[0]), i = p->index < 0 ? p->index + size : p->index;
@@ -419,7 +450,8 @@ static PyObject *tuple_get_item_compute(needle_state *st, const op_params *p, Py
     return Py_NewRef(PyTuple_GET_ITEM(a[0], i));
 }
 
-static PyObject *tuple_get_item_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *tuple_get_item_gradient(grad_scope *s, const op_params *p, PyObject *g,
+                                         PyObject *node) {
     UNUSED(node);
     /* make_tuple(zeros, ..., g at the index, ..., zeros) */
     PyObject *data = g_data(s, g_input(s, 0));
@@ -436,7 +468,8 @@ static PyObject *tuple_get_item_gradient(grad_scope *s, const op_params *p, PyOb
             part = g;
         } else if (ndarray_check(s->st, item)) {
             const nd_layout *l = array_layout(item);
-            part = g_const(s, scope_keep(s, nd_full_like_shape(s->st, item, l->ndim, l->shape, 0.0f)));
+            part =
+                g_const(s, scope_keep(s, nd_full_like_shape(s->st, item, l->ndim, l->shape, 0.0f)));
         } else {
             PyErr_SetString(PyExc_TypeError, "a TensorTuple's data must be a tuple of NDArrays");
             return scope_fail(s);
@@ -444,10 +477,12 @@ static PyObject *tuple_get_item_gradient(grad_scope *s, const op_params *p, PyOb
         if (part == NULL) return NULL;
         PyTuple_SET_ITEM(parts, i, Py_NewRef(part));
     }
-    return parts ? grads1(s, scope_keep(s, apply_op(s->st, OP_MAKE_TUPLE, &no_params, parts))) : NULL;
+    return parts ? grads1(s, scope_keep(s, apply_op(s->st, OP_MAKE_TUPLE, &no_params, parts)))
+                 : NULL;
 }
 
-static PyObject *fused_add_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *fused_add_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                   Py_ssize_t n) {
     UNUSED(n);
     /* (x + c0, x + c1) */
     PyObject *first = nd_binary_scalar(st, ND_ADD, a[0], p->scalar, 0);
@@ -458,18 +493,21 @@ static PyObject *fused_add_compute(needle_state *st, const op_params *p, PyObjec
     return pair;
 }
 
-static PyObject *fused_add_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *fused_add_gradient(grad_scope *s, const op_params *p, PyObject *g,
+                                    PyObject *node) {
     UNUSED(p);
     UNUSED(node);
     op_params first = no_params, second = no_params;
     second.index = 1;
     /* g[0] + g[1] */
-    return grads1(s, g_add(s, g_apply1(s, OP_TUPLE_GET_ITEM, &first, g), g_apply1(s, OP_TUPLE_GET_ITEM, &second, g)));
+    return grads1(s, g_add(s, g_apply1(s, OP_TUPLE_GET_ITEM, &first, g),
+                           g_apply1(s, OP_TUPLE_GET_ITEM, &second, g)));
 }
 
 /* ----------------------------------------------------- stack/split */
 
-static PyObject *stack_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *stack_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                               Py_ssize_t n) {
     UNUSED(n);
     PyObject *items = a[0];
     if (!PyTuple_Check(items) || PyTuple_GET_SIZE(items) == 0) {
@@ -480,13 +518,15 @@ static PyObject *stack_compute(needle_state *st, const op_params *p, PyObject *c
     const nd_layout *first = array_layout(PyTuple_GET_ITEM(items, 0));
     for (Py_ssize_t i = 1; i < count; i++) {
         const nd_layout *l = array_layout(PyTuple_GET_ITEM(items, i));
-        if (l->ndim != first->ndim || memcmp(l->shape, first->shape, sizeof(int64_t) * (size_t)l->ndim)) {
+        if (l->ndim != first->ndim ||
+            memcmp(l->shape, first->shape, sizeof(int64_t) * (size_t)l->ndim)) {
             PyErr_SetString(PyExc_ValueError, "stack: all tensors must have the same shape");
             return NULL;
         }
     }
     int axis;
-    if (first->ndim + 1 > ND_MAX_DIMS || nd_normalize_axis(p->axis, first->ndim + 1, &axis) != ND_OK) {
+    if (first->ndim + 1 > ND_MAX_DIMS ||
+        nd_normalize_axis(p->axis, first->ndim + 1, &axis) != ND_OK) {
         PyErr_Format(PyExc_ValueError, "stack: axis %d out of range", p->axis);
         return NULL;
     }
@@ -512,7 +552,8 @@ static PyObject *stack_gradient(grad_scope *s, const op_params *p, PyObject *g, 
     return grads1(s, g_apply1(s, OP_SPLIT, p, g)); /* split(g, axis) */
 }
 
-static PyObject *split_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *split_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                               Py_ssize_t n) {
     UNUSED(n);
     const nd_layout *l = array_layout(a[0]);
     int axis;

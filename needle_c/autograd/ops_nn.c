@@ -40,7 +40,8 @@ static PyObject *slice_key(int ndim, const int64_t *start, const int64_t *stop) 
 }
 
 /* x[start:stop] along every dim (a GetItem op). */
-static PyObject *g_slice(grad_scope *s, PyObject *x, int ndim, const int64_t *start, const int64_t *stop) {
+static PyObject *g_slice(grad_scope *s, PyObject *x, int ndim, const int64_t *start,
+                         const int64_t *stop) {
     if (s->failed || x == NULL) return NULL;
     op_params p = no_params;
     p.key = scope_keep(s, slice_key(ndim, start, stop));
@@ -48,7 +49,8 @@ static PyObject *g_slice(grad_scope *s, PyObject *x, int ndim, const int64_t *st
 }
 
 /* x (shape `from`) with zeros appended up to shape `to` (a ScatterSlice op). */
-static PyObject *g_pad_end(grad_scope *s, PyObject *x, int ndim, const int64_t *from, const int64_t *to) {
+static PyObject *g_pad_end(grad_scope *s, PyObject *x, int ndim, const int64_t *from,
+                           const int64_t *to) {
     if (s->failed || x == NULL) return NULL;
     int64_t zero[ND_MAX_DIMS] = {0};
     op_params p = no_params;
@@ -60,7 +62,8 @@ static PyObject *g_pad_end(grad_scope *s, PyObject *x, int ndim, const int64_t *
 
 /* ------------------------------------------------------------- flip */
 
-static PyObject *flip_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *flip_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                              Py_ssize_t n) {
     UNUSED(n);
     nd_layout out;
     nd_status status = nd_layout_flip(array_layout(a[0]), p->naxes, p->axes, &out);
@@ -75,13 +78,15 @@ static PyObject *flip_gradient(grad_scope *s, const op_params *p, PyObject *g, P
 
 /* -------------------------------------------------- dilate/undilate */
 
-static PyObject *dilate_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *dilate_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                Py_ssize_t n) {
     UNUSED(n);
     const nd_layout *l = array_layout(a[0]);
     uint32_t mask;
     if (axes_to_mask(p, l->ndim, &mask) < 0) return NULL;
     int64_t step = (int64_t)p->dilation + 1, shape[ND_MAX_DIMS];
-    for (int i = 0; i < l->ndim; i++) shape[i] = (mask >> i) & 1u ? l->shape[i] * step : l->shape[i];
+    for (int i = 0; i < l->ndim; i++)
+        shape[i] = (mask >> i) & 1u ? l->shape[i] * step : l->shape[i];
     PyObject *out = nd_full_like_shape(st, a[0], l->ndim, shape, 0.0f);
     if (out == NULL) return NULL;
     /* The input goes to every step-th element of the zeros. */
@@ -101,7 +106,8 @@ static PyObject *dilate_gradient(grad_scope *s, const op_params *p, PyObject *g,
     return grads1(s, g_apply1(s, OP_UNDILATE, p, g)); /* undilate(g, axes, dilation) */
 }
 
-static PyObject *undilate_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *undilate_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                  Py_ssize_t n) {
     UNUSED(n);
     nd_layout view = *array_layout(a[0]);
     uint32_t mask;
@@ -128,7 +134,8 @@ static PyObject *undilate_gradient(grad_scope *s, const op_params *p, PyObject *
 
 /* ------------------------------------------------------------- conv */
 
-static int conv_shapes(const nd_layout *x, const nd_layout *w, const op_params *p, int64_t *oh, int64_t *ow) {
+static int conv_shapes(const nd_layout *x, const nd_layout *w, const op_params *p, int64_t *oh,
+                       int64_t *ow) {
     if (x->ndim != 4 || w->ndim != 4) {
         PyErr_Format(PyExc_ValueError,
                      "conv needs a 4-D input (N, H, W, C_in) and a 4-D weight (K, K, C_in, C_out), "
@@ -136,20 +143,23 @@ static int conv_shapes(const nd_layout *x, const nd_layout *w, const op_params *
                      x->ndim, w->ndim);
         return -1;
     }
-    int64_t k = w->shape[0], hp = x->shape[1] + 2 * (int64_t)p->padding, wp = x->shape[2] + 2 * (int64_t)p->padding;
+    int64_t k = w->shape[0], hp = x->shape[1] + 2 * (int64_t)p->padding,
+            wp = x->shape[2] + 2 * (int64_t)p->padding;
     if (w->shape[1] != k || k < 1) {
         PyErr_Format(PyExc_ValueError, "conv needs a square kernel of size >= 1, got %lld x %lld",
                      (long long)w->shape[0], (long long)w->shape[1]);
         return -1;
     }
     if (w->shape[2] != x->shape[3]) {
-        PyErr_Format(PyExc_ValueError, "conv: the input has %lld channels but the weight expects %lld",
+        PyErr_Format(PyExc_ValueError,
+                     "conv: the input has %lld channels but the weight expects %lld",
                      (long long)x->shape[3], (long long)w->shape[2]);
         return -1;
     }
     if (k > hp || k > wp) {
-        PyErr_Format(PyExc_ValueError, "conv: kernel size %lld exceeds the padded input (%lld x %lld)",
-                     (long long)k, (long long)hp, (long long)wp);
+        PyErr_Format(PyExc_ValueError,
+                     "conv: kernel size %lld exceeds the padded input (%lld x %lld)", (long long)k,
+                     (long long)hp, (long long)wp);
         return -1;
     }
     *oh = (hp - k) / p->stride + 1;
@@ -175,7 +185,8 @@ static PyObject *pad_hw(needle_state *st, PyObject *x, int64_t pad) {
     return out;
 }
 
-static PyObject *conv_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *conv_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                              Py_ssize_t n) {
     UNUSED(n);
     const nd_layout *xl = array_layout(a[0]), *wl = array_layout(a[1]);
     int64_t oh, ow;
@@ -190,7 +201,7 @@ static PyObject *conv_compute(needle_state *st, const op_params *p, PyObject *co
     nd_layout col = {.ndim = 6, .offset = pl->offset};
     const int64_t shape[6] = {batch, oh, ow, k, k, cin};
     const int64_t strides[6] = {pl->strides[0], pl->strides[1] * s, pl->strides[2] * s,
-                                pl->strides[1], pl->strides[2], pl->strides[3]};
+                                pl->strides[1], pl->strides[2],     pl->strides[3]};
     memcpy(col.shape, shape, sizeof shape);
     memcpy(col.strides, strides, sizeof strides);
     PyObject *window = nd_layout_view(st, padded, &col);
@@ -202,7 +213,8 @@ static PyObject *conv_compute(needle_state *st, const op_params *p, PyObject *co
     PyObject *out = NULL;
     if (wm != NULL) {
         nd_array prod;
-        nd_status status = nd_array_matmul(&NDArray_CAST(cols)->array, &NDArray_CAST(wm)->array, &prod);
+        nd_status status =
+            nd_array_matmul(&NDArray_CAST(cols)->array, &NDArray_CAST(wm)->array, &prod);
         PyObject *flat = status == ND_OK ? ndarray_wrap(st, &prod) : raise_status(st, status);
         if (flat != NULL) out = nd_reshape_array(st, flat, 4, (int64_t[]){batch, oh, ow, cout});
         Py_XDECREF(flat);
@@ -220,8 +232,10 @@ typedef struct conv_dims {
 } conv_dims;
 
 /* The dilated gradient gd cut to [lo, hi) along H and W (lo_h, hi_h, lo_w, hi_w). */
-static PyObject *cut_hw(grad_scope *s, PyObject *gd, const int64_t *gd_shape, const int64_t *bounds) {
-    if (bounds[0] == 0 && bounds[1] == gd_shape[1] && bounds[2] == 0 && bounds[3] == gd_shape[2]) return gd;
+static PyObject *cut_hw(grad_scope *s, PyObject *gd, const int64_t *gd_shape,
+                        const int64_t *bounds) {
+    if (bounds[0] == 0 && bounds[1] == gd_shape[1] && bounds[2] == 0 && bounds[3] == gd_shape[2])
+        return gd;
     int64_t start[4] = {0, bounds[0], bounds[2], 0};
     int64_t stop[4] = {gd_shape[0], bounds[1], bounds[3], gd_shape[3]};
     return g_slice(s, gd, 4, start, stop);
@@ -300,7 +314,8 @@ static PyObject *lse_keepdims(needle_state *st, PyObject *a, uint32_t mask) {
     return r;
 }
 
-static PyObject *logsumexp_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *logsumexp_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                   Py_ssize_t n) {
     UNUSED(n);
     const nd_layout *l = array_layout(a[0]);
     uint32_t mask;
@@ -321,7 +336,8 @@ static PyObject *logsumexp_compute(needle_state *st, const op_params *p, PyObjec
     return r;
 }
 
-static PyObject *logsumexp_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *logsumexp_gradient(grad_scope *s, const op_params *p, PyObject *g,
+                                    PyObject *node) {
     /* exp(z - broadcast(node)) * broadcast(g), both reshaped to keep the
      * reduced axes as size-1 dims */
     PyObject *z = g_input(s, 0);
@@ -333,11 +349,13 @@ static PyObject *logsumexp_gradient(grad_scope *s, const op_params *p, PyObject 
     return grads1(s, g_mul(s, e, g_expand(s, g, ndim, shape, mask)));
 }
 
-static PyObject *logsoftmax_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *logsoftmax_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                    Py_ssize_t n) {
     UNUSED(p);
     UNUSED(n);
     if (array_layout(a[0])->ndim != 2) {
-        PyErr_Format(PyExc_ValueError, "LogSoftmax needs a 2-D input, got %d-D", array_layout(a[0])->ndim);
+        PyErr_Format(PyExc_ValueError, "LogSoftmax needs a 2-D input, got %d-D",
+                     array_layout(a[0])->ndim);
         return NULL;
     }
     PyObject *lse = lse_keepdims(st, a[0], 1u << 1);
@@ -346,7 +364,8 @@ static PyObject *logsoftmax_compute(needle_state *st, const op_params *p, PyObje
     return r;
 }
 
-static PyObject *logsoftmax_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *logsoftmax_gradient(grad_scope *s, const op_params *p, PyObject *g,
+                                     PyObject *node) {
     UNUSED(p);
     /* g - exp(node) * broadcast(sum(g, axis 1)) */
     int ndim;
@@ -358,15 +377,18 @@ static PyObject *logsoftmax_gradient(grad_scope *s, const op_params *p, PyObject
 
 /* ------------------------------------------------ gather / scatter rows */
 
-static PyObject *gather_rows_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *gather_rows_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                     Py_ssize_t n) {
     UNUSED(p);
     UNUSED(n);
     nd_array out;
-    nd_status status = nd_array_gather_rows(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array, &out);
+    nd_status status =
+        nd_array_gather_rows(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array, &out);
     return status == ND_OK ? ndarray_wrap(st, &out) : raise_status(st, status);
 }
 
-static PyObject *gather_rows_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *gather_rows_gradient(grad_scope *s, const op_params *p, PyObject *g,
+                                      PyObject *node) {
     UNUSED(p);
     UNUSED(node);
     /* (scatter_add_rows(g, indices, rows), zeros: indices are not differentiable) */
@@ -384,12 +406,13 @@ static PyObject *scatter_add_rows_compute(needle_state *st, const op_params *p, 
                                           Py_ssize_t n) {
     UNUSED(n);
     nd_array out;
-    nd_status status = nd_array_scatter_add_rows(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array,
-                                                 (int64_t)p->index, &out);
+    nd_status status = nd_array_scatter_add_rows(
+        &NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array, (int64_t)p->index, &out);
     return status == ND_OK ? ndarray_wrap(st, &out) : raise_status(st, status);
 }
 
-static PyObject *scatter_add_rows_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+static PyObject *scatter_add_rows_gradient(grad_scope *s, const op_params *p, PyObject *g,
+                                           PyObject *node) {
     UNUSED(p);
     UNUSED(node);
     /* (gather_rows(g, indices), zeros) */
@@ -413,7 +436,8 @@ typedef struct label_rows {
 /* Checks labels (N,) against C classes (integers in [0, C)) through a
  * gather from a (C, 0) table, which reads every label and copies nothing;
  * then prepares the per-chunk offsets. */
-static int label_rows_init(needle_state *st, label_rows *lr, PyObject *labels, int64_t n, int64_t c) {
+static int label_rows_init(needle_state *st, label_rows *lr, PyObject *labels, int64_t n,
+                           int64_t c) {
     lr->n = n;
     lr->c = c;
     lr->chunk = c > 0 && c < EXACT_FLOAT_INTS ? EXACT_FLOAT_INTS / c : 1;
@@ -422,7 +446,8 @@ static int label_rows_init(needle_state *st, label_rows *lr, PyObject *labels, i
     PyObject *empty_table = nd_empty_like_shape(st, labels, 2, (int64_t[]){c, 0});
     if (empty_table == NULL) return -1;
     nd_array none;
-    nd_status status = nd_array_gather_rows(&NDArray_CAST(empty_table)->array, &NDArray_CAST(labels)->array, &none);
+    nd_status status = nd_array_gather_rows(&NDArray_CAST(empty_table)->array,
+                                            &NDArray_CAST(labels)->array, &none);
     Py_DECREF(empty_table);
     if (status != ND_OK) {
         raise_status(st, status);
@@ -447,7 +472,8 @@ static int label_rows_init(needle_state *st, label_rows *lr, PyObject *labels, i
 }
 
 /* Flat indices of rows [r0, r0+rows) into those rows' (rows*C, 1) view. */
-static PyObject *chunk_indices(needle_state *st, const label_rows *lr, PyObject *labels, int64_t r0, int64_t rows) {
+static PyObject *chunk_indices(needle_state *st, const label_rows *lr, PyObject *labels, int64_t r0,
+                               int64_t rows) {
     nd_array lab = NDArray_CAST(labels)->array, off = NDArray_CAST(lr->offsets)->array;
     nd_layout_slice(&lab.layout, 0, r0, 1, rows);
     nd_layout_slice(&off.layout, 0, 0, 1, rows);
@@ -466,15 +492,17 @@ static nd_array chunk_table(PyObject *a, int64_t r0, int64_t rows, int64_t c) {
 
 static int xent_shapes(const nd_layout *logits, const nd_layout *labels) {
     if (logits->ndim != 2 || labels->ndim != 1 || labels->shape[0] != logits->shape[0]) {
-        PyErr_SetString(PyExc_ValueError,
-                        "SoftmaxCrossEntropy needs logits (N, C) and labels (N,) holding class ids");
+        PyErr_SetString(
+            PyExc_ValueError,
+            "SoftmaxCrossEntropy needs logits (N, C) and labels (N,) holding class ids");
         return -1;
     }
     return 0;
 }
 
 /* (N, 1): each row's logit at its label (logits contiguous). */
-static PyObject *pick_labels(needle_state *st, const label_rows *lr, PyObject *logits, PyObject *labels) {
+static PyObject *pick_labels(needle_state *st, const label_rows *lr, PyObject *logits,
+                             PyObject *labels) {
     PyObject *out = nd_empty_like_shape(st, logits, 2, (int64_t[]){lr->n, 1});
     for (int64_t r0 = 0; out != NULL && r0 < lr->n; r0 += lr->chunk) {
         int64_t rows = lr->n - r0 < lr->chunk ? lr->n - r0 : lr->chunk;
@@ -500,7 +528,8 @@ static PyObject *pick_labels(needle_state *st, const label_rows *lr, PyObject *l
     return out;
 }
 
-static PyObject *xent_compute(needle_state *st, const op_params *p, PyObject *const *a, Py_ssize_t n) {
+static PyObject *xent_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                              Py_ssize_t n) {
     UNUSED(p);
     UNUSED(n);
     if (xent_shapes(array_layout(a[0]), array_layout(a[1])) < 0) return NULL;

@@ -15,10 +15,12 @@ PyObject *nd_binary_arrays(needle_state *st, nd_binary_op op, PyObject *a, PyObj
     return result(st, nd_array_binary(op, x, y, &out), &out);
 }
 
-PyObject *nd_binary_scalar(needle_state *st, nd_binary_op op, PyObject *a, double s, int reflected) {
+PyObject *nd_binary_scalar(needle_state *st, nd_binary_op op, PyObject *a, double s,
+                           int reflected) {
     nd_operand x = {&NDArray_CAST(a)->array, 0}, y = {NULL, (float)s};
     nd_array out;
-    return result(st, reflected ? nd_array_binary(op, y, x, &out) : nd_array_binary(op, x, y, &out), &out);
+    return result(st, reflected ? nd_array_binary(op, y, x, &out) : nd_array_binary(op, x, y, &out),
+                  &out);
 }
 
 PyObject *nd_unary_array(needle_state *st, nd_unary_op op, PyObject *a) {
@@ -26,7 +28,8 @@ PyObject *nd_unary_array(needle_state *st, nd_unary_op op, PyObject *a) {
     return result(st, nd_array_unary(op, &NDArray_CAST(a)->array, &out), &out);
 }
 
-PyObject *nd_reduce_array(needle_state *st, nd_reduce_op op, PyObject *a, uint32_t mask, int keepdims) {
+PyObject *nd_reduce_array(needle_state *st, nd_reduce_op op, PyObject *a, uint32_t mask,
+                          int keepdims) {
     nd_array out;
     return result(st, nd_array_reduce(op, &NDArray_CAST(a)->array, mask, keepdims, &out), &out);
 }
@@ -57,11 +60,13 @@ PyObject *nd_reshape_array(needle_state *st, PyObject *a, int ndim, const int64_
 
 PyObject *nd_empty_like_shape(needle_state *st, PyObject *like, int ndim, const int64_t *shape) {
     nd_array out;
-    return result(st, nd_array_empty(nd_storage_device(NDArray_CAST(like)->array.storage), ndim, shape, &out),
-                  &out);
+    return result(
+        st, nd_array_empty(nd_storage_device(NDArray_CAST(like)->array.storage), ndim, shape, &out),
+        &out);
 }
 
-PyObject *nd_full_like_shape(needle_state *st, PyObject *like, int ndim, const int64_t *shape, float value) {
+PyObject *nd_full_like_shape(needle_state *st, PyObject *like, int ndim, const int64_t *shape,
+                             float value) {
     PyObject *out = nd_empty_like_shape(st, like, ndim, shape);
     if (out == NULL) return NULL;
     nd_status status = nd_array_fill(&NDArray_CAST(out)->array, value);
@@ -92,4 +97,3 @@ int axes_to_mask(const op_params *p, int ndim, uint32_t *mask) {
     }
     return 0;
 }
-

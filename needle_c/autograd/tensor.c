@@ -17,7 +17,9 @@ static needle_state *last_state = NULL;
 needle_state *state_of_value(PyObject *value) {
     PyTypeObject *type = Py_TYPE(value);
     needle_state *st = last_state;
-    if (st != NULL && (type == st->autograd->tensor_type || type == st->autograd->tensor_tuple_type)) return st;
+    if (st != NULL &&
+        (type == st->autograd->tensor_type || type == st->autograd->tensor_tuple_type))
+        return st;
     st = state_of_type(type);
     if (st != NULL && st->autograd != NULL && st->autograd->tensor_type != NULL) last_state = st;
     return st;
@@ -80,7 +82,8 @@ static PyObject *set_gc_visible(PyObject *module, PyObject *arg) {
 
 PyMethodDef gc_visibility_functions[] = {
     {"_set_gc_visible", set_gc_visible, METH_O,
-     "_set_gc_visible(visible, /)\n--\n\nFalse makes Tensor/Op traversal report nothing (a demonstration of "
+     "_set_gc_visible(visible, /)\n--\n\nFalse makes Tensor/Op traversal report nothing (a "
+     "demonstration of "
      "an extension invisible to the collector: cycles leak for good). Returns the previous value."},
     {NULL, NULL, 0, NULL},
 };
@@ -114,8 +117,8 @@ int value_clear(PyObject *op) {
 static void value_dealloc(PyObject *op) {
     PyTypeObject *tp = Py_TYPE(op);
     PyObject_GC_UnTrack(op);
-    Py_TRASHCAN_BEGIN(op, value_dealloc)
-    if (Tensor_CAST(op)->weakreflist != NULL) PyObject_ClearWeakRefs(op);
+    Py_TRASHCAN_BEGIN(op, value_dealloc) if (Tensor_CAST(op)->weakreflist != NULL)
+        PyObject_ClearWeakRefs(op);
     value_clear(op);
     alloc_site_forget(op);
     tp->tp_free(op);
@@ -143,7 +146,8 @@ PyObject *realize(needle_state *st, PyObject *value) {
 }
 
 PyObject *make_const(needle_state *st, PyObject *data, int requires_grad) {
-    PyTypeObject *type = PyTuple_Check(data) ? st->autograd->tensor_tuple_type : st->autograd->tensor_type;
+    PyTypeObject *type =
+        PyTuple_Check(data) ? st->autograd->tensor_tuple_type : st->autograd->tensor_type;
     PyObject *node = value_alloc(type);
     if (node == NULL) return NULL;
     Tensor_CAST(node)->cached_data = Py_NewRef(data);
@@ -189,7 +193,10 @@ static int dtype_is_float32(PyObject *dtype) {
 static int tensor_init(PyObject *op, PyObject *args, PyObject *kwargs) {
     needle_state *st = state_of_value(op);
     if (st == NULL) return -1;
-    PyObject *array = NULL, *device = Py_None, *dtype = Py_None, *requires = Py_True;
+    PyObject *array = NULL, *device = Py_None, *dtype = Py_None,
+             *
+        requires
+    = Py_True;
     if (PyTuple_GET_SIZE(args) != 1) {
         PyErr_Format(PyExc_TypeError, "Tensor() takes one positional argument (array), got %zd",
                      PyTuple_GET_SIZE(args));
@@ -216,7 +223,8 @@ static int tensor_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         if (source == NULL) return -1;
         PyObject *source_device = device_of_data(st, source);
         int same = device == Py_None;
-        if (!same && source_device != NULL) same = PyObject_RichCompareBool(device, source_device, Py_EQ);
+        if (!same && source_device != NULL)
+            same = PyObject_RichCompareBool(device, source_device, Py_EQ);
         if (same > 0) {
             data = Py_NewRef(source); /* shares the data, as in the course */
         } else if (same == 0) {
@@ -234,7 +242,8 @@ static int tensor_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         nd_device *dev = device_from_object(st, device);
         if (dev == NULL) return -1;
         if (PyUnicode_Check(array) || PyBytes_Check(array) || array == Py_None) {
-            PyErr_Format(PyExc_TypeError, "cannot make a Tensor from %.100s", Py_TYPE(array)->tp_name);
+            PyErr_Format(PyExc_TypeError, "cannot make a Tensor from %.100s",
+                         Py_TYPE(array)->tp_name);
             return -1;
         }
         data = ndarray_from_object(st, array, dev);
@@ -261,7 +270,8 @@ static int set_op(PyObject *op, PyObject *value, void *c) {
         needle_state *st = state_of_value(op);
         if (st == NULL) return -1;
         if (!PyObject_TypeCheck(value, st->autograd->op_type)) {
-            PyErr_Format(PyExc_TypeError, "op must be an Op or None, got %.100s", Py_TYPE(value)->tp_name);
+            PyErr_Format(PyExc_TypeError, "op must be an Op or None, got %.100s",
+                         Py_TYPE(value)->tp_name);
             return -1;
         }
     }
@@ -308,12 +318,14 @@ static int set_cached_data(PyObject *op, PyObject *value, void *c) {
                 ok = ndarray_check(st, PyTuple_GET_ITEM(value, i));
         }
         if (!ok) {
-            PyErr_Format(PyExc_TypeError, "cached_data must be an NDArray, a tuple of NDArrays or None, got %.100s",
+            PyErr_Format(PyExc_TypeError,
+                         "cached_data must be an NDArray, a tuple of NDArrays or None, got %.100s",
                          Py_TYPE(value)->tp_name);
             return -1;
         }
     }
-    Py_XSETREF(Tensor_CAST(op)->cached_data, (value == NULL || value == Py_None) ? NULL : Py_NewRef(value));
+    Py_XSETREF(Tensor_CAST(op)->cached_data,
+               (value == NULL || value == Py_None) ? NULL : Py_NewRef(value));
     return 0;
 }
 static PyObject *get_requires_grad(PyObject *op, void *c) {
@@ -337,11 +349,13 @@ static int set_grad(PyObject *op, PyObject *value, void *c) {
         needle_state *st = state_of_value(op);
         if (st == NULL) return -1;
         if (!is_value(st, value)) {
-            PyErr_Format(PyExc_TypeError, "grad must be a Tensor or None, got %.100s", Py_TYPE(value)->tp_name);
+            PyErr_Format(PyExc_TypeError, "grad must be a Tensor or None, got %.100s",
+                         Py_TYPE(value)->tp_name);
             return -1;
         }
     }
-    Py_XSETREF(Tensor_CAST(op)->grad, (value == NULL || value == Py_None) ? NULL : Py_NewRef(value));
+    Py_XSETREF(Tensor_CAST(op)->grad,
+               (value == NULL || value == Py_None) ? NULL : Py_NewRef(value));
     return 0;
 }
 static PyObject *get_num_outputs(PyObject *op, void *c) {
@@ -435,8 +449,7 @@ static PyObject *value_numpy(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     PyObject *r = NULL;
     if (PyTuple_Check(data))
         PyErr_SetString(PyExc_TypeError, "a TensorTuple has no single NumPy value; index it first");
-    else
-        r = PyObject_CallMethod(data, "numpy", NULL);
+    else r = PyObject_CallMethod(data, "numpy", NULL);
     Py_DECREF(data);
     return r;
 }
@@ -444,7 +457,10 @@ static PyObject *value_numpy(PyObject *op, PyObject *Py_UNUSED(ignored)) {
 /* _init(op, inputs, *, num_outputs=1, cached_data=None, requires_grad=None) */
 static PyObject *value_init_fields(PyObject *op, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"op", "inputs", "num_outputs", "cached_data", "requires_grad", NULL};
-    PyObject *node_op, *inputs, *cached = Py_None, *requires = Py_None;
+    PyObject *node_op, *inputs, *cached = Py_None,
+                                *
+        requires
+    = Py_None;
     Py_ssize_t num_outputs = 1;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$nOO:_init", kwlist, &node_op, &inputs,
                                      &num_outputs, &cached, &requires))
@@ -475,7 +491,8 @@ static PyObject *get_retains_grad(PyObject *op, void *c) {
 }
 
 /* Tensor.make_from_op(op, inputs) / TensorTuple.make_from_op(op, inputs) */
-static PyObject *make_from_op_method(PyObject *cls, PyObject *const *args, Py_ssize_t nargs, int tuple) {
+static PyObject *make_from_op_method(PyObject *cls, PyObject *const *args, Py_ssize_t nargs,
+                                     int tuple) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "make_from_op(op, inputs) takes two arguments");
         return NULL;
@@ -519,7 +536,8 @@ static PyObject *data_text(PyObject *op, const char *fmt) {
     if (st == NULL) return NULL;
     PyObject *data = realize(st, op);
     if (data == NULL) return NULL;
-    PyObject *values = ndarray_check(st, data) ? PyObject_CallMethod(data, "numpy", NULL) : Py_NewRef(data);
+    PyObject *values =
+        ndarray_check(st, data) ? PyObject_CallMethod(data, "numpy", NULL) : Py_NewRef(data);
     Py_DECREF(data);
     if (values == NULL) return NULL;
     PyObject *r = PyUnicode_FromFormat(fmt, values);
@@ -534,17 +552,22 @@ static PyGetSetDef value_getset[] = {
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
     {"op", get_op, set_op, "The Op that made this node (None for a leaf).", NULL},
     {"inputs", get_inputs, set_inputs, "The input nodes (a list).", NULL},
-    {"cached_data", get_cached_data, set_cached_data, "The computed NDArray (or tuple of them).", NULL},
-    {"requires_grad", get_requires_grad, set_requires_grad, "Whether gradients flow to this node.", NULL},
+    {"cached_data", get_cached_data, set_cached_data, "The computed NDArray (or tuple of them).",
+     NULL},
+    {"requires_grad", get_requires_grad, set_requires_grad, "Whether gradients flow to this node.",
+     NULL},
     {"grad", get_grad, set_grad, "The gradient written by backward (None until then).", NULL},
     {"num_outputs", get_num_outputs, set_num_outputs, NULL, NULL},
-    {"retains_grad", get_retains_grad, NULL, "Whether backward writes .grad on this non-leaf.", NULL},
+    {"retains_grad", get_retains_grad, NULL, "Whether backward writes .grad on this non-leaf.",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyGetSetDef tensor_getset[] = {
-    {"data", get_data, set_data, "A detached Tensor sharing this node's data; setting it replaces "
-                                 "the data in place (the node keeps its identity).", NULL},
+    {"data", get_data, set_data,
+     "A detached Tensor sharing this node's data; setting it replaces "
+     "the data in place (the node keeps its identity).",
+     NULL},
     {"shape", get_shape, NULL, "The shape, a tuple of ints.", NULL},
     {"dtype", get_dtype, NULL, "Always 'float32'.", NULL},
     {"device", get_device, NULL, "The device holding the data.", NULL},
@@ -559,14 +582,17 @@ static PyMethodDef value_methods[] = {
     {"is_leaf", value_is_leaf, METH_NOARGS, "is_leaf($self, /)\n--\n\nTrue when op is None."},
     {"detach", value_detach, METH_NOARGS,
      "detach($self, /)\n--\n\nA new leaf sharing this node's data, with requires_grad=False."},
-    {"numpy", value_numpy, METH_NOARGS, "numpy($self, /)\n--\n\nThe data as a NumPy array (a copy)."},
+    {"numpy", value_numpy, METH_NOARGS,
+     "numpy($self, /)\n--\n\nThe data as a NumPy array (a copy)."},
     {"_init", (PyCFunction)(void (*)(void))value_init_fields, METH_VARARGS | METH_KEYWORDS,
      "_init($self, op, inputs, /, *, num_outputs=1, cached_data=None, requires_grad=None)\n--\n\n"
      "Sets the node's fields, as the course's Value._init."},
     {"retain_grad", value_retain_grad, METH_NOARGS,
      "retain_grad($self, /)\n--\n\nAsks backward to write .grad on this non-leaf node too."},
-    {"make_const", (PyCFunction)(void (*)(void))value_make_const, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
-     "make_const(data, requires_grad=False)\n--\n\nA new leaf holding data (an NDArray or a Tensor's)."},
+    {"make_const", (PyCFunction)(void (*)(void))value_make_const,
+     METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "make_const(data, requires_grad=False)\n--\n\nA new leaf holding data (an NDArray or a "
+     "Tensor's)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -595,16 +621,17 @@ static PyType_Spec value_spec = {
     .slots = value_slots,
 };
 
-#define BACKWARD_METHOD                                                                              \
-    {"backward", (PyCFunction)(void (*)(void))tensor_backward, METH_VARARGS | METH_KEYWORDS,          \
-     "backward($self, /, out_grad=None)\n--\n\nComputes gradients of this tensor with respect to "   \
+#define BACKWARD_METHOD                                                                            \
+    {"backward", (PyCFunction)(void (*)(void))tensor_backward, METH_VARARGS | METH_KEYWORDS,       \
+     "backward($self, /, out_grad=None)\n--\n\nComputes gradients of this tensor with respect to " \
      "the graph's leaves (ones as the seed by default)."}
 
 /* Tensor: the Value methods (inherited) plus its operators (tensor_ops.c),
  * backward (autograd.c) and DLPack export (array/interop.c). */
 static PyMethodDef tensor_methods[] = {
     {"make_from_op", (PyCFunction)(void (*)(void))tensor_make_from_op, METH_FASTCALL | METH_CLASS,
-     "make_from_op(op, inputs)\n--\n\nApplies op to inputs, recording a node when gradients are needed."},
+     "make_from_op(op, inputs)\n--\n\nApplies op to inputs, recording a node when gradients are "
+     "needed."},
     {"sum", (PyCFunction)(void (*)(void))tensor_sum, METH_VARARGS | METH_KEYWORDS,
      "sum($self, /, axes=None)\n--\n\nSummation over axes (all when None)."},
     {"reshape", tensor_reshape, METH_VARARGS, "reshape($self, /, *shape)\n--\n\nReshape."},
@@ -660,7 +687,8 @@ static PyType_Spec tensor_spec = {
 static PyMethodDef tensor_tuple_methods[] = {
     {"make_from_op", (PyCFunction)(void (*)(void))tuple_make_from_op, METH_FASTCALL | METH_CLASS,
      "make_from_op(op, inputs)\n--\n\nApplies a tuple op to inputs."},
-    {"tuple", tuple_as_tuple, METH_NOARGS, "tuple($self, /)\n--\n\nThe items as a tuple of Tensors."},
+    {"tuple", tuple_as_tuple, METH_NOARGS,
+     "tuple($self, /)\n--\n\nThe items as a tuple of Tensors."},
     BACKWARD_METHOD,
     {NULL, NULL, 0, NULL},
 };
@@ -691,12 +719,14 @@ int tensor_types_init(PyObject *module, needle_state *st) {
     autograd_state *ag = st->autograd;
     ag->value_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &value_spec, NULL);
     if (ag->value_type == NULL) return -1;
-    ag->tensor_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_spec, (PyObject *)ag->value_type);
+    ag->tensor_type =
+        (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_spec, (PyObject *)ag->value_type);
     if (ag->tensor_type == NULL) return -1;
-    ag->tensor_tuple_type =
-        (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_tuple_spec, (PyObject *)ag->value_type);
+    ag->tensor_tuple_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_tuple_spec,
+                                                                     (PyObject *)ag->value_type);
     if (ag->tensor_tuple_type == NULL) return -1;
-    if (PyModule_AddType(module, ag->value_type) < 0 || PyModule_AddType(module, ag->tensor_type) < 0 ||
+    if (PyModule_AddType(module, ag->value_type) < 0 ||
+        PyModule_AddType(module, ag->tensor_type) < 0 ||
         PyModule_AddType(module, ag->tensor_tuple_type) < 0)
         return -1;
     return 0;

@@ -23,43 +23,43 @@ typedef enum op_input_kind {
 
 /* The built-in ops: X(kind, class name, constructor signature, arity, input
  * kind, tuple output). */
-#define NEEDLE_OPS(X)                                                                   \
-    X(OP_EWISE_ADD, "EWiseAdd", SIG_NONE, 2, IN_ARRAYS, 0)                              \
-    X(OP_ADD_SCALAR, "AddScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                          \
-    X(OP_EWISE_MUL, "EWiseMul", SIG_NONE, 2, IN_ARRAYS, 0)                              \
-    X(OP_MUL_SCALAR, "MulScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                          \
-    X(OP_EWISE_POW, "EWisePow", SIG_NONE, 2, IN_ARRAYS, 0)                              \
-    X(OP_POWER_SCALAR, "PowerScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                      \
-    X(OP_EWISE_DIV, "EWiseDiv", SIG_NONE, 2, IN_ARRAYS, 0)                              \
-    X(OP_DIV_SCALAR, "DivScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                          \
-    X(OP_TRANSPOSE, "Transpose", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                         \
-    X(OP_RESHAPE, "Reshape", SIG_SHAPE, 1, IN_ARRAYS, 0)                                \
-    X(OP_BROADCAST_TO, "BroadcastTo", SIG_SHAPE, 1, IN_ARRAYS, 0)                       \
-    X(OP_SUMMATION, "Summation", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                         \
-    X(OP_MATMUL, "MatMul", SIG_NONE, 2, IN_ARRAYS, 0)                                   \
-    X(OP_NEGATE, "Negate", SIG_NONE, 1, IN_ARRAYS, 0)                                   \
-    X(OP_LOG, "Log", SIG_NONE, 1, IN_ARRAYS, 0)                                         \
-    X(OP_EXP, "Exp", SIG_NONE, 1, IN_ARRAYS, 0)                                         \
-    X(OP_RELU, "ReLU", SIG_NONE, 1, IN_ARRAYS, 0)                                       \
-    X(OP_TANH, "Tanh", SIG_NONE, 1, IN_ARRAYS, 0)                                       \
-    X(OP_SIGMOID, "Sigmoid", SIG_NONE, 1, IN_ARRAYS, 0)                                 \
-    X(OP_SQRT, "Sqrt", SIG_NONE, 1, IN_ARRAYS, 0)                                       \
-    X(OP_MAX, "Max", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                                     \
-    X(OP_STACK, "Stack", SIG_AXIS, 1, IN_TUPLE, 0)                                      \
-    X(OP_SPLIT, "Split", SIG_AXIS, 1, IN_ARRAYS, 1)                                     \
-    X(OP_FLIP, "Flip", SIG_AXES, 1, IN_ARRAYS, 0)                                       \
-    X(OP_DILATE, "Dilate", SIG_AXES_DILATION, 1, IN_ARRAYS, 0)                          \
-    X(OP_UNDILATE, "UnDilate", SIG_AXES_DILATION, 1, IN_ARRAYS, 0)                      \
-    X(OP_CONV, "Conv", SIG_CONV, 2, IN_ARRAYS, 0)                                       \
-    X(OP_LOG_SOFTMAX, "LogSoftmax", SIG_NONE, 1, IN_ARRAYS, 0)                          \
-    X(OP_LOG_SUM_EXP, "LogSumExp", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                       \
-    X(OP_MAKE_TUPLE, "MakeTensorTuple", SIG_NONE, ARITY_ANY, IN_ARRAYS, 1)              \
-    X(OP_TUPLE_GET_ITEM, "TupleGetItem", SIG_INDEX, 1, IN_TUPLE, 0)                     \
-    X(OP_FUSED_ADD_SCALARS, "FusedAddScalars", SIG_TWO_SCALARS, 1, IN_ARRAYS, 1)        \
-    X(OP_GET_ITEM, "GetItem", SIG_KEY, 1, IN_ARRAYS, 0)                                 \
-    X(OP_SET_ITEM_GRAD, "ScatterSlice", SIG_KEY_SHAPE, 1, IN_ARRAYS, 0)                 \
-    X(OP_GATHER_ROWS, "GatherRows", SIG_NONE, 2, IN_ARRAYS, 0)                          \
-    X(OP_SCATTER_ADD_ROWS, "ScatterAddRows", SIG_ROWS, 2, IN_ARRAYS, 0)                 \
+#define NEEDLE_OPS(X)                                                            \
+    X(OP_EWISE_ADD, "EWiseAdd", SIG_NONE, 2, IN_ARRAYS, 0)                       \
+    X(OP_ADD_SCALAR, "AddScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                   \
+    X(OP_EWISE_MUL, "EWiseMul", SIG_NONE, 2, IN_ARRAYS, 0)                       \
+    X(OP_MUL_SCALAR, "MulScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                   \
+    X(OP_EWISE_POW, "EWisePow", SIG_NONE, 2, IN_ARRAYS, 0)                       \
+    X(OP_POWER_SCALAR, "PowerScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)               \
+    X(OP_EWISE_DIV, "EWiseDiv", SIG_NONE, 2, IN_ARRAYS, 0)                       \
+    X(OP_DIV_SCALAR, "DivScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                   \
+    X(OP_TRANSPOSE, "Transpose", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                  \
+    X(OP_RESHAPE, "Reshape", SIG_SHAPE, 1, IN_ARRAYS, 0)                         \
+    X(OP_BROADCAST_TO, "BroadcastTo", SIG_SHAPE, 1, IN_ARRAYS, 0)                \
+    X(OP_SUMMATION, "Summation", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                  \
+    X(OP_MATMUL, "MatMul", SIG_NONE, 2, IN_ARRAYS, 0)                            \
+    X(OP_NEGATE, "Negate", SIG_NONE, 1, IN_ARRAYS, 0)                            \
+    X(OP_LOG, "Log", SIG_NONE, 1, IN_ARRAYS, 0)                                  \
+    X(OP_EXP, "Exp", SIG_NONE, 1, IN_ARRAYS, 0)                                  \
+    X(OP_RELU, "ReLU", SIG_NONE, 1, IN_ARRAYS, 0)                                \
+    X(OP_TANH, "Tanh", SIG_NONE, 1, IN_ARRAYS, 0)                                \
+    X(OP_SIGMOID, "Sigmoid", SIG_NONE, 1, IN_ARRAYS, 0)                          \
+    X(OP_SQRT, "Sqrt", SIG_NONE, 1, IN_ARRAYS, 0)                                \
+    X(OP_MAX, "Max", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                              \
+    X(OP_STACK, "Stack", SIG_AXIS, 1, IN_TUPLE, 0)                               \
+    X(OP_SPLIT, "Split", SIG_AXIS, 1, IN_ARRAYS, 1)                              \
+    X(OP_FLIP, "Flip", SIG_AXES, 1, IN_ARRAYS, 0)                                \
+    X(OP_DILATE, "Dilate", SIG_AXES_DILATION, 1, IN_ARRAYS, 0)                   \
+    X(OP_UNDILATE, "UnDilate", SIG_AXES_DILATION, 1, IN_ARRAYS, 0)               \
+    X(OP_CONV, "Conv", SIG_CONV, 2, IN_ARRAYS, 0)                                \
+    X(OP_LOG_SOFTMAX, "LogSoftmax", SIG_NONE, 1, IN_ARRAYS, 0)                   \
+    X(OP_LOG_SUM_EXP, "LogSumExp", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                \
+    X(OP_MAKE_TUPLE, "MakeTensorTuple", SIG_NONE, ARITY_ANY, IN_ARRAYS, 1)       \
+    X(OP_TUPLE_GET_ITEM, "TupleGetItem", SIG_INDEX, 1, IN_TUPLE, 0)              \
+    X(OP_FUSED_ADD_SCALARS, "FusedAddScalars", SIG_TWO_SCALARS, 1, IN_ARRAYS, 1) \
+    X(OP_GET_ITEM, "GetItem", SIG_KEY, 1, IN_ARRAYS, 0)                          \
+    X(OP_SET_ITEM_GRAD, "ScatterSlice", SIG_KEY_SHAPE, 1, IN_ARRAYS, 0)          \
+    X(OP_GATHER_ROWS, "GatherRows", SIG_NONE, 2, IN_ARRAYS, 0)                   \
+    X(OP_SCATTER_ADD_ROWS, "ScatterAddRows", SIG_ROWS, 2, IN_ARRAYS, 0)          \
     X(OP_SOFTMAX_XENT, "SoftmaxCrossEntropy", SIG_NONE, 2, IN_ARRAYS, 0)
 
 typedef enum op_kind {
@@ -111,8 +111,7 @@ typedef struct op_params {
 } op_params;
 
 typedef struct {
-    PyObject_HEAD
-    PyObject *dict;
+    PyObject_HEAD PyObject *dict;
     PyObject *weakreflist;
     op_kind kind;
     op_params p;
@@ -121,11 +120,10 @@ typedef struct {
 /* Tensor and TensorTuple share this layout; a TensorTuple's cached_data
  * is a tuple of NDArrays. */
 typedef struct {
-    PyObject_HEAD
-    PyObject *op;          /* Op or NULL (a leaf)          */
-    PyObject *inputs;      /* tuple of Values, never NULL  */
-    PyObject *cached_data; /* NDArray / tuple, or NULL     */
-    PyObject *grad;        /* Tensor or NULL               */
+    PyObject_HEAD PyObject *op; /* Op or NULL (a leaf)          */
+    PyObject *inputs;           /* tuple of Values, never NULL  */
+    PyObject *cached_data;      /* NDArray / tuple, or NULL     */
+    PyObject *grad;             /* Tensor or NULL               */
     PyObject *dict;
     PyObject *weakreflist;
     int requires_grad;
@@ -195,10 +193,11 @@ int inputs_require_grad(PyObject *inputs);
  * input array is held for the whole compute. op is an Op object, or NULL to
  * run the built-in `kind` with params p (no Op object needed). New
  * reference: an NDArray, or a tuple for tuple ops. */
-PyObject *run_compute(needle_state *st, PyObject *op, op_kind kind, const op_params *p, PyObject *inputs);
+PyObject *run_compute(needle_state *st, PyObject *op, op_kind kind, const op_params *p,
+                      PyObject *inputs);
 /* The same on arrays already realised (Op.compute called from Python). */
-PyObject *compute_arrays(needle_state *st, op_kind kind, const op_params *p, PyObject *const *arrays,
-                         Py_ssize_t n);
+PyObject *compute_arrays(needle_state *st, op_kind kind, const op_params *p,
+                         PyObject *const *arrays, Py_ssize_t n);
 /* Records op(inputs) -> a node: the generic make_from_op for any Op. */
 PyObject *make_from_op(needle_state *st, PyObject *op, PyObject *inputs, int tuple_output);
 /* Applies a built-in op to inputs (a tuple of Values): records a graph node

@@ -190,8 +190,8 @@ PyObject *tensor_getitem(PyObject *a, PyObject *key) {
  * when value is not such a node. */
 PyObject *fold_make_tuple_item(needle_state *st, PyObject *value, Py_ssize_t i) {
     TensorObject *t = Tensor_CAST(value);
-    if (!is_tensor_tuple(st, value) || t->op == NULL || !PyObject_TypeCheck(t->op, st->autograd->op_type) ||
-        Op_CAST(t->op)->kind != OP_MAKE_TUPLE)
+    if (!is_tensor_tuple(st, value) || t->op == NULL ||
+        !PyObject_TypeCheck(t->op, st->autograd->op_type) || Op_CAST(t->op)->kind != OP_MAKE_TUPLE)
         return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(t->inputs);
     if (i < 0) i += n;
@@ -256,10 +256,10 @@ PyObject *tensor_transpose(PyObject *self, PyObject *args, PyObject *kwargs) {
     return apply1(st, OP_TRANSPOSE, &p, self);
 }
 
-#define TENSOR_UNARY(name, kind)                                                          \
-    PyObject *tensor_##name(PyObject *self, PyObject *Py_UNUSED(ignored)) {              \
-        needle_state *st = state_of_value(self);                                          \
-        return st ? apply1(st, kind, &no_params, self) : NULL;                            \
+#define TENSOR_UNARY(name, kind)                                            \
+    PyObject *tensor_##name(PyObject *self, PyObject *Py_UNUSED(ignored)) { \
+        needle_state *st = state_of_value(self);                            \
+        return st ? apply1(st, kind, &no_params, self) : NULL;              \
     }
 TENSOR_UNARY(exp, OP_EXP)
 TENSOR_UNARY(log, OP_LOG)

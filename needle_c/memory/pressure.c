@@ -180,20 +180,21 @@ static int safe_points_active(const device_pressure *ps, double now) {
  * their back-off nor their pacing): garbage is likeliest there, and a
  * useless collection at a safe point raises its trigger to the live set,
  * which stops the next ones. */
-static int soft_collection_allowed(const nd_device *dev, device_pressure *ps, int64_t before, int64_t requested,
-                                   double now, int at_safe_point) {
+static int soft_collection_allowed(const nd_device *dev, device_pressure *ps, int64_t before,
+                                   int64_t requested, double now, int at_safe_point) {
     if (!PyGC_IsEnabled()) return 0;
     int64_t budget = budget_of(dev);
     double fraction = policy.max_gc_fraction;
     if (budget > 0 && (double)(before + requested) > 0.9 * (double)budget) fraction = 0.5;
     if (at_safe_point && ps->last_freed_little) return 1;
-    if (ps->last_duration > 0.0 && now - ps->last_end < ps->last_duration * (1.0 / fraction - 1.0)) return 0;
+    if (ps->last_duration > 0.0 && now - ps->last_end < ps->last_duration * (1.0 / fraction - 1.0))
+        return 0;
     return at_safe_point || now >= ps->cooldown_until;
 }
 
 /* Runs one collection for dev and updates its figures and trigger. */
-static void collect_and_account(nd_device *dev, device_pressure *ps, nd_collect_reason reason, double start,
-                                int64_t before) {
+static void collect_and_account(nd_device *dev, device_pressure *ps, nd_collect_reason reason,
+                                double start, int64_t before) {
     run_python_collection(reason);
     double end = now_seconds();
     int64_t after = allocated_of(dev);
@@ -220,7 +221,8 @@ static void collect_and_account(nd_device *dev, device_pressure *ps, nd_collect_
     nd_memory_set_trigger(dev, next_trigger(dev, after));
 }
 
-static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested, nd_collect_reason reason) {
+static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested,
+                               nd_collect_reason reason) {
     (void)ctx;
     int id = nd_device_id(dev);
     if (!policy.enabled || id < 0 || id >= ND_MAX_DEVICES) return;
@@ -229,7 +231,8 @@ static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested, nd_
     int64_t before = allocated_of(dev);
     if (reason == ND_COLLECT_PRESSURE) {
         int64_t cap = cap_of(dev);
-        if (!watermark_set() && safe_points_active(ps, start) && cap >= 0 && before + requested <= cap) {
+        if (!watermark_set() && safe_points_active(ps, start) && cap >= 0 &&
+            before + requested <= cap) {
             ps->deferred++;
             return;
         }
@@ -294,7 +297,10 @@ int pressure_add_stats(const nd_device *dev, PyObject *dict) {
     int id = nd_device_id(dev);
     device_pressure empty = {0};
     const device_pressure *ps = id >= 0 && id < ND_MAX_DEVICES ? &pressure[id] : &empty;
-    struct { const char *key; PyObject *value; } items[] = {
+    struct {
+        const char *key;
+        PyObject *value;
+    } items[] = {
         {"num_pressure_collections", PyLong_FromLongLong(ps->pressure_collections)},
         {"num_oom_collections", PyLong_FromLongLong(ps->oom_collections)},
         {"num_collect_calls", PyLong_FromLongLong(ps->pressure_collections + ps->oom_collections)},
@@ -308,7 +314,8 @@ int pressure_add_stats(const nd_device *dev, PyObject *dict) {
     };
     int rc = 0;
     for (size_t i = 0; i < sizeof items / sizeof items[0]; i++) {
-        if (rc == 0 && (items[i].value == NULL || PyDict_SetItemString(dict, items[i].key, items[i].value) < 0))
+        if (rc == 0 && (items[i].value == NULL ||
+                        PyDict_SetItemString(dict, items[i].key, items[i].value) < 0))
             rc = -1;
         Py_XDECREF(items[i].value);
     }
@@ -323,17 +330,20 @@ static void refresh_all(void) {
 
 static PyObject *set_gc_policy(PyObject *module, PyObject *args, PyObject *kwargs) {
     (void)module;
-    static char *kwlist[] = {"enabled", "growth", "min_growth", "high_water", "max_gc_fraction", "watermark", NULL};
+    static char *kwlist[] = {"enabled",         "growth",    "min_growth", "high_water",
+                             "max_gc_fraction", "watermark", NULL};
     gc_policy p = policy;
     long long min_growth = p.min_growth;
     PyObject *watermark = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$pdLddO:_set_gc_policy", kwlist, &p.enabled, &p.growth,
-                                     &min_growth, &p.high_water, &p.max_gc_fraction, &watermark))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$pdLddO:_set_gc_policy", kwlist, &p.enabled,
+                                     &p.growth, &min_growth, &p.high_water, &p.max_gc_fraction,
+                                     &watermark))
         return NULL;
     if (p.growth < 0.0 || min_growth < 0 || p.high_water <= 0.0 || p.high_water > 1.0 ||
         p.max_gc_fraction <= 0.0 || p.max_gc_fraction > 0.5) {
-        PyErr_SetString(PyExc_ValueError, "gc policy: need growth >= 0, min_growth >= 0, 0 < high_water <= 1 "
-                                          "and 0 < max_gc_fraction <= 0.5");
+        PyErr_SetString(PyExc_ValueError,
+                        "gc policy: need growth >= 0, min_growth >= 0, 0 < high_water <= 1 "
+                        "and 0 < max_gc_fraction <= 0.5");
         return NULL;
     }
     p.min_growth = min_growth;
@@ -343,7 +353,8 @@ static PyObject *set_gc_policy(PyObject *module, PyObject *args, PyObject *kwarg
     } else if (watermark != NULL && PyFloat_Check(watermark)) {
         double fraction = PyFloat_AsDouble(watermark);
         if (!(fraction > 0.0 && fraction <= 1.0)) {
-            PyErr_Format(PyExc_ValueError, "a fractional watermark must be in (0, 1], got %R", watermark);
+            PyErr_Format(PyExc_ValueError, "a fractional watermark must be in (0, 1], got %R",
+                         watermark);
             return NULL;
         }
         p.watermark = -1;
@@ -366,9 +377,10 @@ static PyObject *policy_dict(const gc_policy *p) {
                           : p->watermark_fraction > 0 ? PyFloat_FromDouble(p->watermark_fraction)
                                                       : Py_NewRef(Py_None);
     if (watermark == NULL) return NULL;
-    return Py_BuildValue("{s:O,s:d,s:L,s:d,s:d,s:N}", "enabled", p->enabled ? Py_True : Py_False, "growth",
-                         p->growth, "min_growth", (long long)p->min_growth, "high_water", p->high_water,
-                         "max_gc_fraction", p->max_gc_fraction, "watermark", watermark);
+    return Py_BuildValue("{s:O,s:d,s:L,s:d,s:d,s:N}", "enabled", p->enabled ? Py_True : Py_False,
+                         "growth", p->growth, "min_growth", (long long)p->min_growth, "high_water",
+                         p->high_water, "max_gc_fraction", p->max_gc_fraction, "watermark",
+                         watermark);
 }
 
 static PyObject *get_gc_policy(PyObject *module, PyObject *Py_UNUSED(ignored)) {
@@ -403,15 +415,21 @@ static PyObject *safe_point(PyObject *module, PyObject *Py_UNUSED(ignored)) {
 
 PyMethodDef pressure_module_functions[] = {
     {"_gc_safe_point", safe_point, METH_NOARGS,
-     "_gc_safe_point()\n--\n\nTells the pressure policy that a training step's old graph has probably just "
-     "become garbage (Optimizer.reset_grad calls it); collects if allocations are past the trigger."},
+     "_gc_safe_point()\n--\n\nTells the pressure policy that a training step's old graph has "
+     "probably just "
+     "become garbage (Optimizer.reset_grad calls it); collects if allocations are past the "
+     "trigger."},
     {"_set_gc_policy", (PyCFunction)(void (*)(void))set_gc_policy, METH_VARARGS | METH_KEYWORDS,
-     "_set_gc_policy(*, enabled, growth, min_growth, high_water, max_gc_fraction, watermark)\n--\n\n"
-     "Sets the pressure policy (omitted values are kept). watermark: bytes (int), a fraction (float in "
+     "_set_gc_policy(*, enabled, growth, min_growth, high_water, max_gc_fraction, "
+     "watermark)\n--\n\n"
+     "Sets the pressure policy (omitted values are kept). watermark: bytes (int), a fraction "
+     "(float in "
      "(0, 1]) of each device's budget, or None or -1 for the computed trigger."},
-    {"_get_gc_policy", get_gc_policy, METH_NOARGS, "_get_gc_policy()\n--\n\nThe pressure policy as a dict."},
+    {"_get_gc_policy", get_gc_policy, METH_NOARGS,
+     "_get_gc_policy()\n--\n\nThe pressure policy as a dict."},
     {"_gc_policy_defaults", gc_policy_defaults, METH_NOARGS,
-     "_gc_policy_defaults()\n--\n\nThe policy needle starts with, as a dict like _get_gc_policy()'s."},
+     "_gc_policy_defaults()\n--\n\nThe policy needle starts with, as a dict like "
+     "_get_gc_policy()'s."},
     {"_reset_pressure_stats", reset_pressure_stats, METH_O,
      "_reset_pressure_stats(device_id, /)\n--\n\nZeroes the device's collection statistics."},
     {NULL, NULL, 0, NULL},

@@ -45,10 +45,10 @@ static PyObject *memory_stats(PyObject *module, PyObject *arg) {
         set_item(d, "allocation.all.allocated", s.blocks_total) < 0 ||
         set_item(d, "allocation.all.freed", s.blocks_freed) < 0 ||
         set_item(d, "num_alloc_retries", s.num_alloc_retries) < 0 ||
-        set_item(d, "num_ooms", s.num_ooms) < 0 ||
-        set_item(d, "memory_limit_bytes", s.limit) < 0 ||
+        set_item(d, "num_ooms", s.num_ooms) < 0 || set_item(d, "memory_limit_bytes", s.limit) < 0 ||
         set_item(d, "gc_trigger_bytes", s.trigger) < 0 ||
-        set_item(d, "device_capacity_bytes", nd_device_capacity(dev)) < 0 || pressure_add_stats(dev, d) < 0) {
+        set_item(d, "device_capacity_bytes", nd_device_capacity(dev)) < 0 ||
+        pressure_add_stats(dev, d) < 0) {
         Py_DECREF(d);
         return NULL;
     }
@@ -105,6 +105,7 @@ PyMethodDef memory_module_functions[] = {
     {"_empty_cache", memory_empty_cache, METH_O,
      "_empty_cache(device_id, /)\n--\n\nReleases cached blocks; returns the bytes released."},
     {"_set_memory_limit", (PyCFunction)(void (*)(void))memory_set_limit, METH_FASTCALL,
-     "_set_memory_limit(device_id, limit, /)\n--\n\nLimit in bytes on reserved memory; -1 removes it."},
+     "_set_memory_limit(device_id, limit, /)\n--\n\nLimit in bytes on reserved memory; -1 removes "
+     "it."},
     {NULL, NULL, 0, NULL},
 };

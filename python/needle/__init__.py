@@ -4,30 +4,29 @@ Arrays, tensors and ops are C types whose device memory is accounted per
 device, limited on request, and visible to Python's garbage collector. See
 README.md for the state of each layer.
 """
+
 import needle_c as _c
 from needle_c import DeviceError, OutOfMemoryError
 
-from . import backend_ndarray, memory
-from .ops import *  # noqa: F401,F403
-from .autograd import Tensor, TensorTuple, cpu, all_devices, no_grad  # noqa: F401
-from . import autograd, ops, init  # noqa: F401
-from . import nn  # noqa: F401
-from . import data, optim  # noqa: F401
-from .init import ones, zeros, zeros_like, ones_like  # noqa: F401
-from .backend_ndarray import (  # noqa: F401
+from . import autograd, backend_ndarray, data, init, memory, nn, ops, optim
+from . import backend_ndarray as array_api
+from .autograd import Tensor, TensorTuple, no_grad
+from .backend_ndarray import (
     BackendDevice,
     Device,
     NDArray,
     all_devices,
     cpu,
     cpu_numpy,
-    cuda,
     default_device,
 )
-from . import backend_ndarray as array_api  # noqa: F401
+from .init import ones, ones_like, zeros, zeros_like
+from .ops import *  # noqa: F403
+
 # ndl.cuda() is the course's device function and ndl.cuda.memory_allocated() etc. the
-# torch.cuda-style API: needle.cuda is a callable module.
-from . import cuda  # noqa: F401,E402
+# torch.cuda-style API: needle.cuda is a callable module, imported after everything
+# else so that no `from ... import cuda` rebinds the name to a plain function.
+from . import cuda  # noqa: E402
 
 # DLPack import: the NDArray-level function lives on backend_ndarray, as the
 # other array constructors do.
@@ -39,6 +38,7 @@ def from_dlpack(obj, requires_grad=False):
     NumPy arrays, torch tensors, needle arrays). float32 only; no copy is made,
     so writes through either side are visible in the other."""
     return Tensor.make_const(_c.from_dlpack(obj), requires_grad=requires_grad)
+
 
 BACKEND = "nd"
 

@@ -5,6 +5,7 @@ against NumPy, exact memory accounting, an emulated device limit that raises
 ``OutOfMemoryError`` and leaves the process usable, and the allocator's
 out-of-memory path collecting a reference cycle that holds device memory.
 """
+
 import gc
 import time
 
@@ -20,8 +21,10 @@ def _mib(n):
 
 
 def main():
-    print(f"needle {ndl.__version__}: devices {ndl.all_devices()}, "
-          f"cuda enabled: {ndl.cuda().enabled()}")
+    print(
+        f"needle {ndl.__version__}: devices {ndl.all_devices()}, "
+        f"cuda enabled: {ndl.cuda().enabled()}"
+    )
     print(f"CPU matmul uses: {ndl._c._blas()}")
 
     rng = np.random.default_rng(0)
@@ -33,14 +36,18 @@ def main():
     elapsed = time.perf_counter() - start
     expected = np.maximum(x @ w, 0).sum(axis=1)
     err = np.max(np.abs(out.numpy() - expected) / (np.abs(expected) + 1))
-    print(f"relu(x @ w).sum(axis=1) on (512,256)@(256,128): {elapsed * 1e3:.2f} ms, "
-          f"max relative error vs NumPy {err:.1e}")
+    print(
+        f"relu(x @ w).sum(axis=1) on (512,256)@(256,128): {elapsed * 1e3:.2f} ms, "
+        f"max relative error vs NumPy {err:.1e}"
+    )
 
     base = memory.memory_allocated()
     big = nd.empty((1024, 1024))
     views = [big.permute((1, 0)), big[::2, 10:20], big.reshape((-1,)), big.flip(0)]
-    print(f"a (1024, 1024) array: {memory.memory_allocated() - base} bytes allocated "
-          f"(4 views of it add nothing: {len(views)} views)")
+    print(
+        f"a (1024, 1024) array: {memory.memory_allocated() - base} bytes allocated "
+        f"(4 views of it add nothing: {len(views)} views)"
+    )
     del big, views
     print(f"after del: {memory.memory_allocated() - base} bytes above the baseline")
 
@@ -48,7 +55,7 @@ def main():
     try:
         keep = nd.empty((1024, 1024))  # 4 MiB, fits under the 8 MiB emulated device
         try:
-            nd.empty((2048, 1024))      # 8 MiB more: does not
+            nd.empty((2048, 1024))  # 8 MiB more: does not
         except ndl.OutOfMemoryError as err:
             print(f"OutOfMemoryError as expected: {err}")
         del keep
@@ -59,14 +66,18 @@ def main():
         cycle = {"array": nd.empty((1536, 1024))}
         cycle["self"] = cycle
         del cycle
-        print(f"cyclic garbage holds {_mib(memory.memory_allocated() - base)}; "
-              f"allocating 4 MiB under the 8 MiB limit...")
+        print(
+            f"cyclic garbage holds {_mib(memory.memory_allocated() - base)}; "
+            f"allocating 4 MiB under the 8 MiB limit..."
+        )
         collections = memory.memory_stats()["num_collect_calls"]
         fresh = nd.full((1024, 1024), 1.0)
         stats = memory.memory_stats()
-        print(f"  succeeded after {stats['num_collect_calls'] - collections} collection(s); "
-              f"now {_mib(memory.memory_allocated() - base)} allocated, "
-              f"sum = {float(fresh.sum().numpy()[0]):.0f}")
+        print(
+            f"  succeeded after {stats['num_collect_calls'] - collections} collection(s); "
+            f"now {_mib(memory.memory_allocated() - base)} allocated, "
+            f"sum = {float(fresh.sum().numpy()[0]):.0f}"
+        )
         del fresh
     finally:
         gc.enable()

@@ -10,6 +10,7 @@ collector. Two graph modes give the same gradient values:
   on every node, and the graphs point back into the forward graph (reference cycles
   that only the garbage collector frees). Use it to reproduce the course's leak.
 """
+
 import contextlib
 
 import needle_c as _c
@@ -88,4 +89,5 @@ def sum_node_list(node_list):
     """Sums a list of tensors with EWiseAdd (the course's helper)."""
     from functools import reduce
     from operator import add
+
     return reduce(add, node_list)

@@ -21,6 +21,7 @@ caching allocator holds from the driver (cached blocks included), which is what 
 memory limit (:func:`set_per_process_memory_fraction`, ``needle.memory.set_memory_limit``)
 applies to. ``empty_cache`` gives the cached blocks back to the driver.
 """
+
 import sys
 import types
 
@@ -29,12 +30,21 @@ import needle_c as _c
 from . import memory as _memory
 
 __all__ = [
-    "is_available", "is_compiled", "device_count", "memory_allocated", "max_memory_allocated",
-    "memory_reserved", "max_memory_reserved", "memory_stats", "reset_peak_memory_stats",
-    "empty_cache", "mem_get_info", "memory_summary", "set_per_process_memory_fraction",
+    "is_available",
+    "is_compiled",
+    "device_count",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "max_memory_reserved",
+    "memory_stats",
+    "reset_peak_memory_stats",
+    "empty_cache",
+    "mem_get_info",
+    "memory_summary",
+    "set_per_process_memory_fraction",
     "gemm_backend",
 ]
-
 
 
 def _device(device=None):

@@ -6,6 +6,7 @@ that produced the gradients: the state dicts hold plain detached tensors. Parame
 whose ``grad`` is None are skipped. ``clip_grad_norm`` exists on every optimizer (the
 course has it on SGD only).
 """
+
 import numpy as np
 
 from . import init, memory
@@ -122,8 +123,8 @@ class Adam(Optimizer):
     def step(self):
         """Updates every parameter with a gradient in place (``p.data = ...``); returns None."""
         self.t += 1
-        bias1 = 1 - self.beta1 ** self.t
-        bias2 = 1 - self.beta2 ** self.t
+        bias1 = 1 - self.beta1**self.t
+        bias2 = 1 - self.beta2**self.t
         with no_grad():
             for p in self.params:
                 if getattr(p, "grad", None) is None:
@@ -140,4 +141,4 @@ class Adam(Optimizer):
                 self.v[p] = v
                 m_hat = m / bias1
                 v_hat = v / bias2
-                p.data = p.data - (m_hat * self.lr) / (v_hat ** 0.5 + self.eps)
+                p.data = p.data - (m_hat * self.lr) / (v_hat**0.5 + self.eps)

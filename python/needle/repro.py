@@ -23,6 +23,7 @@ On the CPU the limit emulates a GPU's capacity; by default it is set from a shor
 calibration run so that ``leak`` runs out within about 20 steps while the fixes do not.
 Prints a table, writes ``repro.json`` and a PNG timeline of allocated bytes to ``--out``.
 """
+
 import argparse
 import gc
 import json
@@ -40,14 +41,23 @@ DEFAULT_STEPS = 15
 
 def _parse_args(argv):
     parser = argparse.ArgumentParser(prog="needle.repro", description=__doc__.splitlines()[0])
-    parser.add_argument("--data", help="directory with PTB text (ptb.*.txt or train.txt/test.txt); "
-                        "default: a synthetic corpus needle generates")
-    parser.add_argument("--device", default="cuda" if _cuda_enabled() else "cpu",
-                        help="cpu or cuda (default: cuda when available)")
+    parser.add_argument(
+        "--data",
+        help="directory with PTB text (ptb.*.txt or train.txt/test.txt); "
+        "default: a synthetic corpus needle generates",
+    )
+    parser.add_argument(
+        "--device",
+        default="cuda" if _cuda_enabled() else "cpu",
+        help="cpu or cuda (default: cuda when available)",
+    )
     parser.add_argument("--limit", help="device memory limit, e.g. '2GiB' (default: calibrated)")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="training steps per mode")
-    parser.add_argument("--modes", default=",".join(MODES),
-                        help="comma-separated subset of " + ",".join(MODES + EXTRA_MODES))
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help="comma-separated subset of " + ",".join(MODES + EXTRA_MODES),
+    )
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--seq-len", type=int, default=20)
     parser.add_argument("--out", default="repro_out", help="directory for repro.json and the plot")
@@ -59,7 +69,9 @@ def _parse_args(argv):
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES + EXTRA_MODES and m != "calibrate"]
     if unknown:
-        parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES + EXTRA_MODES)}")
+        parser.error(
+            f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES + EXTRA_MODES)}"
+        )
     if args.steps < 1:
         parser.error("--steps must be at least 1")
     args.modes = modes
@@ -68,6 +80,7 @@ def _parse_args(argv):
 
 def _cuda_enabled():
     import needle_c
+
     return needle_c.cuda().enabled()
 
 
@@ -77,6 +90,7 @@ def _cuda_enabled():
 def _configure(mode, device, limit):
     import needle as ndl
     from needle import memory
+
     graph = "cycle_free" if mode == "cycle_free" else "needle"
     ndl.autograd.set_graph_mode(graph)
     # leak/manual: the course has no device-memory collections at all.
@@ -99,8 +113,15 @@ def course_setup(corpus_dir, batch_size, seq_len, device):
     corpus = Corpus(corpus_dir)
     train = batchify(corpus.train, batch_size, device=device, dtype="float32")
     np.random.seed(0)
-    model = LanguageModel(20, len(corpus.dictionary), hidden_size=32, num_layers=1,
-                          seq_model="transformer", seq_len=seq_len, device=device)
+    model = LanguageModel(
+        20,
+        len(corpus.dictionary),
+        hidden_size=32,
+        num_layers=1,
+        seq_model="transformer",
+        seq_len=seq_len,
+        device=device,
+    )
     opt = ndl.optim.Adam(model.parameters(), lr=3e-3)
     model.train()
     return corpus, train, model, opt, nn.SoftmaxLoss()
@@ -115,7 +136,9 @@ def _run_worker(args):
     mode = args.worker
     device = ndl.cpu() if args.device == "cpu" else ndl.cuda()
     # corpus stays alive, as in the course notebook: its token lists are part of the heap.
-    corpus, train, model, opt, loss_fn = course_setup(args.corpus_dir, args.batch_size, args.seq_len, device)
+    corpus, train, model, opt, loss_fn = course_setup(
+        args.corpus_dir, args.batch_size, args.seq_len, device
+    )
     _configure(mode, device, args.limit_bytes)
     if mode == "hook_frozen":
         memory.freeze_heap()  # after setup, before the first graph exists
@@ -181,9 +204,23 @@ def _run_worker(args):
 
 
 def _spawn(mode, args, corpus_dir, limit_bytes, steps):
-    cmd = [sys.executable, "-m", "needle.repro", "--worker", mode, "--corpus-dir", corpus_dir,
-           "--device", args.device, "--steps", str(steps), "--batch-size", str(args.batch_size),
-           "--seq-len", str(args.seq_len)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "needle.repro",
+        "--worker",
+        mode,
+        "--corpus-dir",
+        corpus_dir,
+        "--device",
+        args.device,
+        "--steps",
+        str(steps),
+        "--batch-size",
+        str(args.batch_size),
+        "--seq-len",
+        str(args.seq_len),
+    ]
     if limit_bytes is not None:
         cmd += ["--limit-bytes", str(limit_bytes)]
     env = dict(os.environ)
@@ -196,12 +233,15 @@ def _spawn(mode, args, corpus_dir, limit_bytes, steps):
 
 def _prepare_corpus(args, workdir):
     from needle.data import write_synthetic_corpus
+
     if args.data:
         if not os.path.isdir(args.data):
             raise SystemExit(f"needle.repro: --data {args.data!r} is not a directory")
         names = set(os.listdir(args.data))
         if "train.txt" not in names and "ptb.train.txt" not in names and "ptb.valid.txt" in names:
-            print(f"data: {args.data} has no training split; ptb.valid.txt is used as training text")
+            print(
+                f"data: {args.data} has no training split; ptb.valid.txt is used as training text"
+            )
         return args.data, f"PTB text from {args.data}"
     path = write_synthetic_corpus(os.path.join(workdir, "corpus"), num_words=args.words, seed=0)
     return str(path), f"needle's synthetic corpus ({args.words} words, 10k vocabulary)"
@@ -214,8 +254,10 @@ def _mib(n):
 def _print_table(results, limit_bytes):
     print()
     print(f"limit: {_mib(limit_bytes)} MiB")
-    header = (f"{'mode':<11}{'steps':>6}{'OOM':>10}{'peak MiB':>11}{'final MiB':>11}"
-              f"{'collections':>13}{'gc s':>8}{'step s':>8}{'loss':>8}")
+    header = (
+        f"{'mode':<11}{'steps':>6}{'OOM':>10}{'peak MiB':>11}{'final MiB':>11}"
+        f"{'collections':>13}{'gc s':>8}{'step s':>8}{'loss':>8}"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
@@ -223,22 +265,28 @@ def _print_table(results, limit_bytes):
         gc_s = "-" if r["gc_seconds"] is None else f"{r['gc_seconds']:.2f}"
         step_s = "-" if r["mean_step_seconds"] is None else f"{r['mean_step_seconds']:.3f}"
         loss = "-" if r["last_loss"] is None else f"{r['last_loss']:.3f}"
-        print(f"{r['mode']:<11}{r['steps']:>6}{oom:>10}{_mib(r['peak_allocated_bytes']):>11}"
-              f"{_mib(r['final_allocated_bytes']):>11}{r['pressure_collections']:>13}{gc_s:>8}"
-              f"{step_s:>8}{loss:>8}")
+        print(
+            f"{r['mode']:<11}{r['steps']:>6}{oom:>10}{_mib(r['peak_allocated_bytes']):>11}"
+            f"{_mib(r['final_allocated_bytes']):>11}{r['pressure_collections']:>13}{gc_s:>8}"
+            f"{step_s:>8}{loss:>8}"
+        )
 
 
 def _plot(results, limit_bytes, path):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for r in results:
         steps = [0] + [s["step"] for s in r["samples"]]
-        allocated = [r["start_allocated_bytes"] / 2**20] + [s["allocated"] / 2**20 for s in r["samples"]]
+        allocated = [r["start_allocated_bytes"] / 2**20] + [
+            s["allocated"] / 2**20 for s in r["samples"]
+        ]
         # leak and gc_blind often trace the same line: dash one so both stay visible.
         style = {"gc_blind": "--", "manual": ":"}.get(r["mode"], "-")
-        line, = ax.plot(steps, allocated, marker=".", linestyle=style, label=r["mode"])
+        (line,) = ax.plot(steps, allocated, marker=".", linestyle=style, label=r["mode"])
         if r["oom"]:
             ax.plot(steps[-1], allocated[-1], "x", color=line.get_color(), markersize=10)
     if limit_bytes is not None:
@@ -259,11 +307,14 @@ def main(argv=None):
         return 0
     import needle as ndl
     from needle.memory import parse_size
+
     os.makedirs(args.out, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="needle-repro-") as workdir:
         corpus_dir, corpus_note = _prepare_corpus(args, workdir)
-        print(f"needle {ndl.__version__} on {args.device} ({platform.machine()}, {os.cpu_count()} cpus); "
-              f"data: {corpus_note}")
+        print(
+            f"needle {ndl.__version__} on {args.device} ({platform.machine()}, "
+            f"{os.cpu_count()} cpus); data: {corpus_note}"
+        )
         if args.limit:
             limit_bytes = parse_size(args.limit)
             print(f"limit: {args.limit} as given")
@@ -273,20 +324,48 @@ def main(argv=None):
             # through the parameters' .grad), not for garbage that piles up.
             calibration = _spawn("cycle_free", args, corpus_dir, None, 2)
             limit_bytes = int(calibration["peak_allocated_bytes"] * 2.5)
-            print(f"calibration: one cycle-free step peaks at {_mib(calibration['peak_allocated_bytes'])} MiB; "
-                  f"emulated device limit {_mib(limit_bytes)} MiB")
+            print(
+                "calibration: one cycle-free step peaks at "
+                f"{_mib(calibration['peak_allocated_bytes'])} MiB; "
+                f"emulated device limit {_mib(limit_bytes)} MiB"
+            )
         results = []
         for mode in args.modes:
             t0 = time.perf_counter()
             result = _spawn(mode, args, corpus_dir, limit_bytes, args.steps)
             results.append(result)
-            status = f"out of memory at step {result['oom_step']}" if result["oom"] else f"{result['steps']} steps"
-            print(f"  {mode:<11} {status}, peak {_mib(result['peak_allocated_bytes'])} MiB "
-                  f"({time.perf_counter() - t0:.1f} s)", flush=True)
+            status = (
+                f"out of memory at step {result['oom_step']}"
+                if result["oom"]
+                else f"{result['steps']} steps"
+            )
+            print(
+                f"  {mode:<11} {status}, peak {_mib(result['peak_allocated_bytes'])} MiB "
+                f"({time.perf_counter() - t0:.1f} s)",
+                flush=True,
+            )
     _print_table(results, limit_bytes)
-    report = [{k: v for k, v in r.items() if k in (
-        "mode", "device", "steps", "oom", "oom_step", "peak_allocated_bytes", "final_allocated_bytes",
-        "pressure_collections", "gc_seconds", "mean_step_seconds", "last_loss")} for r in results]
+    report = [
+        {
+            k: v
+            for k, v in r.items()
+            if k
+            in (
+                "mode",
+                "device",
+                "steps",
+                "oom",
+                "oom_step",
+                "peak_allocated_bytes",
+                "final_allocated_bytes",
+                "pressure_collections",
+                "gc_seconds",
+                "mean_step_seconds",
+                "last_loss",
+            )
+        }
+        for r in results
+    ]
     json_path = os.path.join(args.out, "repro.json")
     with open(json_path, "w") as f:
         json.dump(report, f, indent=2)
@@ -295,8 +374,9 @@ def main(argv=None):
         _plot(results, limit_bytes, png_path)
         print(f"\nwrote {json_path} and {png_path}")
     except ImportError:
-        print(f"\nwrote {json_path}; the timeline plot needs matplotlib "
-              "(pip install 'needle[repro]')")
+        print(
+            f"\nwrote {json_path}; the timeline plot needs matplotlib (pip install 'needle[repro]')"
+        )
     return 0
 
 

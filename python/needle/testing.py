@@ -13,6 +13,7 @@ so any project's test suite that installs needle can use:
 
 Tests that use neither pay nothing: the hooks return at once when no marker is set.
 """
+
 import gc
 import warnings
 
@@ -73,15 +74,20 @@ def _live_tensor_report(device):
         # The report sees Tensors only: arrays held outside a Tensor do not show up in it.
         return f"live tensors on {where}: none (NDArrays outside Tensors are not listed)\n"
     rows.sort(key=lambda row: row.get("bytes", 0), reverse=True)
-    lines = [f"live tensors on {where} by op "
-             f"(largest {min(len(rows), _REPORT_ROWS)} of {len(rows)} groups):",
-             f"  {'op':<32}{'count':>8}{'bytes':>14}"]
+    lines = [
+        f"live tensors on {where} by op "
+        f"(largest {min(len(rows), _REPORT_ROWS)} of {len(rows)} groups):",
+        f"  {'op':<32}{'count':>8}{'bytes':>14}",
+    ]
     for row in rows[:_REPORT_ROWS]:
-        lines.append(f"  {str(row.get('key')):<32}{row.get('count', 0):>8}{row.get('bytes', 0):>14}")
+        lines.append(
+            f"  {str(row.get('key')):<32}{row.get('count', 0):>8}{row.get('bytes', 0):>14}"
+        )
     if len(rows) > _REPORT_ROWS:
         rest = rows[_REPORT_ROWS:]
-        lines.append(f"  ... {len(rest)} more groups, "
-                     f"{sum(row.get('bytes', 0) for row in rest)} bytes")
+        lines.append(
+            f"  ... {len(rest)} more groups, {sum(row.get('bytes', 0) for row in rest)} bytes"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -101,8 +107,10 @@ def _marker_limits(item):
     for marker in item.iter_markers(name=MARKER):
         args, kwargs = list(marker.args), dict(marker.kwargs)
         if len(args) > 2 or set(kwargs) - {"limit", "device"}:
-            raise TypeError(f"{MARKER} takes (limit, device=None), got args={marker.args!r} "
-                            f"kwargs={marker.kwargs!r}")
+            raise TypeError(
+                f"{MARKER} takes (limit, device=None), got args={marker.args!r} "
+                f"kwargs={marker.kwargs!r}"
+            )
         if "limit" in kwargs and args:
             raise TypeError(f"{MARKER}: limit given twice")
         limit = kwargs.pop("limit") if "limit" in kwargs else (args.pop(0) if args else None)
@@ -123,8 +131,7 @@ def _limit_failure(device, limit, start, peak, end):
         f"  limit:           {_format_bytes(limit)} above the start\n"
         f"  peak:            {_format_bytes(peak)}, {_format_bytes(peak - start)} above the start\n"
         f"  start allocated: {_format_bytes(start)}\n"
-        f"  end allocated:   {_format_bytes(end)}\n"
-        + _live_tensor_report(device)
+        f"  end allocated:   {_format_bytes(end)}\n" + _live_tensor_report(device)
     )
 
 
@@ -139,8 +146,11 @@ def pytest_runtest_call(item):
     checks = []
     for device, limit in _marker_limits(item):
         if not _memory.memory_stats(device):
-            warnings.warn(f"{MARKER}: {_device_label(device)} is not available; "
-                          "its limit is not checked", pytest.PytestWarning, stacklevel=1)
+            warnings.warn(
+                f"{MARKER}: {_device_label(device)} is not available; its limit is not checked",
+                pytest.PytestWarning,
+                stacklevel=1,
+            )
             continue
         # The peak is reset so that it covers this test only; start is the baseline.
         _memory.reset_peak_memory_stats(device)
@@ -153,7 +163,8 @@ def pytest_runtest_call(item):
         if peak - start > limit:
             failure = pytest.fail.Exception(
                 _limit_failure(device, limit, start, peak, _memory.memory_allocated(device)),
-                pytrace=False)
+                pytrace=False,
+            )
             force = getattr(outcome, "force_exception", None)  # pluggy >= 1.1
             if force is None:
                 raise failure
@@ -176,8 +187,10 @@ def _tolerance_bytes(tolerance, baseline):
             raise ValueError(f"cannot parse tolerance {tolerance!r}") from None
     if isinstance(tolerance, float):
         if not 0.0 <= tolerance < 1.0:
-            raise ValueError("a float tolerance is a fraction of the post-warmup allocation "
-                             f"and must be in [0, 1), got {tolerance}; give bytes as an int")
+            raise ValueError(
+                "a float tolerance is a fraction of the post-warmup allocation "
+                f"and must be in [0, 1), got {tolerance}; give bytes as an int"
+            )
         return int(tolerance * baseline)
     return _memory.parse_size(tolerance)
 
@@ -207,8 +220,7 @@ class DeviceMemory:
         cannot produce one)."""
         return _live_tensor_report(device)
 
-    def check_no_growth(self, step_fn, steps=20, warmup=3, tolerance=0, device=None,
-                        collect=False):
+    def check_no_growth(self, step_fn, steps=20, warmup=3, tolerance=0, device=None, collect=False):
         """Fails the test when repeating ``step_fn`` keeps growing device memory.
 
         Calls ``step_fn()`` ``warmup`` times (to let one-time allocations such as caches
@@ -245,8 +257,9 @@ class DeviceMemory:
         allowed = _tolerance_bytes(tolerance, baseline)
         growth = readings[-1] - baseline
         if growth > allowed:
-            pytest.fail(self._growth_failure(readings, warmup, allowed, device, collect),
-                        pytrace=False)
+            pytest.fail(
+                self._growth_failure(readings, warmup, allowed, device, collect), pytrace=False
+            )
         return readings
 
     @staticmethod
@@ -272,8 +285,10 @@ class DeviceMemory:
             value = readings[step]
             lines.append(f"  step {step:>4}: {value} bytes ({value - baseline:+d})")
         if not collect:
-            lines.append("  (collect=False: if collect=True passes, the growth is cyclic "
-                         "garbage that gc.collect() frees, not a leak)")
+            lines.append(
+                "  (collect=False: if collect=True passes, the growth is cyclic "
+                "garbage that gc.collect() frees, not a leak)"
+            )
         return "\n".join(lines) + "\n" + _live_tensor_report(device)
 
 

@@ -9,13 +9,13 @@
 #include "engine.h"
 
 static int failures = 0;
-#define CHECK(cond)                                                                       \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            printf("FAIL %s:%d: %s (last error: %s)\n", __FILE__, __LINE__, #cond,       \
-                   nd_last_error());                                                      \
-            failures++;                                                                   \
-        }                                                                                 \
+#define CHECK(cond)                                                                \
+    do {                                                                           \
+        if (!(cond)) {                                                             \
+            printf("FAIL %s:%d: %s (last error: %s)\n", __FILE__, __LINE__, #cond, \
+                   nd_last_error());                                               \
+            failures++;                                                            \
+        }                                                                          \
     } while (0)
 
 #endif /* NEEDLE_TEST_CHECK_H */

@@ -18,8 +18,7 @@
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 /* A fixed-seed generator keeps failures reproducible across platforms. */
-static float rand_float(void)
-{
+static float rand_float(void) {
     rng_state ^= rng_state << 13;
     rng_state ^= rng_state >> 7;
     rng_state ^= rng_state << 17;
@@ -32,9 +31,8 @@ static int cases = 0;
 /* Sentinel written into the padding of C: it must survive untouched. */
 #define PAD_VALUE 12345.0f
 
-static void run_case(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
-                     float beta, int64_t pad)
-{
+static void run_case(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, float beta,
+                     int64_t pad) {
     /* Stored shapes: A is (ta ? k x m : m x k), B is (tb ? n x k : k x n). */
     const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
     const int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
@@ -101,15 +99,16 @@ static void run_case(int ta, int tb, int64_t m, int64_t n, int64_t k, float alph
     free(a), free(b), free(c), free(c0);
 }
 
-int main(void)
-{
+int main(void) {
     static const int64_t sizes[] = {0, 1, 2, 3, 7, 17, 33, 64, 65, 127, 200};
     static const int64_t shapes[][3] = {
-        {1, 300, 5},   {300, 1, 300}, {129, 257, 65}, {5, 1, 300},   {1, 1, 1000},
-        {97, 513, 257}, {6, 16, 256},  {12, 32, 512}, {7, 17, 257},  {300, 3, 1},
-        {0, 5, 7},     {5, 0, 7},     {5, 7, 0},
+        {1, 300, 5},    {300, 1, 300}, {129, 257, 65}, {5, 1, 300},  {1, 1, 1000},
+        {97, 513, 257}, {6, 16, 256},  {12, 32, 512},  {7, 17, 257}, {300, 3, 1},
+        {0, 5, 7},      {5, 0, 7},     {5, 7, 0},
     };
-    static const struct { float alpha, beta; } ab[] = {
+    static const struct {
+        float alpha, beta;
+    } ab[] = {
         {1.0f, 0.0f}, {1.0f, 1.0f}, {0.75f, 0.5f}, {-2.0f, 0.0f}, {0.0f, 0.5f},
     };
     const size_t n_sizes = sizeof sizes / sizeof sizes[0];
@@ -128,8 +127,7 @@ int main(void)
             for (size_t i = 0; i < 4; ++i)
                 for (size_t j = 0; j < 4; ++j)
                     for (size_t l = 0; l < 4; ++l)
-                        run_case(ta, tb, mixed[i], mixed[j], mixed[l], 1.5f, 0.5f,
-                                 (i + j + l) % 3);
+                        run_case(ta, tb, mixed[i], mixed[j], mixed[l], 1.5f, 0.5f, (i + j + l) % 3);
             for (size_t s = 0; s < n_shapes; ++s)
                 for (size_t v = 0; v < 3; ++v)
                     run_case(ta, tb, shapes[s][0], shapes[s][1], shapes[s][2], ab[v].alpha,

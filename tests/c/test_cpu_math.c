@@ -21,7 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define TOL_UNARY 2  /* exp, log, tanh, sigmoid */
+#define TOL_UNARY 2 /* exp, log, tanh, sigmoid */
 #define TOL_POW 4
 /* Bounds on the error against the exact result, in fractional ulps, for the
  * functions whose documented bound is tighter than the distance above. */
@@ -30,13 +30,20 @@
 
 static int failures = 0;
 
-static uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, sizeof u); return u; }
-static float float_of(uint32_t u) { float f; memcpy(&f, &u, sizeof f); return f; }
+static uint32_t bits_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+static float float_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
 
 /* Maps floats onto integers in the same order, so that subtracting two of
  * them counts the representable floats in between (+0 and -0 both map to 0). */
-static int64_t ordinal(float f)
-{
+static int64_t ordinal(float f) {
     uint32_t u = bits_of(f);
     return (u & 0x80000000u) ? -(int64_t)(u & 0x7FFFFFFFu) : (int64_t)u;
 }
@@ -44,37 +51,33 @@ static int64_t ordinal(float f)
 typedef struct stats {
     const char *name;
     int tol;
-    double bound;       /* max fractional ulps vs exact; 0 = not checked */
-    int64_t max_dist;   /* in representable floats, vs libm rounded to float */
-    double max_ulp;     /* fractional, vs the unrounded double result */
+    double bound;     /* max fractional ulps vs exact; 0 = not checked */
+    int64_t max_dist; /* in representable floats, vs libm rounded to float */
+    double max_ulp;   /* fractional, vs the unrounded double result */
     double worst_x, worst_y;
     long checked;
 } stats;
 
-static void fail(stats *s, float x, float y, float got, double ref, const char *why)
-{
+static void fail(stats *s, float x, float y, float got, double ref, const char *why) {
     if (failures < 30)
-        printf("FAIL %s(%a, %a) = %a (%.9g), expected %a (%.9g): %s\n", s->name, x, y, got,
-               got, ref, ref, why);
+        printf("FAIL %s(%a, %a) = %a (%.9g), expected %a (%.9g): %s\n", s->name, x, y, got, got,
+               ref, ref, why);
     failures++;
 }
 
 /* The size of one float ulp at the magnitude of d. */
-static double ulp_at(double d)
-{
+static double ulp_at(double d) {
     int e;
     frexp(fabs(d), &e);
     double u = ldexp(1.0, e - 24);
     return u < 0x1p-149 ? 0x1p-149 : u;
 }
 
-static void check(stats *s, float x, float y, float got, double ref)
-{
+static void check(stats *s, float x, float y, float got, double ref) {
     s->checked++;
     float rf = (float)ref;
     if (isnan(rf) || isnan(got)) {
-        if (!(isnan(rf) && isnan(got)))
-            fail(s, x, y, got, ref, "nan mismatch");
+        if (!(isnan(rf) && isnan(got))) fail(s, x, y, got, ref, "nan mismatch");
         return;
     }
     if (signbit(got) != signbit(rf)) {
@@ -82,8 +85,7 @@ static void check(stats *s, float x, float y, float got, double ref)
         return;
     }
     int64_t d = ordinal(got) - ordinal(rf);
-    if (d < 0)
-        d = -d;
+    if (d < 0) d = -d;
     if (d > s->max_dist) {
         s->max_dist = d;
         s->worst_x = x;
@@ -91,11 +93,9 @@ static void check(stats *s, float x, float y, float got, double ref)
     }
     if (isfinite(got) && isfinite(ref)) {
         double e = fabs((double)got - ref) / ulp_at(ref);
-        if (e > s->max_ulp)
-            s->max_ulp = e;
+        if (e > s->max_ulp) s->max_ulp = e;
     }
-    if (d > s->tol)
-        fail(s, x, y, got, ref, "ulp error above tolerance");
+    if (d > s->tol) fail(s, x, y, got, ref, "ulp error above tolerance");
     if (s->bound > 0 && isfinite(got) && isfinite(ref) &&
         fabs((double)got - ref) / ulp_at(ref) > s->bound)
         fail(s, x, y, got, ref, "error above the documented bound");
@@ -103,8 +103,7 @@ static void check(stats *s, float x, float y, float got, double ref)
 
 /* Special values must match bit for bit (signed zeros, infinities, exact
  * ones), or both be NaN. */
-static void check_exact(stats *s, float x, float y, float got, float want)
-{
+static void check_exact(stats *s, float x, float y, float got, float want) {
     if (isnan(want) ? !isnan(got) : bits_of(got) != bits_of(want))
         fail(s, x, y, got, want, "special value mismatch");
 }
@@ -114,11 +113,9 @@ static double ref_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 /* The sweeps evaluate in batches through plain loops, the shape the kernels
  * use, so that an -O3 build of this test checks the vectorized code. */
 #define BATCH 4096
-#define DEFINE_BATCH(fn)                                                   \
-    static void batch_##fn(float *restrict out, const float *restrict in, int n) \
-    {                                                                      \
-        for (int i = 0; i < n; i++)                                        \
-            out[i] = fn(in[i]);                                            \
+#define DEFINE_BATCH(fn)                                                           \
+    static void batch_##fn(float *restrict out, const float *restrict in, int n) { \
+        for (int i = 0; i < n; i++) out[i] = fn(in[i]);                            \
     }
 DEFINE_BATCH(nd_expf)
 DEFINE_BATCH(nd_logf)
@@ -131,38 +128,30 @@ typedef double (*unary_d)(double);
 static float in_buf[BATCH], out_buf[BATCH], y_buf[BATCH];
 static int n_buf;
 
-static void flush(stats *s, batch_f f, unary_d ref)
-{
+static void flush(stats *s, batch_f f, unary_d ref) {
     f(out_buf, in_buf, n_buf);
-    for (int i = 0; i < n_buf; i++)
-        check(s, in_buf[i], 0.0f, out_buf[i], ref(in_buf[i]));
+    for (int i = 0; i < n_buf; i++) check(s, in_buf[i], 0.0f, out_buf[i], ref(in_buf[i]));
     n_buf = 0;
 }
 
-static void push(stats *s, batch_f f, unary_d ref, float x)
-{
+static void push(stats *s, batch_f f, unary_d ref, float x) {
     in_buf[n_buf++] = x;
-    if (n_buf == BATCH)
-        flush(s, f, ref);
+    if (n_buf == BATCH) flush(s, f, ref);
 }
 
-static void sweep(stats *s, batch_f f, unary_d ref, float lo, float hi, uint32_t stride)
-{
+static void sweep(stats *s, batch_f f, unary_d ref, float lo, float hi, uint32_t stride) {
     /* Walks the ordinals between lo and hi, so negative ranges work too. */
     for (int64_t o = ordinal(lo); o <= ordinal(hi); o += stride)
         push(s, f, ref, o < 0 ? float_of((uint32_t)(-o) | 0x80000000u) : float_of((uint32_t)o));
     flush(s, f, ref);
 }
 
-static void sweep_all_bits(stats *s, batch_f f, unary_d ref)
-{
-    for (uint64_t b = 0; b <= 0xFFFFFFFFu; b += 997)
-        push(s, f, ref, float_of((uint32_t)b));
+static void sweep_all_bits(stats *s, batch_f f, unary_d ref) {
+    for (uint64_t b = 0; b <= 0xFFFFFFFFu; b += 997) push(s, f, ref, float_of((uint32_t)b));
     flush(s, f, ref);
 }
 
-static void report(const stats *s)
-{
+static void report(const stats *s) {
     printf("%-8s max %lld ulp (vs libm rounded), %.3f ulp (vs exact), worst at x=%a y=%a, "
            "%ld checked\n",
            s->name, (long long)s->max_dist, s->max_ulp, s->worst_x, s->worst_y, s->checked);
@@ -170,44 +159,36 @@ static void report(const stats *s)
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
-static uint64_t rng(void)
-{
+static uint64_t rng(void) {
     rng_state ^= rng_state << 13;
     rng_state ^= rng_state >> 7;
     rng_state ^= rng_state << 17;
     return rng_state;
 }
 
-static double rand_uniform(double lo, double hi)
-{
+static double rand_uniform(double lo, double hi) {
     return lo + (hi - lo) * (double)(rng() >> 11) * 0x1p-53;
 }
 
 static void batch_pow(float *restrict out, const float *restrict x, const float *restrict y,
-                      int n)
-{
-    for (int i = 0; i < n; i++)
-        out[i] = nd_powf(x[i], y[i]);
+                      int n) {
+    for (int i = 0; i < n; i++) out[i] = nd_powf(x[i], y[i]);
 }
 
-static void flush_pow(stats *s)
-{
+static void flush_pow(stats *s) {
     batch_pow(out_buf, in_buf, y_buf, n_buf);
     for (int i = 0; i < n_buf; i++)
         check(s, in_buf[i], y_buf[i], out_buf[i], pow((double)in_buf[i], (double)y_buf[i]));
     n_buf = 0;
 }
 
-static void check_pow(stats *s, float x, float y)
-{
+static void check_pow(stats *s, float x, float y) {
     in_buf[n_buf] = x;
     y_buf[n_buf++] = y;
-    if (n_buf == BATCH)
-        flush_pow(s);
+    if (n_buf == BATCH) flush_pow(s);
 }
 
-static void test_pow(stats *s)
-{
+static void test_pow(stats *s) {
     /* Grid: x over all positive magnitudes (subnormals included) of both
      * signs, y over moderate magnitudes where results stay mostly finite. */
     for (uint32_t xb = 0; xb < 0x7F800000u; xb += 0x7F800000u / 700) {
@@ -225,8 +206,7 @@ static void test_pow(stats *s)
     for (int i = 0; i < 400000; i++) {
         float x = float_of((uint32_t)(rng() % 0x7F800000u));
         double l2 = log2((double)x);
-        if (l2 == 0.0)
-            continue;
+        if (l2 == 0.0) continue;
         float y = (float)(rand_uniform(-152.0, 130.0) / l2);
         check_pow(s, x, y);
     }
@@ -256,8 +236,8 @@ static void test_pow(stats *s)
 
     /* Annex F special cases against libm's own pow. */
     const float specials[] = {
-        0.0f, 0x1p-149f, 0x1p-126f, 0.5f, 1.0f, 1.5f, 2.0f, 2.5f, 3.0f, 10.0f,
-        8388607.5f, 8388609.0f, 16777215.0f, 16777216.0f, 1e10f, FLT_MAX, INFINITY,
+        0.0f,  0x1p-149f,  0x1p-126f,  0.5f,        1.0f,        1.5f,  2.0f,    2.5f,     3.0f,
+        10.0f, 8388607.5f, 8388609.0f, 16777215.0f, 16777216.0f, 1e10f, FLT_MAX, INFINITY,
     };
     const int ns = (int)(sizeof specials / sizeof specials[0]);
     for (int i = 0; i < 2 * ns + 1; i++) {
@@ -268,8 +248,7 @@ static void test_pow(stats *s)
             float got = nd_powf(x, y);
             if (isnan(want) || isinf(want) || want == 0.0f || fabsf(want) == 1.0f)
                 check_exact(s, x, y, got, want);
-            else
-                check(s, x, y, got, pow((double)x, (double)y));
+            else check(s, x, y, got, pow((double)x, (double)y));
         }
     }
     check_exact(s, -1.0f, INFINITY, nd_powf(-1.0f, INFINITY), 1.0f);
@@ -295,8 +274,7 @@ static void test_pow(stats *s)
     }
 }
 
-int main(void)
-{
+int main(void) {
     stats se = {.name = "expf", .tol = TOL_UNARY, .max_dist = -1};
     stats sl = {.name = "logf", .tol = TOL_UNARY, .bound = BOUND_LOG, .max_dist = -1};
     stats st = {.name = "tanhf", .tol = TOL_UNARY, .bound = BOUND_TANH, .max_dist = -1};
@@ -305,8 +283,8 @@ int main(void)
 
     sweep_all_bits(&se, batch_nd_expf, exp);
     sweep(&se, batch_nd_expf, exp, -1.0f, 1.0f, 257);
-    sweep(&se, batch_nd_expf, exp, -104.0f, -87.0f, 7);  /* gradual underflow */
-    sweep(&se, batch_nd_expf, exp, 88.0f, 89.0f, 7);     /* overflow edge */
+    sweep(&se, batch_nd_expf, exp, -104.0f, -87.0f, 7); /* gradual underflow */
+    sweep(&se, batch_nd_expf, exp, 88.0f, 89.0f, 7);    /* overflow edge */
     check_exact(&se, 0.0f, 0, nd_expf(0.0f), 1.0f);
     check_exact(&se, -0.0f, 0, nd_expf(-0.0f), 1.0f);
     check_exact(&se, INFINITY, 0, nd_expf(INFINITY), INFINITY);
@@ -322,7 +300,7 @@ int main(void)
     check(&se, -103.9f, 0, nd_expf(-103.9f), exp(-103.9f));
 
     sweep_all_bits(&sl, batch_nd_logf, log);
-    sweep(&sl, batch_nd_logf, log, 0.5f, 2.0f, 3);       /* mantissa range, near 1 */
+    sweep(&sl, batch_nd_logf, log, 0.5f, 2.0f, 3);        /* mantissa range, near 1 */
     sweep(&sl, batch_nd_logf, log, 0.0f, 0x1p-126f, 101); /* subnormal inputs */
     check_exact(&sl, 0.0f, 0, nd_logf(0.0f), -INFINITY);
     check_exact(&sl, -0.0f, 0, nd_logf(-0.0f), -INFINITY);
@@ -336,10 +314,10 @@ int main(void)
     check(&sl, FLT_MAX, 0, nd_logf(FLT_MAX), log(FLT_MAX));
 
     sweep_all_bits(&st, batch_nd_tanhf, tanh);
-    sweep(&st, batch_nd_tanhf, tanh, 0.25f, 0.35f, 3);   /* around the 0.3 switch */
+    sweep(&st, batch_nd_tanhf, tanh, 0.25f, 0.35f, 3); /* around the 0.3 switch */
     sweep(&st, batch_nd_tanhf, tanh, -0.35f, -0.25f, 31);
-    sweep(&st, batch_nd_tanhf, tanh, 0.35f, 8.5f, 97);   /* the e/(e+2) form */
-    sweep(&st, batch_nd_tanhf, tanh, 8.5f, 9.5f, 7);     /* saturation and the clamp */
+    sweep(&st, batch_nd_tanhf, tanh, 0.35f, 8.5f, 97); /* the e/(e+2) form */
+    sweep(&st, batch_nd_tanhf, tanh, 8.5f, 9.5f, 7);   /* saturation and the clamp */
     check_exact(&st, 0.0f, 0, nd_tanhf(0.0f), 0.0f);
     check_exact(&st, -0.0f, 0, nd_tanhf(-0.0f), -0.0f);
     check_exact(&st, INFINITY, 0, nd_tanhf(INFINITY), 1.0f);

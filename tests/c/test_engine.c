@@ -145,11 +145,12 @@ static void test_layouts(void) {
     int64_t lo, hi;
     nd_layout_extent(&v, &lo, &hi);
     CHECK(lo == 0 && hi == 24);
-    CHECK(nd_layout_check_bounds(&v, 24) == ND_OK && nd_layout_check_bounds(&v, 23) == ND_ERR_VALUE);
+    CHECK(nd_layout_check_bounds(&v, 24) == ND_OK &&
+          nd_layout_check_bounds(&v, 23) == ND_ERR_VALUE);
     int nd;
     int64_t out[ND_MAX_DIMS];
-    CHECK(nd_broadcast_shapes(2, (int64_t[]){3, 1}, 1, (int64_t[]){4}, &nd, out) == ND_OK && nd == 2 &&
-          out[0] == 3 && out[1] == 4);
+    CHECK(nd_broadcast_shapes(2, (int64_t[]){3, 1}, 1, (int64_t[]){4}, &nd, out) == ND_OK &&
+          nd == 2 && out[0] == 3 && out[1] == 4);
     CHECK(nd_layout_contiguous(ND_MAX_DIMS + 1, shape, &l) == ND_ERR_SHAPE);
 }
 

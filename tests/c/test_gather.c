@@ -59,7 +59,8 @@ static void test_gather(void) {
     nd_array cols = table;
     nd_layout_slice(&cols.layout, 1, 2, -2, 2); /* columns 2, 0 */
     nd_array idx_t = idx;
-    CHECK(nd_layout_permute(&idx.layout, (int[]){1, 0}, &idx_t.layout) == ND_OK); /* [[3,1],[0,3]] */
+    CHECK(nd_layout_permute(&idx.layout, (int[]){1, 0}, &idx_t.layout) ==
+          ND_OK); /* [[3,1],[0,3]] */
     CHECK(nd_array_gather_rows(&cols, &idx_t, &out) == ND_OK);
     CHECK(equals(&out, (float[]){32, 30, 12, 10, 2, 0, 32, 30}, 8));
     nd_array_release(&out);

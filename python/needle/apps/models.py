@@ -5,6 +5,7 @@ Unlike the course's copy, importing this module does **not** call ``np.random.se
 seeding NumPy's global RNG is left to the caller (``np.random.seed(0)`` before building a
 model gives the course's parameters).
 """
+
 from needle import nn
 
 __all__ = ["ConvBN", "ResNet9", "LanguageModel"]
@@ -73,13 +74,23 @@ class LanguageModel(nn.Module):
     Raises ValueError for a ``seq_model`` other than 'rnn', 'lstm' or 'transformer'.
     """
 
-    def __init__(self, embedding_size, output_size, hidden_size, num_layers=1,
-                 seq_model='rnn', seq_len=40, device=None, dtype="float32"):
+    def __init__(
+        self,
+        embedding_size,
+        output_size,
+        hidden_size,
+        num_layers=1,
+        seq_model="rnn",
+        seq_len=40,
+        device=None,
+        dtype="float32",
+    ):
         super().__init__()
         if seq_model not in SEQ_MODELS:
             raise ValueError(
                 f"LanguageModel: unknown seq_model {seq_model!r} (expected 'rnn', 'lstm' or "
-                f"'transformer')")
+                f"'transformer')"
+            )
         self.embedding_size = embedding_size
         self.output_size = output_size
         self.hidden_size = hidden_size
@@ -87,17 +98,20 @@ class LanguageModel(nn.Module):
         self.seq_model_name = seq_model
         self.seq_len = seq_len
         self.embedding = nn.Embedding(output_size, embedding_size, device=device, dtype=dtype)
-        if seq_model == 'rnn':
-            self.seq_model = nn.RNN(embedding_size, hidden_size, num_layers,
-                                    device=device, dtype=dtype)
+        if seq_model == "rnn":
+            self.seq_model = nn.RNN(
+                embedding_size, hidden_size, num_layers, device=device, dtype=dtype
+            )
             out_features = hidden_size
-        elif seq_model == 'lstm':
-            self.seq_model = nn.LSTM(embedding_size, hidden_size, num_layers,
-                                     device=device, dtype=dtype)
+        elif seq_model == "lstm":
+            self.seq_model = nn.LSTM(
+                embedding_size, hidden_size, num_layers, device=device, dtype=dtype
+            )
             out_features = hidden_size
         else:
-            self.seq_model = nn.Transformer(embedding_size, hidden_size, num_layers,
-                                            device=device, dtype=dtype)
+            self.seq_model = nn.Transformer(
+                embedding_size, hidden_size, num_layers, device=device, dtype=dtype
+            )
             out_features = embedding_size
         self.linear = nn.Linear(out_features, output_size, device=device, dtype=dtype)
 

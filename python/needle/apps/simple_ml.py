@@ -18,6 +18,7 @@ values ``(accuracy, loss)`` follow the course. Differences:
   stderr) or a callable ``progress(step, loss, allocated_bytes)`` called after every step
   (step counts from 1 within the epoch, loss is the batch's mean loss as a float).
 """
+
 import contextlib
 import sys
 
@@ -50,8 +51,12 @@ class _LinePrinter:
 
     def __call__(self, step, loss, allocated):
         if step == 1 or step % self.every == 0 or step == self.total:
-            print(f"{self.desc} step {step}/{self.total}  loss {loss:.4f}  "
-                  f"allocated {format_bytes(allocated)}", file=self.stream, flush=True)
+            print(
+                f"{self.desc} step {step}/{self.total}  loss {loss:.4f}  "
+                f"allocated {format_bytes(allocated)}",
+                file=self.stream,
+                flush=True,
+            )
 
     def close(self):
         pass
@@ -85,8 +90,10 @@ def _make_progress(progress, total, desc):
         return reporter, reporter.close
     if callable(progress):
         return progress, lambda: None
-    raise TypeError(f"progress must be None, True or a callable(step, loss, allocated_bytes), "
-                    f"got {type(progress).__name__}")
+    raise TypeError(
+        f"progress must be None, True or a callable(step, loss, allocated_bytes), "
+        f"got {type(progress).__name__}"
+    )
 
 
 # --------------------------------------------------------------------------
@@ -153,8 +160,9 @@ def epoch_general_cifar10(dataloader, model, loss_fn=nn.SoftmaxLoss(), opt=None,
     else:
         model.eval()
     total_loss, correct, seen = 0.0, 0, 0
-    report, close = _make_progress(progress, _num_batches(dataloader),
-                                   "train" if training else "eval")
+    report, close = _make_progress(
+        progress, _num_batches(dataloader), "train" if training else "eval"
+    )
     grad_mode = contextlib.nullcontext() if training else ndl.no_grad()
     try:
         with grad_mode:
@@ -180,8 +188,16 @@ def epoch_general_cifar10(dataloader, model, loss_fn=nn.SoftmaxLoss(), opt=None,
     return correct / n, total_loss / n
 
 
-def train_cifar10(model, dataloader, n_epochs=1, optimizer=optim.Adam,
-                  lr=0.001, weight_decay=0.001, loss_fn=nn.SoftmaxLoss, progress=None):
+def train_cifar10(
+    model,
+    dataloader,
+    n_epochs=1,
+    optimizer=optim.Adam,
+    lr=0.001,
+    weight_decay=0.001,
+    loss_fn=nn.SoftmaxLoss,
+    progress=None,
+):
     """Trains ``model`` for ``n_epochs`` epochs with ``optimizer(model.parameters(), lr=,
     weight_decay=)``.
 
@@ -193,7 +209,8 @@ def train_cifar10(model, dataloader, n_epochs=1, optimizer=optim.Adam,
     opt = optimizer(model.parameters(), lr=lr, weight_decay=weight_decay)
     for _ in range(n_epochs):
         avg_acc, avg_loss = epoch_general_cifar10(
-            dataloader, model, loss_fn=_loss_instance(loss_fn), opt=opt, progress=progress)
+            dataloader, model, loss_fn=_loss_instance(loss_fn), opt=opt, progress=progress
+        )
     return avg_acc, avg_loss
 
 
@@ -203,8 +220,9 @@ def evaluate_cifar10(model, dataloader, loss_fn=nn.SoftmaxLoss, progress=None):
     Returns (avg_acc, avg_loss): Python floats, per sample.
     """
     np.random.seed(4)
-    return epoch_general_cifar10(dataloader, model, loss_fn=_loss_instance(loss_fn), opt=None,
-                                 progress=progress)
+    return epoch_general_cifar10(
+        dataloader, model, loss_fn=_loss_instance(loss_fn), opt=None, progress=progress
+    )
 
 
 # --------------------------------------------------------------------------
@@ -212,8 +230,17 @@ def evaluate_cifar10(model, dataloader, loss_fn=nn.SoftmaxLoss, progress=None):
 # --------------------------------------------------------------------------
 
 
-def epoch_general_ptb(data, model, seq_len=40, loss_fn=nn.SoftmaxLoss(), opt=None,
-                      clip=None, device=None, dtype="float32", progress=None):
+def epoch_general_ptb(
+    data,
+    model,
+    seq_len=40,
+    loss_fn=nn.SoftmaxLoss(),
+    opt=None,
+    clip=None,
+    device=None,
+    dtype="float32",
+    progress=None,
+):
     """One pass over batchified token ids: trains when ``opt`` is given, evaluates otherwise.
 
     data: NumPy array (nbatch, bs) from ``ndl.data.batchify``. The pass walks
@@ -241,7 +268,8 @@ def epoch_general_ptb(data, model, seq_len=40, loss_fn=nn.SoftmaxLoss(), opt=Non
     if len(starts) == 0:
         raise ValueError(
             f"epoch_general_ptb: data has {nbatch} row(s) of shape {tuple(data.shape)}; at least 2 "
-            f"are needed (use a smaller batch size or more text)")
+            f"are needed (use a smaller batch size or more text)"
+        )
     report, close = _make_progress(progress, len(starts), "train" if training else "eval")
     grad_mode = contextlib.nullcontext() if training else ndl.no_grad()
     total_loss, correct, tokens = 0.0, 0, 0
@@ -271,9 +299,20 @@ def epoch_general_ptb(data, model, seq_len=40, loss_fn=nn.SoftmaxLoss(), opt=Non
     return correct / tokens, total_loss / tokens
 
 
-def train_ptb(model, data, seq_len=40, n_epochs=1, optimizer=optim.SGD,
-              lr=4.0, weight_decay=0.0, loss_fn=nn.SoftmaxLoss, clip=None,
-              device=None, dtype="float32", progress=None):
+def train_ptb(
+    model,
+    data,
+    seq_len=40,
+    n_epochs=1,
+    optimizer=optim.SGD,
+    lr=4.0,
+    weight_decay=0.0,
+    loss_fn=nn.SoftmaxLoss,
+    clip=None,
+    device=None,
+    dtype="float32",
+    progress=None,
+):
     """Trains ``model`` on ``data`` (NumPy (nbatch, bs) from batchify) for ``n_epochs`` epochs
     of :func:`epoch_general_ptb`, with ``optimizer(model.parameters(), lr=, weight_decay=)``.
 
@@ -285,18 +324,35 @@ def train_ptb(model, data, seq_len=40, n_epochs=1, optimizer=optim.SGD,
     opt = optimizer(model.parameters(), lr=lr, weight_decay=weight_decay)
     for _ in range(n_epochs):
         avg_acc, avg_loss = epoch_general_ptb(
-            data, model, seq_len=seq_len, loss_fn=_loss_instance(loss_fn), opt=opt, clip=clip,
-            device=device, dtype=dtype, progress=progress)
+            data,
+            model,
+            seq_len=seq_len,
+            loss_fn=_loss_instance(loss_fn),
+            opt=opt,
+            clip=clip,
+            device=device,
+            dtype=dtype,
+            progress=progress,
+        )
     return avg_acc, avg_loss
 
 
-def evaluate_ptb(model, data, seq_len=40, loss_fn=nn.SoftmaxLoss,
-                 device=None, dtype="float32", progress=None):
+def evaluate_ptb(
+    model, data, seq_len=40, loss_fn=nn.SoftmaxLoss, device=None, dtype="float32", progress=None
+):
     """Evaluates ``model`` on ``data`` (NumPy (nbatch, bs) from batchify) once: eval mode, no
     graph recorded, hidden state carried across batches as in training.
 
     Returns (avg_acc, avg_loss): Python floats, per token.
     """
     np.random.seed(4)
-    return epoch_general_ptb(data, model, seq_len=seq_len, loss_fn=_loss_instance(loss_fn),
-                             opt=None, device=device, dtype=dtype, progress=progress)
+    return epoch_general_ptb(
+        data,
+        model,
+        seq_len=seq_len,
+        loss_fn=_loss_instance(loss_fn),
+        opt=None,
+        device=device,
+        dtype=dtype,
+        progress=progress,
+    )

@@ -16,6 +16,7 @@ Examples::
     python -m needle.apps.train_ptb --model lstm --epochs 3
     python -m needle.apps.train_ptb --data ../shared/data/ptb --max-lines 2000
 """
+
 import argparse
 import math
 import os
@@ -38,10 +39,15 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(
         prog="python -m needle.apps.train_ptb",
         description="Train a needle LanguageModel on PTB-format text and report loss, "
-                    "perplexity, accuracy, time and peak device memory per epoch.")
-    p.add_argument("--data", default=None, metavar="DIR",
-                   help="corpus directory (train.txt/test.txt or ptb.*.txt); default: write a "
-                        "synthetic corpus to a temporary directory")
+        "perplexity, accuracy, time and peak device memory per epoch.",
+    )
+    p.add_argument(
+        "--data",
+        default=None,
+        metavar="DIR",
+        help="corpus directory (train.txt/test.txt or ptb.*.txt); default: write a "
+        "synthetic corpus to a temporary directory",
+    )
     p.add_argument("--model", choices=("transformer", "lstm", "rnn"), default="transformer")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=256)
@@ -53,21 +59,41 @@ def parse_args(argv=None):
     p.add_argument("--embedding-size", type=int, default=20)
     p.add_argument("--hidden-size", type=int, default=32)
     p.add_argument("--num-layers", type=int, default=1)
-    p.add_argument("--max-lines", type=int, default=None,
-                   help="read at most this many lines of each split")
+    p.add_argument(
+        "--max-lines", type=int, default=None, help="read at most this many lines of each split"
+    )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--synthetic-words", type=int, default=60_000,
-                   help="words in the synthetic corpus when no --data is given")
-    p.add_argument("--synthetic-vocab", type=int, default=2_000,
-                   help="vocabulary bound of the synthetic corpus")
-    p.add_argument("--graph-mode", choices=ndl.autograd.GRAPH_MODES, default="cycle_free",
-                   help="'needle' reproduces the course's reference cycles (memory grows "
-                        "until the garbage collector runs)")
+    p.add_argument(
+        "--synthetic-words",
+        type=int,
+        default=60_000,
+        help="words in the synthetic corpus when no --data is given",
+    )
+    p.add_argument(
+        "--synthetic-vocab",
+        type=int,
+        default=2_000,
+        help="vocabulary bound of the synthetic corpus",
+    )
+    p.add_argument(
+        "--graph-mode",
+        choices=ndl.autograd.GRAPH_MODES,
+        default="cycle_free",
+        help="'needle' reproduces the course's reference cycles (memory grows "
+        "until the garbage collector runs)",
+    )
     p.add_argument("--seed", type=int, default=0, help="NumPy seed for the model's parameters")
     p.add_argument("--progress", action="store_true", help="show per-step progress")
     args = p.parse_args(argv)
-    for name in ("epochs", "batch_size", "seq_len", "embedding_size", "hidden_size",
-                 "num_layers", "synthetic_words"):
+    for name in (
+        "epochs",
+        "batch_size",
+        "seq_len",
+        "embedding_size",
+        "hidden_size",
+        "num_layers",
+        "synthetic_words",
+    ):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.max_lines is not None and args.max_lines < 1:
@@ -93,11 +119,14 @@ def _perplexity(loss):
 
 def _load_corpus(args, tmpdir):
     if args.data is None:
-        path = write_synthetic_corpus(tmpdir, num_words=args.synthetic_words, seed=0,
-                                      vocab_size=args.synthetic_vocab)
-        print(f"no --data given: wrote a synthetic PTB-format corpus "
-              f"({args.synthetic_words} words, vocabulary <= {args.synthetic_vocab}, seed 0) "
-              f"to the temporary directory {path} (deleted once read)")
+        path = write_synthetic_corpus(
+            tmpdir, num_words=args.synthetic_words, seed=0, vocab_size=args.synthetic_vocab
+        )
+        print(
+            f"no --data given: wrote a synthetic PTB-format corpus "
+            f"({args.synthetic_words} words, vocabulary <= {args.synthetic_vocab}, seed 0) "
+            f"to the temporary directory {path} (deleted once read)"
+        )
     else:
         path = args.data
         if not os.path.exists(path):
@@ -111,8 +140,10 @@ def _load_corpus(args, tmpdir):
     train_name = os.path.basename(corpus.train_path)
     test_name = os.path.basename(corpus.test_path)
     if train_name == "ptb.valid.txt":
-        print(f"note: {path} has no training split; using ptb.valid.txt as the training text "
-              f"and {test_name} as the evaluation text")
+        print(
+            f"note: {path} has no training split; using ptb.valid.txt as the training text "
+            f"and {test_name} as the evaluation text"
+        )
     else:
         print(f"data: training text {train_name}, evaluation text {test_name}")
     return corpus
@@ -128,47 +159,80 @@ def main(argv=None):
     vocab = len(corpus.dictionary)
     bs = args.batch_size
     if len(corpus.train) < 2 * bs:
-        fail(f"the training text has {len(corpus.train)} tokens, too few for --batch-size {bs} "
-             f"(need at least {2 * bs}); use a smaller batch size or more lines")
+        fail(
+            f"the training text has {len(corpus.train)} tokens, too few for --batch-size {bs} "
+            f"(need at least {2 * bs}); use a smaller batch size or more lines"
+        )
     if len(corpus.test) < 2:
         fail("the evaluation text has fewer than 2 tokens")
     eval_bs = min(bs, len(corpus.test) // 2)
     if eval_bs < bs:
-        print(f"note: the evaluation text has {len(corpus.test)} tokens; evaluating with batch "
-              f"size {eval_bs}")
+        print(
+            f"note: the evaluation text has {len(corpus.test)} tokens; evaluating with batch "
+            f"size {eval_bs}"
+        )
     train_data = batchify(corpus.train, bs, device, "float32")
     test_data = batchify(corpus.test, eval_bs, device, "float32")
-    print(f"tokens: train {len(corpus.train)}, test {len(corpus.test)}; vocabulary {vocab}; "
-          f"batches of {args.seq_len} x {bs}: train {train_data.shape[0]} rows, "
-          f"test {test_data.shape[0]} rows")
+    print(
+        f"tokens: train {len(corpus.train)}, test {len(corpus.test)}; vocabulary {vocab}; "
+        f"batches of {args.seq_len} x {bs}: train {train_data.shape[0]} rows, "
+        f"test {test_data.shape[0]} rows"
+    )
 
     np.random.seed(args.seed)
-    model = LanguageModel(args.embedding_size, vocab, args.hidden_size,
-                          num_layers=args.num_layers, seq_model=args.model,
-                          seq_len=args.seq_len, device=device, dtype="float32")
+    model = LanguageModel(
+        args.embedding_size,
+        vocab,
+        args.hidden_size,
+        num_layers=args.num_layers,
+        seq_model=args.model,
+        seq_len=args.seq_len,
+        device=device,
+        dtype="float32",
+    )
     n_params = sum(int(np.prod(p.shape)) for p in model.parameters())
     opt_cls = optim.Adam if args.optimizer == "adam" else optim.SGD
     opt = opt_cls(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    print(f"model: {args.model}, embedding {args.embedding_size}, hidden {args.hidden_size}, "
-          f"{args.num_layers} layer(s), {n_params} parameters; {args.optimizer} lr {args.lr}; "
-          f"device {device}; graph mode {args.graph_mode}")
+    print(
+        f"model: {args.model}, embedding {args.embedding_size}, hidden {args.hidden_size}, "
+        f"{args.num_layers} layer(s), {n_params} parameters; {args.optimizer} lr {args.lr}; "
+        f"device {device}; graph mode {args.graph_mode}"
+    )
 
     progress = True if args.progress else None
     for epoch in range(1, args.epochs + 1):
         ndl.memory.reset_peak_memory_stats(device)
         start = time.perf_counter()
         train_acc, train_loss = epoch_general_ptb(
-            train_data, model, seq_len=args.seq_len, loss_fn=nn.SoftmaxLoss(), opt=opt,
-            clip=args.clip, device=device, dtype="float32", progress=progress)
+            train_data,
+            model,
+            seq_len=args.seq_len,
+            loss_fn=nn.SoftmaxLoss(),
+            opt=opt,
+            clip=args.clip,
+            device=device,
+            dtype="float32",
+            progress=progress,
+        )
         test_acc, test_loss = epoch_general_ptb(
-            test_data, model, seq_len=args.seq_len, loss_fn=nn.SoftmaxLoss(), opt=None,
-            device=device, dtype="float32", progress=progress)
+            test_data,
+            model,
+            seq_len=args.seq_len,
+            loss_fn=nn.SoftmaxLoss(),
+            opt=None,
+            device=device,
+            dtype="float32",
+            progress=progress,
+        )
         elapsed = time.perf_counter() - start
         peak = ndl.memory.max_memory_allocated(device)
-        print(f"epoch {epoch}/{args.epochs}  "
-              f"train loss {train_loss:.4f} ppl {_perplexity(train_loss):.2f} acc {train_acc:.4f}  "
-              f"test loss {test_loss:.4f} ppl {_perplexity(test_loss):.2f} acc {test_acc:.4f}  "
-              f"time {elapsed:.1f}s  peak memory {format_bytes(peak)}", flush=True)
+        print(
+            f"epoch {epoch}/{args.epochs}  "
+            f"train loss {train_loss:.4f} ppl {_perplexity(train_loss):.2f} acc {train_acc:.4f}  "
+            f"test loss {test_loss:.4f} ppl {_perplexity(test_loss):.2f} acc {test_acc:.4f}  "
+            f"time {elapsed:.1f}s  peak memory {format_bytes(peak)}",
+            flush=True,
+        )
     return 0
 
 

@@ -4,6 +4,7 @@ The array type and its kernels are C (needle_c.NDArray over the engine in
 csrc/); this module adds the course's module-level functions and the dtype
 checks. Arrays hold float32 only.
 """
+
 import needle_c as _c
 
 NDArray = _c.NDArray
@@ -11,9 +12,32 @@ Device = _c.Device
 BackendDevice = _c.Device
 
 __all__ = [
-    "NDArray", "Device", "BackendDevice", "cpu", "cuda", "cpu_numpy", "default_device",
-    "all_devices", "array", "empty", "full", "broadcast_to", "reshape", "maximum", "minimum",
-    "log", "exp", "tanh", "sqrt", "sum", "max", "min", "flip", "stack", "matmul", "power",
+    "NDArray",
+    "Device",
+    "BackendDevice",
+    "cpu",
+    "cuda",
+    "cpu_numpy",
+    "default_device",
+    "all_devices",
+    "array",
+    "empty",
+    "full",
+    "broadcast_to",
+    "reshape",
+    "maximum",
+    "minimum",
+    "log",
+    "exp",
+    "tanh",
+    "sqrt",
+    "sum",
+    "max",
+    "min",
+    "flip",
+    "stack",
+    "matmul",
+    "power",
 ]
 
 

@@ -1,5 +1,6 @@
 """Dataset and DataLoader: the course's batching (fixed ``np.array_split`` order, or a
 fresh ``np.random.permutation`` at each ``iter()`` when shuffling)."""
+
 import numpy as np
 
 from ..autograd import Tensor

@@ -1,5 +1,6 @@
 """Image transforms on H x W x C NumPy arrays, drawing from NumPy's global RNG with the
 course's calls (so ``np.random.seed`` reproduces the course's augmentations)."""
+
 import numpy as np
 
 __all__ = ["Transform", "RandomFlipHorizontal", "RandomCrop"]
@@ -47,4 +48,4 @@ class RandomCrop(Transform):
         shift_x, shift_y = np.random.randint(low=-pad, high=pad + 1, size=2)
         H, W = img.shape[0], img.shape[1]
         padded = np.pad(img, ((pad, pad), (pad, pad), (0, 0)), mode="constant")
-        return padded[pad + shift_x:pad + shift_x + H, pad + shift_y:pad + shift_y + W, :]
+        return padded[pad + shift_x : pad + shift_x + H, pad + shift_y : pad + shift_y + W, :]

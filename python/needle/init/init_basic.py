@@ -1,6 +1,7 @@
 """Basic initializers with the course's RNG semantics: each call makes exactly one
 NumPy global-RNG draw (np.random.rand / randn) of prod(shape) values, then does its
 arithmetic on the device in float32, so seeding NumPy reproduces the course's values."""
+
 import math  # noqa: F401
 
 import needle as ndl
@@ -50,8 +51,9 @@ def one_hot(n, i, device=None, dtype="float32", requires_grad=False):
     """Rows i of the n x n identity; i is a Tensor of integer values; shape i.shape + (n,)."""
     device = _device(device)
     indices = i.numpy().astype("int32") if isinstance(i, ndl.Tensor) else i
-    return ndl.Tensor(device.one_hot(n, indices, dtype=dtype), device=device,
-                      requires_grad=requires_grad)
+    return ndl.Tensor(
+        device.one_hot(n, indices, dtype=dtype), device=device, requires_grad=requires_grad
+    )
 
 
 def zeros_like(array, *, device=None, requires_grad=False):

@@ -1,4 +1,5 @@
 """Xavier and Kaiming initializers (the course's formulas and draw order)."""
+
 import math
 
 from .init_basic import rand, randn

@@ -23,6 +23,7 @@ collection policy, ``freeze_heap``, :func:`safe_point`), :mod:`.diagnostics` (li
 cycles, warnings), :mod:`.summary` (``memory_summary``) and :mod:`.monitor` (timelines and
 allocation history). Each imports only the ones listed before it.
 """
+
 # Private names that other modules (testing, apps) and the tests reach here:
 # _format_bytes (the package's one byte formatter), _engine_id, _cycle_callback.
 from .diagnostics import (
@@ -61,11 +62,30 @@ from .stats import (
 from .summary import memory_summary
 
 __all__ = [
-    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-    "memory_stats", "reset_peak_memory_stats", "empty_cache", "set_memory_limit",
-    "get_memory_limit", "memory_summary", "parse_size", "set_gc_policy", "get_gc_policy",
-    "set_gc_visible", "gc_visible", "freeze_heap", "live_tensors", "live_tensors_summary", "find_cycles",
-    "warn_on_cycles", "CycleWarning", "record_history", "MemoryMonitor", "safe_point",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "max_memory_reserved",
+    "memory_stats",
+    "reset_peak_memory_stats",
+    "empty_cache",
+    "set_memory_limit",
+    "get_memory_limit",
+    "memory_summary",
+    "parse_size",
+    "set_gc_policy",
+    "get_gc_policy",
+    "set_gc_visible",
+    "gc_visible",
+    "freeze_heap",
+    "live_tensors",
+    "live_tensors_summary",
+    "find_cycles",
+    "warn_on_cycles",
+    "CycleWarning",
+    "record_history",
+    "MemoryMonitor",
+    "safe_point",
 ]
 
 # The public names are needle.memory's, wherever in the package they are defined.

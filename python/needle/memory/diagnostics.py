@@ -5,6 +5,7 @@ Everything here reads state only; nothing here allocates device memory. For
 :func:`live_tensors`, :func:`live_tensors_summary` and :func:`find_cycles`, ``device=None``
 means every device, not the default one.
 """
+
 import collections
 import gc
 import os
@@ -149,13 +150,13 @@ def live_tensors_summary(device=None, group_by="op"):
         raise ValueError(f"group_by must be one of {_GROUP_KEYS}, got {group_by!r}")
     groups = {}
     for record in live_tensors(device, group_by):
-        row = groups.setdefault(record["key"],
-                                {"key": record["key"], "count": 0, "bytes": 0, "storage_bytes": 0})
+        row = groups.setdefault(
+            record["key"], {"key": record["key"], "count": 0, "bytes": 0, "storage_bytes": 0}
+        )
         row["count"] += 1
         row["bytes"] += record["bytes"]
         row["storage_bytes"] += record["storage_bytes"]
     return sorted(groups.values(), key=lambda r: (-r["bytes"], -r["count"], str(r["key"])))
-
 
 
 def _union_find_components(objects):
@@ -188,8 +189,9 @@ def _analyse_garbage(objects, engine_id):
     or any device when None), and the indices of the objects in those components."""
     reports, kept = [], []
     for component in _union_find_components(objects):
-        values = [objects[i] for i in component
-                  if isinstance(objects[i], (_c.Tensor, _c.TensorTuple))]
+        values = [
+            objects[i] for i in component if isinstance(objects[i], (_c.Tensor, _c.TensorTuple))
+        ]
         if not values:
             continue
         seen_arrays = {}
@@ -200,8 +202,9 @@ def _analyse_garbage(objects, engine_id):
         # the op names the step that made the cycle.
         largest, largest_rank = None, None
         for value in values:
-            arrays = [a for a in _arrays_of(value)
-                      if engine_id is None or a.device._id == engine_id]
+            arrays = [
+                a for a in _arrays_of(value) if engine_id is None or a.device._id == engine_id
+            ]
             # A TensorTuple's arrays are its elements' arrays: count each array object once.
             for array in arrays:
                 seen_arrays[id(array)] = array
@@ -218,16 +221,18 @@ def _analyse_garbage(objects, engine_id):
         if engine_id is not None and not seen_arrays:
             continue
         kept.extend(component)
-        reports.append({
-            "tensors": len(values),
-            "bytes": sum(a.nbytes for a in seen_arrays.values()),
-            "storage_bytes": sum(_itemsize(a) * a._storage_size for a in seen_arrays.values()),
-            "objects": len(component),
-            "ops": ops,
-            "sites": [site for site, _ in sites.most_common()],
-            "devices": sorted(devices),
-            "example": _describe(largest, _arrays_of(largest)),
-        })
+        reports.append(
+            {
+                "tensors": len(values),
+                "bytes": sum(a.nbytes for a in seen_arrays.values()),
+                "storage_bytes": sum(_itemsize(a) * a._storage_size for a in seen_arrays.values()),
+                "objects": len(component),
+                "ops": ops,
+                "sites": [site for site, _ in sites.most_common()],
+                "devices": sorted(devices),
+                "example": _describe(largest, _arrays_of(largest)),
+            }
+        )
     reports.sort(key=lambda r: (r["bytes"], r["tensors"]), reverse=True)
     return reports, kept
 
@@ -302,16 +307,19 @@ def _show_cycle_warnings():
     user who just asked for them: unless a filter already decides what happens to
     CycleWarning (``-W error::ResourceWarning``, pytest's capture), show them."""
     for action, message, category, module, lineno in warnings.filters:
-        if message is None and module is None and lineno == 0 and issubclass(CycleWarning,
-                                                                              category):
+        if (
+            message is None
+            and module is None
+            and lineno == 0
+            and issubclass(CycleWarning, category)
+        ):
             if action == "ignore":
                 warnings.filterwarnings("default", category=CycleWarning)
             return
 
 
 def _available_engine_ids():
-    return [(dev._id, repr(dev)) for dev in (_c.cpu(), _c.cpu_numpy(), _c.cuda())
-            if dev.enabled()]
+    return [(dev._id, repr(dev)) for dev in (_c.cpu(), _c.cpu_numpy(), _c.cuda()) if dev.enabled()]
 
 
 _cycle_watch = {"devices": [], "before": None}
@@ -323,8 +331,10 @@ def _cycle_callback(phase, info):
     raises."""
     try:
         if phase == "start":
-            _cycle_watch["before"] = [(engine_id, name, _c._memory_allocated(engine_id))
-                                      for engine_id, name in _cycle_watch["devices"]]
+            _cycle_watch["before"] = [
+                (engine_id, name, _c._memory_allocated(engine_id))
+                for engine_id, name in _cycle_watch["devices"]
+            ]
             return
         before, _cycle_watch["before"] = _cycle_watch["before"], None
         if before is None or _cycle_warning_suppressed:
@@ -335,15 +345,20 @@ def _cycle_callback(phase, info):
             if delta > 0:
                 freed[name] = delta
         if freed:
-            amounts = ", ".join(f"{_format_bytes(n)} ({n} bytes) on {name}"
-                                for name, n in freed.items())
-            warnings.warn(CycleWarning(
-                f"a garbage collection (generation {info.get('generation')}) freed "
-                f"{amounts} of device memory that reference cycles held: tensors in cycles "
-                "keep their memory until the collector runs. Use graph mode 'cycle_free' "
-                "(needle.autograd.set_graph_mode('cycle_free'), the default) or break the "
-                "cycles; needle.memory.find_cycles() shows where they are.", freed),
-                stacklevel=2)
+            amounts = ", ".join(
+                f"{_format_bytes(n)} ({n} bytes) on {name}" for name, n in freed.items()
+            )
+            warnings.warn(
+                CycleWarning(
+                    f"a garbage collection (generation {info.get('generation')}) freed "
+                    f"{amounts} of device memory that reference cycles held: tensors in cycles "
+                    "keep their memory until the collector runs. Use graph mode 'cycle_free' "
+                    "(needle.autograd.set_graph_mode('cycle_free'), the default) or break the "
+                    "cycles; needle.memory.find_cycles() shows where they are.",
+                    freed,
+                ),
+                stacklevel=2,
+            )
     except Exception:
         pass
 

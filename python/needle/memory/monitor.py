@@ -6,6 +6,7 @@ PNG) and the allocation sites of tensors (:func:`record_history`).
 Sampling only reads the allocator's counters, so it is cheap and safe from another thread
 (the GIL serialises it with the ops that change them).
 """
+
 import csv
 import threading
 import time
@@ -31,8 +32,15 @@ class MemoryMonitor:
     while the block runs, or call :meth:`sample` once per training step.
     """
 
-    FIELDS = ("time", "step", "allocated", "reserved", "num_pressure_collections",
-              "num_oom_collections", "gc_seconds")
+    FIELDS = (
+        "time",
+        "step",
+        "allocated",
+        "reserved",
+        "num_pressure_collections",
+        "num_oom_collections",
+        "gc_seconds",
+    )
 
     def __init__(self, device=None, interval=None):
         if interval is not None and not interval > 0:
@@ -82,8 +90,10 @@ class MemoryMonitor:
         result = []
         previous = self._baseline
         for record in self.samples:
-            new = sum(record[key] - previous[key]
-                      for key in ("num_pressure_collections", "num_oom_collections"))
+            new = sum(
+                record[key] - previous[key]
+                for key in ("num_pressure_collections", "num_oom_collections")
+            )
             if new > 0:
                 result.append(dict(record, new_collections=new))
             previous = record
@@ -105,8 +115,9 @@ class MemoryMonitor:
             raise RuntimeError("this MemoryMonitor is already running")
         interval = self.interval if self.interval is not None else _DEFAULT_INTERVAL
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, args=(interval,),
-                                        name="needle-memory-monitor", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(interval,), name="needle-memory-monitor", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -133,8 +144,9 @@ class MemoryMonitor:
             writer = csv.DictWriter(handle, fieldnames=self.FIELDS, extrasaction="ignore")
             writer.writeheader()
             for record in self.samples:
-                writer.writerow({key: ("" if record[key] is None else record[key])
-                                 for key in self.FIELDS})
+                writer.writerow(
+                    {key: ("" if record[key] is None else record[key]) for key in self.FIELDS}
+                )
         return path
 
     def plot(self, path=None, title=None, ax=None, label=None):
@@ -157,20 +169,29 @@ class MemoryMonitor:
             # Imported here: matplotlib is optional and slow to import.
             from matplotlib.backends.backend_agg import FigureCanvasAgg
             from matplotlib.figure import Figure
+
             figure = Figure(figsize=(8, 4.5))
             FigureCanvasAgg(figure)
             ax = figure.add_subplot()
         by_step = all(record["step"] is not None for record in samples)
         xs = [record["step"] if by_step else record["time"] for record in samples]
         prefix = label if label is not None else repr(self.device)
-        (line,) = ax.plot(xs, [r["allocated"] / _MIB for r in samples],
-                          label=f"{prefix} allocated")
-        ax.plot(xs, [r["reserved"] / _MIB for r in samples], linestyle="--",
-                color=line.get_color(), label=f"{prefix} reserved")
+        (line,) = ax.plot(xs, [r["allocated"] / _MIB for r in samples], label=f"{prefix} allocated")
+        ax.plot(
+            xs,
+            [r["reserved"] / _MIB for r in samples],
+            linestyle="--",
+            color=line.get_color(),
+            label=f"{prefix} reserved",
+        )
         for i, record in enumerate(self.collections()):
-            ax.axvline(record["step"] if by_step else record["time"], color=line.get_color(),
-                       linestyle=":", alpha=0.6,
-                       label=f"{prefix} collection" if i == 0 else None)
+            ax.axvline(
+                record["step"] if by_step else record["time"],
+                color=line.get_color(),
+                linestyle=":",
+                alpha=0.6,
+                label=f"{prefix} collection" if i == 0 else None,
+            )
         ax.set_xlabel("step" if by_step else "time (s)")
         ax.set_ylabel("MiB")
         if title is not None:

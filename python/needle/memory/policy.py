@@ -6,6 +6,7 @@ face: ``set_gc_policy``/``get_gc_policy``, the ``NEEDLE_GC*`` environment variab
 here, beside the functions they feed, because their sizes use :func:`parse_size`), the
 collector's visibility switch, ``freeze_heap`` and the safe point a training loop reaches.
 """
+
 import gc
 import os
 
@@ -16,19 +17,22 @@ from .stats import _size_fraction, parse_size
 _DEFAULTS = _c._gc_policy_defaults()
 
 
-def set_gc_policy(enabled=None, growth=None, min_growth=None, high_water=None,
-                  max_gc_fraction=None, watermark=...):
+def set_gc_policy(
+    enabled=None, growth=None, min_growth=None, high_water=None, max_gc_fraction=None, watermark=...
+):
     """Configures when device-memory pressure runs Python's collector; omitted values keep
     their current setting.
 
     - ``enabled``: False switches pressure and out-of-memory collections off (the course's
       behaviour, which leaks cyclic garbage until Python's own collector gets to it).
-    - ``growth`` ({growth:g}) and ``min_growth`` ({min_growth_mib:g} MiB, a size): collect before allocations pass
+    - ``growth`` ({growth:g}) and ``min_growth`` ({min_growth_mib:g} MiB, a size): collect
+      before allocations pass
       ``max(survivors * (1 + growth), survivors + min_growth)``, where survivors is what was
       allocated after the last pressure collection...
-    - ``high_water`` ({high_water:g}): ...capped at ``high_water * budget`` (the device limit, or a GPU's
-      capacity; a CPU without a limit has no budget and no pressure collections).
-    - ``max_gc_fraction`` ({max_gc_fraction:g}): the collector's share of wall time (0.5 near the budget).
+    - ``high_water`` ({high_water:g}): ...capped at ``high_water * budget`` (the device limit,
+      or a GPU's capacity; a CPU without a limit has no budget and no pressure collections).
+    - ``max_gc_fraction`` ({max_gc_fraction:g}): the collector's share of wall time (0.5 near
+      the budget).
     - ``watermark``: a size (``"1.5GiB"`` or bytes) or a fraction of the budget (a float in
       (0, 1] or ``"50%"``, resolved on each device against its own budget; a device without
       one then has no trigger) that replaces the computed trigger: collect when allocations
@@ -42,8 +46,11 @@ def set_gc_policy(enabled=None, growth=None, min_growth=None, high_water=None,
     kwargs = {}
     if enabled is not None:
         kwargs["enabled"] = bool(enabled)
-    for name, value in (("growth", growth), ("high_water", high_water),
-                        ("max_gc_fraction", max_gc_fraction)):
+    for name, value in (
+        ("growth", growth),
+        ("high_water", high_water),
+        ("max_gc_fraction", max_gc_fraction),
+    ):
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}")
@@ -56,7 +63,8 @@ def set_gc_policy(enabled=None, growth=None, min_growth=None, high_water=None,
 
 
 set_gc_policy.__doc__ = set_gc_policy.__doc__.format(
-    min_growth_mib=_DEFAULTS["min_growth"] / 2**20, **_DEFAULTS)
+    min_growth_mib=_DEFAULTS["min_growth"] / 2**20, **_DEFAULTS
+)
 
 
 def _watermark_argument(watermark):
@@ -108,7 +116,6 @@ def freeze_heap():
     return gc.get_freeze_count()
 
 
-
 def safe_point():
     """Tells the pressure policy that a training step's old graph has probably just become
     garbage (``Optimizer.reset_grad()`` calls it; ``Tensor.backward()`` does the same from C).
@@ -123,8 +130,11 @@ def _policy_from_environment():
     kwargs, sources = {}, {}
     if "NEEDLE_GC" in env:
         kwargs["enabled"] = env["NEEDLE_GC"].strip().lower() not in ("0", "false", "off", "no")
-    for key, name in (("NEEDLE_GC_GROWTH", "growth"), ("NEEDLE_GC_HIGH_WATER", "high_water"),
-                      ("NEEDLE_GC_MAX_FRACTION", "max_gc_fraction")):
+    for key, name in (
+        ("NEEDLE_GC_GROWTH", "growth"),
+        ("NEEDLE_GC_HIGH_WATER", "high_water"),
+        ("NEEDLE_GC_MAX_FRACTION", "max_gc_fraction"),
+    ):
         if key in env:
             try:
                 kwargs[name] = float(env[key])

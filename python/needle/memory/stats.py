@@ -6,15 +6,23 @@ the source of truth; the other getters read it), ``parse_size``, the device limi
 formatter of the package, ``_format_bytes``. Device arguments are resolved by needle_c's
 own parser (``needle_c._device``), the one every array function uses.
 """
+
 import os
 import re
 
 import needle_c as _c
 
 _UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
 }
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
 
@@ -126,10 +134,12 @@ def parse_size(value, capacity=None):
         unit = match.group(2).lower() if match else None
         if match is None or unit not in _UNITS:
             raise ValueError(
-                f"cannot parse memory size {value!r} (use e.g. '2GiB', '512MiB', '1.5GB', '4096')")
+                f"cannot parse memory size {value!r} (use e.g. '2GiB', '512MiB', '1.5GB', '4096')"
+            )
         return int(float(match.group(1)) * _UNITS[unit])
-    raise TypeError(f"a memory size must be an int, a float fraction or a string, "
-                    f"got {type(value).__name__}")
+    raise TypeError(
+        f"a memory size must be an int, a float fraction or a string, got {type(value).__name__}"
+    )
 
 
 def set_memory_limit(device, limit):
@@ -154,7 +164,6 @@ def get_memory_limit(device=None):
     """The device's limit in bytes, or None."""
     limit = memory_stats(device).get("memory_limit_bytes", -1)
     return None if limit < 0 else limit
-
 
 
 def _format_bytes(n, exact=False):
@@ -184,5 +193,3 @@ def _limits_from_environment():
                     set_memory_limit(dev, text)
     except (ValueError, TypeError) as err:
         raise ValueError(f"NEEDLE_MEMORY_LIMIT={text!r}: {err}") from None
-
-

@@ -2,6 +2,7 @@
 statistics (:mod:`.stats`), the live tensors (:mod:`.diagnostics`) and the collection policy
 (:mod:`.policy`) of one device.
 """
+
 from .diagnostics import live_tensors_summary
 from .policy import gc_visible, get_gc_policy
 from .stats import _format_bytes, _resolve, memory_stats
@@ -19,19 +20,32 @@ def memory_summary(device=None):
         ("allocated", "allocated_bytes.all"),
         ("reserved", "reserved_bytes.all"),
     ]
-    lines = [f"needle memory summary for {dev!r}",
-             f"{'':<12}{'current':>14}{'peak':>14}{'total alloc':>14}{'total freed':>14}"]
+    lines = [
+        f"needle memory summary for {dev!r}",
+        f"{'':<12}{'current':>14}{'peak':>14}{'total alloc':>14}{'total freed':>14}",
+    ]
     for label, key in rows:
-        lines.append(f"{label:<12}" + "".join(
-            f"{_format_bytes(stats[f'{key}.{field}']):>14}"
-            for field in ("current", "peak", "allocated", "freed")))
-    lines.append(f"{'blocks':<12}" + "".join(
-        f"{stats[f'allocation.all.{field}']:>14}" for field in ("current", "peak", "allocated", "freed")))
+        lines.append(
+            f"{label:<12}"
+            + "".join(
+                f"{_format_bytes(stats[f'{key}.{field}']):>14}"
+                for field in ("current", "peak", "allocated", "freed")
+            )
+        )
+    lines.append(
+        f"{'blocks':<12}"
+        + "".join(
+            f"{stats[f'allocation.all.{field}']:>14}"
+            for field in ("current", "peak", "allocated", "freed")
+        )
+    )
     limit = stats["memory_limit_bytes"]
-    lines.append(f"limit: {'none' if limit < 0 else _format_bytes(limit)}; "
-                 f"OOMs: {stats['num_ooms']}; retries: {stats['num_alloc_retries']}; "
-                 f"collections run: {stats['num_collect_calls']} "
-                 f"(freed {_format_bytes(stats['collect_freed_bytes'])})")
+    lines.append(
+        f"limit: {'none' if limit < 0 else _format_bytes(limit)}; "
+        f"OOMs: {stats['num_ooms']}; retries: {stats['num_alloc_retries']}; "
+        f"collections run: {stats['num_collect_calls']} "
+        f"(freed {_format_bytes(stats['collect_freed_bytes'])})"
+    )
     lines.extend(_summary_diagnostics(dev, stats))
     return "\n".join(lines) + "\n"
 
@@ -53,9 +67,11 @@ def _summary_diagnostics(dev, stats, top=10):
     if rows:
         lines.append(f"  {'op':<24}{'count':>8}{'bytes':>14}{'storage':>14}")
         for row in rows[:top]:
-            lines.append(f"  {str(row['key']):<24}{row['count']:>8}"
-                         f"{_format_bytes(row['bytes']):>14}"
-                         f"{_format_bytes(row['storage_bytes']):>14}")
+            lines.append(
+                f"  {str(row['key']):<24}{row['count']:>8}"
+                f"{_format_bytes(row['bytes']):>14}"
+                f"{_format_bytes(row['storage_bytes']):>14}"
+            )
     else:
         lines.append("  (none)")
     policy = get_gc_policy()
@@ -65,7 +81,8 @@ def _summary_diagnostics(dev, stats, top=10):
         f"growth {policy['growth']:g}; min_growth {_format_bytes(policy['min_growth'])}; "
         f"high_water {policy['high_water']:g}; max_gc_fraction {policy['max_gc_fraction']:g}; "
         f"watermark {_describe_watermark(watermark)}; "
-        f"gc visible: {gc_visible()}")
+        f"gc visible: {gc_visible()}"
+    )
     lines.append(
         f"collections: pressure {stats.get('num_pressure_collections', 0)} "
         f"({stats.get('num_safe_point_collections', 0)} at safe points); "
@@ -73,5 +90,6 @@ def _summary_diagnostics(dev, stats, top=10):
         f"skipped {stats.get('num_pressure_skips', 0)}; "
         f"deferred {stats.get('num_pressure_deferrals', 0)}; "
         f"gc time {stats.get('gc_seconds', 0.0):.3f} s; "
-        f"freed {_format_bytes(stats.get('gc_freed_bytes', 0))}")
+        f"freed {_format_bytes(stats.get('gc_freed_bytes', 0))}"
+    )
     return lines

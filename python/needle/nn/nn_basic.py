@@ -1,8 +1,8 @@
 """The basic modules: Module, Parameter and the course's layers, with the course's
 parameter creation order (so a seeded NumPy RNG gives the course's parameters)."""
+
 import math
 
-import needle as ndl
 from needle import init, ops
 from needle.autograd import Tensor
 
@@ -77,7 +77,9 @@ def _check_last_dim(x, expected, module):
     if not isinstance(x, Tensor):
         raise TypeError(f"{module}: expected a Tensor, got {type(x).__name__}")
     if len(x.shape) == 0 or x.shape[-1] != expected:
-        raise ValueError(f"{module}: expected input with last dimension {expected}, got shape {x.shape}")
+        raise ValueError(
+            f"{module}: expected input with last dimension {expected}, got shape {x.shape}"
+        )
 
 
 class Identity(Module):
@@ -92,10 +94,13 @@ class Linear(Module):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = Parameter(init.kaiming_uniform(in_features, out_features, device=device, dtype=dtype))
+        self.weight = Parameter(
+            init.kaiming_uniform(in_features, out_features, device=device, dtype=dtype)
+        )
         if bias:
             self.bias = Parameter(
-                init.kaiming_uniform(out_features, 1, device=device, dtype=dtype).transpose())
+                init.kaiming_uniform(out_features, 1, device=device, dtype=dtype).transpose()
+            )
         else:
             self.bias = None
 
@@ -152,7 +157,9 @@ class SoftmaxLoss(Module):
         if len(logits.shape) != 2:
             raise ValueError(f"SoftmaxLoss: logits must be (N, C), got shape {logits.shape}")
         if y.shape != (logits.shape[0],):
-            raise ValueError(f"SoftmaxLoss: labels must have shape ({logits.shape[0]},), got {y.shape}")
+            raise ValueError(
+                f"SoftmaxLoss: labels must have shape ({logits.shape[0]},), got {y.shape}"
+            )
         return ops.softmax_cross_entropy(logits, y)
 
 
@@ -174,7 +181,7 @@ class BatchNorm1d(Module):
         if self.training:
             mean = x.sum((0,)) / n
             centered = x - mean.reshape((1, self.dim)).broadcast_to(x.shape)
-            var = (centered ** 2).sum((0,)) / n
+            var = (centered**2).sum((0,)) / n
             m = self.momentum
             self.running_mean = (self.running_mean * (1 - m) + mean.data * m).data
             self.running_var = (self.running_var * (1 - m) + var.data * m).data
@@ -216,7 +223,7 @@ class LayerNorm1d(Module):
         n = flat.shape[0]
         mean = (flat.sum((1,)) / self.dim).reshape((n, 1)).broadcast_to(flat.shape)
         centered = flat - mean
-        var = ((centered ** 2).sum((1,)) / self.dim).reshape((n, 1)).broadcast_to(flat.shape)
+        var = ((centered**2).sum((1,)) / self.dim).reshape((n, 1)).broadcast_to(flat.shape)
         w = self.w.reshape((1, self.dim)).broadcast_to(flat.shape)
         b = self.b.reshape((1, self.dim)).broadcast_to(flat.shape)
         out = w * centered / ((var + self.eps) ** 0.5) + b

@@ -1,5 +1,6 @@
 """The convolution module (the course's hw4 ``nn.Conv``): NCHW in and out, with the
 course's parameter shapes, initializers and NumPy-RNG draw order (weight, then bias)."""
+
 from needle import init, ops
 from needle.autograd import Tensor
 
@@ -18,8 +19,16 @@ class Conv(Module):
     H' = (H + 2 * padding - k) // stride + 1 (same for W').
     """
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, bias=True,
-                 device=None, dtype="float32"):
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride=1,
+        bias=True,
+        device=None,
+        dtype="float32",
+    ):
         super().__init__()
         if isinstance(kernel_size, tuple):
             kernel_size = kernel_size[0]
@@ -31,13 +40,20 @@ class Conv(Module):
         self.stride = stride
         self.padding = (kernel_size - 1) // 2
         k = kernel_size
-        self.weight = Parameter(init.kaiming_uniform(
-            in_channels * k * k, out_channels * k * k, shape=(k, k, in_channels, out_channels),
-            device=device, dtype=dtype))
+        self.weight = Parameter(
+            init.kaiming_uniform(
+                in_channels * k * k,
+                out_channels * k * k,
+                shape=(k, k, in_channels, out_channels),
+                device=device,
+                dtype=dtype,
+            )
+        )
         if bias:
             bound = 1.0 / (in_channels * k * k) ** 0.5
-            self.bias = Parameter(init.rand(out_channels, low=-bound, high=bound,
-                                            device=device, dtype=dtype))
+            self.bias = Parameter(
+                init.rand(out_channels, low=-bound, high=bound, device=device, dtype=dtype)
+            )
         else:
             self.bias = None
 
@@ -47,7 +63,8 @@ class Conv(Module):
             raise TypeError(f"Conv: expected a Tensor, got {type(x).__name__}")
         if len(x.shape) != 4 or x.shape[1] != self.in_channels:
             raise ValueError(
-                f"Conv: expected NCHW input with {self.in_channels} channels, got shape {x.shape}")
+                f"Conv: expected NCHW input with {self.in_channels} channels, got shape {x.shape}"
+            )
         # NCHW -> NHWC
         x = x.transpose((1, 2)).transpose((2, 3))
         out = ops.conv(x, self.weight, stride=self.stride, padding=self.padding)

@@ -5,6 +5,7 @@ Recurrent weights are stored as (in, hidden) / (hidden, hidden) matrices, i.e. t
 transposes of PyTorch's ``weight_ih`` / ``weight_hh``; sequences are sequence-first
 (L, batch, features).
 """
+
 from needle import init, ops
 from needle.autograd import Tensor
 
@@ -21,7 +22,8 @@ def _check_shape(x, expected, module, name):
     _check_tensor(x, module, name)
     if tuple(x.shape) != tuple(expected):
         raise ValueError(
-            f"{module}: {name} must have shape {tuple(expected)}, got {tuple(x.shape)}")
+            f"{module}: {name} must have shape {tuple(expected)}, got {tuple(x.shape)}"
+        )
 
 
 def _uniform(bound, *shape, device, dtype):
@@ -32,14 +34,16 @@ def _check_input_2d(X, input_size, module):
     _check_tensor(X, module)
     if len(X.shape) != 2 or X.shape[1] != input_size:
         raise ValueError(
-            f"{module}: input must have shape (batch, {input_size}), got {tuple(X.shape)}")
+            f"{module}: input must have shape (batch, {input_size}), got {tuple(X.shape)}"
+        )
 
 
 def _check_input_3d(X, input_size, module):
     _check_tensor(X, module)
     if len(X.shape) != 3 or X.shape[2] != input_size:
         raise ValueError(
-            f"{module}: input must have shape (seq_len, batch, {input_size}), got {tuple(X.shape)}")
+            f"{module}: input must have shape (seq_len, batch, {input_size}), got {tuple(X.shape)}"
+        )
 
 
 def _split(x, axis):
@@ -57,19 +61,21 @@ class RNNCell(Module):
     ``nonlinearity`` is 'tanh' or 'relu'.
     """
 
-    def __init__(self, input_size, hidden_size, bias=True, nonlinearity='tanh', device=None,
-                 dtype="float32"):
+    def __init__(
+        self, input_size, hidden_size, bias=True, nonlinearity="tanh", device=None, dtype="float32"
+    ):
         super().__init__()
-        if nonlinearity not in ('tanh', 'relu'):
+        if nonlinearity not in ("tanh", "relu"):
             raise ValueError(
-                f"RNNCell: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+                f"RNNCell: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}"
+            )
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.bias = bias
         self.nonlinearity = nonlinearity
         self.device = device
         self.dtype = dtype
-        bound = 1.0 / hidden_size ** 0.5
+        bound = 1.0 / hidden_size**0.5
         self.W_ih = _uniform(bound, input_size, hidden_size, device=device, dtype=dtype)
         self.W_hh = _uniform(bound, hidden_size, hidden_size, device=device, dtype=dtype)
         if bias:
@@ -95,7 +101,7 @@ class RNNCell(Module):
         if self.bias_ih is not None:
             out = out + self.bias_ih.reshape((1, self.hidden_size)).broadcast_to(shape)
             out = out + self.bias_hh.reshape((1, self.hidden_size)).broadcast_to(shape)
-        if self.nonlinearity == 'tanh':
+        if self.nonlinearity == "tanh":
             return ops.tanh(out)
         return ops.relu(out)
 
@@ -107,8 +113,16 @@ class RNN(Module):
     hidden_size -> hidden_size), created (and drawn) in layer order.
     """
 
-    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, nonlinearity='tanh',
-                 device=None, dtype="float32"):
+    def __init__(
+        self,
+        input_size,
+        hidden_size,
+        num_layers=1,
+        bias=True,
+        nonlinearity="tanh",
+        device=None,
+        dtype="float32",
+    ):
         super().__init__()
         if num_layers < 1:
             raise ValueError(f"RNN: num_layers must be >= 1, got {num_layers}")
@@ -118,8 +132,14 @@ class RNN(Module):
         self.device = device
         self.dtype = dtype
         self.rnn_cells = [
-            RNNCell(input_size if k == 0 else hidden_size, hidden_size, bias=bias,
-                    nonlinearity=nonlinearity, device=device, dtype=dtype)
+            RNNCell(
+                input_size if k == 0 else hidden_size,
+                hidden_size,
+                bias=bias,
+                nonlinearity=nonlinearity,
+                device=device,
+                dtype=dtype,
+            )
             for k in range(num_layers)
         ]
 
@@ -162,7 +182,7 @@ class LSTMCell(Module):
         self.bias = bias
         self.device = device
         self.dtype = dtype
-        bound = 1.0 / hidden_size ** 0.5
+        bound = 1.0 / hidden_size**0.5
         h4 = 4 * hidden_size
         self.W_ih = _uniform(bound, input_size, h4, device=device, dtype=dtype)
         self.W_hh = _uniform(bound, hidden_size, h4, device=device, dtype=dtype)
@@ -211,8 +231,9 @@ class LSTM(Module):
     hidden_size -> hidden_size), created (and drawn) in layer order.
     """
 
-    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, device=None,
-                 dtype="float32"):
+    def __init__(
+        self, input_size, hidden_size, num_layers=1, bias=True, device=None, dtype="float32"
+    ):
         super().__init__()
         if num_layers < 1:
             raise ValueError(f"LSTM: num_layers must be >= 1, got {num_layers}")
@@ -222,8 +243,13 @@ class LSTM(Module):
         self.device = device
         self.dtype = dtype
         self.lstm_cells = [
-            LSTMCell(input_size if k == 0 else hidden_size, hidden_size, bias=bias,
-                     device=device, dtype=dtype)
+            LSTMCell(
+                input_size if k == 0 else hidden_size,
+                hidden_size,
+                bias=bias,
+                device=device,
+                dtype=dtype,
+            )
             for k in range(num_layers)
         ]
 
@@ -267,8 +293,9 @@ class Embedding(Module):
         self.embedding_dim = embedding_dim
         self.device = device
         self.dtype = dtype
-        self.weight = Parameter(init.randn(num_embeddings, embedding_dim, device=device,
-                                           dtype=dtype))
+        self.weight = Parameter(
+            init.randn(num_embeddings, embedding_dim, device=device, dtype=dtype)
+        )
 
     def forward(self, x):
         """x (seq_len, bs) of integer-valued indices (any shape works).

@@ -7,6 +7,7 @@ Differences from the course code that keep its numbers: q @ k^T is one batched
 ``ops.matmul`` (needle's MatMul broadcasts batch dims) instead of a broadcast multiply and
 sum, and the softmax subtracts the row max (a constant taken from the raw data).
 """
+
 import numpy as np
 
 from needle import backend_ndarray as array_api
@@ -26,7 +27,8 @@ def _check_3d(x, features, module, name):
     _check_tensor(x, module, name)
     if len(x.shape) != 3 or x.shape[2] != features:
         raise ValueError(
-            f"{module}: {name} must have shape (batch, seq_len, {features}), got {tuple(x.shape)}")
+            f"{module}: {name} must have shape (batch, seq_len, {features}), got {tuple(x.shape)}"
+        )
 
 
 class MultiHeadAttention(Module):
@@ -36,7 +38,7 @@ class MultiHeadAttention(Module):
     one ``np.random.rand(B, H, Lq, Lk)`` per call (also when dropout == 0).
     """
 
-    def __init__(self, *, dropout=0., causal=False, device=None, dtype="float32"):
+    def __init__(self, *, dropout=0.0, causal=False, device=None, dtype="float32"):
         super().__init__()
         self.device = device
         self.dtype = dtype
@@ -47,7 +49,8 @@ class MultiHeadAttention(Module):
         """The NDArray (1, 1, i, j): 0 on and below the diagonal k = j - i, and
         -finfo(float32).max above it (queries i see keys up to j - i + row)."""
         mask = -np.finfo(np.float32).max * np.triu(
-            np.ones((1, 1, i, j), dtype=np.float32), j - i + 1)
+            np.ones((1, 1, i, j), dtype=np.float32), j - i + 1
+        )
         return array_api.array(mask.astype(np.float32), device=device)
 
     def matmul(self, a, b_transpose):
@@ -58,8 +61,12 @@ class MultiHeadAttention(Module):
     def softmax(self, logit):
         """Softmax over the last axis; the subtracted row max is a constant (no grad)."""
         data = logit.realize_cached_data()
-        max_val = Tensor(data.max(axis=len(logit.shape) - 1, keepdims=True),
-                         device=logit.device, dtype=logit.dtype, requires_grad=False)
+        max_val = Tensor(
+            data.max(axis=len(logit.shape) - 1, keepdims=True),
+            device=logit.device,
+            dtype=logit.dtype,
+            requires_grad=False,
+        )
         probs = ops.exp(logit - max_val.broadcast_to(logit.shape))
         denom = probs.sum(axes=(len(logit.shape) - 1,))
         denom = denom.reshape((*logit.shape[:-1], 1)).broadcast_to(logit.shape)
@@ -75,22 +82,29 @@ class MultiHeadAttention(Module):
             if len(x.shape) != 4:
                 raise ValueError(
                     f"MultiHeadAttention: {name} must be 4-D (batch, heads, len, dim), "
-                    f"got shape {tuple(x.shape)}")
+                    f"got shape {tuple(x.shape)}"
+                )
         batch_size, num_head, queries_len, q_dim = q.shape
         if tuple(k.shape[:2]) != (batch_size, num_head) or k.shape[3] != q_dim:
             raise ValueError(
                 f"MultiHeadAttention: k must have shape ({batch_size}, {num_head}, Lk, {q_dim}) "
-                f"to match q {tuple(q.shape)}, got {tuple(k.shape)}")
+                f"to match q {tuple(q.shape)}, got {tuple(k.shape)}"
+            )
         keys_values_len = k.shape[2]
         if tuple(v.shape[:3]) != (batch_size, num_head, keys_values_len):
             raise ValueError(
                 f"MultiHeadAttention: v must have shape ({batch_size}, {num_head}, "
-                f"{keys_values_len}, Dv) to match k {tuple(k.shape)}, got {tuple(v.shape)}")
+                f"{keys_values_len}, Dv) to match k {tuple(k.shape)}, got {tuple(v.shape)}"
+            )
 
         logits = self.matmul(q, k) / np.sqrt(q_dim)
         if self.causal:
-            mask = Tensor(self.create_causal_mask(queries_len, keys_values_len, logits.device),
-                          device=logits.device, dtype=logits.dtype, requires_grad=False)
+            mask = Tensor(
+                self.create_causal_mask(queries_len, keys_values_len, logits.device),
+                device=logits.device,
+                dtype=logits.dtype,
+                requires_grad=False,
+            )
             logits = logits + mask.broadcast_to(logits.shape)
         probs = self.dropout(self.softmax(logits))
         result = ops.matmul(probs, v)
@@ -108,8 +122,20 @@ class AttentionLayer(Module):
     ``out_projection`` (H*Dh, out_features). k/v/out features default to q_features.
     """
 
-    def __init__(self, q_features, num_head, dim_head, *, k_features=None, v_features=None,
-                 out_features=None, dropout=0., causal=True, device=None, dtype="float32"):
+    def __init__(
+        self,
+        q_features,
+        num_head,
+        dim_head,
+        *,
+        k_features=None,
+        v_features=None,
+        out_features=None,
+        dropout=0.0,
+        causal=True,
+        device=None,
+        dtype="float32",
+    ):
         super().__init__()
         self.device = device
         self.dtype = dtype
@@ -135,11 +161,11 @@ class AttentionLayer(Module):
         self.k_projection = Linear(k_features, inner_dim, bias=False, device=device, dtype=dtype)
         self.v_projection = Linear(v_features, inner_dim, bias=False, device=device, dtype=dtype)
 
-        self.attn = MultiHeadAttention(dropout=dropout, causal=causal, device=device,
-                                       dtype=dtype)
+        self.attn = MultiHeadAttention(dropout=dropout, causal=causal, device=device, dtype=dtype)
 
-        self.out_projection = Linear(inner_dim, out_features, bias=False, device=device,
-                                     dtype=dtype)
+        self.out_projection = Linear(
+            inner_dim, out_features, bias=False, device=device, dtype=dtype
+        )
 
     def forward(self, q, k=None, v=None):
         """q (B, Lq, q_features); k (B, Lk, k_features) and v (B, Lk, v_features) default
@@ -158,7 +184,8 @@ class AttentionLayer(Module):
         if k.shape[0] != batch_size or v.shape[0] != batch_size or k.shape[1] != v.shape[1]:
             raise ValueError(
                 "AttentionLayer: q, k, v must share the batch size and k, v the length, got "
-                f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+                f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+            )
         keys_values_len = k.shape[1]
         heads, dim = self.num_head, self.dim_head
 
@@ -184,25 +211,46 @@ class TransformerLayer(Module):
     Dropout)), created in that order.
     """
 
-    def __init__(self, q_features, num_head, dim_head, hidden_size, *, dropout=0.,
-                 causal=True, device=None, dtype="float32"):
+    def __init__(
+        self,
+        q_features,
+        num_head,
+        dim_head,
+        hidden_size,
+        *,
+        dropout=0.0,
+        causal=True,
+        device=None,
+        dtype="float32",
+    ):
         super().__init__()
         self.device = device
         self.dtype = dtype
         self.q_features = q_features
-        self.residual1 = Residual(Sequential(
-            AttentionLayer(q_features, num_head, dim_head, dropout=dropout, causal=causal,
-                           device=device, dtype=dtype),
-            Dropout(dropout),
-        ))
-        self.residual2 = Residual(Sequential(
-            LayerNorm1d(q_features, device=device, dtype=dtype),
-            Linear(q_features, hidden_size, device=device, dtype=dtype),
-            ReLU(),
-            Dropout(dropout),
-            Linear(hidden_size, q_features, device=device, dtype=dtype),
-            Dropout(dropout),
-        ))
+        self.residual1 = Residual(
+            Sequential(
+                AttentionLayer(
+                    q_features,
+                    num_head,
+                    dim_head,
+                    dropout=dropout,
+                    causal=causal,
+                    device=device,
+                    dtype=dtype,
+                ),
+                Dropout(dropout),
+            )
+        )
+        self.residual2 = Residual(
+            Sequential(
+                LayerNorm1d(q_features, device=device, dtype=dtype),
+                Linear(q_features, hidden_size, device=device, dtype=dtype),
+                ReLU(),
+                Dropout(dropout),
+                Linear(hidden_size, q_features, device=device, dtype=dtype),
+                Dropout(dropout),
+            )
+        )
 
     def forward(self, x):
         """x (B, L, q_features) -> (B, L, q_features)."""
@@ -218,20 +266,41 @@ class Transformer(Module):
     No final LayerNorm and no output head.
     """
 
-    def __init__(self, embedding_size, hidden_size, num_layers, *, num_head=8, dim_head=32,
-                 dropout=0., causal=True, device=None, dtype="float32", batch_first=False,
-                 sequence_len=2048):
+    def __init__(
+        self,
+        embedding_size,
+        hidden_size,
+        num_layers,
+        *,
+        num_head=8,
+        dim_head=32,
+        dropout=0.0,
+        causal=True,
+        device=None,
+        dtype="float32",
+        batch_first=False,
+        sequence_len=2048,
+    ):
         super().__init__()
         self.device = device
         self.dtype = dtype
         self.batch_first = batch_first
         self.embedding_size = embedding_size
         self.sequence_len = sequence_len
-        self.positional_embedding = Embedding(sequence_len, embedding_size, device=device,
-                                              dtype=dtype)
+        self.positional_embedding = Embedding(
+            sequence_len, embedding_size, device=device, dtype=dtype
+        )
         self.transformer_layers = [
-            TransformerLayer(embedding_size, num_head, dim_head, hidden_size, dropout=dropout,
-                             causal=causal, device=device, dtype=dtype)
+            TransformerLayer(
+                embedding_size,
+                num_head,
+                dim_head,
+                hidden_size,
+                dropout=dropout,
+                causal=causal,
+                device=device,
+                dtype=dtype,
+            )
             for _ in range(num_layers)
         ]
 
@@ -245,17 +314,19 @@ class Transformer(Module):
         if len(x.shape) != 3 or x.shape[2] != self.embedding_size:
             raise ValueError(
                 f"Transformer: x must have shape {layout} with D = {self.embedding_size}, "
-                f"got {tuple(x.shape)}")
+                f"got {tuple(x.shape)}"
+            )
         if not self.batch_first:
             x = x.transpose((0, 1))
         batch_size, seq_len, _ = x.shape
         if seq_len > self.sequence_len:
             raise ValueError(
-                f"Transformer: sequence length {seq_len} exceeds sequence_len "
-                f"{self.sequence_len}")
+                f"Transformer: sequence length {seq_len} exceeds sequence_len {self.sequence_len}"
+            )
         positions = np.broadcast_to(np.arange(seq_len, dtype=np.float32), (batch_size, seq_len))
-        positions = Tensor(np.ascontiguousarray(positions), device=x.device, dtype=x.dtype,
-                           requires_grad=False)
+        positions = Tensor(
+            np.ascontiguousarray(positions), device=x.device, dtype=x.dtype, requires_grad=False
+        )
         x = x + self.positional_embedding(positions)
         for layer in self.transformer_layers:
             x = layer(x)

@@ -1,4 +1,5 @@
 """LogSoftmax, LogSumExp and the fused softmax cross-entropy (C implementations)."""
+
 from needle_c import LogSoftmax, LogSumExp, SoftmaxCrossEntropy  # noqa: F401
 
 from ..autograd import Tensor, TensorOp  # noqa: F401

@@ -3,13 +3,15 @@
 The op classes are implemented in C (compute and gradient); the lowercase
 functions are the course's thin wrappers ``fn(...) = Op(...)(...)``.
 """
+
 import numpy  # noqa: F401  (the course's modules leak these names)
 
-import needle_c as _c
 from needle_c import (  # noqa: F401
+    AddScalar,
     BroadcastTo,
     Conv,
     Dilate,
+    DivScalar,
     EWiseAdd,
     EWiseDiv,
     EWiseMul,
@@ -36,13 +38,11 @@ from needle_c import (  # noqa: F401
     Tanh,
     Transpose,
     UnDilate,
-    AddScalar,
-    DivScalar,
 )
 
+from .. import backend_ndarray as array_api  # noqa: F401
 from ..autograd import Tensor, TensorOp, TensorTupleOp  # noqa: F401
 from ..backend_ndarray import NDArray  # noqa: F401
-from .. import backend_ndarray as array_api  # noqa: F401
 
 BACKEND = "nd"
 
@@ -136,6 +136,7 @@ def sqrt(a):
 def stack(args, axis):
     """Stacks a list of equally shaped tensors along a new axis."""
     from .ops_tuple import make_tuple
+
     return Stack(axis)(make_tuple(*args))
 
 

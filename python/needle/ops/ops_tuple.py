@@ -1,4 +1,5 @@
 """Ops on TensorTuples: make_tuple, tuple_get_item, fused_add_scalars."""
+
 from needle_c import FusedAddScalars, MakeTensorTuple, TupleGetItem  # noqa: F401
 
 from ..autograd import TensorTuple, TensorTupleOp  # noqa: F401

@@ -1,4 +1,5 @@
 """CIFAR10Dataset: reads the pickled batches of the CIFAR-10 python release."""
+
 import os
 import pickle
 

@@ -1,4 +1,5 @@
 """MNISTDataset: reads the (gzip-compressed) IDX image and label files of MNIST."""
+
 import gzip
 import struct
 
@@ -30,7 +31,8 @@ def parse_mnist(image_filename, label_filename):
         magic, n, rows, cols = struct.unpack(">IIII", f.read(16))
         if magic != _IMAGE_MAGIC:
             raise ValueError(
-                f"{image_filename}: not an IDX image file (magic {magic}, expected {_IMAGE_MAGIC})")
+                f"{image_filename}: not an IDX image file (magic {magic}, expected {_IMAGE_MAGIC})"
+            )
         pixels = np.frombuffer(f.read(n * rows * cols), dtype=np.uint8)
     if pixels.size != n * rows * cols:
         raise ValueError(f"{image_filename}: truncated, expected {n} images of {rows}x{cols}")
@@ -38,7 +40,8 @@ def parse_mnist(image_filename, label_filename):
         magic, m = struct.unpack(">II", f.read(8))
         if magic != _LABEL_MAGIC:
             raise ValueError(
-                f"{label_filename}: not an IDX label file (magic {magic}, expected {_LABEL_MAGIC})")
+                f"{label_filename}: not an IDX label file (magic {magic}, expected {_LABEL_MAGIC})"
+            )
         y = np.frombuffer(f.read(m), dtype=np.uint8).copy()
     if y.size != m:
         raise ValueError(f"{label_filename}: truncated, expected {m} labels")
@@ -58,7 +61,8 @@ class MNISTDataset(Dataset):
     def __init__(self, image_filename, label_filename, transforms=None):
         super().__init__(transforms)
         self.images, self.labels, (self._rows, self._cols) = parse_mnist(
-            image_filename, label_filename)
+            image_filename, label_filename
+        )
 
     def __getitem__(self, index):
         """Returns ``(img (28, 28, 1) float32, label uint8)`` for an integer index; for a

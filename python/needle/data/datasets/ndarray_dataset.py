@@ -1,4 +1,5 @@
 """NDArrayDataset: a dataset over in-memory arrays that share their first dimension."""
+
 from ..data_basic import Dataset
 
 __all__ = ["NDArrayDataset"]

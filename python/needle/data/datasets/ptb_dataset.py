@@ -6,6 +6,7 @@ there is ``ptb.valid.txt`` (as in a checkout that has only the valid/test splits
 file is used as the training text. ``Corpus.train_path`` / ``Corpus.test_path`` say which
 files were read.
 """
+
 import os
 
 import numpy as np
@@ -45,8 +46,8 @@ def _find(base_dir, names, split):
         if os.path.isfile(path):
             return path
     raise FileNotFoundError(
-        f"no {split} file in PTB corpus directory {base_dir!r}: looked for "
-        + ", ".join(names))
+        f"no {split} file in PTB corpus directory {base_dir!r}: looked for " + ", ".join(names)
+    )
 
 
 class Corpus:
@@ -91,7 +92,7 @@ def batchify(data, batch_size, device, dtype):
     nbatch = len(data) // batch_size
     if nbatch == 0:
         raise ValueError(f"batchify: {len(data)} tokens are fewer than batch_size={batch_size}")
-    arr = np.array(data[:nbatch * batch_size], dtype=dtype)
+    arr = np.array(data[: nbatch * batch_size], dtype=dtype)
     return np.ascontiguousarray(arr.reshape((batch_size, nbatch)).T)
 
 
@@ -106,6 +107,6 @@ def get_batch(batches, i, bptt, device=None, dtype=None):
     seq_len = min(bptt, len(batches) - 1 - i)
     if seq_len < 1:
         raise ValueError(f"get_batch: row {i} leaves no target in {len(batches)} rows")
-    data = batches[i:i + seq_len]
-    target = batches[i + 1:i + 1 + seq_len].reshape(-1)
+    data = batches[i : i + seq_len]
+    target = batches[i + 1 : i + 1 + seq_len].reshape(-1)
     return Tensor(data, device=device, dtype=dtype), Tensor(target, device=device, dtype=dtype)

@@ -9,6 +9,7 @@ a Markov chain, and with some probability a word is the fixed preferred successo
 the previous word in its class. A language model can therefore get below the unigram
 entropy of the text.
 """
+
 import os
 
 import numpy as np
@@ -18,33 +19,36 @@ __all__ = ["write_synthetic_corpus"]
 # Word classes: name and number of word types (None: an open class that shares the
 # rest of the vocabulary by _OPEN_SHARE).
 _CLASSES = (
-    ("det", 25),      # 0 determiners
-    ("noun", None),   # 1 nouns (includes <unk>)
-    ("verb", None),   # 2 verbs
-    ("adj", None),    # 3 adjectives
-    ("prep", 40),     # 4 prepositions
-    ("adv", None),    # 5 adverbs
-    ("num", 30),      # 6 numbers (includes N)
-    ("conj", 30),     # 7 conjunctions / pronouns
+    ("det", 25),  # 0 determiners
+    ("noun", None),  # 1 nouns (includes <unk>)
+    ("verb", None),  # 2 verbs
+    ("adj", None),  # 3 adjectives
+    ("prep", 40),  # 4 prepositions
+    ("adv", None),  # 5 adverbs
+    ("num", 30),  # 6 numbers (includes N)
+    ("conj", 30),  # 7 conjunctions / pronouns
 )
 _OPEN_SHARE = {1: 0.50, 2: 0.25, 3: 0.17, 5: 0.08}
 
 # Class Markov chain: row = previous class, column = next class.
-_TRANSITIONS = np.array([
-    # det   noun  verb  adj   prep  adv   num   conj
-    [0.00, 0.62, 0.02, 0.30, 0.00, 0.02, 0.04, 0.00],  # det
-    [0.04, 0.18, 0.34, 0.02, 0.26, 0.04, 0.02, 0.10],  # noun
-    [0.34, 0.16, 0.04, 0.08, 0.16, 0.12, 0.06, 0.04],  # verb
-    [0.00, 0.80, 0.02, 0.10, 0.04, 0.00, 0.02, 0.02],  # adj
-    [0.50, 0.24, 0.02, 0.10, 0.00, 0.02, 0.12, 0.00],  # prep
-    [0.06, 0.04, 0.56, 0.18, 0.08, 0.02, 0.02, 0.04],  # adv
-    [0.02, 0.56, 0.06, 0.04, 0.16, 0.02, 0.10, 0.04],  # num
-    [0.30, 0.24, 0.26, 0.06, 0.02, 0.06, 0.06, 0.00],  # conj
-])
+_TRANSITIONS = np.array(
+    [
+        # det   noun  verb  adj   prep  adv   num   conj
+        [0.00, 0.62, 0.02, 0.30, 0.00, 0.02, 0.04, 0.00],  # det
+        [0.04, 0.18, 0.34, 0.02, 0.26, 0.04, 0.02, 0.10],  # noun
+        [0.34, 0.16, 0.04, 0.08, 0.16, 0.12, 0.06, 0.04],  # verb
+        [0.00, 0.80, 0.02, 0.10, 0.04, 0.00, 0.02, 0.02],  # adj
+        [0.50, 0.24, 0.02, 0.10, 0.00, 0.02, 0.12, 0.00],  # prep
+        [0.06, 0.04, 0.56, 0.18, 0.08, 0.02, 0.02, 0.04],  # adv
+        [0.02, 0.56, 0.06, 0.04, 0.16, 0.02, 0.10, 0.04],  # num
+        [0.30, 0.24, 0.26, 0.06, 0.02, 0.06, 0.06, 0.00],  # conj
+    ]
+)
 _START = np.array([0.34, 0.22, 0.02, 0.06, 0.10, 0.06, 0.04, 0.16])
 
-_ONSETS = ("b c d f g h j k l m n p r s t v w z bl br ch cl cr dr fl fr gl gr pl pr "
-           "sh sl sp st str th tr").split()
+_ONSETS = (
+    "b c d f g h j k l m n p r s t v w z bl br ch cl cr dr fl fr gl gr pl pr sh sl sp st str th tr"
+).split()
 _VOWELS = "a e i o u ai ea ee io ou".split()
 _CODAS = ["", "", "", "n", "r", "s", "t", "l", "m", "nd", "st", "ng", "ck"]
 
@@ -57,9 +61,11 @@ def _make_words(rng, count):
     while len(out) < count:
         syllables = 1 + min(rng.poisson(0.9), 2)
         word = "".join(
-            _ONSETS[rng.integers(len(_ONSETS))] + _VOWELS[rng.integers(len(_VOWELS))]
+            _ONSETS[rng.integers(len(_ONSETS))]
+            + _VOWELS[rng.integers(len(_VOWELS))]
             + _CODAS[rng.integers(len(_CODAS))]
-            for _ in range(syllables))
+            for _ in range(syllables)
+        )
         if word not in words and word != "n":
             words.add(word)
             out.append(word)
