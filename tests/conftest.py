@@ -10,3 +10,8 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "cuda: test needs the CUDA backend (built and a GPU present)"
     )
+    config.addinivalue_line(
+        "markers",
+        "paced: asserts what the collection pacer decides, which depends on how long "
+        "collections take (deselected under the sanitizer build, which is several times slower)",
+    )

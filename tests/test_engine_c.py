@@ -2,8 +2,11 @@
 
 The engine has no Python in it, so its own tests are plain C programs; this
 file compiles each with the project's warning flags and checks it passes.
+Under tests/sanitize.sh (NEEDLE_SANITIZE=1) they are built with AddressSanitizer
+and UBSan too, and a sanitizer report fails them.
 """
 
+import os
 import pathlib
 import shutil
 import subprocess
@@ -14,6 +17,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 C_TESTS = sorted((ROOT / "tests" / "c").glob("test_*.c"))
 ENGINE_SOURCES = sorted((ROOT / "csrc").glob("*.c"))
 COMPILER = shutil.which("cc") or shutil.which("gcc")
+SANITIZE = (
+    ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g"]
+    if os.environ.get("NEEDLE_SANITIZE") == "1"
+    else []
+)
 
 
 @pytest.mark.skipif(COMPILER is None, reason="no C compiler on this machine")
@@ -29,6 +37,7 @@ def test_c_program(source, tmp_path):
             "-Wextra",
             "-Werror",
             "-fno-math-errno",
+            *SANITIZE,
             f"-I{ROOT / 'csrc'}",
             str(source),
             *map(str, ENGINE_SOURCES),
