@@ -27,18 +27,23 @@ int set_recording(int on) {
 }
 
 /* The course's post-order DFS, iteratively: a deep graph needs no recursion.
- * state maps a node to Py_False while it is on the path (its inputs are
- * being visited) and to Py_True once it is in the order: meeting a node that
- * is on the path means .inputs were set to form a cycle. The path holds a
- * reference to each node on it (a collection may change inputs meanwhile). */
+ * A node on the current path carries this sort's mark (path_mark); meeting a
+ * child that carries it means .inputs were set to form a cycle. Each frame
+ * saves the mark it overwrote and puts it back when it pops, so a sort that
+ * runs inside another (from a finalizer) leaves the outer one's marks as they
+ * were. The path holds a reference to each node on it and to its inputs (a
+ * collection may change them meanwhile). */
 PyObject *find_topo_sort(needle_state *st, PyObject *roots) {
-    PyObject *order = PyList_New(0), *state = PyDict_New();
+    static uint64_t sorts = 0;
+    uint64_t mark = ++sorts;
+    PyObject *order = PyList_New(0), *visited = PySet_New(NULL);
     Py_ssize_t cap = 64, depth = 0;
     struct frame {
         PyObject *node, *inputs;
         Py_ssize_t next;
+        uint64_t saved_mark;
     } *path = PyMem_Malloc(sizeof *path * (size_t)cap);
-    if (order == NULL || state == NULL || path == NULL) goto fail;
+    if (order == NULL || visited == NULL || path == NULL) goto fail;
     for (Py_ssize_t r = 0; r < PyTuple_GET_SIZE(roots); r++) {
         PyObject *next = PyTuple_GET_ITEM(roots, r);
         if (!is_value(st, next)) {
@@ -48,14 +53,14 @@ PyObject *find_topo_sort(needle_state *st, PyObject *roots) {
         }
         while (next != NULL || depth > 0) {
             if (next != NULL) {
-                PyObject *seen = PyDict_GetItemWithError(state, next);
-                if (seen == Py_False) {
+                if (Tensor_CAST(next)->path_mark == mark) {
                     PyErr_SetString(PyExc_ValueError,
                                     "graph has a cycle: a node is among its own inputs");
                     goto fail;
                 }
-                if (seen == NULL && PyErr_Occurred()) goto fail;
-                if (seen == NULL) {
+                int seen = PySet_Contains(visited, next);
+                if (seen < 0) goto fail;
+                if (!seen) {
                     if (depth == cap) {
                         struct frame *grown = PyMem_Realloc(path, sizeof *path * (size_t)cap * 2);
                         if (grown == NULL) {
@@ -65,11 +70,12 @@ PyObject *find_topo_sort(needle_state *st, PyObject *roots) {
                         path = grown;
                         cap *= 2;
                     }
-                    if (PyDict_SetItem(state, next, Py_False) < 0) goto fail;
-                    path[depth].node = Py_NewRef(next);
-                    path[depth].inputs = Py_NewRef(Tensor_CAST(next)->inputs);
-                    path[depth].next = 0;
-                    depth++;
+                    struct frame *f = &path[depth++];
+                    f->node = Py_NewRef(next);
+                    f->inputs = Py_NewRef(Tensor_CAST(next)->inputs);
+                    f->next = 0;
+                    f->saved_mark = Tensor_CAST(next)->path_mark;
+                    Tensor_CAST(next)->path_mark = mark;
                 }
                 next = NULL;
                 continue;
@@ -79,24 +85,24 @@ PyObject *find_topo_sort(needle_state *st, PyObject *roots) {
                 next = PyTuple_GET_ITEM(top->inputs, top->next++);
                 continue;
             }
-            if (PyDict_SetItem(state, top->node, Py_True) < 0 ||
-                PyList_Append(order, top->node) < 0)
-                goto fail;
+            if (PySet_Add(visited, top->node) < 0 || PyList_Append(order, top->node) < 0) goto fail;
             depth--;
+            Tensor_CAST(top->node)->path_mark = top->saved_mark;
             Py_DECREF(top->node);
             Py_DECREF(top->inputs);
         }
     }
     PyMem_Free(path);
-    Py_DECREF(state);
+    Py_DECREF(visited);
     return order;
 fail:
-    for (Py_ssize_t i = 0; i < depth; i++) {
+    for (Py_ssize_t i = depth - 1; i >= 0; i--) {
+        Tensor_CAST(path[i].node)->path_mark = path[i].saved_mark;
         Py_DECREF(path[i].node);
         Py_DECREF(path[i].inputs);
     }
     PyMem_Free(path);
-    Py_XDECREF(state);
+    Py_XDECREF(visited);
     Py_XDECREF(order);
     return NULL;
 }
@@ -118,16 +124,6 @@ static PyObject *sum_contributions(needle_state *st, PyObject *list) {
         Py_SETREF(total, add_gradients(st, total, PyTuple_GET_ITEM(items, i)));
     Py_DECREF(items);
     return total;
-}
-
-/* Whether two Values hold arrays of different shapes (-1: error). Values
- * that are not plain Tensors (TensorTuples) are not compared. */
-static int shapes_differ(needle_state *st, PyObject *a, PyObject *b) {
-    if (!is_tensor(st, a) || !is_tensor(st, b)) return 0;
-    int na, nb;
-    int64_t sa[ND_MAX_DIMS], sb[ND_MAX_DIMS];
-    if (value_shape(st, a, &na, sa) < 0 || value_shape(st, b, &nb, sb) < 0) return -1;
-    return na != nb || memcmp(sa, sb, sizeof(int64_t) * (size_t)na) != 0;
 }
 
 /* A gradient's partials: one Tensor per input, each of its input's shape;

@@ -151,10 +151,12 @@ PyObject *g_expand(grad_scope *s, PyObject *g, int ndim, const int64_t *shape, u
 }
 
 PyObject *unbroadcast(grad_scope *s, PyObject *g, PyObject *like) {
+    if (s->failed || g == NULL || like == NULL) return NULL;
+    int differ = shapes_differ(s->st, g, like);
+    if (differ <= 0) return differ == 0 ? g : scope_fail(s);
     int gnd, lnd;
     int64_t gs[ND_MAX_DIMS], ls[ND_MAX_DIMS];
     if (g_shape(s, g, &gnd, gs) < 0 || g_shape(s, like, &lnd, ls) < 0) return NULL;
-    if (gnd == lnd && memcmp(gs, ls, sizeof(int64_t) * (size_t)gnd) == 0) return g;
     uint32_t mask = 0;
     for (int i = 0; i < gnd; i++) {
         int li = i - (gnd - lnd);

@@ -429,6 +429,22 @@ static PyObject *get_dtype(PyObject *op, void *c) {
     return PyUnicode_FromString("float32");
 }
 
+int shapes_differ(needle_state *st, PyObject *a, PyObject *b) {
+    if (!is_tensor(st, a) || !is_tensor(st, b)) return 0;
+    PyObject *da = Tensor_CAST(a)->cached_data, *db = Tensor_CAST(b)->cached_data;
+    if (da != NULL && db != NULL && ndarray_check(st, da) && ndarray_check(st, db)) {
+        /* Both computed (the usual case): compare without realising. */
+        const nd_layout *la = &NDArray_CAST(da)->array.layout,
+                        *lb = &NDArray_CAST(db)->array.layout;
+        return la->ndim != lb->ndim ||
+               memcmp(la->shape, lb->shape, sizeof(int64_t) * (size_t)la->ndim) != 0;
+    }
+    int na, nb;
+    int64_t sa[ND_MAX_DIMS], sb[ND_MAX_DIMS];
+    if (value_shape(st, a, &na, sa) < 0 || value_shape(st, b, &nb, sb) < 0) return -1;
+    return na != nb || memcmp(sa, sb, sizeof(int64_t) * (size_t)na) != 0;
+}
+
 /* -------------------------------------------------------- methods */
 
 static PyObject *value_realize_cached_data(PyObject *op, PyObject *Py_UNUSED(ignored)) {

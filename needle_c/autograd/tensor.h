@@ -129,6 +129,7 @@ typedef struct {
     int requires_grad;
     int retains_grad;
     Py_ssize_t num_outputs;
+    uint64_t path_mark; /* find_topo_sort: the sort whose current path holds this node */
 } TensorObject;
 
 #define Op_CAST(o) ((OpObject *)(o))
@@ -171,6 +172,9 @@ PyObject *make_const(needle_state *st, PyObject *data, int requires_grad);
 PyObject *value_alloc(PyTypeObject *type);
 /* The shape of a Value's data copied into shape (ND_MAX_DIMS long). */
 int value_shape(needle_state *st, PyObject *value, int *ndim, int64_t *shape);
+/* 1 when two Tensors hold arrays of different shapes, 0 when not (or when
+ * either is not a plain Tensor), -1 on error. */
+int shapes_differ(needle_state *st, PyObject *a, PyObject *b);
 int tensor_types_init(PyObject *module, needle_state *st);
 /* The gc_blind switch (tensor.c), read by every autograd tp_traverse. */
 int autograd_gc_visible(void);
