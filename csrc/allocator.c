@@ -12,7 +12,10 @@
 
 static nd_collect_fn collect_fn = NULL;
 static void *collect_ctx = NULL;
-static int collecting = 0;
+/* This thread is inside a collection: its allocations (a finalizer's) never
+ * start another. Per thread: another thread that runs short meanwhile still
+ * calls back, and the host decides (it waits for the running collection). */
+static _Thread_local int collecting = 0;
 static _Thread_local nd_oom_info last_oom = {-1, 0, 0, 0, -1};
 
 void nd_memory_set_collect_callback(nd_collect_fn fn, void *ctx) {

@@ -110,7 +110,7 @@ void nd_memory_set_collect_callback(nd_collect_fn fn, void *ctx);
 /* An allocation that would take allocated bytes past trigger first calls the
  * callback with ND_COLLECT_PRESSURE. trigger < 0 switches that off. */
 void nd_memory_set_trigger(nd_device *dev, int64_t trigger);
-/* Nonzero while a collection callback is running. */
+/* Nonzero while a collection callback is running in this thread. */
 int nd_memory_collecting(void);
 
 /* What the last refused allocation on this thread saw. */

@@ -35,6 +35,7 @@
  */
 #include "needle_c.h"
 
+#include <math.h>
 #include <time.h>
 
 typedef struct gc_policy {
@@ -145,6 +146,29 @@ void pressure_refresh(nd_device *dev) {
     nd_memory_set_trigger(dev, next_trigger(dev, allocated));
 }
 
+/* The thread running a collection for needle (0: none); read and written
+ * with the GIL held. The engine keeps a thread's own allocations from
+ * starting another collection (allocator.c); this keeps other threads from
+ * starting one while it runs, which would do nothing (Python collects in one
+ * thread at a time) and fail their allocation for nothing. */
+static unsigned long collector_thread = 0;
+
+/* Another thread is collecting: wait, with the GIL released, until it is done
+ * (or a minute has passed), so that the caller's allocation is retried on
+ * what the collection freed. */
+static void wait_for_collector(void) {
+    double deadline = now_seconds() + 60.0;
+    while (collector_thread != 0 && now_seconds() < deadline) {
+        Py_BEGIN_ALLOW_THREADS struct timespec pause = {0, 1000000};
+        nanosleep(&pause, NULL);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static int other_thread_collecting(void) {
+    return collector_thread != 0 && collector_thread != PyThread_get_thread_ident();
+}
+
 /* Runs a full collection. The OOM path goes through gc.collect(), which
  * ignores gc.disable(), after gc.unfreeze(): objects frozen by
  * needle.memory.freeze_heap() (or anyone's gc.freeze()) are invisible to
@@ -153,6 +177,8 @@ void pressure_refresh(nd_device *dev) {
 static void run_python_collection(nd_collect_reason reason) {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
+    unsigned long previous = collector_thread;
+    collector_thread = PyThread_get_thread_ident();
     if (reason == ND_COLLECT_PRESSURE) {
         PyGC_Collect();
     } else {
@@ -163,6 +189,7 @@ static void run_python_collection(nd_collect_reason reason) {
         Py_XDECREF(thawed);
         Py_XDECREF(gc);
     }
+    collector_thread = previous;
     /* A finalizer's exception must not surface inside an unrelated op. */
     if (PyErr_Occurred()) PyErr_WriteUnraisable(NULL);
     PyErr_Restore(type, value, traceback);
@@ -226,6 +253,12 @@ static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested,
     (void)ctx;
     int id = nd_device_id(dev);
     if (!policy.enabled || id < 0 || id >= ND_MAX_DEVICES) return;
+    if (other_thread_collecting()) {
+        /* Out of memory: what that collection frees may be enough; the soft
+         * path just lets it finish. */
+        if (reason == ND_COLLECT_OOM) wait_for_collector();
+        return;
+    }
     device_pressure *ps = &pressure[id];
     double start = now_seconds();
     int64_t before = allocated_of(dev);
@@ -245,7 +278,7 @@ static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested,
 }
 
 void pressure_safe_point(void) {
-    if (!policy.enabled || watermark_set()) return;
+    if (!policy.enabled || watermark_set() || other_thread_collecting()) return;
     double now = now_seconds();
     int count = nd_device_count();
     for (int id = 0; id < count && id < ND_MAX_DEVICES; id++) {
@@ -339,8 +372,10 @@ static PyObject *set_gc_policy(PyObject *module, PyObject *args, PyObject *kwarg
                                      &p.growth, &min_growth, &p.high_water, &p.max_gc_fraction,
                                      &watermark))
         return NULL;
-    if (p.growth < 0.0 || min_growth < 0 || p.high_water <= 0.0 || p.high_water > 1.0 ||
-        p.max_gc_fraction <= 0.0 || p.max_gc_fraction > 0.5) {
+    /* Written so that NaN fails every test (isfinite for growth). */
+    if (!(isfinite(p.growth) && p.growth >= 0.0) || min_growth < 0 ||
+        !(p.high_water > 0.0 && p.high_water <= 1.0) ||
+        !(p.max_gc_fraction > 0.0 && p.max_gc_fraction <= 0.5)) {
         PyErr_SetString(PyExc_ValueError,
                         "gc policy: need growth >= 0, min_growth >= 0, 0 < high_water <= 1 "
                         "and 0 < max_gc_fraction <= 0.5");
