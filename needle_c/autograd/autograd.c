@@ -155,6 +155,23 @@ static int check_partials(needle_state *st, PyObject *op, PyObject *partials, Py
     return 0;
 }
 
+/* node.op.gradient(adjoint, node), checked, with the inputs it is for (a
+ * new reference in *inputs): a gradient may run Python code and the
+ * collector, which may change the node's op and inputs, so both are held. */
+static PyObject *node_partials(needle_state *st, PyObject *node, PyObject *adjoint,
+                               PyObject **inputs) {
+    PyObject *op = Py_NewRef(Tensor_CAST(node)->op);
+    *inputs = Py_NewRef(Tensor_CAST(node)->inputs);
+    PyObject *partials = run_gradient(st, op, adjoint, node);
+    if (check_partials(st, op, partials, *inputs) < 0) {
+        Py_XDECREF(partials);
+        Py_CLEAR(*inputs);
+        partials = NULL;
+    }
+    Py_DECREF(op);
+    return partials;
+}
+
 /* The course's algorithm, verbatim in effect. */
 static int backward_needle(needle_state *st, PyObject *topo, PyObject *output, PyObject *out_grad) {
     PyObject *grads = PyDict_New();
@@ -174,17 +191,9 @@ static int backward_needle(needle_state *st, PyObject *topo, PyObject *output, P
         if (adjoint == NULL) goto fail;
         Py_XSETREF(Tensor_CAST(node)->grad, adjoint);
         if (Tensor_CAST(node)->op == NULL) continue;
-        /* A gradient may run Python code (and the collector): own what we use. */
-        PyObject *op = Py_NewRef(Tensor_CAST(node)->op);
-        PyObject *inputs = Py_NewRef(Tensor_CAST(node)->inputs);
-        PyObject *partials = run_gradient(st, op, adjoint, node);
-        int bad = check_partials(st, op, partials, inputs);
-        Py_DECREF(op);
-        if (bad) {
-            Py_XDECREF(partials);
-            Py_DECREF(inputs);
-            goto fail;
-        }
+        PyObject *inputs;
+        PyObject *partials = node_partials(st, node, adjoint, &inputs);
+        if (partials == NULL) goto fail;
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(inputs); k++) {
             PyObject *input = PyTuple_GET_ITEM(inputs, k);
             PyObject *contributions = PyDict_GetItemWithError(grads, input);
@@ -248,16 +257,10 @@ static int backward_cycle_free(needle_state *st, PyObject *topo, PyObject *outpu
             Py_DECREF(adjoint);
             continue;
         }
-        PyObject *op = Py_NewRef(t->op), *inputs = Py_NewRef(t->inputs);
-        PyObject *partials = run_gradient(st, op, adjoint, node);
-        int bad = check_partials(st, op, partials, inputs);
+        PyObject *inputs;
+        PyObject *partials = node_partials(st, node, adjoint, &inputs);
         Py_DECREF(adjoint);
-        Py_DECREF(op);
-        if (bad) {
-            Py_XDECREF(partials);
-            Py_DECREF(inputs);
-            goto fail;
-        }
+        if (partials == NULL) goto fail;
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(inputs); k++) {
             PyObject *input = PyTuple_GET_ITEM(inputs, k);
             if (!Tensor_CAST(input)->requires_grad && !Tensor_CAST(input)->retains_grad) continue;
