@@ -1,5 +1,5 @@
-/* errors.c: engine status codes turned into Python exceptions (DESIGN.md
- * "Rules that keep it correct"), and the one formatter of
+/* errors.c: engine status codes turned into Python exceptions (docs/design.md,
+ * "Rules for C code that holds Python objects", rule 8), and the one formatter of
  * needle.OutOfMemoryError, whose message and attributes name the device and
  * every byte figure the allocator saw.
  *
