@@ -37,13 +37,15 @@ PyObject *find_topo_sort(needle_state *st, PyObject *roots) {
     static uint64_t sorts = 0;
     uint64_t mark = ++sorts;
     PyObject *order = PyList_New(0), *visited = PySet_New(NULL);
-    Py_ssize_t cap = 64, depth = 0;
+    /* A small graph's path lives on the C stack; a deeper one moves to the heap. */
+    enum { INLINE_PATH = 32 };
     struct frame {
         PyObject *node, *inputs;
         Py_ssize_t next;
         uint64_t saved_mark;
-    } *path = PyMem_Malloc(sizeof *path * (size_t)cap);
-    if (order == NULL || visited == NULL || path == NULL) goto fail;
+    } inline_path[INLINE_PATH], *path = inline_path;
+    Py_ssize_t cap = INLINE_PATH, depth = 0;
+    if (order == NULL || visited == NULL) goto fail;
     for (Py_ssize_t r = 0; r < PyTuple_GET_SIZE(roots); r++) {
         PyObject *next = PyTuple_GET_ITEM(roots, r);
         if (!is_value(st, next)) {
@@ -62,11 +64,13 @@ PyObject *find_topo_sort(needle_state *st, PyObject *roots) {
                 if (seen < 0) goto fail;
                 if (!seen) {
                     if (depth == cap) {
-                        struct frame *grown = PyMem_Realloc(path, sizeof *path * (size_t)cap * 2);
+                        struct frame *grown = PyMem_Malloc(sizeof *path * (size_t)cap * 2);
                         if (grown == NULL) {
                             PyErr_NoMemory();
                             goto fail;
                         }
+                        memcpy(grown, path, sizeof *path * (size_t)depth);
+                        if (path != inline_path) PyMem_Free(path);
                         path = grown;
                         cap *= 2;
                     }
@@ -92,7 +96,7 @@ PyObject *find_topo_sort(needle_state *st, PyObject *roots) {
             Py_DECREF(top->inputs);
         }
     }
-    PyMem_Free(path);
+    if (path != inline_path) PyMem_Free(path);
     Py_DECREF(visited);
     return order;
 fail:
@@ -101,7 +105,7 @@ fail:
         Py_DECREF(path[i].node);
         Py_DECREF(path[i].inputs);
     }
-    PyMem_Free(path);
+    if (path != inline_path) PyMem_Free(path);
     Py_XDECREF(visited);
     Py_XDECREF(order);
     return NULL;
