@@ -738,6 +738,10 @@ int tensor_types_init(PyObject *module, needle_state *st) {
     ag->tensor_type =
         (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_spec, (PyObject *)ag->value_type);
     if (ag->tensor_type == NULL) return -1;
+    /* NumPy defers to Tensor's operators (np_array * t calls t.__rmul__)
+     * instead of making an object array of Tensors, one per element. */
+    if (PyDict_SetItemString(ag->tensor_type->tp_dict, "__array_ufunc__", Py_None) < 0) return -1;
+    PyType_Modified(ag->tensor_type);
     ag->tensor_tuple_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_tuple_spec,
                                                                      (PyObject *)ag->value_type);
     if (ag->tensor_tuple_type == NULL) return -1;
