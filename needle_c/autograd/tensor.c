@@ -637,10 +637,12 @@ static PyType_Spec value_spec = {
     .slots = value_slots,
 };
 
-#define BACKWARD_METHOD                                                                            \
-    {"backward", (PyCFunction)(void (*)(void))tensor_backward, METH_VARARGS | METH_KEYWORDS,       \
-     "backward($self, /, out_grad=None)\n--\n\nComputes gradients of this tensor with respect to " \
-     "the graph's leaves (ones as the seed by default)."}
+#define BACKWARD_METHOD                                                                         \
+    {"backward", (PyCFunction)(void (*)(void))tensor_backward, METH_VARARGS | METH_KEYWORDS,    \
+     "backward($self, /, out_grad=None, create_graph=False)\n--\n\nComputes gradients of this " \
+     "tensor with respect to the graph's leaves (ones as the seed by default). create_graph "   \
+     "records the gradients as a graph in cycle_free mode too, so a .grad can be "              \
+     "differentiated again. Raises RuntimeError on a tensor with no graph."}
 
 /* Tensor: the Value methods (inherited) plus its operators (tensor_ops.c),
  * backward (autograd.c) and DLPack export (array/interop.c). */
