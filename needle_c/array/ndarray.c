@@ -412,15 +412,16 @@ static PyObject *ndarray_as_strided(PyObject *op, PyObject *const *args, Py_ssiz
 }
 
 /* The course's is_compact: the strides are exactly the row-major ones of the
- * shape (size-1 dims included) and the view covers its whole storage. Looser
- * contiguity (nd_layout_is_contiguous) is what the engine's views use. */
+ * shape, size-1 dims included (nd_layout_is_contiguous, which the engine's
+ * views use, ignores those). An offset view with such strides (a[1:2]) is
+ * compact, as in NumPy. */
 static int is_compact_strict(const nd_array *a) {
     const nd_layout *l = &a->layout;
     nd_layout canonical;
     if (nd_layout_contiguous(l->ndim, l->shape, &canonical) != ND_OK) return 0;
     for (int i = 0; i < l->ndim; i++)
         if (l->strides[i] != canonical.strides[i]) return 0;
-    return l->offset == 0 && nd_layout_numel(l) == nd_storage_numel(a->storage);
+    return 1;
 }
 
 static PyObject *ndarray_compact(PyObject *op, PyObject *Py_UNUSED(ignored)) {
@@ -668,8 +669,8 @@ static PyMethodDef ndarray_methods[] = {
     {"compact", ndarray_compact, METH_NOARGS,
      "compact($self, /)\n--\n\nself when is_compact(), else a copy with row-major strides."},
     {"is_compact", ndarray_is_compact, METH_NOARGS,
-     "is_compact($self, /)\n--\n\nTrue when the strides are the row-major ones (size-1 dims "
-     "included) and the view covers its whole storage, as in the course."},
+     "is_compact($self, /)\n--\n\nTrue when the strides are the row-major ones of the shape "
+     "(size-1 dims included), as in the course."},
     {"astype", (PyCFunction)(void (*)(void))ndarray_astype, METH_FASTCALL | METH_KEYWORDS,
      "astype($self, /, dtype)\n--\n\nfloat32: an NDArray copy; any other dtype: a NumPy array of "
      "that dtype (NDArray holds float32 only)."},
