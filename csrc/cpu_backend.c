@@ -342,6 +342,88 @@ static const nd_inner_fn reduce_kernels[ND_REDUCE_OP_COUNT] = {
     [ND_REDUCE_MIN] = reduce_min,
 };
 
+/* A sum whose output elements each get several inner rows (a reduced dim
+ * outside the inner loop: column sums, or a walk in another order than the
+ * output's) would round its running sums to float once per row; these sums
+ * run in a double shadow of the output instead (one double per output
+ * element, so at most SHADOW_MAX of them), then round once. Column sums (the
+ * next-outer dim reduced, inner rows contiguous in both) add BLOCK rows in
+ * float first, at the float loop's speed, then add that block into the
+ * shadow: error near float64's at a few percent of the time. */
+enum { SHADOW_MAX = 1 << 24, SUM_BLOCK = 32 };
+
+ND_SIMD_CLONES static void add_row_double(double *o, const float *a, int64_t n) {
+    for (int64_t i = 0; i < n; i++) o[i] += a[i];
+}
+
+ND_SIMD_CLONES static void add_row_float(float *o, const float *a, int64_t n) {
+    for (int64_t i = 0; i < n; i++) o[i] += a[i];
+}
+
+static int64_t sum_shadow_size(const nd_iter *it) {
+    int several = 0;
+    int64_t extent = 1;
+    for (int d = 0; d < it->ndim; d++) {
+        if (d < it->ndim - 1 && it->strides[0][d] == 0 && it->shape[d] > 1) several = 1;
+        if (it->strides[0][d] < 0) return 0;
+        extent += (it->shape[d] - 1) * it->strides[0][d];
+    }
+    return several && extent <= SHADOW_MAX ? extent : 0;
+}
+
+/* One inner row of n elements into the shadow. */
+static void sum_row_into(double *o, const float *x, int64_t n, int64_t so, int64_t sa) {
+    if (so == 0 && sa == 1) {
+        o[0] += sum_contiguous(x, n);
+    } else if (so == 0) {
+        double t = 0.0;
+        for (int64_t i = 0; i < n; i++) t += x[i * sa];
+        o[0] += t;
+    } else if (so == 1 && sa == 1) {
+        add_row_double(o, x, n);
+    } else {
+        for (int64_t i = 0; i < n; i++) o[i * so] += x[i * sa];
+    }
+}
+
+/* 0, or -1 when the staging row cannot be allocated (nothing written). */
+static int sum_into_shadow(const nd_iter *it, double *acc, const float *a) {
+    int inner = it->ndim - 1, mid = inner - 1; /* mid: the dim just outside */
+    int64_t n = it->shape[inner], so = it->strides[0][inner], sa = it->strides[1][inner];
+    int64_t m = mid >= 0 ? it->shape[mid] : 1;
+    int64_t so1 = mid >= 0 ? it->strides[0][mid] : 0, sa1 = mid >= 0 ? it->strides[1][mid] : 0;
+    int columns = mid >= 0 && so1 == 0 && so == 1 && sa == 1 && m > 1;
+    float *stage = columns ? malloc(sizeof(float) * (size_t)n) : NULL;
+    if (columns && stage == NULL) return -1;
+    int64_t index[ND_MAX_DIMS] = {0}, outer = 1;
+    for (int d = 0; d < mid; d++) outer *= it->shape[d];
+    for (int64_t k = 0; k < outer; k++) {
+        int64_t off_o = 0, off_a = 0;
+        for (int d = 0; d < mid; d++) {
+            off_o += index[d] * it->strides[0][d];
+            off_a += index[d] * it->strides[1][d];
+        }
+        double *o = acc + off_o;
+        const float *x = a + off_a;
+        if (columns) {
+            for (int64_t j0 = 0; j0 < m; j0 += SUM_BLOCK) {
+                int64_t j1 = j0 + SUM_BLOCK < m ? j0 + SUM_BLOCK : m;
+                memcpy(stage, x + j0 * sa1, sizeof(float) * (size_t)n);
+                for (int64_t j = j0 + 1; j < j1; j++) add_row_float(stage, x + j * sa1, n);
+                add_row_double(o, stage, n);
+            }
+        } else {
+            for (int64_t j = 0; j < m; j++) sum_row_into(o + j * so1, x + j * sa1, n, so, sa);
+        }
+        for (int d = mid - 1; d >= 0; d--) {
+            if (++index[d] < it->shape[d]) break;
+            index[d] = 0;
+        }
+    }
+    free(stage);
+    return 0;
+}
+
 static nd_status cpu_reduce(nd_reduce_op op, const nd_layout *out_layout, float *out,
                             const nd_layout *a_layout, const float *a) {
     const nd_layout *layouts[2] = {out_layout, a_layout};
@@ -349,7 +431,19 @@ static nd_status cpu_reduce(nd_reduce_op op, const nd_layout *out_layout, float 
     /* Walk in the input's memory order; the output is small or contiguous. */
     nd_iter_prepare(&it, a_layout->shape, a_layout->ndim, 2, layouts, 1);
     float *base[2] = {out + out_layout->offset, (float *)a + a_layout->offset};
-    nd_iter_run(&it, base, reduce_kernels[op], NULL);
+    int64_t shadow_size = op == ND_REDUCE_SUM ? sum_shadow_size(&it) : 0;
+    double *shadow = shadow_size > 0 ? calloc((size_t)shadow_size, sizeof(double)) : NULL;
+    if (shadow == NULL) { /* one row per output, or no memory for the shadow */
+        nd_iter_run(&it, base, reduce_kernels[op], NULL);
+        return ND_OK;
+    }
+    for (int64_t i = 0; i < shadow_size; i++) shadow[i] = base[0][i];
+    if (sum_into_shadow(&it, shadow, base[1]) < 0) {
+        nd_iter_run(&it, base, reduce_kernels[op], NULL);
+    } else {
+        for (int64_t i = 0; i < shadow_size; i++) base[0][i] = (float)shadow[i];
+    }
+    free(shadow);
     return ND_OK;
 }
 

@@ -200,6 +200,16 @@ def check_result(res, expected, device, msg="", rtol=RTOL, atol=ATOL, exact=Fals
         np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, err_msg=msg)
 
 
+def row_major_strides(shape):
+    """The canonical strides (in elements) of a compact array of shape: the course's
+    compact_strides, with a 0-extent dim counting as 1."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
 def np_strides(a):
     return tuple(s // a.itemsize for s in a.strides)
 

@@ -19,6 +19,7 @@ from ndarray_check import (
     make_views,
     np_strides,
     rand_data,
+    row_major_strides,
     shape_id,
 )
 
@@ -42,10 +43,13 @@ def test_views_match_numpy(shape, device):
         assert ndv.device == device, msg
         np.testing.assert_array_equal(ndv.numpy(), npv, err_msg=msg)
         check_strides_meaningful(ndv, npv, msg)
-        assert ndv.is_compact() == npv.flags.c_contiguous, (
-            f"{msg}: is_compact {ndv.is_compact()} vs numpy c_contiguous "
-            f"{npv.flags.c_contiguous} (strides {ndv.strides})"
+        # The course's rule: exactly the row-major strides, size-1 dims included (NumPy's
+        # c_contiguous ignores those); such a view is C-contiguous in NumPy too.
+        expected = tuple(ndv.strides) == row_major_strides(ndv.shape)
+        assert ndv.is_compact() == expected, (
+            f"{msg}: is_compact {ndv.is_compact()} (strides {ndv.strides})"
         )
+        assert not expected or npv.flags.c_contiguous, msg
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
@@ -65,6 +69,7 @@ def test_compact(shape, device):
         assert c.device == device, msg
         np.testing.assert_array_equal(c.numpy(), npv, err_msg=msg)
         check_strides_meaningful(c, np.array(npv, order="C", copy=True), msg + " compact strides")
+        assert tuple(c.strides) == row_major_strides(c.shape), msg
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -106,6 +111,19 @@ def test_is_compact_cases(device):
     assert not a.flip(2).is_compact()
     assert not nd.array(np.ones(4), device=device).broadcast_to((3, 4)).is_compact()
     assert a.reshape((24,)).is_compact()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_is_compact_counts_size_one_dims(device):
+    # The course's example: a permutation that moves only size-1 dims' strides.
+    x = np.arange(12.0).reshape(1, 3, 2, 1, 2)
+    a = nd.array(x, device=device).permute((1, 3, 2, 0, 4))
+    assert not a.is_compact()
+    c = a.compact()
+    assert c is not a and c.is_compact()
+    assert c.strides == row_major_strides(c.shape) == (4, 4, 2, 2, 1)
+    np.testing.assert_array_equal(c.numpy(), x.transpose(1, 3, 2, 0, 4))
+    assert c.compact() is c
 
 
 # --------------------------------------------------------------------------

@@ -11,7 +11,7 @@
  * capsule, v1.0 for the versioned one) rather than vendoring dlpack.h: the
  * layout is a stable ABI and we need a handful of fields.
  */
-#include "needle_c.h"
+#include "ndarray_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -159,7 +159,7 @@ PyObject *interop_ndarray_dlpack(PyObject *op, PyObject *args, PyObject *kwargs)
         return NULL;
     (void)stream;
     NDArrayObject *self = NDArray_CAST(op);
-    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    needle_state *st = ndarray_state(op);
     DLDevice device = dl_device_of(nd_storage_device(self->array.storage));
     if (dl_device != Py_None) {
         int type, id;

@@ -25,7 +25,10 @@ void ndarray_dealloc(PyObject *op) {
     Py_DECREF(tp);
 }
 
-int ndarray_check(needle_state *st, PyObject *obj) { return Py_IS_TYPE(obj, st->ndarray_type); }
+/* The exact type first (PyObject_TypeCheck's own fast path), then subclasses. */
+int ndarray_check(needle_state *st, PyObject *obj) {
+    return PyObject_TypeCheck(obj, st->ndarray_type);
+}
 
 PyObject *ndarray_wrap(needle_state *st, nd_array *arr) {
     PyObject *obj = st->ndarray_type->tp_alloc(st->ndarray_type, 0);
@@ -164,7 +167,16 @@ static PyObject *ndarray_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     if (device == Py_None && ndarray_check(st, other))
         dev = nd_storage_device(NDArray_CAST(other)->array.storage);
     else if ((dev = device_from_object(st, device)) == NULL) return NULL;
-    return ndarray_from_object(st, other, dev);
+    PyObject *made = ndarray_from_object(st, other, dev);
+    if (made == NULL || type == st->ndarray_type) return made;
+    /* A Python subclass: move the new array into an instance of it. */
+    PyObject *obj = type->tp_alloc(type, 0);
+    if (obj != NULL) {
+        NDArray_CAST(obj)->array = NDArray_CAST(made)->array;
+        NDArray_CAST(made)->array.storage = NULL;
+    }
+    Py_DECREF(made);
+    return obj;
 }
 
 /* ------------------------------------------------------- conversion */
@@ -179,7 +191,7 @@ PyObject *ndarray_numpy(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     nd_status status = nd_array_to_host(&self->array, PyArray_DATA((PyArrayObject *)result));
     if (status != ND_OK) {
         Py_DECREF(result);
-        return raise_status(PyType_GetModuleState(Py_TYPE(op)), status);
+        return raise_status(ndarray_state(op), status);
     }
     return result;
 }
@@ -203,7 +215,7 @@ static PyObject *ndarray_array(PyObject *op, PyObject *args, PyObject *kwargs) {
 }
 
 static PyObject *ndarray_repr(PyObject *op) {
-    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    needle_state *st = ndarray_state(op);
     PyObject *values = ndarray_numpy(op, NULL);
     if (values == NULL) return NULL;
     PyObject *text = PyObject_Str(values);
@@ -263,7 +275,7 @@ static PyObject *get_dtype(PyObject *op, void *c) {
 }
 static PyObject *get_device(PyObject *op, void *c) {
     (void)c;
-    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    needle_state *st = ndarray_state(op);
     return Py_NewRef(device_object(st, nd_storage_device(NDArray_CAST(op)->array.storage)));
 }
 static PyObject *get_storage_refcount(PyObject *op, void *c) {
@@ -288,7 +300,7 @@ static Py_ssize_t ndarray_length(PyObject *op) {
 
 static PyObject *ndarray_reshape(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
     NDArrayObject *self = NDArray_CAST(op);
-    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    needle_state *st = ndarray_state(op);
     int ndim;
     int64_t shape[ND_MAX_DIMS];
     if (nargs == 1) {
@@ -319,7 +331,7 @@ static PyObject *ndarray_reshape(PyObject *op, PyObject *const *args, Py_ssize_t
 
 static PyObject *ndarray_permute(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
     NDArrayObject *self = NDArray_CAST(op);
-    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    needle_state *st = ndarray_state(op);
     int naxes, axes[ND_MAX_DIMS];
     PyObject *spec = NULL;
     if (nargs == 1 && !PyIndex_Check(args[0])) {
@@ -345,7 +357,7 @@ static PyObject *ndarray_permute(PyObject *op, PyObject *const *args, Py_ssize_t
 
 PyObject *ndarray_broadcast_to(PyObject *op, PyObject *shape_obj) {
     NDArrayObject *self = NDArray_CAST(op);
-    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    needle_state *st = ndarray_state(op);
     int ndim;
     int64_t shape[ND_MAX_DIMS];
     if (parse_shape(shape_obj, &ndim, shape) < 0) return NULL;
@@ -357,7 +369,7 @@ PyObject *ndarray_broadcast_to(PyObject *op, PyObject *shape_obj) {
 
 PyObject *ndarray_flip(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
     NDArrayObject *self = NDArray_CAST(op);
-    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    needle_state *st = ndarray_state(op);
     int naxes, axes[ND_MAX_DIMS];
     if (nargs > 1) {
         PyErr_SetString(PyExc_TypeError, "flip() takes one argument (axes)");
@@ -377,7 +389,7 @@ PyObject *ndarray_flip(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
 
 static PyObject *ndarray_as_strided(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
     NDArrayObject *self = NDArray_CAST(op);
-    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    needle_state *st = ndarray_state(op);
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "as_strided() takes two arguments (shape, strides)");
         return NULL;
@@ -399,17 +411,116 @@ static PyObject *ndarray_as_strided(PyObject *op, PyObject *const *args, Py_ssiz
     return ndarray_view(st, self, &layout);
 }
 
+/* The course's is_compact: the strides are exactly the row-major ones of the
+ * shape, size-1 dims included (nd_layout_is_contiguous, which the engine's
+ * views use, ignores those). An offset view with such strides (a[1:2]) is
+ * compact, as in NumPy. */
+static int is_compact_strict(const nd_array *a) {
+    const nd_layout *l = &a->layout;
+    nd_layout canonical;
+    if (nd_layout_contiguous(l->ndim, l->shape, &canonical) != ND_OK) return 0;
+    for (int i = 0; i < l->ndim; i++)
+        if (l->strides[i] != canonical.strides[i]) return 0;
+    return 1;
+}
+
 static PyObject *ndarray_compact(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     NDArrayObject *self = NDArray_CAST(op);
-    if (nd_layout_is_contiguous(&self->array.layout)) return Py_NewRef(op);
+    if (is_compact_strict(&self->array)) return Py_NewRef(op);
     nd_array copy;
     nd_status status = nd_array_compact_copy(&self->array, NULL, &copy);
-    if (status != ND_OK) return raise_status(PyType_GetModuleState(Py_TYPE(op)), status);
-    return ndarray_wrap(PyType_GetModuleState(Py_TYPE(op)), &copy);
+    if (status != ND_OK) return raise_status(ndarray_state(op), status);
+    return ndarray_wrap(ndarray_state(op), &copy);
 }
 
 static PyObject *ndarray_is_compact(PyObject *op, PyObject *Py_UNUSED(ignored)) {
-    return PyBool_FromLong(nd_layout_is_contiguous(&NDArray_CAST(op)->array.layout));
+    return PyBool_FromLong(is_compact_strict(&NDArray_CAST(op)->array));
+}
+
+/* astype(dtype): float32 gives an NDArray copy (NDArray holds float32 only);
+ * any other dtype gives a NumPy array of that dtype, as the course's code
+ * expects of `cached_data.astype(np.uint8)`. */
+static PyObject *ndarray_astype(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames) {
+    static const char *const names[] = {"dtype", NULL};
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
+        if (nargs != 0 || PyTuple_GET_SIZE(kwnames) != 1 ||
+            PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), names[0]) != 0) {
+            PyErr_SetString(PyExc_TypeError, "astype() takes one argument (dtype)");
+            return NULL;
+        }
+    } else if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "astype() takes one argument (dtype)");
+        return NULL;
+    }
+    PyArray_Descr *descr = NULL;
+    if (!PyArray_DescrConverter(args[0], &descr)) return NULL;
+    int type = descr->type_num;
+    Py_DECREF(descr);
+    PyObject *values = ndarray_numpy(op, NULL);
+    if (values == NULL) return NULL;
+    if (type == NPY_FLOAT32) {
+        needle_state *st = ndarray_state(op);
+        PyObject *copy =
+            ndarray_from_object(st, values, nd_storage_device(NDArray_CAST(op)->array.storage));
+        Py_DECREF(values);
+        return copy;
+    }
+    PyObject *cast = PyObject_CallMethod(values, "astype", "O", args[0]);
+    Py_DECREF(values);
+    return cast;
+}
+
+/* The course's process_slice(sl, dim): start None -> 0, stop None ->
+ * shape[dim], step None -> 1, a negative start or stop counted from the end
+ * (the course set a negative start to shape[dim]; counting from the end is
+ * what its own __getitem__ meant). Like the course it requires step > 0 and
+ * stop > start (ValueError here). */
+static PyObject *ndarray_process_slice(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PySlice_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "process_slice() takes (slice, dim)");
+        return NULL;
+    }
+    const nd_layout *l = &NDArray_CAST(op)->array.layout;
+    Py_ssize_t dim = PyNumber_AsSsize_t(args[1], PyExc_IndexError);
+    if (dim == -1 && PyErr_Occurred()) return NULL;
+    if (dim < 0 || dim >= l->ndim) {
+        PyErr_Format(PyExc_IndexError, "process_slice: dim %zd out of range for %d dims", dim,
+                     l->ndim);
+        return NULL;
+    }
+    Py_ssize_t n = (Py_ssize_t)l->shape[dim];
+    Py_ssize_t v[3] = {0, n, 1};
+    static const char *const fields[] = {"start", "stop", "step"};
+    for (int i = 0; i < 3; i++) {
+        PyObject *f = PyObject_GetAttrString(args[0], fields[i]);
+        if (f == NULL) return NULL;
+        if (f != Py_None) {
+            v[i] = PyNumber_AsSsize_t(f, PyExc_OverflowError);
+            if (v[i] == -1 && PyErr_Occurred()) {
+                Py_DECREF(f);
+                return NULL;
+            }
+            if (i < 2 && v[i] < 0) v[i] += n;
+        }
+        Py_DECREF(f);
+    }
+    if (v[2] <= 0) {
+        PyErr_SetString(PyExc_ValueError, "process_slice: the step must be positive");
+        return NULL;
+    }
+    if (v[1] <= v[0]) {
+        PyErr_Format(PyExc_ValueError, "process_slice: start %zd must be less than stop %zd", v[0],
+                     v[1]);
+        return NULL;
+    }
+    PyObject *a = PyLong_FromSsize_t(v[0]), *b = PyLong_FromSsize_t(v[1]);
+    PyObject *c = PyLong_FromSsize_t(v[2]);
+    PyObject *result = a != NULL && b != NULL && c != NULL ? PySlice_New(a, b, c) : NULL;
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    Py_XDECREF(c);
+    return result;
 }
 
 static PyObject *get_flat(PyObject *op, void *c) {
@@ -423,7 +534,7 @@ static PyObject *get_flat(PyObject *op, void *c) {
 
 static PyObject *ndarray_to(PyObject *op, PyObject *device) {
     NDArrayObject *self = NDArray_CAST(op);
-    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    needle_state *st = ndarray_state(op);
     nd_device *dev = device_from_object(st, device);
     if (dev == NULL) return NULL;
     if (dev == nd_storage_device(self->array.storage)) return Py_NewRef(op);
@@ -434,7 +545,7 @@ static PyObject *ndarray_fill(PyObject *op, PyObject *value) {
     double v = PyFloat_AsDouble(value);
     if (v == -1.0 && PyErr_Occurred()) return NULL;
     nd_status status = nd_array_fill(&NDArray_CAST(op)->array, (float)v);
-    if (status != ND_OK) return raise_status(PyType_GetModuleState(Py_TYPE(op)), status);
+    if (status != ND_OK) return raise_status(ndarray_state(op), status);
     Py_RETURN_NONE;
 }
 
@@ -493,7 +604,7 @@ static int index_layout(NDArrayObject *self, PyObject *key, nd_layout *out) {
             goto done;
         }
         if (status != ND_OK) {
-            raise_status(PyType_GetModuleState(Py_TYPE(self)), status);
+            raise_status(ndarray_state((PyObject *)self), status);
             goto done;
         }
         dim++;
@@ -509,12 +620,12 @@ static PyObject *ndarray_getitem(PyObject *op, PyObject *key) {
     NDArrayObject *self = NDArray_CAST(op);
     nd_layout layout;
     if (index_layout(self, key, &layout) < 0) return NULL;
-    return ndarray_view(PyType_GetModuleState(Py_TYPE(op)), self, &layout);
+    return ndarray_view(ndarray_state(op), self, &layout);
 }
 
 static int ndarray_setitem(PyObject *op, PyObject *key, PyObject *value) {
     NDArrayObject *self = NDArray_CAST(op);
-    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    needle_state *st = ndarray_state(op);
     if (value == NULL) {
         PyErr_SetString(PyExc_TypeError, "cannot delete array elements");
         return -1;
@@ -556,9 +667,16 @@ static PyMethodDef ndarray_methods[] = {
     {"__array__", (PyCFunction)(void (*)(void))ndarray_array, METH_VARARGS | METH_KEYWORDS,
      "__array__($self, /, dtype=None, copy=None)\n--\n\nNumPy conversion (always a copy)."},
     {"compact", ndarray_compact, METH_NOARGS,
-     "compact($self, /)\n--\n\nself when contiguous, else a contiguous copy."},
+     "compact($self, /)\n--\n\nself when is_compact(), else a copy with row-major strides."},
     {"is_compact", ndarray_is_compact, METH_NOARGS,
-     "is_compact($self, /)\n--\n\nTrue when the view is row-major contiguous."},
+     "is_compact($self, /)\n--\n\nTrue when the strides are the row-major ones of the shape "
+     "(size-1 dims included), as in the course."},
+    {"astype", (PyCFunction)(void (*)(void))ndarray_astype, METH_FASTCALL | METH_KEYWORDS,
+     "astype($self, /, dtype)\n--\n\nfloat32: an NDArray copy; any other dtype: a NumPy array of "
+     "that dtype (NDArray holds float32 only)."},
+    {"process_slice", (PyCFunction)(void (*)(void))ndarray_process_slice, METH_FASTCALL,
+     "process_slice($self, sl, dim, /)\n--\n\nThe course's helper: sl with explicit start, stop "
+     "and step for dimension dim."},
     {"reshape", (PyCFunction)(void (*)(void))ndarray_reshape, METH_FASTCALL,
      "reshape($self, /, *shape)\n--\n\nA view with a new shape (one -1 allowed); a copy when no "
      "view is possible."},
@@ -656,6 +774,6 @@ static PyType_Slot ndarray_type_slots[] = {
 PyType_Spec ndarray_type_spec = {
     .name = "needle_c.NDArray",
     .basicsize = sizeof(NDArrayObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = ndarray_type_slots,
 };

@@ -8,9 +8,26 @@
 #include <structmember.h>
 
 void ndarray_dealloc(PyObject *op);
-/* Our NDArray type, recognised without a module lookup (it cannot be
- * subclassed, so its dealloc identifies it). */
-#define IS_NDARRAY(o) (Py_TYPE(o)->tp_dealloc == ndarray_dealloc)
+/* Our NDArray type or a Python subclass of it, recognised without a module
+ * lookup: the exact type by its dealloc (the fast path of every operator), a
+ * subclass by a base whose dealloc it is (Python subclasses get
+ * subtype_dealloc, and their tp_base chain leads to NDArray). */
+static inline int is_ndarray_object(PyObject *o) {
+    PyTypeObject *t = Py_TYPE(o);
+    if (t->tp_dealloc == ndarray_dealloc) return 1;
+    for (t = t->tp_base; t != NULL; t = t->tp_base)
+        if (t->tp_dealloc == ndarray_dealloc) return 1;
+    return 0;
+}
+#define IS_NDARRAY(o) is_ndarray_object(o)
+
+/* The module state of an NDArray (of a subclass too, whose type has no
+ * module): the state of the NDArray type it derives from. */
+static inline needle_state *ndarray_state(PyObject *o) {
+    PyTypeObject *t = Py_TYPE(o);
+    while (t->tp_dealloc != ndarray_dealloc && t->tp_base != NULL) t = t->tp_base;
+    return (needle_state *)PyType_GetModuleState(t);
+}
 
 PyObject *ndarray_view(needle_state *st, NDArrayObject *self, const nd_layout *layout);
 PyObject *ndarray_numpy(PyObject *op, PyObject *ignored);

@@ -35,7 +35,7 @@ int as_operand(PyObject *obj, nd_operand *out) {
 }
 
 static needle_state *state_of_operands(PyObject *a, PyObject *b) {
-    return PyType_GetModuleState(Py_TYPE(IS_NDARRAY(a) ? a : b));
+    return ndarray_state(IS_NDARRAY(a) ? a : b);
 }
 
 static PyObject *binary(PyObject *a, PyObject *b, nd_binary_op op) {
@@ -70,7 +70,7 @@ PyObject *ndarray_richcompare(PyObject *a, PyObject *b, int op) {
 }
 
 static PyObject *unary(PyObject *a, nd_unary_op op) {
-    needle_state *st = PyType_GetModuleState(Py_TYPE(a));
+    needle_state *st = ndarray_state(a);
     nd_array out;
     nd_status status = nd_array_unary(op, &NDArray_CAST(a)->array, &out);
     if (status != ND_OK) return raise_status(st, status);
@@ -114,7 +114,7 @@ PyObject *ndarray_minimum(PyObject *a, PyObject *b) {
 
 PyObject *ndarray_matmul_slot(PyObject *a, PyObject *b) {
     if (!IS_NDARRAY(a) || !IS_NDARRAY(b)) Py_RETURN_NOTIMPLEMENTED;
-    needle_state *st = PyType_GetModuleState(Py_TYPE(a));
+    needle_state *st = ndarray_state(a);
     nd_array out;
     nd_status status = nd_array_matmul(&NDArray_CAST(a)->array, &NDArray_CAST(b)->array, &out);
     if (status != ND_OK) return raise_status(st, status);
@@ -199,7 +199,7 @@ static PyObject *reduce(PyObject *op, PyObject *const *args, Py_ssize_t nargs, P
     PyObject *values[2] = {NULL, NULL};
     if (parse_args(args, nargs, kwnames, names, 2, values, fname) < 0) return NULL;
     NDArrayObject *self = NDArray_CAST(op);
-    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    needle_state *st = ndarray_state(op);
     int keepdims = values[1] ? PyObject_IsTrue(values[1]) : 0;
     if (keepdims < 0) return NULL;
     uint32_t mask;
@@ -229,7 +229,7 @@ PyObject *ndarray_min(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyO
 
 PyObject *ndarray_pad(PyObject *op, PyObject *axes) {
     NDArrayObject *self = NDArray_CAST(op);
-    needle_state *st = PyType_GetModuleState(Py_TYPE(op));
+    needle_state *st = ndarray_state(op);
     const nd_layout *in = &self->array.layout;
     PyObject *seq = sequence_tuple(axes, "pad: axes must be a sequence of (before, after) pairs");
     if (seq == NULL) return NULL;

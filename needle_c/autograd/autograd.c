@@ -229,12 +229,17 @@ fail:
 }
 
 static int backward_cycle_free(needle_state *st, PyObject *topo, PyObject *output,
-                               PyObject *out_grad) {
+                               PyObject *out_grad, int create_graph) {
     PyObject *grads = PyDict_New();
     if (grads == NULL) return -1;
-    PyObject *seed_data = realize(st, out_grad);
-    PyObject *seed = seed_data ? make_const(st, seed_data, 0) : NULL;
-    Py_XDECREF(seed_data);
+    PyObject *seed;
+    if (create_graph) {
+        seed = Py_NewRef(out_grad); /* part of the recorded gradient graph */
+    } else {
+        PyObject *seed_data = realize(st, out_grad);
+        seed = seed_data ? make_const(st, seed_data, 0) : NULL;
+        Py_XDECREF(seed_data);
+    }
     if (seed == NULL || PyDict_SetItem(grads, output, seed) < 0) {
         Py_XDECREF(seed);
         Py_DECREF(grads);
@@ -298,7 +303,11 @@ fail:
     return -1;
 }
 
-int compute_gradient_of_variables(needle_state *st, PyObject *output, PyObject *out_grad) {
+/* create_graph (PyTorch's name) records the gradient computation in
+ * cycle_free mode too, so the .grad it writes can be differentiated again;
+ * "needle" mode always records it. */
+static int compute_gradients(needle_state *st, PyObject *output, PyObject *out_grad,
+                             int create_graph) {
     if (!is_value(st, out_grad)) {
         PyErr_Format(PyExc_TypeError, "out_grad must be a Tensor, got %.100s",
                      Py_TYPE(out_grad)->tp_name);
@@ -319,21 +328,42 @@ int compute_gradient_of_variables(needle_state *st, PyObject *output, PyObject *
     if (ag->mode == GRAPH_NEEDLE) {
         rc = backward_needle(st, topo, output, out_grad);
     } else {
-        int recording = set_recording(0);
-        rc = backward_cycle_free(st, topo, output, out_grad);
+        int recording = set_recording(create_graph && is_recording());
+        rc = backward_cycle_free(st, topo, output, out_grad, create_graph);
         set_recording(recording);
     }
     Py_DECREF(topo);
     return rc;
 }
 
-/* Tensor.backward(out_grad=None): the default seed is ones of the output's shape. */
+int compute_gradient_of_variables(needle_state *st, PyObject *output, PyObject *out_grad) {
+    return compute_gradients(st, output, out_grad, 0);
+}
+
+/* Tensor.backward(out_grad=None, create_graph=False): the default seed is
+ * ones of the output's shape. A tensor with no graph (no op, not requiring
+ * grad) has nothing to differentiate: that is an error, as in PyTorch, not
+ * a silent no-op. In cycle_free mode this is what a .grad is unless the
+ * backward that wrote it had create_graph=True. */
 PyObject *tensor_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"out_grad", NULL};
+    static char *kwlist[] = {"out_grad", "create_graph", NULL};
     PyObject *out_grad = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:backward", kwlist, &out_grad)) return NULL;
+    int create_graph = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|Op:backward", kwlist, &out_grad,
+                                     &create_graph))
+        return NULL;
     needle_state *st = state_of_value(self);
     if (st == NULL) return NULL;
+    if (Tensor_CAST(self)->op == NULL && !Tensor_CAST(self)->requires_grad) {
+        PyErr_SetString(
+            PyExc_RuntimeError,
+            "backward(): this tensor does not require grad and does not have a grad_fn (it is "
+            "a constant or a detached tensor, so there is nothing to differentiate). In the "
+            "default 'cycle_free' graph mode a .grad is such a tensor: to differentiate a "
+            "gradient, run the first backward with create_graph=True (or use graph mode "
+            "'needle', the course's).");
+        return NULL;
+    }
     /* The previous step's graph is usually garbage by now. */
     pressure_safe_point();
     PyObject *seed;
@@ -361,7 +391,7 @@ PyObject *tensor_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
     } else {
         seed = Py_NewRef(out_grad);
     }
-    int rc = compute_gradient_of_variables(st, self, seed);
+    int rc = compute_gradients(st, self, seed, create_graph);
     Py_DECREF(seed);
     if (rc < 0) return NULL;
     Py_RETURN_NONE;

@@ -122,13 +122,13 @@ static int parse_axes(PyObject *obj, op_params *p, int optional) {
 }
 
 static int parse_scalar(PyObject *obj, double *out) {
-    if (PyBool_Check(obj) || !(PyFloat_Check(obj) || PyLong_Check(obj) || PyNumber_Check(obj)) ||
-        PyComplex_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "expected a real number, got %.100s", Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    *out = PyFloat_AsDouble(obj);
-    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+    int rc = real_scalar(obj, out, 0);
+    if (rc == 0)
+        PyErr_Format(PyExc_TypeError,
+                     "expected a real number (a Python or NumPy scalar, or a NumPy array of one "
+                     "element), got %.100s",
+                     Py_TYPE(obj)->tp_name);
+    return rc == 1 ? 0 : -1;
 }
 
 static int parse_key(PyObject *obj, op_params *p) {

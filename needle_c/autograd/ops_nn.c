@@ -336,17 +336,47 @@ static PyObject *logsumexp_compute(needle_state *st, const op_params *p, PyObjec
     return r;
 }
 
+/* max(z) over the axes in mask (kept as size-1 dims, clamped to finite
+ * values) from z's data, as a constant broadcast to z's shape: the course's
+ * logsumexp takes its max from raw data too, so it is no part of the graph. */
+static PyObject *g_max_shift(grad_scope *s, PyObject *z, int ndim, const int64_t *shape,
+                             uint32_t mask) {
+    PyObject *data = g_data(s, z);
+    if (data == NULL) return NULL;
+    if (!ndarray_check(s->st, data)) {
+        PyErr_SetString(PyExc_TypeError, "a softmax gradient needs a Tensor holding an NDArray");
+        return scope_fail(s);
+    }
+    PyObject *m = nd_reduce_array(s->st, ND_REDUCE_MAX, data, mask, 1);
+    PyObject *lo = m ? nd_binary_scalar(s->st, ND_MAXIMUM, m, -FLT_MAX, 0) : NULL;
+    PyObject *shift = lo ? nd_binary_scalar(s->st, ND_MINIMUM, lo, FLT_MAX, 0) : NULL;
+    Py_XDECREF(m);
+    Py_XDECREF(lo);
+    return g_broadcast(s, g_const(s, scope_keep(s, shift)), ndim, shape);
+}
+
+/* softmax(z) over the axes in mask as ops (a recorded graph in "needle"
+ * mode): exp(z - m) / sum(exp(z - m)) with m the max. It sums to one at any
+ * magnitude of z; exp(z - logsumexp(z)) does not, since a float32 logsumexp is
+ * rounded by up to half an ulp of its value (32 at 1e9). */
+static PyObject *g_softmax(grad_scope *s, PyObject *z, int ndim, const int64_t *shape,
+                           uint32_t mask) {
+    PyObject *e = g_unary(s, OP_EXP, g_sub(s, z, g_max_shift(s, z, ndim, shape, mask)));
+    return g_div(s, e, g_expand(s, g_sum_mask(s, e, ndim, mask), ndim, shape, mask));
+}
+
 static PyObject *logsumexp_gradient(grad_scope *s, const op_params *p, PyObject *g,
                                     PyObject *node) {
-    /* exp(z - broadcast(node)) * broadcast(g), both reshaped to keep the
-     * reduced axes as size-1 dims */
+    UNUSED(node);
+    /* softmax(z) * broadcast(g), g reshaped to keep the reduced axes as
+     * size-1 dims */
     PyObject *z = g_input(s, 0);
     int ndim;
     int64_t shape[ND_MAX_DIMS];
     uint32_t mask;
     if (g_shape(s, z, &ndim, shape) < 0 || axes_to_mask(p, ndim, &mask) < 0) return NULL;
-    PyObject *e = g_unary(s, OP_EXP, g_sub(s, z, g_expand(s, node, ndim, shape, mask)));
-    return grads1(s, g_mul(s, e, g_expand(s, g, ndim, shape, mask)));
+    return grads1(s,
+                  g_mul(s, g_softmax(s, z, ndim, shape, mask), g_expand(s, g, ndim, shape, mask)));
 }
 
 static PyObject *logsoftmax_compute(needle_state *st, const op_params *p, PyObject *const *a,
@@ -367,12 +397,15 @@ static PyObject *logsoftmax_compute(needle_state *st, const op_params *p, PyObje
 static PyObject *logsoftmax_gradient(grad_scope *s, const op_params *p, PyObject *g,
                                      PyObject *node) {
     UNUSED(p);
-    /* g - exp(node) * broadcast(sum(g, axis 1)) */
+    UNUSED(node);
+    /* g - softmax(z) * broadcast(sum(g, axis 1)), softmax from the input
+     * (max-shifted), not exp(node): see g_softmax */
+    PyObject *z = g_input(s, 0);
     int ndim;
     int64_t shape[ND_MAX_DIMS];
-    if (g_shape(s, node, &ndim, shape) < 0) return NULL;
+    if (g_shape(s, z, &ndim, shape) < 0) return NULL;
     PyObject *row_sums = g_expand(s, g_sum_mask(s, g, 2, 1u << 1), 2, shape, 1u << 1);
-    return grads1(s, g_sub(s, g, g_mul(s, g_unary(s, OP_EXP, node), row_sums)));
+    return grads1(s, g_sub(s, g, g_mul(s, g_softmax(s, z, 2, shape, 1u << 1), row_sums)));
 }
 
 /* ------------------------------------------------ gather / scatter rows */
@@ -561,14 +594,23 @@ static PyObject *xent_weights(needle_state *st, PyObject *logits, PyObject *labe
     if (rows == 0) return nd_full_like_shape(st, logits, 2, (int64_t[]){0, classes}, 0.0f);
     label_rows lr;
     if (label_rows_init(st, &lr, labels, rows, classes) < 0) return NULL;
-    /* exp(z - lse - log N) is softmax / N, without another (N, C) pass. */
-    PyObject *lse = lse_keepdims(st, logits, 1u << 1);
-    PyObject *shift = lse ? nd_binary_scalar(st, ND_ADD, lse, log((double)rows), 0) : NULL;
+    /* softmax / N as exp(z - m) / (N * sum(exp(z - m))) with m the row max:
+     * normalised at any magnitude (exp(z - lse) is not; see g_softmax). */
+    PyObject *m = nd_reduce_array(st, ND_REDUCE_MAX, logits, 1u << 1, 1);
+    PyObject *lo = m ? nd_binary_scalar(st, ND_MAXIMUM, m, -FLT_MAX, 0) : NULL;
+    PyObject *shift = lo ? nd_binary_scalar(st, ND_MINIMUM, lo, FLT_MAX, 0) : NULL;
     PyObject *centred = shift ? nd_binary_arrays(st, ND_SUB, logits, shift) : NULL;
-    PyObject *w = centred ? nd_unary_array(st, ND_EXP, centred) : NULL;
+    PyObject *e = centred ? nd_unary_array(st, ND_EXP, centred) : NULL;
+    PyObject *sum = e ? nd_reduce_array(st, ND_REDUCE_SUM, e, 1u << 1, 1) : NULL;
+    PyObject *scaled = sum ? nd_binary_scalar(st, ND_MUL, sum, (double)rows, 0) : NULL;
+    PyObject *w = scaled ? nd_binary_arrays(st, ND_DIV, e, scaled) : NULL;
+    Py_XDECREF(m);
+    Py_XDECREF(lo);
+    Py_XDECREF(e);
+    Py_XDECREF(sum);
+    Py_XDECREF(scaled);
     float step = (float)(-1.0 / (double)rows);
     PyObject *minus = w ? nd_full_like_shape(st, w, 2, (int64_t[]){lr.chunk, 1}, step) : NULL;
-    Py_XDECREF(lse);
     Py_XDECREF(shift);
     Py_XDECREF(centred);
     if (minus == NULL) Py_CLEAR(w);

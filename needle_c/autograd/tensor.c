@@ -637,10 +637,12 @@ static PyType_Spec value_spec = {
     .slots = value_slots,
 };
 
-#define BACKWARD_METHOD                                                                            \
-    {"backward", (PyCFunction)(void (*)(void))tensor_backward, METH_VARARGS | METH_KEYWORDS,       \
-     "backward($self, /, out_grad=None)\n--\n\nComputes gradients of this tensor with respect to " \
-     "the graph's leaves (ones as the seed by default)."}
+#define BACKWARD_METHOD                                                                         \
+    {"backward", (PyCFunction)(void (*)(void))tensor_backward, METH_VARARGS | METH_KEYWORDS,    \
+     "backward($self, /, out_grad=None, create_graph=False)\n--\n\nComputes gradients of this " \
+     "tensor with respect to the graph's leaves (ones as the seed by default). create_graph "   \
+     "records the gradients as a graph in cycle_free mode too, so a .grad can be "              \
+     "differentiated again. Raises RuntimeError on a tensor with no graph."}
 
 /* Tensor: the Value methods (inherited) plus its operators (tensor_ops.c),
  * backward (autograd.c) and DLPack export (array/interop.c). */
@@ -738,6 +740,10 @@ int tensor_types_init(PyObject *module, needle_state *st) {
     ag->tensor_type =
         (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_spec, (PyObject *)ag->value_type);
     if (ag->tensor_type == NULL) return -1;
+    /* NumPy defers to Tensor's operators (np_array * t calls t.__rmul__)
+     * instead of making an object array of Tensors, one per element. */
+    if (PyDict_SetItemString(ag->tensor_type->tp_dict, "__array_ufunc__", Py_None) < 0) return -1;
+    PyType_Modified(ag->tensor_type);
     ag->tensor_tuple_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_tuple_spec,
                                                                      (PyObject *)ag->value_type);
     if (ag->tensor_tuple_type == NULL) return -1;

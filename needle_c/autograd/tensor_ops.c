@@ -10,24 +10,52 @@
 
 static const op_params no_params;
 
-static int scalar_value(PyObject *obj, double *out) {
+int real_scalar(PyObject *obj, double *out, int allow_bool) {
+    if (PyBool_Check(obj) && !allow_bool) return 0;
     if (PyFloat_Check(obj) || PyLong_Check(obj)) {
         *out = PyFloat_AsDouble(obj);
         return (*out == -1.0 && PyErr_Occurred()) ? -1 : 1;
     }
-    /* NumPy scalars and 0-d arrays are real numbers too. */
-    if (PyComplex_Check(obj) || PyUnicode_Check(obj) || PyBytes_Check(obj) || obj == Py_None ||
-        PySequence_Check(obj) || !PyNumber_Check(obj))
+    if (PyComplex_Check(obj) || PyUnicode_Check(obj) || PyBytes_Check(obj) || obj == Py_None)
         return 0;
-    PyObject *f = PyNumber_Float(obj);
-    if (f == NULL) {
-        PyErr_Clear();
+    PyObject *value = NULL;
+    if (!PySequence_Check(obj) && PyNumber_Check(obj)) {
+        value = Py_NewRef(obj); /* a NumPy scalar or a 0-d array */
+    } else if (PyObject_HasAttrString(obj, "__array_interface__") &&
+               PyObject_HasAttrString(obj, "item")) {
+        /* A NumPy array: a scalar when it holds exactly one element. */
+        PyObject *size = PyObject_GetAttrString(obj, "size");
+        if (size == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        long n = PyLong_Check(size) ? PyLong_AsLong(size) : -1;
+        Py_DECREF(size);
+        if (n != 1) {
+            PyErr_Clear();
+            return 0;
+        }
+        value = PyObject_CallMethod(obj, "item", NULL);
+        if (value == NULL) return -1;
+    } else {
         return 0;
     }
-    *out = PyFloat_AS_DOUBLE(f);
-    Py_DECREF(f);
-    return 1;
+    int rc = 0;
+    if (!PyComplex_Check(value) && (allow_bool || !PyBool_Check(value))) {
+        PyObject *f = PyNumber_Float(value);
+        if (f == NULL) {
+            PyErr_Clear();
+        } else {
+            *out = PyFloat_AS_DOUBLE(f);
+            Py_DECREF(f);
+            rc = 1;
+        }
+    }
+    Py_DECREF(value);
+    return rc;
 }
+
+static int scalar_value(PyObject *obj, double *out) { return real_scalar(obj, out, 1); }
 
 static op_params scalar_params(double s) {
     op_params p = no_params;
@@ -58,6 +86,16 @@ static PyObject *dispatch(PyObject *a, PyObject *b, pair_fn both, scalar_fn one)
     double s;
     int r = scalar_value(ta ? b : a, &s);
     if (r < 0) return NULL;
+    if (r == 0 && (ta || tb) && PyObject_HasAttrString(ta ? b : a, "__array_interface__")) {
+        /* A NumPy array of several elements: say so (NumPy defers to us, so
+         * returning NotImplemented would give a vaguer error). */
+        PyErr_Format(PyExc_TypeError,
+                     "needle does not mix a Tensor with a %.100s of several elements in an "
+                     "operator; wrap it in ndl.Tensor(...) (numbers and one-element arrays are "
+                     "scalars)",
+                     Py_TYPE(ta ? b : a)->tp_name);
+        return NULL;
+    }
     if (r == 0 || (!ta && !tb)) Py_RETURN_NOTIMPLEMENTED;
     return one(st, ta ? a : b, s, !ta);
 }

@@ -1,5 +1,8 @@
 """The course's ``apps/simple_ml.py`` training loops, for needle's default (cycle-free) graph mode.
 
+- MNIST (hw1/hw2): :func:`parse_mnist`, :func:`softmax_loss`, :func:`nn_epoch` (the two-layer
+  network trained by hand with needle's autograd), :func:`loss_err`; and the MLP ResNet's
+  :func:`epoch`, :func:`train_mnist`, :func:`evaluate_mnist` (from :mod:`.mlp_resnet`).
 - PTB language modelling: :func:`epoch_general_ptb`, :func:`train_ptb`, :func:`evaluate_ptb`.
 - CIFAR-10 image classification: :func:`epoch_general_cifar10`, :func:`train_cifar10`,
   :func:`evaluate_cifar10` (the hw4 versions).
@@ -27,8 +30,10 @@ import numpy as np
 import needle as ndl
 from needle import nn, optim
 from needle.data import get_batch
+from needle.data.datasets.mnist_dataset import parse_mnist as _parse_idx
 from needle.memory import _format_bytes as format_bytes  # train_ptb imports it from here
 
+from .mlp_resnet import epoch, evaluate_mnist, train_mnist  # noqa: F401
 from .models import *  # noqa: F401,F403  (the course's simple_ml imports apps.models)
 
 device = ndl.cpu()
@@ -124,6 +129,59 @@ def _scalar(loss):
 def _num_correct(logits, y):
     """How many rows of logits (N, C) have their argmax equal to the labels y (N,)."""
     return int(np.sum(np.argmax(logits.numpy(), axis=1) == y.numpy().reshape(-1)))
+
+
+# --------------------------------------------------------------------------
+# MNIST (hw1 / hw2)
+# --------------------------------------------------------------------------
+
+
+def parse_mnist(image_filesname, label_filename):
+    """Reads MNIST's IDX image and label files (gzip-compressed or not).
+
+    Returns ``(X, y)``: X float32 (N, rows*cols) with pixels scaled to [0, 1] (divided by
+    255), y uint8 (N,). (The course's argument is spelled ``image_filesname``.)"""
+    X, y, _ = _parse_idx(image_filesname, label_filename)
+    return X, y
+
+
+def softmax_loss(Z, y_one_hot):
+    """Mean softmax (cross-entropy) loss of logits Z (N, k) against one-hot labels (N, k),
+    both Tensors; a Tensor. The course's ``log(sum(exp(Z)))`` is computed as ``logsumexp`` (the
+    same value, without overflow for large logits)."""
+    lse = ndl.logsumexp(Z, axes=(1,))
+    return (lse.sum() - (Z * y_one_hot).sum()) / Z.shape[0]
+
+
+def _one_hot(y, k):
+    y = np.asarray(y).astype(np.int64).reshape(-1)
+    out = np.zeros((y.shape[0], k), dtype=np.float32)
+    out[np.arange(y.shape[0]), y] = 1
+    return out
+
+
+def nn_epoch(X, y, W1, W2, lr=0.1, batch=100):
+    """One epoch of minibatch SGD on the two-layer network ``relu(X W1) W2`` with
+    :func:`softmax_loss`, in order over the rows of X (NumPy (N, n)), labels y (NumPy (N,)).
+    W1 (n, hidden) and W2 (hidden, k) are Tensors; returns the updated ``(W1, W2)`` (new
+    Tensors, as the course's)."""
+    k = W2.shape[1]
+    for start in range(0, X.shape[0], batch):
+        Xb = ndl.Tensor(X[start : start + batch], device=W1.device, requires_grad=False)
+        yb = _one_hot(y[start : start + batch], k)
+        yb = ndl.Tensor(yb, device=W1.device, requires_grad=False)
+        loss = softmax_loss(ndl.relu(Xb @ W1) @ W2, yb)
+        loss.backward()
+        W1 = ndl.Tensor(W1.realize_cached_data() - lr * W1.grad.realize_cached_data())
+        W2 = ndl.Tensor(W2.realize_cached_data() - lr * W2.grad.realize_cached_data())
+    return W1, W2
+
+
+def loss_err(h, y):
+    """``(softmax loss as a NumPy value, error rate)`` of logits h (Tensor (N, k)) against
+    labels y (NumPy (N,))."""
+    y_ = ndl.Tensor(_one_hot(y, h.shape[-1]), device=h.device, requires_grad=False)
+    return softmax_loss(h, y_).numpy(), np.mean(h.numpy().argmax(axis=1) != np.asarray(y))
 
 
 # --------------------------------------------------------------------------
