@@ -1,7 +1,7 @@
 """The course's hw1/hw2 MNIST code: ``needle.apps.simple_ml``'s ``parse_mnist``,
 ``softmax_loss``, ``nn_epoch``, ``loss_err``, and ``needle.apps.mlp_resnet``'s
 ``ResidualBlock``, ``MLPResNet``, ``epoch``, ``train_mnist`` (also re-exported by simple_ml, with
-``evaluate_mnist``), plus the course-layout shims ``apps/mlp_resnet.py`` and ``apps/simple_ml.py``.
+``evaluate_mnist``), plus the course-layout shims in ``needle.apps.COURSE_LAYOUT_DIR``.
 
 Data: small generated files in MNIST's real IDX format, gzip-compressed, with the course's
 file names. References are NumPy in float64.
@@ -195,7 +195,7 @@ def test_train_mnist(mnist_dir):
 
 def test_course_layout_shims():
     code = (
-        "import sys; sys.path.append('./apps'); "
+        "import sys, needle.apps; sys.path.append(needle.apps.COURSE_LAYOUT_DIR); "
         "from mlp_resnet import *; from simple_ml import *; "
         "import numpy as np; np.random.seed(0); "
         "m = MLPResNet(784, 100); print(len(m.parameters()), callable(train_mnist), "

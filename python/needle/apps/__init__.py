@@ -4,8 +4,15 @@ ResNet (``mlp_resnet``), plus the ``train_ptb`` script (``python -m needle.apps.
 
 Course code that does ``from apps.models import *`` / ``from apps.simple_ml import *`` can use
 ``from needle.apps.models import *`` / ``from needle.apps.simple_ml import *``. Course tests that
-put ``./apps`` on ``sys.path`` (``from mlp_resnet import *``) find the shims in the repository's
-``apps/`` folder.
+put ``./apps`` on ``sys.path`` (``from mlp_resnet import *``) find needle's implementations
+through the shims in ``COURSE_LAYOUT_DIR`` (installed with the package, never on ``sys.path`` by
+default, so they cannot shadow a student's own modules): use that folder as the course's
+``apps/`` (copy or link it), or append it to ``sys.path``.
 """
 
+import os
+
 from .models import ConvBN, LanguageModel, ResNet9  # noqa: F401
+
+# The course-layout shims' folder (see above): plain modules, not part of the package.
+COURSE_LAYOUT_DIR = os.path.join(os.path.dirname(__file__), "course_layout")

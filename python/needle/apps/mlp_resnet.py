@@ -13,8 +13,8 @@ Differences from the course's file:
 - ``epoch`` returns ``(error rate, mean loss)`` as Python floats and runs evaluation under
   ``ndl.no_grad()`` (same numbers, no graph recorded).
 
-Course tests that do ``sys.path.append("./apps"); from mlp_resnet import *`` find the shim
-``apps/mlp_resnet.py`` at the repository root, which re-exports this module.
+Course tests that do ``sys.path.append("./apps"); from mlp_resnet import *`` find it through
+the shim in ``needle.apps.COURSE_LAYOUT_DIR`` (used as their ``apps/`` folder).
 """
 
 import os
