@@ -49,7 +49,9 @@ CONSTRUCTION = [
     case("empty-negative", lambda a: nd.empty((-1,), device=a.device), ValueError),
     case("empty-negative-inner", lambda a: nd.empty((2, -3), device=a.device), ValueError),
     case("empty-overflow", lambda a: nd.empty((BIG,), device=a.device), ValueError),
-    case("empty-overflow-product", lambda a: nd.empty((2**31, 2**31, 4), device=a.device), ValueError),
+    case(
+        "empty-overflow-product", lambda a: nd.empty((2**31, 2**31, 4), device=a.device), ValueError
+    ),
     case("empty-huge", lambda a: nd.empty((HUGE,), device=a.device), ndl.OutOfMemoryError),
     case("empty-17-dims", lambda a: nd.empty((1,) * 17, device=a.device), ValueError),
     case("empty-dim-str", lambda a: nd.empty(("a",), device=a.device), TypeError),
@@ -184,7 +186,11 @@ OPS = [
     case("module-sum-axis", lambda a: nd.sum(a, axis=(3,)), ValueError),
     case("matmul-shapes", lambda a: a @ a, ValueError),
     case("matmul-vector", lambda a: a @ nd.empty((5,), device=a.device), ValueError),
-    case("matmul-batch", lambda a: nd.empty((2, 3, 4), device=a.device) @ nd.empty((3, 4, 2), device=a.device), ValueError),
+    case(
+        "matmul-batch",
+        lambda a: nd.empty((2, 3, 4), device=a.device) @ nd.empty((3, 4, 2), device=a.device),
+        ValueError,
+    ),
     case("matmul-int", lambda a: a @ 3, TypeError),
     case("matmul-str", lambda a: a @ "x", TypeError),
     case("matmul-none", lambda a: a.matmul(None), TypeError),
@@ -198,7 +204,9 @@ OPS = [
     case("stack-axis-float", lambda a: nd.stack([a, a], axis=1.5), TypeError),
     case("stack-not-sequence", lambda a: nd.stack(5), TypeError),
     case("stack-17-dims", lambda a: nd.stack([a.reshape((12,) + (1,) * 15)] * 2), ValueError),
-    case("stack-other-device", lambda a: nd.stack([a.reshape((12,))[:4], _other(a)]), ndl.DeviceError),
+    case(
+        "stack-other-device", lambda a: nd.stack([a.reshape((12,))[:4], _other(a)]), ndl.DeviceError
+    ),
     case("to-name", lambda a: a.to("gpu9"), ValueError),
     case("to-int", lambda a: a.to(5), TypeError),
     case("to-none-str", lambda a: a.to("cuda:x"), ValueError),
