@@ -120,14 +120,13 @@ ATTRIBUTES = [
     case("init-num-outputs", lambda x: _fresh(x)._init(None, [], num_outputs=-1), ValueError),
     case("init-inputs", lambda x: _fresh(x)._init(None, [3]), TypeError),
     case("init-op", lambda x: _fresh(x)._init(3, []), TypeError),
-    case("no-data-leaf", lambda x: _set(_fresh(x), "cached_data", None) or None, None),
+    # A leaf whose data was cleared raises ValueError on use (not a crash).
+    case(
+        "no-data-leaf-use",
+        lambda x: (lambda t: (_set(t, "cached_data", None), t + 1))(_fresh(x)),
+        ValueError,
+    ),
 ]
-# A leaf whose data was cleared raises ValueError on use (not a crash); replace the last case.
-ATTRIBUTES[-1] = case(
-    "no-data-leaf-use",
-    lambda x: (lambda t: (_set(t, "cached_data", None), t + 1))(_fresh(x)),
-    ValueError,
-)
 
 
 def _python_op(result, base=ndl.autograd.TensorOp):
