@@ -334,7 +334,7 @@ static PyObject *module_cuda(PyObject *module, PyObject *const *args, Py_ssize_t
         PyErr_SetString(PyExc_TypeError, "cuda() takes at most one argument (the device index)");
         return NULL;
     }
-    if (nargs == 1 && (index = PyNumber_AsSsize_t(args[0], PyExc_OverflowError)) == -1 &&
+    if (nargs == 1 && (index = PyNumber_AsSsize_t(args[0], PyExc_ValueError)) == -1 &&
         PyErr_Occurred())
         return NULL;
     return cuda_device(state_of_module(module), index);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds needle_c with AddressSanitizer + UBSan into build/sanitize (beside,
 # not over, the normal install) and runs pytest on it with the sanitizer
-# runtime preloaded. Any sanitizer report aborts the process, so pytest fails.
+# runtime preloaded, with this checkout's python/ (not an installed needle) on the path.
+# Any sanitizer report aborts the process, so pytest fails.
 #   bash tests/sanitize.sh [pytest args...]     (default: the GC, memory, autograd and fuzz tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,5 +21,5 @@ if [ "$#" -eq 0 ]; then
         tests/test_autograd_errors.py tests/test_view_limits.py tests/test_autograd.py tests/test_engine_c.py \
         tests/test_threads.py tests/test_oom_recovery.py
 fi
-LD_PRELOAD="$runtime" PYTHONPATH="$out/lib${PYTHONPATH:+:$PYTHONPATH}" \
+LD_PRELOAD="$runtime" PYTHONPATH="$out/lib:$PWD/python${PYTHONPATH:+:$PYTHONPATH}" \
     python -m pytest -q -p no:cacheprovider -m "not paced" "$@"

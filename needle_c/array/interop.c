@@ -146,7 +146,12 @@ static int parse_device_pair(PyObject *obj, const char *what, int *type, int *id
                      what, Py_TYPE(obj)->tp_name);
         return -1;
     }
-    return PyArg_ParseTuple(obj, "ii", type, id) ? 0 : -1;
+    if (PyArg_ParseTuple(obj, "ii", type, id)) return 0;
+    if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s holds a device type or id out of range", what);
+    }
+    return -1;
 }
 
 PyObject *interop_ndarray_dlpack(PyObject *op, PyObject *args, PyObject *kwargs) {
@@ -158,6 +163,12 @@ PyObject *interop_ndarray_dlpack(PyObject *op, PyObject *args, PyObject *kwargs)
                                      &max_version, &dl_device, &copy))
         return NULL;
     (void)stream;
+    if (max_version != Py_None && !PyTuple_Check(max_version)) {
+        PyErr_Format(PyExc_TypeError,
+                     "__dlpack__'s max_version must be a (major, minor) tuple, got %.100s",
+                     Py_TYPE(max_version)->tp_name);
+        return NULL;
+    }
     NDArrayObject *self = NDArray_CAST(op);
     needle_state *st = ndarray_state(op);
     DLDevice device = dl_device_of(nd_storage_device(self->array.storage));
@@ -515,13 +526,16 @@ static PyObject *from_capsule(needle_state *st, PyObject *capsule, nd_device *ta
 
 /* Asks a producer for a capsule: DLPack 1.0 keywords first, then the bare
  * call that producers older than the 2023 array API accept. */
-static PyObject *request_capsule(PyObject *obj) {
+static PyObject *request_capsule(needle_state *st, PyObject *obj) {
     PyObject *dev = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
     if (dev == NULL) return NULL;
     int type = 0, id = 0;
     int rc = parse_device_pair(dev, "__dlpack_device__()", &type, &id);
     Py_DECREF(dev);
     if (rc < 0) return NULL;
+    /* A device needle cannot use is refused before the producer is asked for a capsule
+     * (with a CUDA stream it may not understand). */
+    if (device_for(st, (DLDevice){.device_type = type, .device_id = id}) == NULL) return NULL;
     PyObject *method = PyObject_GetAttrString(obj, "__dlpack__");
     if (method == NULL) return NULL;
     /* On CUDA, stream 1 (the legacy default stream) is where the engine's
@@ -563,7 +577,7 @@ static PyObject *module_from_dlpack(PyObject *module, PyObject *args, PyObject *
                      Py_TYPE(obj)->tp_name);
         return NULL;
     }
-    PyObject *capsule = request_capsule(obj);
+    PyObject *capsule = request_capsule(st, obj);
     if (capsule == NULL) return NULL;
     PyObject *result = from_capsule(st, capsule, target);
     Py_DECREF(capsule);

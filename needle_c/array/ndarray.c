@@ -56,7 +56,7 @@ PyObject *sequence_tuple(PyObject *obj, const char *message) {
 
 int parse_shape(PyObject *obj, int *ndim, int64_t *shape) {
     if (PyIndex_Check(obj)) {
-        Py_ssize_t v = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
+        Py_ssize_t v = PyNumber_AsSsize_t(obj, PyExc_ValueError);
         if (v == -1 && PyErr_Occurred()) return -1;
         *ndim = 1;
         shape[0] = v;
@@ -84,7 +84,7 @@ int parse_shape(PyObject *obj, int *ndim, int64_t *shape) {
                          Py_TYPE(item)->tp_name);
             return -1;
         }
-        Py_ssize_t v = PyNumber_AsSsize_t(item, PyExc_OverflowError);
+        Py_ssize_t v = PyNumber_AsSsize_t(item, PyExc_ValueError);
         if (v == -1 && PyErr_Occurred()) {
             Py_DECREF(seq);
             return -1;
@@ -98,7 +98,7 @@ int parse_shape(PyObject *obj, int *ndim, int64_t *shape) {
 
 int parse_axis_list(PyObject *obj, int ndim, int *naxes, int *axes) {
     if (PyIndex_Check(obj)) {
-        Py_ssize_t v = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
+        Py_ssize_t v = PyNumber_AsSsize_t(obj, PyExc_ValueError);
         if (v == -1 && PyErr_Occurred()) return -1;
         *naxes = 1;
         axes[0] = (int)(v < -1000 ? -1000 : v > 1000 ? 1000 : v);

@@ -318,6 +318,16 @@ static int compute_gradients(needle_state *st, PyObject *output, PyObject *out_g
         if (differ > 0) PyErr_SetString(PyExc_ValueError, "out_grad must have the output's shape");
         return -1;
     }
+    if (is_tensor(st, out_grad) && is_tensor(st, output)) {
+        /* Computed by shapes_differ; a seed on another device would put every gradient there. */
+        PyObject *g = Tensor_CAST(out_grad)->cached_data, *o = Tensor_CAST(output)->cached_data;
+        if (g != NULL && o != NULL && ndarray_check(st, g) && ndarray_check(st, o) &&
+            nd_storage_device(NDArray_CAST(g)->array.storage) !=
+                nd_storage_device(NDArray_CAST(o)->array.storage)) {
+            PyErr_SetString(st->device_error, "out_grad must be on the output's device");
+            return -1;
+        }
+    }
     PyObject *roots = PyTuple_Pack(1, output);
     if (roots == NULL) return -1;
     PyObject *topo = find_topo_sort(st, roots);

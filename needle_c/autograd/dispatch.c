@@ -131,6 +131,14 @@ PyObject *make_from_op(needle_state *st, PyObject *op, PyObject *inputs, int tup
     /* Compute first: a failing op leaves no half-built node behind. The
      * caller holds inputs and op across this. */
     PyObject *data = run_compute(st, op, Op_CAST(op)->kind, &Op_CAST(op)->p, inputs);
+    /* A Python compute may return anything, and Tensor.make_from_op may be handed a tuple
+     * op: the node's data must be what its type reads (an NDArray, or a tuple of them). */
+    if (data != NULL && !node_data_ok(st, data, tuple_output)) {
+        PyErr_Format(PyExc_TypeError, "%R: compute returned %.100s, but a %s needs %s", op,
+                     Py_TYPE(data)->tp_name, tuple_output ? "TensorTuple" : "Tensor",
+                     tuple_output ? "a tuple of NDArrays" : "an NDArray");
+        Py_CLEAR(data);
+    }
     return record_node(st, op, inputs, data, data != NULL && should_record(st, inputs),
                        tuple_output);
 }

@@ -77,7 +77,7 @@ static int parse_int(PyObject *obj, int *out, const char *what) {
         PyErr_Format(PyExc_TypeError, "%s must be an int, got %.100s", what, Py_TYPE(obj)->tp_name);
         return -1;
     }
-    Py_ssize_t v = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
+    Py_ssize_t v = PyNumber_AsSsize_t(obj, PyExc_ValueError);
     if (v == -1 && PyErr_Occurred()) return -1;
     if (v < -100000 || v > 100000) {
         PyErr_Format(PyExc_ValueError, "%s %zd is out of range", what, v);

@@ -306,18 +306,22 @@ static PyObject *get_cached_data(PyObject *op, void *c) {
 }
 /* cached_data is read by C code as an NDArray (a Tensor) or a tuple of
  * NDArrays (a TensorTuple): nothing else is accepted. */
+int node_data_ok(needle_state *st, PyObject *data, int tuple) {
+    if (tuple == 0) return ndarray_check(st, data);
+    int ok = tuple > 0 ? 0 : ndarray_check(st, data);
+    if (!ok && PyTuple_Check(data)) {
+        ok = 1;
+        for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(data); i++)
+            ok = ndarray_check(st, PyTuple_GET_ITEM(data, i));
+    }
+    return ok;
+}
 static int set_cached_data(PyObject *op, PyObject *value, void *c) {
     (void)c;
     if (value != NULL && value != Py_None) {
         needle_state *st = state_of_value(op);
         if (st == NULL) return -1;
-        int ok = ndarray_check(st, value);
-        if (!ok && PyTuple_Check(value)) {
-            ok = 1;
-            for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(value); i++)
-                ok = ndarray_check(st, PyTuple_GET_ITEM(value, i));
-        }
-        if (!ok) {
+        if (!node_data_ok(st, value, -1)) {
             PyErr_Format(PyExc_TypeError,
                          "cached_data must be an NDArray, a tuple of NDArrays or None, got %.100s",
                          Py_TYPE(value)->tp_name);
@@ -366,6 +370,10 @@ static int set_num_outputs(PyObject *op, PyObject *value, void *c) {
     (void)c;
     Py_ssize_t n = value ? PyLong_AsSsize_t(value) : 1;
     if (n == -1 && PyErr_Occurred()) return -1;
+    if (n < 1) {
+        PyErr_Format(PyExc_ValueError, "num_outputs must be at least 1, got %zd", n);
+        return -1;
+    }
     Tensor_CAST(op)->num_outputs = n;
     return 0;
 }
@@ -481,6 +489,10 @@ static PyObject *value_init_fields(PyObject *op, PyObject *args, PyObject *kwarg
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$nOO:_init", kwlist, &node_op, &inputs,
                                      &num_outputs, &cached, &requires))
         return NULL;
+    if (num_outputs < 1) {
+        PyErr_Format(PyExc_ValueError, "num_outputs must be at least 1, got %zd", num_outputs);
+        return NULL;
+    }
     if (set_inputs(op, inputs, NULL) < 0 || set_op(op, node_op, NULL) < 0 ||
         set_cached_data(op, cached, NULL) < 0)
         return NULL;
@@ -538,7 +550,15 @@ static PyObject *value_make_const(PyObject *cls, PyObject *args, PyObject *kwarg
         return NULL;
     needle_state *st = state_of_type((PyTypeObject *)cls);
     if (st == NULL) return NULL;
-    if (!is_value(st, data)) return make_const(st, data, requires_grad);
+    if (!is_value(st, data)) {
+        if (!node_data_ok(st, data, -1)) {
+            PyErr_Format(PyExc_TypeError,
+                         "make_const needs a Tensor, an NDArray or a tuple of NDArrays, got %.100s",
+                         Py_TYPE(data)->tp_name);
+            return NULL;
+        }
+        return make_const(st, data, requires_grad);
+    }
     PyObject *array = realize(st, data);
     if (array == NULL) return NULL;
     PyObject *r = make_const(st, array, requires_grad);

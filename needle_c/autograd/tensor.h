@@ -175,6 +175,9 @@ int value_shape(needle_state *st, PyObject *value, int *ndim, int64_t *shape);
 /* 1 when two Tensors hold arrays of different shapes, 0 when not (or when
  * either is not a plain Tensor), -1 on error. */
 int shapes_differ(needle_state *st, PyObject *a, PyObject *b);
+/* Whether data may be a node's cached_data: an NDArray (tuple 0), a tuple of NDArrays
+ * (tuple 1), or either (tuple -1). */
+int node_data_ok(needle_state *st, PyObject *data, int tuple);
 int tensor_types_init(PyObject *module, needle_state *st);
 /* The gc_blind switch (tensor.c), read by every autograd tp_traverse. */
 int autograd_gc_visible(void);

@@ -89,7 +89,13 @@ static PyObject *memory_set_limit(PyObject *module, PyObject *const *args, Py_ss
     nd_device *dev = device_arg(args[0]);
     if (dev == NULL) return NULL;
     long long limit = PyLong_AsLongLong(args[1]);
-    if (limit == -1 && PyErr_Occurred()) return NULL;
+    if (limit == -1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "a memory limit must be below 2**63 bytes");
+        }
+        return NULL;
+    }
     nd_memory_set_limit(dev, limit);
     pressure_refresh(dev);
     Py_RETURN_NONE;

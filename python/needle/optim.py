@@ -7,10 +7,26 @@ whose ``grad`` is None are skipped. ``clip_grad_norm`` exists on every optimizer
 course has it on SGD only).
 """
 
+import math
+import numbers
+
 import numpy as np
 
 from . import init, memory
-from .autograd import no_grad
+from .autograd import Tensor, no_grad
+
+
+def _check_number(name, value, low=0.0, below=None, finite=True):
+    """Validates a rate: a real number >= low (and < below), never NaN (and finite unless
+    ``finite=False``). PyTorch raises ValueError for a negative lr, momentum, weight decay
+    or eps and for betas outside [0, 1); NaN and infinities are refused as well."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    value = float(value)
+    if math.isnan(value) or (finite and math.isinf(value)) or value < low:
+        raise ValueError(f"invalid {name}: {value}")
+    if below is not None and value >= below:
+        raise ValueError(f"invalid {name}: {value} (must be below {below})")
 
 
 class Optimizer:
@@ -18,6 +34,9 @@ class Optimizer:
 
     def __init__(self, params):
         self.params = list(params)
+        for i, p in enumerate(self.params):
+            if not isinstance(p, Tensor):
+                raise TypeError(f"optimizer parameter {i} is a {type(p).__name__}, not a Tensor")
 
     def step(self):
         """Applies one update to every parameter that has a gradient; returns None."""
@@ -38,6 +57,7 @@ class Optimizer:
         replaced by a new detached tensor ``p.grad * coef`` (the old gradient tensor is
         not modified). Returns the total norm before clipping, as a Python float.
         """
+        _check_number("max_norm", max_norm, finite=False)
         grads = [p for p in self.params if getattr(p, "grad", None) is not None]
         total = 0.0
         for p in grads:
@@ -73,6 +93,9 @@ class SGD(Optimizer):
 
     def __init__(self, params, lr=0.01, momentum=0.0, weight_decay=0.0):
         super().__init__(params)
+        _check_number("lr", lr)
+        _check_number("momentum", momentum)
+        _check_number("weight_decay", weight_decay)
         self.lr = lr
         self.momentum = momentum
         self.u = {}
@@ -110,6 +133,11 @@ class Adam(Optimizer):
         weight_decay=0.0,
     ):
         super().__init__(params)
+        _check_number("lr", lr)
+        _check_number("beta1", beta1, below=1.0)
+        _check_number("beta2", beta2, below=1.0)
+        _check_number("eps", eps)
+        _check_number("weight_decay", weight_decay)
         self.lr = lr
         self.beta1 = beta1
         self.beta2 = beta2

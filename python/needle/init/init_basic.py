@@ -5,10 +5,13 @@ arithmetic on the device in float32, so seeding NumPy reproduces the course's va
 import math  # noqa: F401
 
 import needle as ndl
+import needle_c as _c
 
 
 def _device(device):
-    return ndl.cpu() if device is None else device
+    # A name ("cpu", "cuda:1") is resolved, and anything else that is not a device is a
+    # TypeError or ValueError, by needle_c's one device parser.
+    return ndl.cpu() if device is None else _c._device(device)
 
 
 def rand(*shape, low=0.0, high=1.0, device=None, dtype="float32", requires_grad=False):
@@ -57,10 +60,14 @@ def one_hot(n, i, device=None, dtype="float32", requires_grad=False):
 
 
 def zeros_like(array, *, device=None, requires_grad=False):
+    if not hasattr(array, "shape") or not hasattr(array, "device"):
+        raise TypeError(f"zeros_like needs a Tensor, got {type(array).__name__}")
     device = device if device else array.device
     return zeros(*array.shape, dtype=array.dtype, device=device, requires_grad=requires_grad)
 
 
 def ones_like(array, *, device=None, requires_grad=False):
+    if not hasattr(array, "shape") or not hasattr(array, "device"):
+        raise TypeError(f"ones_like needs a Tensor, got {type(array).__name__}")
     device = device if device else array.device
     return ones(*array.shape, dtype=array.dtype, device=device, requires_grad=requires_grad)

@@ -118,6 +118,8 @@ class Linear(Module):
 
 class Flatten(Module):
     def forward(self, X):
+        if not isinstance(X, Tensor):
+            raise TypeError(f"Flatten: expected a Tensor, got {type(X).__name__}")
         return X.reshape((X.shape[0], math.prod(X.shape[1:])))
 
 

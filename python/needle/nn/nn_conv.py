@@ -1,6 +1,8 @@
 """The convolution module (the course's hw4 ``nn.Conv``): NCHW in and out, with the
 course's parameter shapes, initializers and NumPy-RNG draw order (weight, then bias)."""
 
+import numbers
+
 from needle import init, ops
 from needle.autograd import Tensor
 
@@ -34,6 +36,16 @@ class Conv(Module):
             kernel_size = kernel_size[0]
         if isinstance(stride, tuple):
             stride = stride[0]
+        for name, value in (
+            ("in_channels", in_channels),
+            ("out_channels", out_channels),
+            ("kernel_size", kernel_size),
+            ("stride", stride),
+        ):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"Conv: {name} must be an int, got {type(value).__name__}")
+            if value < 1:
+                raise ValueError(f"Conv: {name} must be at least 1, got {value}")
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.kernel_size = kernel_size

@@ -11,6 +11,13 @@ class NDArrayDataset(Dataset):
 
     def __init__(self, *arrays):
         super().__init__()
+        if not arrays:
+            raise ValueError("NDArrayDataset needs at least one array")
+        lengths = {len(a) for a in arrays}
+        if len(lengths) != 1:
+            raise ValueError(
+                f"NDArrayDataset: the arrays' first dimensions differ: {sorted(lengths)}"
+            )
         self.arrays = arrays
 
     def __len__(self):

@@ -89,6 +89,8 @@ def batchify(data, batch_size, device, dtype):
     nbatch = len(data) // batch_size (the tail is dropped); column j holds
     ``data[j * nbatch:(j + 1) * nbatch]``. ``device`` is unused (the course's signature).
     """
+    if batch_size < 1:
+        raise ValueError(f"batchify: batch_size must be at least 1, got {batch_size}")
     nbatch = len(data) // batch_size
     if nbatch == 0:
         raise ValueError(f"batchify: {len(data)} tokens are fewer than batch_size={batch_size}")

@@ -1,0 +1,356 @@
+"""Malformed-input sweep of ``needle.nn``, ``needle.init``, ``needle.optim`` and ``needle.data``
+(issue 11): modules fed the wrong feature sizes or types and built with bad arguments,
+initializers with bad sizes, optimizers with bad rates and parameters, data loaders with bad
+batch sizes and transforms with bad images.
+
+Every case makes one malformed call beside a small model (Linear(4, 3) -> ReLU) on the device
+under test, expects the documented exception, then runs a forward and backward pass of the
+model and checks that the device's allocated bytes are unchanged.
+
+Rates: the course does not check them; PyTorch raises ValueError for a negative learning rate,
+momentum or weight decay and for betas outside [0, 1). needle follows PyTorch and also rejects
+NaN and infinities, which PyTorch's ``lr < 0`` comparisons let through.
+"""
+
+import types
+
+import numpy as np
+import pytest
+
+import needle as ndl
+from needle import data, init, nn, optim
+
+from devices import DEVICES
+from malformed import case, run_case
+
+NAN = float("nan")
+INF = float("inf")
+
+
+def _t(s, shape, value=0.5):
+    return ndl.Tensor(np.full(shape, value, np.float32), device=s.device)
+
+
+def _idx(s, values):
+    return ndl.Tensor(np.array(values, np.float32), device=s.device)
+
+
+def _params(s):
+    return s.model.parameters()
+
+
+def _step(opt, s):
+    s.model(s.x).sum().backward()
+    opt.step()
+
+
+class _Items(data.Dataset):
+    def __init__(self, n=5):
+        super().__init__()
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.full((2,), i, np.float32), np.float32(i % 2)
+
+
+def _first(loader):
+    return next(iter(loader))
+
+
+IMG = np.zeros((4, 4, 3), np.float32)
+
+NN = [
+    case("linear-features", lambda s: s.model(_t(s, (2, 5))), ValueError),
+    case("linear-numpy-input", lambda s: s.model(np.ones((2, 4), np.float32)), TypeError),
+    case("linear-str-input", lambda s: s.model("x"), TypeError),
+    case("linear-in-str", lambda s: nn.Linear("4", 3, device=s.device), TypeError),
+    case("linear-in-negative", lambda s: nn.Linear(-1, 3, device=s.device), ValueError),
+    case("linear-in-float", lambda s: nn.Linear(4.5, 3, device=s.device), TypeError),
+    case("linear-in-nan", lambda s: nn.Linear(NAN, 3, device=s.device), TypeError),
+    case("linear-dtype", lambda s: nn.Linear(4, 3, device=s.device, dtype="float64"), TypeError),
+    case("linear-device", lambda s: nn.Linear(4, 3, device="gpu9"), ValueError),
+    case(
+        "linear-other-device",
+        lambda s: s.model(ndl.Tensor(np.ones((2, 4), np.float32), device=ndl.cpu_numpy())),
+        ndl.DeviceError,
+    ),
+    case("relu-str", lambda s: nn.ReLU()("x"), TypeError),
+    case("flatten-int", lambda s: nn.Flatten()(3), TypeError),
+    case("sequential-int", lambda s: nn.Sequential(1)(s.x), TypeError),
+    case(
+        "residual-shape", lambda s: nn.Residual(nn.Linear(4, 3, device=s.device))(s.x), ValueError
+    ),
+    case(
+        "softmax-loss-label-shape",
+        lambda s: nn.SoftmaxLoss()(s.model(s.x), _idx(s, [0.0])),
+        ValueError,
+    ),
+    case(
+        "softmax-loss-label-range",
+        lambda s: nn.SoftmaxLoss()(s.model(s.x), _idx(s, [7.0, 0.0])),
+        IndexError,
+    ),
+    case(
+        "softmax-loss-label-nan",
+        lambda s: nn.SoftmaxLoss()(s.model(s.x), _idx(s, [NAN, 0.0])),
+        IndexError,
+    ),
+    case(
+        "softmax-loss-1d-logits",
+        lambda s: nn.SoftmaxLoss()(_t(s, (3,)), _idx(s, [0.0])),
+        ValueError,
+    ),
+    case(
+        "batchnorm1d-features",
+        lambda s: nn.BatchNorm1d(4, device=s.device)(_t(s, (3, 5))),
+        ValueError,
+    ),
+    case("batchnorm1d-dim-negative", lambda s: nn.BatchNorm1d(-1, device=s.device), ValueError),
+    case("batchnorm1d-dim-str", lambda s: nn.BatchNorm1d("4", device=s.device), TypeError),
+    case(
+        "batchnorm2d-channels",
+        lambda s: nn.BatchNorm2d(2, device=s.device)(_t(s, (1, 3, 4, 4))),
+        ValueError,
+    ),
+    case(
+        "batchnorm2d-2d-input",
+        lambda s: nn.BatchNorm2d(2, device=s.device)(_t(s, (2, 2))),
+        ValueError,
+    ),
+    case(
+        "layernorm-features",
+        lambda s: nn.LayerNorm1d(4, device=s.device)(_t(s, (3, 5))),
+        ValueError,
+    ),
+    case("layernorm-dim-float", lambda s: nn.LayerNorm1d(2.5, device=s.device), TypeError),
+    case("dropout-above-one", lambda s: nn.Dropout(1.5), ValueError),
+    case("dropout-negative", lambda s: nn.Dropout(-0.1), ValueError),
+    case("dropout-nan", lambda s: nn.Dropout(NAN), ValueError),
+    case("dropout-str", lambda s: nn.Dropout("x"), TypeError),
+    case(
+        "conv-channels",
+        lambda s: nn.Conv(2, 4, 3, device=s.device)(_t(s, (1, 3, 5, 5))),
+        ValueError,
+    ),
+    case(
+        "conv-3d-input", lambda s: nn.Conv(2, 4, 3, device=s.device)(_t(s, (2, 5, 5))), ValueError
+    ),
+    case("conv-kernel-zero", lambda s: nn.Conv(2, 4, 0, device=s.device), ValueError),
+    case("conv-stride-zero", lambda s: nn.Conv(2, 4, 3, stride=0, device=s.device), ValueError),
+    case("conv-kernel-str", lambda s: nn.Conv(2, 4, "3", device=s.device), TypeError),
+    case(
+        "rnn-cell-nonlinearity",
+        lambda s: nn.RNNCell(4, 3, nonlinearity="sigmoid", device=s.device),
+        ValueError,
+    ),
+    case(
+        "rnn-cell-features", lambda s: nn.RNNCell(4, 3, device=s.device)(_t(s, (2, 5))), ValueError
+    ),
+    case(
+        "rnn-cell-hidden-shape",
+        lambda s: nn.RNNCell(4, 3, device=s.device)(_t(s, (2, 4)), _t(s, (2, 4))),
+        ValueError,
+    ),
+    case("rnn-layers-zero", lambda s: nn.RNN(4, 3, num_layers=0, device=s.device), ValueError),
+    case("rnn-2d-input", lambda s: nn.RNN(4, 3, device=s.device)(_t(s, (2, 4))), ValueError),
+    case(
+        "lstm-cell-h-tensor",
+        lambda s: nn.LSTMCell(4, 3, device=s.device)(_t(s, (2, 4)), _t(s, (2, 3))),
+        TypeError,
+    ),
+    case("lstm-2d-input", lambda s: nn.LSTM(4, 3, device=s.device)(_t(s, (2, 4))), ValueError),
+    case(
+        "lstm-layers-negative", lambda s: nn.LSTM(4, 3, num_layers=-2, device=s.device), ValueError
+    ),
+    case(
+        "embedding-range",
+        lambda s: nn.Embedding(10, 3, device=s.device)(_idx(s, [[11.0]])),
+        IndexError,
+    ),
+    case(
+        "embedding-fraction",
+        lambda s: nn.Embedding(10, 3, device=s.device)(_idx(s, [[0.5]])),
+        IndexError,
+    ),
+    case(
+        "embedding-negative",
+        lambda s: nn.Embedding(10, 3, device=s.device)(_idx(s, [[-1.0]])),
+        IndexError,
+    ),
+    case("embedding-size-negative", lambda s: nn.Embedding(-1, 3, device=s.device), ValueError),
+    case(
+        "mha-shapes",
+        lambda s: nn.MultiHeadAttention(device=s.device)(
+            _t(s, (1, 2, 3, 4)), _t(s, (1, 2, 3, 5)), _t(s, (1, 2, 3, 4))
+        ),
+        ValueError,
+    ),
+    case(
+        "mha-3d",
+        lambda s: nn.MultiHeadAttention(device=s.device)(
+            _t(s, (2, 3, 4)), _t(s, (2, 3, 4)), _t(s, (2, 3, 4))
+        ),
+        ValueError,
+    ),
+    case(
+        "attention-2d",
+        lambda s: nn.AttentionLayer(4, 2, 3, device=s.device)(_t(s, (3, 4))),
+        ValueError,
+    ),
+    case(
+        "attention-features",
+        lambda s: nn.AttentionLayer(4, 2, 3, device=s.device)(_t(s, (1, 3, 5))),
+        ValueError,
+    ),
+    case(
+        "transformer-features",
+        lambda s: nn.Transformer(4, 8, 1, num_head=2, dim_head=2, device=s.device, sequence_len=8)(
+            _t(s, (3, 1, 5))
+        ),
+        ValueError,
+    ),
+    case(
+        "transformer-too-long",
+        lambda s: nn.Transformer(4, 8, 1, num_head=2, dim_head=2, device=s.device, sequence_len=2)(
+            _t(s, (3, 1, 4))
+        ),
+        ValueError,
+    ),
+]
+
+INIT = [
+    case("rand-negative", lambda s: init.rand(-1, device=s.device), ValueError),
+    case("rand-str", lambda s: init.rand("3", device=s.device), TypeError),
+    case("rand-float", lambda s: init.rand(2.5, device=s.device), TypeError),
+    case("rand-nan", lambda s: init.rand(NAN, device=s.device), TypeError),
+    case("rand-dtype", lambda s: init.rand(3, dtype="float64", device=s.device), TypeError),
+    case("randn-float", lambda s: init.randn(2.5, device=s.device), TypeError),
+    case("randn-17-dims", lambda s: init.randn(*(1,) * 17, device=s.device), ValueError),
+    case("constant-str", lambda s: init.constant(3, c="x", device=s.device), TypeError),
+    case("ones-device", lambda s: init.ones(3, device="gpu9"), ValueError),
+    case("zeros-negative", lambda s: init.zeros(2, -3, device=s.device), ValueError),
+    case("zeros-huge", lambda s: init.zeros(2**40, device=s.device), ndl.OutOfMemoryError),
+    case("randb-str-p", lambda s: init.randb(3, p="x", device=s.device), TypeError),
+    case("one-hot-range", lambda s: init.one_hot(3, _idx(s, [5.0]), device=s.device), IndexError),
+    case(
+        "one-hot-negative-n",
+        lambda s: init.one_hot(-1, _idx(s, [0.0]), device=s.device),
+        ValueError,
+    ),
+    case("one-hot-str", lambda s: init.one_hot(3, "x", device=s.device), IndexError),
+    case("zeros-like-str", lambda s: init.zeros_like("x"), TypeError),
+    case("xavier-negative", lambda s: init.xavier_uniform(-1, 3, device=s.device), ValueError),
+    case("xavier-normal-str", lambda s: init.xavier_normal("a", 3, device=s.device), TypeError),
+    case(
+        "kaiming-nonlinearity",
+        lambda s: init.kaiming_uniform(3, 3, nonlinearity="tanh"),
+        ValueError,
+    ),
+    case("kaiming-normal-str", lambda s: init.kaiming_normal("a", 3, device=s.device), TypeError),
+]
+
+OPTIM = [
+    case("sgd-lr-nan", lambda s: optim.SGD(_params(s), lr=NAN), ValueError),
+    case("sgd-lr-inf", lambda s: optim.SGD(_params(s), lr=INF), ValueError),
+    case("sgd-lr-negative", lambda s: optim.SGD(_params(s), lr=-0.1), ValueError),
+    case("sgd-lr-str", lambda s: optim.SGD(_params(s), lr="x"), TypeError),
+    case("sgd-lr-none", lambda s: optim.SGD(_params(s), lr=None), TypeError),
+    case("sgd-momentum-negative", lambda s: optim.SGD(_params(s), momentum=-0.5), ValueError),
+    case("sgd-momentum-nan", lambda s: optim.SGD(_params(s), momentum=NAN), ValueError),
+    case(
+        "sgd-weight-decay-negative", lambda s: optim.SGD(_params(s), weight_decay=-1.0), ValueError
+    ),
+    case("sgd-weight-decay-inf", lambda s: optim.SGD(_params(s), weight_decay=INF), ValueError),
+    case("sgd-params-int", lambda s: optim.SGD(5), TypeError),
+    case("sgd-params-numbers", lambda s: optim.SGD([1, 2]), TypeError),
+    case("sgd-params-ndarray", lambda s: optim.SGD([s.x.cached_data]), TypeError),
+    case("adam-lr-nan", lambda s: optim.Adam(_params(s), lr=NAN), ValueError),
+    case("adam-lr-negative", lambda s: optim.Adam(_params(s), lr=-1.0), ValueError),
+    case("adam-beta1-above", lambda s: optim.Adam(_params(s), beta1=1.5), ValueError),
+    case("adam-beta1-one", lambda s: optim.Adam(_params(s), beta1=1.0), ValueError),
+    case("adam-beta2-negative", lambda s: optim.Adam(_params(s), beta2=-0.1), ValueError),
+    case("adam-beta2-nan", lambda s: optim.Adam(_params(s), beta2=NAN), ValueError),
+    case("adam-eps-negative", lambda s: optim.Adam(_params(s), eps=-1e-8), ValueError),
+    case("adam-eps-inf", lambda s: optim.Adam(_params(s), eps=INF), ValueError),
+    case("adam-weight-decay-str", lambda s: optim.Adam(_params(s), weight_decay="x"), TypeError),
+    case("adam-params-str", lambda s: optim.Adam("ab"), TypeError),
+    case("clip-nan", lambda s: optim.SGD(_params(s)).clip_grad_norm(NAN), ValueError),
+    case("clip-negative", lambda s: optim.SGD(_params(s)).clip_grad_norm(-1.0), ValueError),
+    case("clip-str", lambda s: optim.Adam(_params(s)).clip_grad_norm("x"), TypeError),
+    case(
+        "step-grad-shape",
+        lambda s: (
+            lambda o: (
+                s.model(s.x).sum().backward(),
+                setattr(o.params[0], "grad", _t(s, (7,))),
+                o.step(),
+            )
+        )(optim.SGD(_params(s))),
+        ValueError,
+    ),
+]
+
+DATA = [
+    case("loader-batch-zero", lambda s: data.DataLoader(_Items(), batch_size=0), ValueError),
+    case("loader-batch-negative", lambda s: data.DataLoader(_Items(), batch_size=-2), ValueError),
+    case("loader-batch-float", lambda s: data.DataLoader(_Items(), batch_size=1.5), TypeError),
+    case("loader-batch-nan", lambda s: data.DataLoader(_Items(), batch_size=NAN), TypeError),
+    case("loader-batch-inf", lambda s: data.DataLoader(_Items(), batch_size=INF), TypeError),
+    case("loader-batch-str", lambda s: data.DataLoader(_Items(), batch_size="2"), TypeError),
+    case("loader-batch-none", lambda s: data.DataLoader(_Items(), batch_size=None), TypeError),
+    case("loader-dataset-int", lambda s: data.DataLoader(5), TypeError),
+    case(
+        "loader-dtype",
+        lambda s: _first(data.DataLoader(_Items(), dtype="float64", device=s.device)),
+        TypeError,
+    ),
+    case("loader-device", lambda s: _first(data.DataLoader(_Items(), device="gpu9")), ValueError),
+    case("ndarray-dataset-none", lambda s: data.NDArrayDataset(), ValueError),
+    case(
+        "ndarray-dataset-lengths", lambda s: data.NDArrayDataset(np.ones(3), np.ones(4)), ValueError
+    ),
+    case("ndarray-dataset-index", lambda s: data.NDArrayDataset(np.ones(3))[10], IndexError),
+    case("ndarray-dataset-str-index", lambda s: data.NDArrayDataset(np.ones(3))["a"], IndexError),
+    case("crop-padding-negative", lambda s: data.RandomCrop(padding=-1)(IMG), ValueError),
+    case("crop-padding-str", lambda s: data.RandomCrop(padding="x")(IMG), TypeError),
+    case("crop-2d-image", lambda s: data.RandomCrop(padding=1)(np.zeros((4, 4))), ValueError),
+    case("flip-p-str", lambda s: data.RandomFlipHorizontal(p="x")(IMG), TypeError),
+    case("flip-2d-image", lambda s: data.RandomFlipHorizontal(p=1.0)(np.zeros((4, 4))), IndexError),
+    case("batchify-zero", lambda s: data.batchify(list(range(10)), 0, None, "float32"), ValueError),
+    case(
+        "batchify-too-big",
+        lambda s: data.batchify(list(range(10)), 20, None, "float32"),
+        ValueError,
+    ),
+]
+
+
+def _subject(device):
+    np.random.seed(0)
+    model = nn.Sequential(nn.Linear(4, 3, device=device), nn.ReLU())
+    x = ndl.Tensor(np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4), device=device)
+    return types.SimpleNamespace(model=model, x=x, device=device)
+
+
+def _normal(s):
+    out = s.model(s.x)
+    assert out.shape == (2, 3)
+    out.sum().backward()
+    for p in s.model.parameters():
+        assert p.grad.shape == p.shape
+        p.grad = None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bad, exc, match", NN + INIT)
+def test_nn_and_init(bad, exc, match, device):
+    run_case(bad, exc, match, _subject(device), _normal, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bad, exc, match", OPTIM + DATA)
+def test_optim_and_data(bad, exc, match, device):
+    run_case(bad, exc, match, _subject(device), _normal, device)
