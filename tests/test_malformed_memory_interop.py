@@ -81,17 +81,9 @@ LIMITS = [
     case("live-tensors-name", lambda a: memory.live_tensors(device="gpu9"), ValueError),
     case("find-cycles-int", lambda a: memory.find_cycles(device=5), TypeError),
 ]
-
-# NaN and infinities in the policy are the lead's (needle_c/memory/pressure.c): those cases
-# are marked xfail(strict) while they fail on this branch.
-PRESSURE = pytest.mark.xfail(strict=True, reason="lead fixes pressure.c")
 POLICY = [
-    case(
-        "policy-growth-nan", lambda a: memory.set_gc_policy(growth=NAN), ValueError, marks=PRESSURE
-    ),
-    case(
-        "policy-growth-inf", lambda a: memory.set_gc_policy(growth=INF), ValueError, marks=PRESSURE
-    ),
+    case("policy-growth-nan", lambda a: memory.set_gc_policy(growth=NAN), ValueError),
+    case("policy-growth-inf", lambda a: memory.set_gc_policy(growth=INF), ValueError),
     case("policy-growth-negative", lambda a: memory.set_gc_policy(growth=-1.0), ValueError),
     case("policy-growth-str", lambda a: memory.set_gc_policy(growth="x"), TypeError),
     case("policy-growth-bool", lambda a: memory.set_gc_policy(growth=True), TypeError),
@@ -99,7 +91,6 @@ POLICY = [
         "policy-high-water-nan",
         lambda a: memory.set_gc_policy(high_water=NAN),
         ValueError,
-        marks=PRESSURE,
     ),
     case("policy-high-water-above", lambda a: memory.set_gc_policy(high_water=1.5), ValueError),
     case("policy-high-water-zero", lambda a: memory.set_gc_policy(high_water=0.0), ValueError),
@@ -108,7 +99,6 @@ POLICY = [
         "policy-fraction-nan",
         lambda a: memory.set_gc_policy(max_gc_fraction=NAN),
         ValueError,
-        marks=PRESSURE,
     ),
     case("policy-fraction-str", lambda a: memory.set_gc_policy(max_gc_fraction="half"), TypeError),
     case(
@@ -127,7 +117,6 @@ POLICY = [
         "policy-watermark-2**70",
         lambda a: memory.set_gc_policy(watermark=2**70),
         ValueError,
-        marks=PRESSURE,
     ),
     case("policy-watermark-object", lambda a: memory.set_gc_policy(watermark=object()), TypeError),
     case("policy-unknown-keyword", lambda a: memory.set_gc_policy(speed=2), TypeError),

@@ -396,7 +396,14 @@ static PyObject *set_gc_policy(PyObject *module, PyObject *args, PyObject *kwarg
         p.watermark_fraction = fraction;
     } else if (watermark != NULL) {
         long long bytes = PyLong_AsLongLong(watermark);
-        if (bytes == -1 && PyErr_Occurred()) return NULL;
+        if (bytes == -1 && PyErr_Occurred()) {
+            if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_ValueError, "a watermark of %R bytes is out of range",
+                             watermark);
+            }
+            return NULL;
+        }
         p.watermark = bytes < 0 ? -1 : bytes;
         p.watermark_fraction = -1.0;
     }
