@@ -168,6 +168,7 @@ def test_large_live_set_does_not_collect_per_allocation(clean_policy):
     del live
 
 
+@pytest.mark.paced
 def test_collector_time_share_stays_under_the_cap(clean_policy):
     gc.set_threshold(10**9)
     base = memory.memory_allocated()
