@@ -136,9 +136,20 @@ PyObject *realize(needle_state *st, PyObject *value) {
         return NULL;
     }
     /* A lazily built node (e.g. through _init): compute now, holding what
-     * the compute reads (a collection may replace the node's fields). */
+     * the compute reads (a collection may replace the node's fields). Inputs
+     * are realized recursively: a node met again is a cycle (inputs set by
+     * hand), and a deep lazy chain is bounded by the recursion limit. */
+    if (self->realizing) {
+        PyErr_SetString(PyExc_ValueError,
+                        "graph has a cycle: a lazy node's data depends on itself");
+        return NULL;
+    }
+    if (Py_EnterRecursiveCall(" while realizing lazy tensors")) return NULL;
     PyObject *op = Py_NewRef(self->op), *inputs = Py_NewRef(self->inputs);
+    self->realizing = 1;
     PyObject *data = run_compute(st, op, OP_PYTHON, NULL, inputs);
+    self->realizing = 0;
+    Py_LeaveRecursiveCall();
     Py_DECREF(op);
     Py_DECREF(inputs);
     if (data != NULL) Py_XSETREF(self->cached_data, Py_NewRef(data));
@@ -305,21 +316,26 @@ static PyObject *get_cached_data(PyObject *op, void *c) {
     return Py_NewRef(Tensor_CAST(op)->cached_data ? Tensor_CAST(op)->cached_data : Py_None);
 }
 /* cached_data is read by C code as an NDArray (a Tensor) or a tuple of
- * NDArrays (a TensorTuple): nothing else is accepted. */
+ * NDArrays (a TensorTuple): nothing else is accepted, and a Tensor never gets
+ * a tuple nor a TensorTuple an NDArray (either would make it lie about its kind). */
 static int set_cached_data(PyObject *op, PyObject *value, void *c) {
     (void)c;
     if (value != NULL && value != Py_None) {
         needle_state *st = state_of_value(op);
         if (st == NULL) return -1;
-        int ok = ndarray_check(st, value);
-        if (!ok && PyTuple_Check(value)) {
+        int array_ok = !is_tensor_tuple(st, op), tuple_ok = !is_tensor(st, op);
+        int ok = array_ok && ndarray_check(st, value);
+        if (!ok && tuple_ok && PyTuple_Check(value)) {
             ok = 1;
             for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(value); i++)
                 ok = ndarray_check(st, PyTuple_GET_ITEM(value, i));
         }
         if (!ok) {
-            PyErr_Format(PyExc_TypeError,
-                         "cached_data must be an NDArray, a tuple of NDArrays or None, got %.100s",
+            PyErr_Format(PyExc_TypeError, "cached_data of a %s must be %s or None, got %.100s",
+                         Py_TYPE(op)->tp_name,
+                         !tuple_ok   ? "an NDArray"
+                         : !array_ok ? "a tuple of NDArrays"
+                                     : "an NDArray or a tuple of NDArrays",
                          Py_TYPE(value)->tp_name);
             return -1;
         }

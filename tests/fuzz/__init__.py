@@ -12,10 +12,16 @@ device bytes not returned at the end.
 
 The CI slice is ``test_fuzz.py`` (fixed seeds). The long run, from ``tests/``::
 
-    python -m fuzz --programs 10000 --seed 1           # normal build (PYTHONPATH=../python)
-    # under the sanitizer build: the environment tests/sanitize.sh sets, see README of
-    # this package in docs/fuzzing.md, or simply
-    bash tests/sanitize.sh tests/fuzz/test_fuzz.py --fuzz-programs 10000 --fuzz-seed 1
+    PYTHONPATH=../python python -m fuzz --programs 10000 --seed 100000
+
+and under the sanitizer build (from the repository root; builds build/sanitize first)::
+
+    NEEDLE_FUZZ_PROGRAMS=10000 NEEDLE_FUZZ_SEED=100000 bash tests/sanitize.sh tests/fuzz
+
+or ``python -m fuzz`` with the environment tests/sanitize.sh sets (LD_PRELOAD of libasan
+and libstdc++, ASAN_OPTIONS, UBSAN_OPTIONS, NEEDLE_SANITIZE=1,
+PYTHONPATH=build/sanitize/lib:python). ``hostile`` adds programs that set graph
+attributes to inconsistent values on purpose (only clear exceptions may come out).
 
 ``python -m fuzz`` prints one line per failure (the seed reproduces it:
 ``python -m fuzz --programs 1 --seed SEED -v``) and a summary.

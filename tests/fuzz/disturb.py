@@ -13,8 +13,9 @@ import gc
 import random
 import weakref
 
-import needle as ndl
 import numpy as np
+
+import needle as ndl
 
 # What the disturbances did (the long run prints it): acts, mutations, OOMs.
 STATS = {"acts": 0, "mutations": 0, "ooms": 0, "collections": 0, "limits": 0}
@@ -155,7 +156,8 @@ class Disturber:
             data = node.cached_data
             if data is not None:
                 try:
-                    node.cached_data = data + 0.0
+                    copy = tuple(a + 0.0 for a in data) if isinstance(data, tuple) else data + 0.0
+                    node.cached_data = copy
                 except ndl.OutOfMemoryError:
                     if not self.limited:
                         raise

@@ -16,8 +16,9 @@ It raises ``FuzzFailure`` listing every finding.
 import gc
 import sys
 
-import needle as ndl
 import numpy as np
+
+import needle as ndl
 
 from . import disturb, ndarray_prog, tensor_gen, tensor_run
 
@@ -111,8 +112,9 @@ def check_tensor_program(seed, disturbed=True):
     ref = _run_tensor(prog, other, None, failures, f"seed {seed} plain/{other}")
     dis = None
     if disturbed:
-        dis = _run_tensor(prog, prog.mode, disturb.Disturber(seed), failures,
-                          f"seed {seed} disturbed/{prog.mode}")
+        dis = _run_tensor(
+            prog, prog.mode, disturb.Disturber(seed), failures, f"seed {seed} disturbed/{prog.mode}"
+        )
     if ref is not None and dis is not None:
         for vid, got in dis.values.items():
             want = ref.values.get(vid)
@@ -122,16 +124,20 @@ def check_tensor_program(seed, disturbed=True):
             for leaf, got in grads.items():
                 want = ref.grads.get(k, {}).get(leaf)
                 if want is not None and not tensor_run.close(got, want, 1e-4, 1e-5):
-                    failures.append(f"seed {seed}: backward {k} leaf {leaf}: gradients differ "
-                                    "between the plain and the disturbed run")
+                    failures.append(
+                        f"seed {seed}: backward {k} leaf {leaf}: gradients differ "
+                        "between the plain and the disturbed run"
+                    )
     if ref is not None and prog.smooth and prog.leaf_elems <= FD_MAX_ELEMS:
         backwards = [ins for ins in prog.instrs if ins.op == "backward"]
         for k, ins in enumerate(backwards):
             for leaf, got in ref.grads.get(k, {}).items():
                 want = _finite_difference(prog, ins.ins[0], ins.params["g"], leaf)
                 if not tensor_run.close(got, want, 1e-2, 2e-3):
-                    failures.append(f"seed {seed}: backward {k} leaf {leaf}: gradient differs "
-                                    "from the finite difference")
+                    failures.append(
+                        f"seed {seed}: backward {k} leaf {leaf}: gradient differs "
+                        "from the finite difference"
+                    )
     return failures
 
 

@@ -11,8 +11,9 @@ the mirror's offset. ``run(seed, disturbed)`` returns the list of findings.
 
 import random
 
-import needle as ndl
 import numpy as np
+
+import needle as ndl
 from needle import backend_ndarray as nd
 
 from . import disturb
@@ -50,17 +51,29 @@ class _Prog:
                 j = i + d if i < 0 else i
                 npkey.append(slice(j, j + 1) if 0 <= j < d else None)
             else:
-                s = slice(self.r.choice((None, self.r.randint(-d - 1, d + 1))),
-                          self.r.choice((None, self.r.randint(-d - 1, d + 1))),
-                          self.r.choice((None, 1, 2, -1, -3)))
+                s = slice(
+                    self.r.choice((None, self.r.randint(-d - 1, d + 1))),
+                    self.r.choice((None, self.r.randint(-d - 1, d + 1))),
+                    self.r.choice((None, 1, 2, -1, -3)),
+                )
                 key.append(s)
                 npkey.append(s)
         bad = any(k is None for k in npkey)
         return tuple(key), (None if bad else tuple(npkey))
 
     def view(self, arr, ref, flat, writable):
-        op = self.r.choice(("reshape", "permute", "broadcast_to", "getitem", "getitem",
-                            "flip", "as_strided", "compact"))
+        op = self.r.choice(
+            (
+                "reshape",
+                "permute",
+                "broadcast_to",
+                "getitem",
+                "getitem",
+                "flip",
+                "as_strided",
+                "compact",
+            )
+        )
         if op == "reshape":
             shape = self.r.choice(((1, ref.size), (ref.size, 1), (ref.size,), (ref.size, 1, 1)))
             try:
@@ -69,13 +82,15 @@ class _Prog:
                 if ref.flags.c_contiguous and ref.size > 1:
                     self.failures.append(f"reshape of a compact view {ref.shape}->{shape} refused")
                 return
-            return new, ref.reshape(shape), writable and np.may_share_memory(ref.reshape(shape), flat)
+            new_ref = ref.reshape(shape)
+            return new, new_ref, writable and np.may_share_memory(new_ref, flat)
         if op == "permute":
             axes = tuple(self.r.sample(range(ref.ndim), ref.ndim))
             return arr.permute(axes), ref.transpose(axes), writable
         if op == "broadcast_to":
-            shape = (self.r.randint(1, 3),) + tuple(self.r.choice((d, 2)) if d == 1 else d
-                                                    for d in ref.shape)
+            shape = (self.r.randint(1, 3),) + tuple(
+                self.r.choice((d, 2)) if d == 1 else d for d in ref.shape
+            )
             return arr.broadcast_to(shape), np.broadcast_to(ref, shape), False
         if op == "getitem":
             key, npkey = self.key(ref.shape)
@@ -102,8 +117,13 @@ class _Prog:
         strides = tuple(self.r.randint(-2, 3) for _ in shape)
         off = (ref.__array_interface__["data"][0] - flat.__array_interface__["data"][0]) // 4
         try:
-            want = np.ndarray(shape, np.float32, buffer=flat, offset=off * 4,
-                              strides=tuple(4 * s for s in strides))
+            want = np.ndarray(
+                shape,
+                np.float32,
+                buffer=flat,
+                offset=off * 4,
+                strides=tuple(4 * s for s in strides),
+            )
         except (ValueError, TypeError):
             want = None
         try:
@@ -173,7 +193,7 @@ class _Prog:
                 self.failures.append(f"after {what}: view {ref.shape} differs from NumPy")
                 return
             if ref.size and np.may_share_memory(ref, flat):
-                off = (ref.__array_interface__["data"][0] - flat.__array_interface__["data"][0])
+                off = ref.__array_interface__["data"][0] - flat.__array_interface__["data"][0]
                 if arr._offset != off // 4:
                     self.failures.append(f"after {what}: offset {arr._offset} != {off // 4}")
                     return

@@ -63,7 +63,9 @@ def _conv(x, w, stride, padding):
     out = np.zeros((n, oh, ow, cout))
     for a in range(k):
         for b in range(k):
-            patch = x[:, a : a + stride * (oh - 1) + 1 : stride, b : b + stride * (ow - 1) + 1 : stride]
+            rows = slice(a, a + stride * (oh - 1) + 1, stride)
+            cols = slice(b, b + stride * (ow - 1) + 1, stride)
+            patch = x[:, rows, cols]
             out += patch @ w[a, b]
     return out
 
@@ -343,8 +345,13 @@ class Generator:
                     key.append(d + self.r.randint(0, 2))  # out of range
                 else:
                     lo, hi = self.r.randint(-d - 1, d + 1), self.r.randint(-d - 1, d + 1)
-                    key.append(slice(self.r.choice((lo, None)), self.r.choice((hi, None)),
-                                     self.r.choice((None, 1, 2, -1, -2, 3))))
+                    key.append(
+                        slice(
+                            self.r.choice((lo, None)),
+                            self.r.choice((hi, None)),
+                            self.r.choice((None, 1, 2, -1, -2, 3)),
+                        )
+                    )
             key = tuple(key)
             try:
                 a[key]
@@ -447,9 +454,17 @@ class Generator:
             k = self.r.choice((1, 2, 3))
             stride, padding = self.r.choice((1, 2)), self.r.choice((0, 1))
             h = self.r.randint(max(1, k - 2 * padding), 5)
-            x = self.leaf((self.r.randint(1, 2), h, self.r.randint(max(1, k - 2 * padding), 5),
-                           self.r.randint(1, 2)))
-            w = self.leaf((k, k, self.prog.vals[x].ref.shape[3], self.r.randint(1, 2))) if x is not None else None
+            x = self.leaf(
+                (
+                    self.r.randint(1, 2),
+                    h,
+                    self.r.randint(max(1, k - 2 * padding), 5),
+                    self.r.randint(1, 2),
+                )
+            )
+            if x is None:
+                return
+            w = self.leaf((k, k, self.prog.vals[x].ref.shape[3], self.r.randint(1, 2)))
             if w is not None:
                 self.emit("conv", (x, w), {"stride": stride, "padding": padding})
 

@@ -10,8 +10,9 @@ finite differences (``driver``).
 import contextlib
 from dataclasses import dataclass, field
 
-import needle as ndl
 import numpy as np
+
+import needle as ndl
 
 from . import disturb
 
@@ -199,7 +200,8 @@ def _step(prog, ins, env, res, leaf_class, disturber):
             )
     res.values[ins.out] = got
     if not ok:
-        res.failures.append(f"instr {ins.out} {ins.op}{_short(ins.params)}: value differs from NumPy")
+        where = f"instr {ins.out} {ins.op}{_short(ins.params)}"
+        res.failures.append(f"{where}: value differs from NumPy")
 
 
 def _short(params):
