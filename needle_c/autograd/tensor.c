@@ -331,12 +331,11 @@ static int set_cached_data(PyObject *op, PyObject *value, void *c) {
                 ok = ndarray_check(st, PyTuple_GET_ITEM(value, i));
         }
         if (!ok) {
-            PyErr_Format(PyExc_TypeError, "cached_data of a %s must be %s or None, got %.100s",
-                         Py_TYPE(op)->tp_name,
+            PyErr_Format(PyExc_TypeError, "cached_data must be %s or None on a %s, got %.100s",
                          !tuple_ok   ? "an NDArray"
                          : !array_ok ? "a tuple of NDArrays"
                                      : "an NDArray or a tuple of NDArrays",
-                         Py_TYPE(value)->tp_name);
+                         Py_TYPE(op)->tp_name, Py_TYPE(value)->tp_name);
             return -1;
         }
     }

@@ -148,7 +148,7 @@ class _Prog:
         region = ref[npkey + (Ellipsis,)]
         if self.r.random() < 0.4:
             value = self.r.choice((0.0, -1.5, 2.25))
-            arr[key] = value
+            arr[key] = value  # (the mirror changes only once needle's write succeeded)
             region[...] = value
             return
         sources = [v for v in self.views if v[1].shape == region.shape]
@@ -157,8 +157,9 @@ class _Prog:
         else:
             src_ref = self.np_rng.uniform(-2, 2, size=region.shape).astype(np.float32)
             src = nd.array(src_ref)
-        region[...] = src_ref.copy()  # the right side is read before anything is written
-        arr[key] = src
+        src_copy = src_ref.copy()  # the right side is read before anything is written
+        arr[key] = src  # an OutOfMemoryError here must leave the target as it was
+        region[...] = src_copy
 
     def new_base(self):
         arr, ref = self.r.choice(self.views)[:2]
