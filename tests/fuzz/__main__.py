@@ -8,6 +8,7 @@ Under the sanitizer build, use the environment ``tests/sanitize.sh`` sets (see
 """
 
 import argparse
+import gc
 import sys
 import time
 
@@ -26,6 +27,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     t0, failed = time.perf_counter(), 0
     for seed in range(args.seed, args.seed + args.programs):
+        gc.freeze()  # the interpreter's own objects out of the programs' full collections
         try:
             run_seed(seed, disturbed=not args.plain)
             if not args.no_hostile and not args.plain:
@@ -43,6 +45,7 @@ def main(argv=None):
                 f"{time.perf_counter() - t0:.0f} s",
                 flush=True,
             )
+    gc.unfreeze()
     dt = time.perf_counter() - t0
     print(f"{args.programs} programs from seed {args.seed}: {failed} failed, {dt:.1f} s")
     print(f"disturbances: {STATS}")
