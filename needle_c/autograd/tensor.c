@@ -152,6 +152,14 @@ PyObject *realize(needle_state *st, PyObject *value) {
     Py_LeaveRecursiveCall();
     Py_DECREF(op);
     Py_DECREF(inputs);
+    /* An op set by hand may compute the other kind (a tuple for a Tensor). */
+    if (data != NULL &&
+        (is_tensor(st, value) ? !ndarray_check(st, data)
+                              : is_tensor_tuple(st, value) && !PyTuple_Check(data))) {
+        PyErr_Format(PyExc_TypeError, "the op of a %s computed a %.100s", Py_TYPE(value)->tp_name,
+                     Py_TYPE(data)->tp_name);
+        Py_CLEAR(data);
+    }
     if (data != NULL) Py_XSETREF(self->cached_data, Py_NewRef(data));
     return data;
 }

@@ -43,3 +43,19 @@ def test_a_lazy_node_among_its_own_inputs_is_an_error_not_a_stack_overflow():
             use()
     y.inputs = [x]  # the node is usable again once its inputs are consistent
     np.testing.assert_allclose(y.numpy(), np.exp(_ones(2, 2)), rtol=1e-6)
+
+
+def test_a_tensor_whose_op_computes_a_tuple_refuses_the_tuple():
+    # hostile seed 108414: a Tensor given MakeTensorTuple as its op (and no data) stored
+    # the computed tuple as its cached_data, then "'tuple' object has no attribute
+    # 'shape'" (needle_c/autograd/tensor.c, realize).
+    a = ndl.Tensor(_ones(2, 2))
+    y = ndl.exp(a)
+    y.op = ndl.make_tuple(a, a).op
+    y.inputs = [a, a]
+    y.cached_data = None
+    with pytest.raises(TypeError, match="computed a tuple"):
+        y.realize_cached_data()
+    assert y.cached_data is None
+    y.op, y.inputs = ndl.exp(a).op, [a]
+    np.testing.assert_allclose(y.numpy(), np.exp(_ones(2, 2)), rtol=1e-6)
