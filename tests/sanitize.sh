@@ -19,7 +19,7 @@ export NEEDLE_SANITIZE=1
 if [ "$#" -eq 0 ]; then
     set -- tests/test_gc.py tests/test_memory.py tests/test_pressure.py tests/test_gradient_scope.py \
         tests/test_autograd_errors.py tests/test_view_limits.py tests/test_autograd.py tests/test_engine_c.py \
-        tests/test_threads.py tests/test_oom_recovery.py
+        tests/test_threads.py tests/test_oom_recovery.py tests/fuzz
 fi
 LD_PRELOAD="$runtime" PYTHONPATH="$out/lib:$PWD/python${PYTHONPATH:+:$PYTHONPATH}" \
     python -m pytest -q -p no:cacheprovider -m "not paced" "$@"

@@ -136,11 +136,30 @@ PyObject *realize(needle_state *st, PyObject *value) {
         return NULL;
     }
     /* A lazily built node (e.g. through _init): compute now, holding what
-     * the compute reads (a collection may replace the node's fields). */
+     * the compute reads (a collection may replace the node's fields). Inputs
+     * are realized recursively: a node met again is a cycle (inputs set by
+     * hand), and a deep lazy chain is bounded by the recursion limit. */
+    if (self->realizing) {
+        PyErr_SetString(PyExc_ValueError,
+                        "graph has a cycle: a lazy node's data depends on itself");
+        return NULL;
+    }
+    if (Py_EnterRecursiveCall(" while realizing lazy tensors")) return NULL;
     PyObject *op = Py_NewRef(self->op), *inputs = Py_NewRef(self->inputs);
+    self->realizing = 1;
     PyObject *data = run_compute(st, op, OP_PYTHON, NULL, inputs);
+    self->realizing = 0;
+    Py_LeaveRecursiveCall();
     Py_DECREF(op);
     Py_DECREF(inputs);
+    /* An op set by hand may compute the other kind (a tuple for a Tensor). */
+    if (data != NULL &&
+        (is_tensor(st, value) ? !ndarray_check(st, data)
+                              : is_tensor_tuple(st, value) && !PyTuple_Check(data))) {
+        PyErr_Format(PyExc_TypeError, "the op of a %s computed a %.100s", Py_TYPE(value)->tp_name,
+                     Py_TYPE(data)->tp_name);
+        Py_CLEAR(data);
+    }
     if (data != NULL) Py_XSETREF(self->cached_data, Py_NewRef(data));
     return data;
 }
@@ -305,7 +324,9 @@ static PyObject *get_cached_data(PyObject *op, void *c) {
     return Py_NewRef(Tensor_CAST(op)->cached_data ? Tensor_CAST(op)->cached_data : Py_None);
 }
 /* cached_data is read by C code as an NDArray (a Tensor) or a tuple of
- * NDArrays (a TensorTuple): nothing else is accepted. */
+ * NDArrays (a TensorTuple): nothing else is accepted, and a Tensor never gets
+ * a tuple nor a TensorTuple an NDArray (either would make it lie about its kind).
+ * tuple: 0 an NDArray only, 1 a tuple of NDArrays only, -1 either. */
 int node_data_ok(needle_state *st, PyObject *data, int tuple) {
     if (tuple == 0) return ndarray_check(st, data);
     int ok = tuple > 0 ? 0 : ndarray_check(st, data);
@@ -321,10 +342,13 @@ static int set_cached_data(PyObject *op, PyObject *value, void *c) {
     if (value != NULL && value != Py_None) {
         needle_state *st = state_of_value(op);
         if (st == NULL) return -1;
-        if (!node_data_ok(st, value, -1)) {
-            PyErr_Format(PyExc_TypeError,
-                         "cached_data must be an NDArray, a tuple of NDArrays or None, got %.100s",
-                         Py_TYPE(value)->tp_name);
+        int tuple = is_tensor_tuple(st, op) ? 1 : is_tensor(st, op) ? 0 : -1;
+        if (!node_data_ok(st, value, tuple)) {
+            PyErr_Format(PyExc_TypeError, "cached_data must be %s or None on a %s, got %.100s",
+                         tuple == 0   ? "an NDArray"
+                         : tuple == 1 ? "a tuple of NDArrays"
+                                      : "an NDArray or a tuple of NDArrays",
+                         Py_TYPE(op)->tp_name, Py_TYPE(value)->tp_name);
             return -1;
         }
     }

@@ -129,6 +129,7 @@ typedef struct {
     int requires_grad;
     int retains_grad;
     Py_ssize_t num_outputs;
+    int realizing;      /* realize() is computing this node's data (a cycle if met again) */
     uint64_t path_mark; /* find_topo_sort: the sort whose current path holds this node */
 } TensorObject;
 
