@@ -21,6 +21,8 @@ from . import disturb
 from .driver import _Checked
 
 ALLOWED = (ValueError, TypeError, IndexError)
+# backward() on a node left with no graph (requires_grad flipped off) is PyTorch's error.
+NO_GRAPH = "does not require grad and does not have a grad_fn"
 
 
 def _ops(r):
@@ -129,6 +131,9 @@ def _program(r, d, failures):
                 failures.append(f"step {step}: OutOfMemoryError without a limit")
         except ALLOWED:
             pass
+        except RuntimeError as err:
+            if NO_GRAPH not in str(err):
+                failures.append(f"step {step}: RuntimeError: {err}")
         except Exception as err:  # noqa: BLE001 - anything else is a finding
             failures.append(f"step {step}: {type(err).__name__}: {err}")
         if len(nodes) > 10:
