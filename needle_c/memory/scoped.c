@@ -51,6 +51,9 @@ static Py_ssize_t linked_count = 0;
 static autograd_state *types = NULL;
 static uint32_t epoch = 0;
 static int in_progress = 0;
+/* _set_scoped_enabled(False): the ladder runs full collections only (for
+ * comparisons in benchmarks and tests). */
+static int enabled = 1;
 static int python_gc_running = 0;
 /* Observers called like gc.callbacks ("start"/"stop", info) around each
  * scoped collection (warn_on_cycles uses it); a list, or NULL. */
@@ -167,7 +170,7 @@ int scoped_supported(void) {
 #ifdef Py_GIL_DISABLED
     return 0;
 #else
-    return types != NULL;
+    return types != NULL && enabled;
 #endif
 }
 
@@ -345,7 +348,19 @@ static PyObject *scoped_info(PyObject *module, PyObject *Py_UNUSED(ignored)) {
                          "seconds", totals.seconds, "observers", observers ? observers : Py_None);
 }
 
+static PyObject *set_scoped_enabled(PyObject *module, PyObject *arg) {
+    (void)module;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    PyObject *previous = PyBool_FromLong(enabled);
+    enabled = on;
+    return previous;
+}
+
 PyMethodDef scoped_module_functions[] = {
+    {"_set_scoped_enabled", set_scoped_enabled, METH_O,
+     "_set_scoped_enabled(on, /)\n--\n\nFalse: the collection ladder skips the scoped step and "
+     "runs full collections only (as before it existed). Returns the previous value."},
     {"_collect_needle", collect_needle, METH_NOARGS,
      "_collect_needle()\n--\n\nRuns a scoped collection over needle's objects now (even with "
      "gc.disable()); a dict: collected, examined, seconds, ran, refused."},
