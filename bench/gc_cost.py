@@ -1,6 +1,6 @@
 """What one full collection costs in the leak benchmark's process, against one training step.
 
-    python bench/gc_cost.py [--steps 15] [--words 200000]
+    python bench/gc_cost.py [--steps 15] [--words 200000] [--extra-objects 0,100000,1000000]
 
 The pressure policy can place collections (bench/leak_fix.py), but each one is a full
 collection whose cost the process's heap sets, not needle. This script builds the state of a
@@ -14,7 +14,12 @@ with the collector off, and times `gc.collect()`:
   `gc.freeze()` after setup, a CPython technique for long-lived heaps that needle itself cannot
   apply (anything frozen is never collected, the next step's graph included).
 
-It prints JSON lines and a table: median milliseconds and the share of a median step.
+Then the scoped collection (needle.memory.collect("needle")) against the full one, right after
+a needle-mode step, with 0, 100k and 1M extra tracked Python objects alive (lists): steps
+alternate between the two, each finding the previous step's graph as garbage; the full one after
+a scoped one checks that nothing needle-only was left.
+
+It prints JSON lines and tables: median milliseconds and the share of a median step.
 """
 
 import argparse
@@ -26,6 +31,7 @@ import tempfile
 import time
 
 import needle as ndl
+import needle_c as _c
 from needle import memory
 from needle.data import get_batch, write_synthetic_corpus
 from needle.repro import course_setup
@@ -83,22 +89,84 @@ def measure(mode, keep_corpus, steps, corpus_dir, freeze=False):
     }
 
 
+def measure_scoped(extra, steps, corpus_dir):
+    """Scoped vs full collection right after a needle-mode step, `extra` more tracked objects."""
+    corpus, train, model, opt, loss_fn = course_setup(corpus_dir, 256, 20, ndl.cpu())
+    junk = [[i] for i in range(extra)]
+    previous_mode = ndl.autograd.set_graph_mode("needle")
+    gc.collect()
+    gc.disable()
+    scoped_ms, full_ms, examined, freed, left = [], [], [], [], []
+    position = 0
+    try:
+        for step in range(2 * steps + 2):
+            X, y = get_batch(train, position, 20)
+            logits, _ = model(X)
+            loss = loss_fn(logits, y)
+            opt.reset_grad()
+            loss.backward()
+            opt.step()
+            del logits, loss, X, y
+            position = (position + 20) % (train.shape[0] - 21)
+            if step < 2:
+                gc.collect()
+                continue
+            if step % 2 == 0:
+                t0 = time.perf_counter()
+                r = memory.collect("needle")
+                scoped_ms.append(1e3 * (time.perf_counter() - t0))
+                examined.append(r["objects"])
+                freed.append(r["bytes"])
+                left.append(gc.collect())  # what the scoped one left to the full one
+            else:
+                t0 = time.perf_counter()
+                gc.collect()
+                full_ms.append(1e3 * (time.perf_counter() - t0))
+        tracked = len(gc.get_objects())
+        info = _c._scoped_info()
+    finally:
+        gc.enable()
+        ndl.autograd.set_graph_mode(previous_mode)
+        del model, opt, junk, corpus, train
+        gc.collect()
+        memory.empty_cache()
+    return {
+        "extra_objects": extra,
+        "tracked_objects": tracked,
+        "needle_objects": info["registered"],
+        "scoped_ms": statistics.median(scoped_ms),
+        "scoped_max_ms": max(scoped_ms),
+        "full_ms": statistics.median(full_ms),
+        "scoped_freed_objects": statistics.median(examined),
+        "scoped_freed_mib": statistics.median(freed) / 2**20,
+        "left_to_full": max(left),
+    }
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--words", type=int, default=200_000)
+    parser.add_argument("--extra-objects", default="0,100000,1000000")
+    parser.add_argument("--scoped-only", action="store_true", help="only the scoped table")
     args = parser.parse_args()
     print_machine()
     with tempfile.TemporaryDirectory() as tmp:
         corpus_dir = str(
             write_synthetic_corpus(os.path.join(tmp, "corpus"), num_words=args.words, seed=0)
         )
-        rows = [
-            measure(mode, keep, args.steps, corpus_dir)
-            for keep in (True, False)
-            for mode in ("needle", "cycle_free")
-        ]
-        rows.append(measure("needle", True, args.steps, corpus_dir, freeze=True))
+        rows = []
+        if not args.scoped_only:
+            rows = [
+                measure(mode, keep, args.steps, corpus_dir)
+                for keep in (True, False)
+                for mode in ("needle", "cycle_free")
+            ]
+            rows.append(measure("needle", True, args.steps, corpus_dir, freeze=True))
+        extras = [int(n) for n in args.extra_objects.split(",") if n]
+        scoped_rows = [measure_scoped(n, args.steps, corpus_dir) for n in extras]
+    for row in scoped_rows:
+        print(json.dumps(row))
     for row in rows:
         print(json.dumps(row))
     print()
@@ -111,6 +179,19 @@ def main():
             f"{r['graph_mode']:<12}{r['heap']:>12}{r['tracked_objects']:>9}"
             f"{r['step_ms']:>9.1f}{r['gc_after_step_ms']:>18.2f}{r['gc_warm_ms']:>12.2f}"
             f"{100 * r['after_step_share']:>16.2f}%"
+        )
+
+    print()
+    print(
+        f"{'extra objects':>14}{'tracked':>10}{'needle objs':>12}{'scoped ms':>11}"
+        f"{'(max)':>8}{'full ms':>9}{'freed objs':>11}{'freed MiB':>10}{'left to full':>13}"
+    )
+    for r in scoped_rows:
+        print(
+            f"{r['extra_objects']:>14}{r['tracked_objects']:>10}{r['needle_objects']:>12}"
+            f"{r['scoped_ms']:>11.3f}{r['scoped_max_ms']:>8.3f}{r['full_ms']:>9.2f}"
+            f"{r['scoped_freed_objects']:>11.0f}{r['scoped_freed_mib']:>10.1f}"
+            f"{r['left_to_full']:>13}"
         )
 
 

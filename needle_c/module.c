@@ -59,12 +59,14 @@ static int needle_c_exec(PyObject *module) {
         add_function_table(module, ndarray_module_functions) < 0 ||
         add_function_table(module, memory_module_functions) < 0 ||
         add_function_table(module, pressure_module_functions) < 0 ||
+        add_function_table(module, scoped_module_functions) < 0 ||
         add_function_table(module, cuda_info_module_functions) < 0 ||
         add_function_table(module, interop_module_functions) < 0)
         return -1;
     if (PyModule_AddIntConstant(module, "MAX_DIMS", ND_MAX_DIMS) < 0) return -1;
     if (autograd_module_init(module, st) < 0) return -1;
     install_blas();
+    if (scoped_install(module, st) < 0) return -1;
     pressure_install();
     return 0;
 }
@@ -92,6 +94,7 @@ static int needle_c_clear(PyObject *module) {
         Py_CLEAR(st->devices[i]);
     Py_CLEAR(st->cuda_placeholder);
     Py_CLEAR(st->numpy_random);
+    scoped_forget(st);
     autograd_clear(st);
     return 0;
 }

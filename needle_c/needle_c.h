@@ -103,6 +103,32 @@ void pressure_refresh(nd_device *dev);
 void pressure_safe_point(void);
 int pressure_add_stats(const nd_device *dev, PyObject *dict);
 
+/* The scoped collection (memory/scoped.c): Python's cycle algorithm over
+ * needle's registered objects only. scoped_collect returns how many objects
+ * it freed, or -1 when it did not run (refused says why). */
+typedef enum scoped_refusal {
+    SCOPED_RAN = 0,
+    SCOPED_UNSUPPORTED = 1, /* free-threaded build, or the module is gone */
+    SCOPED_BUSY = 2,        /* inside Python's collection or another scoped one */
+    SCOPED_NO_MEMORY = 3    /* the mark stack could not grow: nothing freed */
+} scoped_refusal;
+typedef struct scoped_result {
+    Py_ssize_t collected, examined;
+    double seconds;
+    scoped_refusal refused;
+} scoped_result;
+typedef struct scoped_totals {
+    int64_t collections, examined, collected;
+    double seconds;
+} scoped_totals;
+Py_ssize_t scoped_collect(scoped_result *r);
+int scoped_supported(void);
+int scoped_busy(void);
+const scoped_totals *scoped_get_totals(void);
+int scoped_install(PyObject *module, needle_state *st);
+void scoped_forget(needle_state *st);
+extern PyMethodDef scoped_module_functions[];
+
 /* BLAS discovery (blas.c): installs NumPy's OpenBLAS sgemm in the engine. */
 void install_blas(void);
 const char *blas_description(void);

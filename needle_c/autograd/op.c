@@ -42,11 +42,12 @@ static PyObject *op_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     if (self == NULL) return NULL;
     self->kind = kind_of_type(st->autograd, type);
     self->p.stride = 1;
+    scoped_link_op((PyObject *)self);
     return (PyObject *)self;
 }
 
 /* Visits the type, then the instance dict and the getitem key. */
-static int op_traverse(PyObject *op, visitproc visit, void *arg) {
+int op_traverse(PyObject *op, visitproc visit, void *arg) {
     if (!autograd_gc_visible()) return 0; /* the gc_blind demonstration */
     Py_VISIT(Py_TYPE(op));
     Py_VISIT(Op_CAST(op)->dict);
@@ -63,6 +64,7 @@ static int op_clear(PyObject *op) {
 /* Untracks, clears, frees, drops the type. */
 static void op_dealloc(PyObject *op) {
     PyTypeObject *tp = Py_TYPE(op);
+    scoped_unlink_op(op); /* first: see value_dealloc */
     PyObject_GC_UnTrack(op);
     if (Op_CAST(op)->weakreflist != NULL) PyObject_ClearWeakRefs(op);
     op_clear(op);
@@ -521,5 +523,6 @@ PyObject *op_new_builtin(needle_state *st, op_kind kind, const op_params *p) {
     op->kind = kind;
     op->p = *p;
     Py_XINCREF(op->p.key);
+    scoped_link_op((PyObject *)op);
     return (PyObject *)op;
 }

@@ -54,6 +54,7 @@ PyObject *value_alloc(PyTypeObject *type) {
         return NULL;
     }
     self->num_outputs = 1;
+    scoped_link_value((PyObject *)self);
     alloc_site_record((PyObject *)self);
     return (PyObject *)self;
 }
@@ -101,11 +102,14 @@ int value_traverse(PyObject *op, visitproc visit, void *arg) {
     return 0;
 }
 
-/* Drops every owned reference (breaks cycles). */
+/* Drops every owned reference (breaks cycles). inputs becomes the empty
+ * tuple, not NULL: a cleared node can still be seen (a weakref callback run
+ * while a scoped collection frees its garbage), and every reader assumes a
+ * tuple. PyTuple_New(0) returns the shared singleton: it never allocates. */
 int value_clear(PyObject *op) {
     TensorObject *self = Tensor_CAST(op);
     Py_CLEAR(self->op);
-    Py_CLEAR(self->inputs);
+    Py_XSETREF(self->inputs, PyTuple_New(0));
     Py_CLEAR(self->cached_data);
     Py_CLEAR(self->grad);
     Py_CLEAR(self->dict);
@@ -116,10 +120,14 @@ int value_clear(PyObject *op) {
  * trashcan turns a long chain of inputs into a loop instead of recursion. */
 static void value_dealloc(PyObject *op) {
     PyTypeObject *tp = Py_TYPE(op);
+    /* Off the registry before anything can run (weakref callbacks, the
+     * trashcan's deferral): a scoped collection never sees a dying node. */
+    scoped_unlink_value(op);
     PyObject_GC_UnTrack(op);
     Py_TRASHCAN_BEGIN(op, value_dealloc) if (Tensor_CAST(op)->weakreflist != NULL)
         PyObject_ClearWeakRefs(op);
     value_clear(op);
+    Py_CLEAR(Tensor_CAST(op)->inputs);
     alloc_site_forget(op);
     tp->tp_free(op);
     Py_DECREF(tp);

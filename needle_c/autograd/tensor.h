@@ -110,9 +110,21 @@ typedef struct op_params {
     PyObject *key;    /* GetItem/ScatterSlice index (owned; a tuple) */
 } op_params;
 
+/* A registry entry (memory/scoped.c): every live Value and Op is on one of
+ * two doubly linked lists, so a scoped collection can walk needle's objects
+ * without the process heap. refs, epoch and state are the collection's
+ * scratch space (gc_refs of the collector's algorithm). */
+typedef struct needle_link {
+    struct needle_link *prev, *next; /* NULL while not linked */
+    Py_ssize_t refs;
+    uint32_t epoch;
+    int state;
+} needle_link;
+
 typedef struct {
     PyObject_HEAD PyObject *dict;
     PyObject *weakreflist;
+    needle_link link;
     op_kind kind;
     op_params p;
 } OpObject;
@@ -126,6 +138,7 @@ typedef struct {
     PyObject *grad;             /* Tensor or NULL               */
     PyObject *dict;
     PyObject *weakreflist;
+    needle_link link;
     int requires_grad;
     int retains_grad;
     Py_ssize_t num_outputs;
@@ -180,6 +193,20 @@ int shapes_differ(needle_state *st, PyObject *a, PyObject *b);
  * (tuple 1), or either (tuple -1). */
 int node_data_ok(needle_state *st, PyObject *data, int tuple);
 int tensor_types_init(PyObject *module, needle_state *st);
+/* The GC slots of Values (tensor.c) and Ops (op.c); scoped.c recognises
+ * needle's objects by them. value_clear leaves inputs as the empty tuple
+ * (never NULL). */
+int value_traverse(PyObject *op, visitproc visit, void *arg);
+int value_clear(PyObject *op);
+int op_traverse(PyObject *op, visitproc visit, void *arg);
+
+/* The registry of memory/scoped.c: link a Value or Op once it is valid
+ * (after tp_alloc), unlink it first thing in its dealloc (idempotent). */
+void scoped_link_value(PyObject *value);
+void scoped_unlink_value(PyObject *value);
+void scoped_link_op(PyObject *op);
+void scoped_unlink_op(PyObject *op);
+
 /* The gc_blind switch (tensor.c), read by every autograd tp_traverse. */
 int autograd_gc_visible(void);
 extern PyMethodDef gc_visibility_functions[];

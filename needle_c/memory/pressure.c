@@ -32,6 +32,17 @@
  * loop, a loop without backward) the plain trigger applies again.
  * The soft path honours gc.disable(); the out-of-memory path does not.
  * enabled=False turns both off (how the course's leak is reproduced).
+ *
+ * The ladder (every collection above): a scoped collection first
+ * (scoped.c: needle's own objects, cost proportional to the graph); a full
+ * collection only when the scoped one freed less than the pressure asked
+ * for: on the allocation path, the bytes that bring allocated + requested
+ * back to the trigger; at a safe point, the bytes above the trigger; on the
+ * out-of-memory path, the requested bytes (then the allocation fits under a
+ * limit). A scoped collection that cannot run (a free-threaded build) means
+ * a full one; one refused because a collection is already running means
+ * none. The full collection on the out-of-memory path runs after
+ * gc.unfreeze(); the engine then releases cached blocks and retries.
  */
 #include "needle_c.h"
 
@@ -65,6 +76,11 @@ typedef struct device_pressure {
     int64_t pressure_collections, oom_collections, skipped, freed_bytes;
     int64_t safe_point_collections, deferred;
     double seconds;
+    /* The ladder: scoped collections, what they examined and freed, and the
+     * full collections (of which fallbacks after a scoped one). */
+    int64_t scoped_collections, scoped_examined, scoped_freed_bytes;
+    int64_t full_collections, full_fallbacks;
+    double scoped_seconds;
 } device_pressure;
 
 /* The policy's defaults: the one place they are written down. The
@@ -174,11 +190,7 @@ static int other_thread_collecting(void) {
  * needle.memory.freeze_heap() (or anyone's gc.freeze()) are invisible to
  * collections, and frozen cycles holding device memory must not cause an
  * out-of-memory error. They stay unfrozen afterwards. */
-static void run_python_collection(nd_collect_reason reason) {
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    unsigned long previous = collector_thread;
-    collector_thread = PyThread_get_thread_ident();
+static void run_full_collection(nd_collect_reason reason) {
     if (reason == ND_COLLECT_PRESSURE) {
         PyGC_Collect();
     } else {
@@ -188,6 +200,35 @@ static void run_python_collection(nd_collect_reason reason) {
         Py_XDECREF(result);
         Py_XDECREF(thawed);
         Py_XDECREF(gc);
+    }
+}
+
+/* The ladder of the header comment for dev: scoped, then full when the
+ * scoped one freed less than `asked` bytes. */
+static void run_ladder(nd_device *dev, device_pressure *ps, nd_collect_reason reason,
+                       int64_t before, int64_t asked) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    unsigned long previous = collector_thread;
+    collector_thread = PyThread_get_thread_ident();
+    scoped_result r;
+    int full = 1;
+    if (scoped_collect(&r) >= 0) {
+        int64_t after = allocated_of(dev);
+        int64_t freed = before > after ? before - after : 0;
+        ps->scoped_collections++;
+        ps->scoped_examined += r.examined;
+        ps->scoped_seconds += r.seconds;
+        ps->scoped_freed_bytes += freed;
+        full = freed < asked;
+        if (full) ps->full_fallbacks++;
+    } else if (r.refused == SCOPED_BUSY) {
+        full = 0; /* a collection is running (this is code it ran) */
+    }
+    if (PyErr_Occurred()) PyErr_WriteUnraisable(NULL);
+    if (full) {
+        run_full_collection(reason);
+        ps->full_collections++;
     }
     collector_thread = previous;
     /* A finalizer's exception must not surface inside an unrelated op. */
@@ -221,8 +262,8 @@ static int soft_collection_allowed(const nd_device *dev, device_pressure *ps, in
 
 /* Runs one collection for dev and updates its figures and trigger. */
 static void collect_and_account(nd_device *dev, device_pressure *ps, nd_collect_reason reason,
-                                double start, int64_t before) {
-    run_python_collection(reason);
+                                double start, int64_t before, int64_t asked) {
+    run_ladder(dev, ps, reason, before, asked > 0 ? asked : 1);
     double end = now_seconds();
     int64_t after = allocated_of(dev);
     int64_t freed = before > after ? before - after : 0;
@@ -262,7 +303,11 @@ static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested,
     device_pressure *ps = &pressure[id];
     double start = now_seconds();
     int64_t before = allocated_of(dev);
+    int64_t asked = requested;
     if (reason == ND_COLLECT_PRESSURE) {
+        nd_memory_stats s;
+        nd_memory_get_stats(dev, &s);
+        if (s.trigger >= 0) asked = before + requested - s.trigger;
         int64_t cap = cap_of(dev);
         if (!watermark_set() && safe_points_active(ps, start) && cap >= 0 &&
             before + requested <= cap) {
@@ -274,7 +319,7 @@ static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested,
             return;
         }
     }
-    collect_and_account(dev, ps, reason, start, before);
+    collect_and_account(dev, ps, reason, start, before, asked);
 }
 
 void pressure_safe_point(void) {
@@ -302,7 +347,7 @@ void pressure_safe_point(void) {
             ps->skipped++;
             continue;
         }
-        collect_and_account(dev, ps, ND_COLLECT_PRESSURE, now, before);
+        collect_and_account(dev, ps, ND_COLLECT_PRESSURE, now, before, before - trigger);
         ps->safe_point_collections++;
         ps->safe_point_useless = ps->last_freed_little;
         ps->safe_baseline = ps->survivors;
@@ -325,7 +370,14 @@ void pressure_install(void) {
  *   gc_seconds                time spent in them
  *   gc_freed_bytes            allocated bytes on this device that dropped during them
  *   collect_freed_bytes       the same figure, under its older name
- *   gc_survivor_bytes         allocated bytes after the last one */
+ *   gc_survivor_bytes         allocated bytes after the last one
+ * Each of them runs the ladder; its steps:
+ *   num_scoped_collections    scoped collections run (scoped.c)
+ *   scoped_gc_seconds         their time (part of gc_seconds)
+ *   scoped_objects_examined   needle objects they examined
+ *   scoped_freed_bytes        allocated bytes that dropped during them
+ *   num_full_collections      full collections run (gc.collect)
+ *   num_full_fallbacks        of which after a scoped one that freed too little */
 int pressure_add_stats(const nd_device *dev, PyObject *dict) {
     int id = nd_device_id(dev);
     device_pressure empty = {0};
@@ -344,6 +396,12 @@ int pressure_add_stats(const nd_device *dev, PyObject *dict) {
         {"gc_freed_bytes", PyLong_FromLongLong(ps->freed_bytes)},
         {"collect_freed_bytes", PyLong_FromLongLong(ps->freed_bytes)},
         {"gc_survivor_bytes", PyLong_FromLongLong(ps->survivors)},
+        {"num_scoped_collections", PyLong_FromLongLong(ps->scoped_collections)},
+        {"scoped_gc_seconds", PyFloat_FromDouble(ps->scoped_seconds)},
+        {"scoped_objects_examined", PyLong_FromLongLong(ps->scoped_examined)},
+        {"scoped_freed_bytes", PyLong_FromLongLong(ps->scoped_freed_bytes)},
+        {"num_full_collections", PyLong_FromLongLong(ps->full_collections)},
+        {"num_full_fallbacks", PyLong_FromLongLong(ps->full_fallbacks)},
     };
     int rc = 0;
     for (size_t i = 0; i < sizeof items / sizeof items[0]; i++) {

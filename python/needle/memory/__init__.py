@@ -37,6 +37,7 @@ from .diagnostics import _cycle_callback as _cycle_callback
 from .monitor import MemoryMonitor, record_history
 from .policy import (
     _policy_from_environment,
+    collect,
     freeze_heap,
     gc_visible,
     get_gc_policy,
@@ -86,6 +87,7 @@ __all__ = [
     "record_history",
     "MemoryMonitor",
     "safe_point",
+    "collect",
 ]
 
 # The public names are needle.memory's, wherever in the package they are defined.

@@ -323,6 +323,9 @@ def _available_engine_ids():
 
 
 _cycle_watch = {"devices": [], "before": None}
+# The (phase, info) observers needle_c calls around each scoped collection, as gc.callbacks
+# around Python's: warn_on_cycles watches both.
+_scoped_observers = _c._scoped_info()["observers"]
 
 
 def _cycle_callback(phase, info):
@@ -364,9 +367,10 @@ def _cycle_callback(phase, info):
 
 
 def warn_on_cycles(enabled=True):
-    """Installs (``enabled=True``) or removes a ``gc.callbacks`` observer that emits a
-    :class:`CycleWarning` whenever a collection frees device memory on any available device,
-    that is, whenever reference cycles were holding it. Enabling also makes CycleWarning
+    """Installs (``enabled=True``) or removes a ``gc.callbacks`` observer, also called around
+    needle's scoped collections, that emits a :class:`CycleWarning` whenever a collection frees
+    device memory on any available device, that is, whenever reference cycles were holding
+    it. Enabling also makes CycleWarning
     visible when only Python's default ``ignore::ResourceWarning`` filter would apply. The
     observer runs inside the collector and cannot raise there: a filter that turns the
     warning into an error drops it. Returns whether it was installed before."""
@@ -376,8 +380,12 @@ def warn_on_cycles(enabled=True):
         _cycle_watch["devices"] = _available_engine_ids()
         if not was_installed:
             gc.callbacks.append(_cycle_callback)
+        if _cycle_callback not in _scoped_observers:
+            _scoped_observers.append(_cycle_callback)
     else:
         while _cycle_callback in gc.callbacks:
             gc.callbacks.remove(_cycle_callback)
+        while _cycle_callback in _scoped_observers:
+            _scoped_observers.remove(_cycle_callback)
         _cycle_watch["before"] = None
     return was_installed

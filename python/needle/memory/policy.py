@@ -9,6 +9,7 @@ collector's visibility switch, ``freeze_heap`` and the safe point a training loo
 
 import gc
 import os
+import time
 
 import needle_c as _c
 
@@ -123,6 +124,42 @@ def safe_point():
     safe points, within the policy's pacing; does nothing when the policy is disabled, a
     fixed watermark is set, or no device has a budget. Returns None."""
     _c._gc_safe_point()
+
+
+def _allocated_everywhere():
+    """Allocated bytes summed over the engine's devices (needle_c's device ids)."""
+    devices = (_c.cpu(), _c.cpu_numpy(), _c.cuda())
+    return sum(_c._memory_allocated(dev._id) for dev in devices if dev.enabled())
+
+
+def collect(scope="needle"):
+    """Runs a collection now and returns what it freed, as a dict: ``scope``, ``objects``
+    (objects freed), ``bytes`` (allocated device bytes, all devices, that dropped), ``seconds``
+    and ``ran`` (False when the scoped collection could not run: see below).
+
+    - ``scope="needle"``: the scoped collection (needle_c/memory/scoped.c): Python's cycle
+      algorithm over needle's own objects (Tensors, TensorTuples, Ops, their subclasses, the
+      inputs tuples and ``__dict__`` they alone hold). It frees the cycles made only of those
+      objects that nothing else references, a subset of what ``gc.collect()`` frees, at a cost
+      proportional to needle's live objects rather than the whole heap. It does not run inside
+      Python's own collection or another scoped one (``ran`` is False), nor on free-threaded
+      builds, where it falls back to a full collection.
+    - ``scope="all"``: ``gc.collect()`` (``objects`` is what it returns: unreachable objects
+      found).
+
+    Both run even under ``gc.disable()``, as ``gc.collect()`` does."""
+    if scope not in ("needle", "all"):
+        raise ValueError(f"scope must be 'needle' or 'all', got {scope!r}")
+    before = _allocated_everywhere()
+    if scope == "needle" and _c._scoped_info()["supported"]:
+        r = _c._collect_needle()
+        objects, seconds, ran = r["collected"], r["seconds"], r["ran"]
+    else:
+        start = time.perf_counter()
+        objects = gc.collect()
+        seconds, ran = time.perf_counter() - start, True
+    freed = max(0, before - _allocated_everywhere())
+    return {"scope": scope, "objects": objects, "bytes": freed, "seconds": seconds, "ran": ran}
 
 
 def _policy_from_environment():

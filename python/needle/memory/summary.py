@@ -11,7 +11,9 @@ from .stats import _format_bytes, _resolve, memory_stats
 def memory_summary(device=None):
     """A readable report of the device's memory, as one string: the statistics table, the
     largest groups of live tensors by op, the gc pressure policy and the collection
-    statistics (num_pressure_collections, num_oom_collections, gc_seconds, gc_freed_bytes)."""
+    statistics (num_pressure_collections, num_oom_collections, gc_seconds, gc_freed_bytes)
+    and the ladder's steps (scoped collections, their time, objects examined and bytes freed,
+    full collections and fallbacks)."""
     dev = _resolve(device)
     stats = memory_stats(dev)
     if not stats:
@@ -91,5 +93,13 @@ def _summary_diagnostics(dev, stats, top=10):
         f"deferred {stats.get('num_pressure_deferrals', 0)}; "
         f"gc time {stats.get('gc_seconds', 0.0):.3f} s; "
         f"freed {_format_bytes(stats.get('gc_freed_bytes', 0))}"
+    )
+    lines.append(
+        f"ladder: scoped {stats.get('num_scoped_collections', 0)} "
+        f"({stats.get('scoped_gc_seconds', 0.0) * 1e3:.2f} ms, "
+        f"{stats.get('scoped_objects_examined', 0)} objects examined, "
+        f"freed {_format_bytes(stats.get('scoped_freed_bytes', 0))}); "
+        f"full {stats.get('num_full_collections', 0)} "
+        f"(of which {stats.get('num_full_fallbacks', 0)} after a scoped one freed too little)"
     )
     return lines

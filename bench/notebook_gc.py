@@ -1,0 +1,142 @@
+"""The scoped and the full collection inside a Jupyter kernel, where the heap is ~4x a script's.
+
+    python bench/notebook_gc.py [--steps 6] [--words 200000]
+
+Runs, through nbclient in a fresh python3 kernel (IPython's own objects tracked beside needle's),
+the course's PTB Transformer loop in needle graph mode (batch 256, seq_len 20, synthetic corpus)
+and times, right after each step, either `needle.memory.collect("needle")` or `gc.collect()`
+(alternating; each finds the previous step's graph as garbage), as bench/gc_cost.py does in a
+script. Then trains the same number of steps with the pressure hook alone (emulated limit of
+2.5x a step's peak) and reports its ladder counters and collector share. Prints JSON lines and a
+table.
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+import nbclient
+import nbformat
+
+from benchutil import print_machine
+
+SETUP = """
+import gc, json, statistics, time
+import needle as ndl
+import needle_c as _c
+from needle import memory
+from needle.data import get_batch, write_synthetic_corpus
+from needle.repro import course_setup
+corpus_dir = str(write_synthetic_corpus({tmp!r}, num_words={words}, seed=0))
+corpus, train, model, opt, loss_fn = course_setup(corpus_dir, 256, 20, ndl.cpu())
+ndl.autograd.set_graph_mode("needle")
+position = 0
+
+def step():
+    global position
+    X, y = get_batch(train, position, 20)
+    logits, _ = model(X)
+    loss = loss_fn(logits, y)
+    opt.reset_grad()
+    loss.backward()
+    opt.step()
+    position = (position + 20) % (train.shape[0] - 21)
+"""
+
+MEASURE = """
+gc.collect()
+gc.disable()
+scoped_ms, full_ms, left = [], [], []
+for i in range(2 * {steps} + 2):
+    step()
+    if i < 2:
+        gc.collect()
+        continue
+    t0 = time.perf_counter()
+    if i % 2 == 0:
+        memory.collect("needle")
+        scoped_ms.append(1e3 * (time.perf_counter() - t0))
+        left.append(gc.collect())
+    else:
+        gc.collect()
+        full_ms.append(1e3 * (time.perf_counter() - t0))
+tracked = len(gc.get_objects())
+gc.enable()
+print(json.dumps({{"part": "collections", "tracked_objects": tracked,
+    "needle_objects": _c._scoped_info()["registered"],
+    "scoped_ms": statistics.median(scoped_ms), "scoped_max_ms": max(scoped_ms),
+    "full_ms": statistics.median(full_ms), "left_to_full": max(left)}}))
+"""
+
+HOOK = """
+gc.collect()
+memory.reset_peak_memory_stats("cpu")
+step()
+peak = memory.max_memory_allocated("cpu")
+memory.set_memory_limit("cpu", int(2.5 * peak))
+start = memory.memory_stats("cpu")
+t0 = time.perf_counter()
+for i in range({steps}):
+    step()
+elapsed = time.perf_counter() - t0
+s = memory.memory_stats("cpu")
+d = {{k: s[k] - start[k] for k in ("num_pressure_collections", "num_scoped_collections",
+    "num_full_collections", "num_full_fallbacks", "gc_seconds", "scoped_gc_seconds")}}
+d.update(part="hook", steps={steps}, seconds=elapsed, gc_share=d["gc_seconds"] / elapsed,
+    peak_mib=s["allocated_bytes.all.peak"] / 2**20)
+print(json.dumps(d))
+"""
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--words", type=int, default=200_000)
+    args = parser.parse_args()
+    print_machine()
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = [os.path.join(here, "..", "python"), here, os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    with tempfile.TemporaryDirectory() as tmp:
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [
+            nbformat.v4.new_code_cell(
+                SETUP.format(tmp=os.path.join(tmp, "corpus"), words=args.words)
+            ),
+            nbformat.v4.new_code_cell(MEASURE.format(steps=args.steps)),
+            nbformat.v4.new_code_cell(HOOK.format(steps=args.steps)),
+        ]
+        client = nbclient.NotebookClient(nb, timeout=1800, kernel_name="python3")
+        client.execute()
+    rows = []
+    for cell in nb.cells:
+        for out in cell.outputs:
+            if out.get("output_type") == "stream":
+                for line in out["text"].splitlines():
+                    if line.startswith("{"):
+                        rows.append(json.loads(line))
+            elif out.get("output_type") == "error":
+                print("\n".join(out["traceback"]), file=sys.stderr)
+                sys.exit(1)
+    for row in rows:
+        print(json.dumps(row))
+    c = next(r for r in rows if r["part"] == "collections")
+    h = next(r for r in rows if r["part"] == "hook")
+    print()
+    print(f"tracked objects in the kernel: {c['tracked_objects']}; needle: {c['needle_objects']}")
+    print(
+        f"after a step: scoped {c['scoped_ms']:.3f} ms (max {c['scoped_max_ms']:.3f}), "
+        f"full {c['full_ms']:.2f} ms; left to the full one: {c['left_to_full']}"
+    )
+    print(
+        f"hook, {h['steps']} steps: {h['num_pressure_collections']} collections "
+        f"({h['num_scoped_collections']} scoped, {h['num_full_collections']} full, "
+        f"{h['num_full_fallbacks']} fallbacks), collector {h['gc_seconds']:.3f} s = "
+        f"{100 * h['gc_share']:.2f}% of {h['seconds']:.1f} s, peak {h['peak_mib']:.1f} MiB"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,457 @@
+"""The scoped collection (needle_c/memory/scoped.c): Python's cycle algorithm over needle's own
+objects. For random graphs it frees exactly the needle objects ``gc.collect()`` would when every
+cycle is made of needle objects, a subset when the graph also hangs from lists, dicts,
+closures, frames, ``__dict__`` attributes and bound methods, and never anything reachable;
+finalizers, weakref callbacks and gc callbacks that allocate, a 10^6-node chain, a collection
+requested during a collection, and the course loop under the pressure ladder.
+"""
+
+import gc
+import random
+import time
+import weakref
+
+import numpy as np
+import pytest
+
+import needle as ndl
+import needle_c as _c
+from needle import memory
+
+MiB = 2**20
+pytestmark = pytest.mark.skipif(
+    not _c._scoped_info()["supported"], reason="scoped collection unsupported (free-threaded)"
+)
+NEEDLE_TYPES = (ndl.autograd.Value, ndl.autograd.Op)
+
+
+@pytest.fixture(autouse=True)
+def collector_off():
+    """Every test starts from a collected heap with the collector disabled; restores it."""
+    thresholds = gc.get_threshold()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.set_threshold(*thresholds)
+        gc.collect()
+
+
+class Double(ndl.autograd.TensorOp):
+    """A Python op: 2a."""
+
+    def compute(self, a):
+        return a * 2.0
+
+    def gradient(self, out_grad, node):
+        return out_grad * 2.0
+
+
+class Attr(ndl.Tensor):
+    """A Tensor subclass (instances have a __dict__ of their own attributes)."""
+
+
+def _leaf(rng, shape=(3, 3)):
+    data = rng.standard_normal(shape).astype(np.float32)
+    kind = rng.integers(3)
+    if kind == 0:
+        return ndl.nn.Parameter(ndl.Tensor(data))
+    return ndl.Tensor(data, requires_grad=bool(kind == 1))
+
+
+def _random_graph(seed, mode):
+    """A random graph in graph mode `mode`: built-in and Python ops, TensorTuples, Parameters,
+    retained grads, a backward pass, and a few needle-only cycles made by hand (grad set to a
+    descendant). Returns every node made."""
+    rng = np.random.default_rng(seed)
+    nodes = [_leaf(rng) for _ in range(3)]
+    with ndl.autograd.graph_mode(mode):
+        for _ in range(int(rng.integers(5, 25))):
+            tensors = [n for n in nodes if isinstance(n, ndl.Tensor)]
+            a = tensors[int(rng.integers(len(tensors)))]
+            b = tensors[int(rng.integers(len(tensors)))]
+            choice = int(rng.integers(7))
+            if choice == 0:
+                y = a + b
+            elif choice == 1:
+                y = a * b
+            elif choice == 2:
+                y = Double()(a)
+            elif choice == 3:
+                y = (a @ b).relu()
+            elif choice == 4:
+                t = ndl.ops.make_tuple(a, b)
+                nodes.append(t)
+                y = ndl.ops.tuple_get_item(t, int(rng.integers(2)))
+            elif choice == 5:
+                y = ndl.ops.split(ndl.ops.stack([a, b], 0), 0)[0]
+            else:
+                y = a.exp() - b
+            if rng.integers(4) == 0:
+                y.retain_grad()
+            nodes.append(y)
+        out = nodes[-1].sum()
+        nodes.append(out)
+        if any(n.requires_grad for n in nodes if isinstance(n, ndl.Tensor)):
+            out.backward()
+    tensors = [n for n in nodes if isinstance(n, ndl.Tensor)]
+    for _ in range(int(rng.integers(3))):  # needle-only cycles: a node's grad is a descendant
+        i, j = sorted(int(k) for k in rng.integers(len(tensors), size=2))
+        tensors[i].grad = tensors[j]
+    return nodes
+
+
+def _needle_objects(nodes):
+    """Every needle object reachable from nodes through any object (BFS over referents)."""
+    seen, todo, found = set(), list(nodes), []
+    while todo:
+        o = todo.pop()
+        if id(o) in seen or isinstance(o, type):
+            continue
+        seen.add(id(o))
+        if isinstance(o, NEEDLE_TYPES):
+            found.append(o)
+        todo.extend(gc.get_referents(o))
+    return found
+
+
+def _snapshot(objs):
+    """What must not change in a reachable object: its op, inputs and data."""
+    out = []
+    for o in objs:
+        if isinstance(o, ndl.autograd.Value):
+            data = o.cached_data
+            arrays = data if isinstance(data, tuple) else () if data is None else (data,)
+            out.append((o.op, tuple(o.inputs), [a.numpy().copy() for a in arrays]))
+        else:
+            out.append(None)
+    return out
+
+
+def _check_intact(objs, before):
+    for o, snap in zip(objs, before):
+        if snap is None:
+            continue
+        op, inputs, data = snap
+        assert o.op is op
+        assert tuple(o.inputs) == inputs
+        now = o.cached_data
+        now = now if isinstance(now, tuple) else () if now is None else (now,)
+        assert len(now) == len(data)
+        for a, b in zip(now, data):
+            np.testing.assert_array_equal(a.numpy(), b)
+
+
+def _dead(refs):
+    return sum(r() is None for r in refs)
+
+
+@pytest.mark.parametrize("mode", ["needle", "cycle_free"])
+@pytest.mark.parametrize("seed", range(12))
+def test_frees_exactly_what_gc_frees_when_cycles_are_needle_only(seed, mode):
+    nodes = _random_graph(seed, mode)
+    refs = [weakref.ref(o) for o in _needle_objects(nodes)]
+    keep = random.Random(seed).sample(nodes, k=2)  # roots held by the test
+    kept = _needle_objects(keep)
+    snap = _snapshot(kept)
+    del nodes
+    garbage_now = _dead(refs)  # freed by reference counting alone
+    r = memory.collect("needle")
+    assert r["ran"]
+    freed_scoped = _dead(refs) - garbage_now
+    assert r["objects"] >= freed_scoped
+    _check_intact(kept, snap)
+    gc.collect()
+    assert _dead(refs) - garbage_now == freed_scoped  # gc.collect finds no needle garbage left
+    _check_intact(kept, snap)
+
+
+def _hang(rng, nodes, owners):
+    """Hangs random nodes from non-needle objects: some of them garbage cycles only
+    gc.collect() frees (a self-referencing list or dict, a closure cell, a generator frame, a
+    bound method in a cycle), some __dict__ attributes between nodes."""
+    for _ in range(6):
+        t = nodes[int(rng.integers(len(nodes)))]
+        kind = int(rng.integers(6))
+        if kind == 0:
+            cycle = [t]
+            cycle.append(cycle)
+        elif kind == 1:
+            cycle = {"t": t}
+            cycle["self"] = cycle
+        elif kind == 2:
+
+            def closure(t=t):
+                return t, closure
+
+            cycle = closure
+        elif kind == 3:
+
+            def frame(t):
+                me = yield
+                yield t, me
+
+            cycle = frame(t)
+            next(cycle)
+            cycle.send(cycle)
+        elif kind == 4:
+            holder = Attr(np.ones((2,), dtype=np.float32))
+            holder.target = t
+            holder.bound = holder.numpy  # a bound method: a cycle through the holder
+            cycle = holder
+        else:
+            other = nodes[int(rng.integers(len(nodes)))]
+            if isinstance(other, ndl.autograd.Value) and not isinstance(
+                other, ndl.autograd.TensorTuple
+            ):
+                other.hang = t  # an attribute in the instance __dict__
+            continue
+        owners.append(cycle)
+
+
+@pytest.mark.parametrize("mode", ["needle", "cycle_free"])
+@pytest.mark.parametrize("seed", range(12))
+def test_frees_a_subset_when_the_graph_hangs_from_other_objects(seed, mode):
+    rng = np.random.default_rng(1000 + seed)
+    nodes = _random_graph(seed, mode)
+    owners = []
+    _hang(rng, nodes, owners)
+    refs = [weakref.ref(o) for o in _needle_objects(nodes)]
+    keep = [nodes[0], owners[0] if owners else nodes[1]]
+    kept = _needle_objects(keep)
+    snap = _snapshot(kept)
+    del nodes, owners
+    dead0 = _dead(refs)
+    memory.collect("needle")
+    freed_scoped = _dead(refs) - dead0
+    _check_intact(kept, snap)
+    gc.collect()
+    freed_all = _dead(refs) - dead0
+    assert freed_scoped <= freed_all
+    _check_intact(kept, snap)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_nothing_reachable_is_freed_under_frequent_collections(seed):
+    """With Python's collector running every allocation (threshold 1) beside the scoped one,
+    every node reachable from what the test holds keeps its identity, fields and values."""
+    gc.enable()
+    gc.set_threshold(1)
+    rng = np.random.default_rng(seed)
+    nodes = _random_graph(seed, "needle")
+    holders = {"list": [nodes[-1]], "dict": {"t": nodes[len(nodes) // 2]}}
+    kept = _needle_objects(list(holders.values()))
+    refs = [weakref.ref(o) for o in kept]
+    snap = _snapshot(kept)
+    del nodes
+    for _ in range(3):
+        memory.collect("needle")
+        _ = _random_graph(int(rng.integers(100)), "needle")
+        del _
+    assert _dead(refs) == 0
+    _check_intact(kept, snap)
+
+
+class Finalized(ndl.Tensor):
+    """A Tensor subclass whose __del__ allocates and frees tensors."""
+
+    made = []
+
+    def __del__(self):
+        x = ndl.Tensor(np.ones((64, 64), dtype=np.float32))
+        Finalized.made.append((x * 2.0).numpy().sum())
+        del x
+
+
+def test_finalizers_are_left_to_the_full_collection():
+    Finalized.made.clear()
+    with ndl.autograd.graph_mode("needle"):
+        f = Finalized(np.ones((4, 4), dtype=np.float32))
+        y = (f * 3.0).sum()
+        y.backward()
+        f.grad = y  # a cycle through a finalized object
+        plain = ndl.Tensor(np.ones((2, 2), dtype=np.float32))
+        plain.grad = (plain * 2.0).sum()
+        plain.grad.grad = plain  # a needle-only cycle beside it
+    ref_f, ref_y, ref_plain = weakref.ref(f), weakref.ref(y), weakref.ref(plain)
+    del f, y, plain
+    r = memory.collect("needle")
+    assert r["ran"] and r["objects"] > 0
+    assert ref_plain() is None
+    assert ref_f() is not None and ref_y() is not None  # reached from a finalizer: a root
+    assert Finalized.made == []
+    gc.collect()
+    assert ref_f() is None and ref_y() is None
+    assert Finalized.made == [64 * 64 * 2.0]
+
+
+def test_weakref_callbacks_run_when_freed_and_may_allocate():
+    seen = []
+
+    def callback(ref):
+        x = ndl.Tensor(np.ones((8,), dtype=np.float32))
+        seen.append(float((x + 1.0).numpy().sum()))
+        seen.append(memory.collect("needle")["ran"])  # a collection during a collection
+
+    with ndl.autograd.graph_mode("needle"):
+        a = ndl.Tensor(np.ones((4,), dtype=np.float32))
+        b = (a * a).sum()
+        b.backward()
+        a.grad.grad = a
+    ref = weakref.ref(a, callback)
+    others = [weakref.ref(o) for o in _needle_objects([a, b])]
+    del a, b
+    assert ref() is not None
+    r = memory.collect("needle")
+    assert r["ran"] and ref() is None
+    assert seen == [16.0, False]
+    assert _dead(others) == len(others)
+
+
+def test_allocation_and_collection_inside_gc_callbacks():
+    results = []
+
+    def observer(phase, info):
+        if info.get("scope") == "needle":
+            return
+        x = ndl.Tensor(np.ones((16,), dtype=np.float32))
+        results.append((phase, float((x * 2.0).numpy().sum()), memory.collect("needle")["ran"]))
+
+    gc.callbacks.append(observer)
+    try:
+        with ndl.autograd.graph_mode("needle"):
+            a = ndl.Tensor(np.ones((4,), dtype=np.float32))
+            (a * a).sum().backward()
+        del a
+        gc.collect()
+    finally:
+        gc.callbacks.remove(observer)
+    # Inside Python's collection ("start": after needle's observer marked it running) the
+    # scoped collection refuses; after it ("stop"), it runs.
+    assert results == [("start", 32.0, False), ("stop", 32.0, True)]
+
+
+def test_million_node_chain_without_recursion():
+    n = 10**6
+    base = _c._scoped_info()["registered"]
+    nodes = [ndl.Tensor.__new__(ndl.Tensor) for _ in range(n)]
+    for i in range(1, n):
+        nodes[i].inputs = (nodes[i - 1],)
+    nodes[0].inputs = (nodes[-1],)  # one cycle of 10^6 nodes
+    head = weakref.ref(nodes[0])
+    keep = nodes[n // 2]
+    del nodes
+    r = memory.collect("needle")  # reachable from keep: the whole ring survives
+    assert r["ran"] and r["objects"] == 0 and head() is not None
+    assert len(keep.inputs) == 1
+    del keep
+    r = memory.collect("needle")
+    assert r["objects"] == n and head() is None
+    assert _c._scoped_info()["registered"] == base
+
+
+def test_scoped_collection_is_refused_during_python_collection_and_nested():
+    assert memory.collect("needle")["ran"]
+    assert memory.collect("all")["ran"]
+    with pytest.raises(ValueError):
+        memory.collect("process")
+
+
+def _course_loop(mode, steps=8):
+    """The course loop (reset_grad after the forward pass, as in the course's train_epoch)."""
+    np.random.seed(0)
+    model = ndl.nn.Sequential(ndl.nn.Linear(256, 512), ndl.nn.ReLU(), ndl.nn.Linear(512, 8))
+    opt = ndl.optim.SGD(model.parameters(), lr=1e-2)
+    loss_fn = ndl.nn.SoftmaxLoss()
+    X = ndl.Tensor(np.random.randn(512, 256).astype("float32"), requires_grad=False)
+    y = ndl.Tensor(np.random.randint(0, 8, 512).astype("float32"), requires_grad=False)
+    losses, allocated = [], []
+    with ndl.autograd.graph_mode(mode):
+        for _ in range(steps):
+            out = model(X)
+            loss = loss_fn(out * out, y)  # out's gradient refers to out: a cycle in needle mode
+            opt.reset_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.numpy().reshape(-1)[0]))
+            allocated.append(memory.memory_allocated())
+            time.sleep(0.005)  # lets the pacer (at 0.5) allow a collection a step
+    return losses, allocated
+
+
+def test_course_loop_in_needle_mode_with_the_hook_matches_cycle_free():
+    gc.enable()  # the soft path honours gc.disable()
+    gc.set_threshold(10**9)  # only the pressure policy collects
+    _c._reset_pressure_stats(memory._engine_id("cpu"))
+    base = memory.memory_allocated()
+    policy = memory.get_gc_policy()
+    memory.set_memory_limit("cpu", base + 64 * MiB)
+    memory.set_gc_policy(growth=0.0, min_growth="2MiB", max_gc_fraction=0.5)
+    try:
+        reference, _ = _course_loop("cycle_free")
+        start = memory.memory_stats()
+        losses, allocated = _course_loop("needle", steps=16)
+        stats = memory.memory_stats()
+    finally:
+        memory.set_memory_limit("cpu", None)
+        memory.set_gc_policy(**policy)
+    np.testing.assert_allclose(losses[:8], reference, rtol=1e-5)
+    # Flat: the last steps hold no more than the early ones (the hook frees each old graph).
+    assert max(allocated[8:]) <= max(allocated[2:8]) * 1.05
+    scoped = stats["num_scoped_collections"] - start["num_scoped_collections"]
+    collections = stats["num_pressure_collections"] - start["num_pressure_collections"]
+    assert scoped >= 1 and scoped == collections  # every ladder starts with a scoped one
+    assert stats["scoped_objects_examined"] > start["scoped_objects_examined"]
+    assert stats["scoped_freed_bytes"] > start["scoped_freed_bytes"]
+    fallbacks = stats["num_full_fallbacks"] - start["num_full_fallbacks"]
+    full = stats["num_full_collections"] - start["num_full_collections"]
+    assert fallbacks <= full and fallbacks < scoped  # the graph's garbage is needle-only
+    assert stats["num_ooms"] == start["num_ooms"]
+    assert "ladder: scoped" in memory.memory_summary("cpu")
+
+
+def test_ladder_falls_back_to_a_full_collection_when_scoped_frees_too_little():
+    """Garbage held by a list cycle: the scoped collection frees none of it, the ladder's full
+    collection does."""
+    _c._reset_pressure_stats(memory._engine_id("cpu"))
+    gc.enable()
+    gc.set_threshold(10**9)
+    base = memory.memory_allocated()
+    policy = memory.get_gc_policy()
+    memory.set_memory_limit("cpu", base + 64 * MiB)
+    try:
+        memory.set_gc_policy(watermark=base + 8 * MiB, max_gc_fraction=0.5)
+        start = memory.memory_stats()
+        for _ in range(24):
+            cycle = [ndl.Tensor(np.ones((MiB // 4,), dtype=np.float32))]
+            cycle.append(cycle)
+            del cycle
+            time.sleep(0.002)  # lets the pacer allow the next collection
+        stats = memory.memory_stats()
+    finally:
+        memory.set_memory_limit("cpu", None)
+        memory.set_gc_policy(**policy)
+    assert stats["num_full_fallbacks"] >= 1
+    assert stats["scoped_freed_bytes"] == start["scoped_freed_bytes"]
+    assert stats["gc_freed_bytes"] > start["gc_freed_bytes"]
+
+
+def test_oom_path_uses_the_ladder():
+    _c._reset_pressure_stats(memory._engine_id("cpu"))
+    base = memory.memory_allocated()
+    start = memory.memory_stats()
+    memory.set_memory_limit("cpu", base + 8 * MiB)
+    try:
+        with ndl.autograd.graph_mode("needle"):
+            for _ in range(6):  # each graph is needle-only cyclic garbage of ~2 MiB
+                a = ndl.Tensor(np.ones((MiB // 4,), dtype=np.float32))
+                (a * a).sum().backward()
+                del a
+        stats = memory.memory_stats()
+    finally:
+        memory.set_memory_limit("cpu", None)
+    assert stats["num_ooms"] == start["num_ooms"]  # the allocator's counter is cumulative
+    assert stats["num_scoped_collections"] >= 1
+    assert stats["num_oom_collections"] + stats["num_pressure_collections"] >= 1
