@@ -27,7 +27,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     t0, failed = time.perf_counter(), 0
     for seed in range(args.seed, args.seed + args.programs):
-        gc.freeze()  # the interpreter's own objects out of the programs' full collections
+        # the interpreter's own objects out of the programs' full collections (collected
+        # first: frozen garbage would be freed mid-program by needle's scoped collection)
+        gc.collect()
+        gc.freeze()
         try:
             run_seed(seed, disturbed=not args.plain)
             if not args.no_hostile and not args.plain:
