@@ -538,11 +538,9 @@ static PyObject *stack_compute(needle_state *st, const op_params *p, PyObject *c
         nd_array slot = NDArray_CAST(out)->array;
         nd_layout_slice(&slot.layout, axis, i, 1, 1);
         nd_layout_drop_dim(&slot.layout, axis);
-        nd_status status = nd_array_assign(&slot, &NDArray_CAST(PyTuple_GET_ITEM(items, i))->array);
-        if (status != ND_OK) {
-            Py_DECREF(out);
-            return raise_status(st, status);
-        }
+        if (nd_assign_into(st, out, &slot, &NDArray_CAST(PyTuple_GET_ITEM(items, i))->array) ==
+            NULL)
+            return NULL;
     }
     return out;
 }

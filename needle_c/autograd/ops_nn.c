@@ -93,12 +93,7 @@ static PyObject *dilate_compute(needle_state *st, const op_params *p, PyObject *
     nd_array slots = NDArray_CAST(out)->array;
     for (int i = 0; i < l->ndim; i++)
         if ((mask >> i) & 1u) nd_layout_slice(&slots.layout, i, 0, step, l->shape[i]);
-    nd_status status = nd_array_assign(&slots, &NDArray_CAST(a[0])->array);
-    if (status != ND_OK) {
-        Py_DECREF(out);
-        return raise_status(st, status);
-    }
-    return out;
+    return nd_assign_into(st, out, &slots, &NDArray_CAST(a[0])->array);
 }
 
 static PyObject *dilate_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
@@ -177,12 +172,7 @@ static PyObject *pad_hw(needle_state *st, PyObject *x, int64_t pad) {
     nd_array inner = NDArray_CAST(out)->array;
     nd_layout_slice(&inner.layout, 1, pad, 1, l->shape[1]);
     nd_layout_slice(&inner.layout, 2, pad, 1, l->shape[2]);
-    nd_status status = nd_array_assign(&inner, &NDArray_CAST(x)->array);
-    if (status != ND_OK) {
-        Py_DECREF(out);
-        return raise_status(st, status);
-    }
-    return out;
+    return nd_assign_into(st, out, &inner, &NDArray_CAST(x)->array);
 }
 
 static PyObject *conv_compute(needle_state *st, const op_params *p, PyObject *const *a,

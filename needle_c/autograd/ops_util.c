@@ -77,6 +77,13 @@ PyObject *nd_full_like_shape(needle_state *st, PyObject *like, int ndim, const i
     return out;
 }
 
+PyObject *nd_assign_into(needle_state *st, PyObject *out, nd_array *dst, const nd_array *src) {
+    nd_status status = nd_array_assign(dst, src);
+    if (status == ND_OK) return out;
+    Py_DECREF(out);
+    return raise_status(st, status);
+}
+
 int axes_to_mask(const op_params *p, int ndim, uint32_t *mask) {
     *mask = 0;
     if (!p->axes_given) {

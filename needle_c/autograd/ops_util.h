@@ -22,6 +22,9 @@ PyObject *nd_empty_like_shape(needle_state *st, PyObject *like, int ndim, const 
 const nd_layout *array_layout(PyObject *a);
 PyObject *nd_full_like_shape(needle_state *st, PyObject *like, int ndim, const int64_t *shape,
                              float value);
+/* Copies src into dst, a view into out's storage. Returns out (the caller's
+ * new reference), or releases it and returns NULL with the exception set. */
+PyObject *nd_assign_into(needle_state *st, PyObject *out, nd_array *dst, const nd_array *src);
 /* p's axes as a bit mask over ndim dims (all of them when axes is None). */
 int axes_to_mask(const op_params *p, int ndim, uint32_t *mask);
 
