@@ -6,9 +6,12 @@ Runs, through nbclient in a fresh python3 kernel (IPython's own objects tracked 
 the course's PTB Transformer loop in needle graph mode (batch 256, seq_len 20, synthetic corpus)
 and times, right after each step, either `needle.memory.collect("needle")` or `gc.collect()`
 (alternating; each finds the previous step's graph as garbage), as bench/gc_cost.py does in a
-script. Then trains the same number of steps with the pressure hook alone (emulated limit of
-2.5x a step's peak) and reports its ladder counters and collector share. Prints JSON lines and a
-table.
+script. Then trains the same number of steps in each of four modes, one after another in the
+same kernel, under an emulated limit of 2.5x a step's peak: ``cycle_free`` (the default graph,
+the hook on: the peak to compare with), ``hook`` (needle graph mode, the hook's ladder:
+scoped, then full when needed), ``hook_full`` (the hook with full collections only) and
+``manual`` (the hook off, the course's ``gc.collect()`` after every batch). Reports each mode's
+ladder counters, collector share and peak. Prints JSON lines and a table.
 """
 
 import argparse
@@ -71,22 +74,45 @@ print(json.dumps({{"part": "collections", "tracked_objects": tracked,
 """
 
 HOOK = """
+def run_mode(mode, steps, limit):
+    gc.collect()
+    ndl.autograd.set_graph_mode("cycle_free" if mode == "cycle_free" else "needle")
+    memory.set_gc_policy(enabled=mode != "manual")
+    _c._set_scoped_enabled(mode != "hook_full")
+    memory.set_memory_limit("cpu", limit)
+    _c._reset_pressure_stats(memory._engine_id("cpu"))  # each mode starts as a fresh process
+    memory.reset_peak_memory_stats("cpu")
+    start = memory.memory_stats("cpu")
+    manual_seconds = 0.0
+    t0 = time.perf_counter()
+    try:
+        for i in range(steps):
+            step()
+            if mode == "manual":  # the course's workaround, after every batch
+                t_gc = time.perf_counter()
+                gc.collect()
+                manual_seconds += time.perf_counter() - t_gc
+    finally:
+        elapsed = time.perf_counter() - t0
+        memory.set_gc_policy(enabled=True)
+        _c._set_scoped_enabled(True)
+        memory.set_memory_limit("cpu", None)
+    s = memory.memory_stats("cpu")
+    d = {{k: s[k] - start[k] for k in ("num_collect_calls", "num_scoped_collections",
+        "num_full_collections", "num_full_fallbacks", "num_fallbacks_skipped", "gc_seconds",
+        "scoped_gc_seconds")}}
+    if mode == "manual":
+        d["gc_seconds"] = manual_seconds
+    d.update(part="mode", mode=mode, steps=steps, seconds=elapsed,
+        gc_share=d["gc_seconds"] / elapsed, peak_mib=s["allocated_bytes.all.peak"] / 2**20)
+    return d
+
 gc.collect()
 memory.reset_peak_memory_stats("cpu")
 step()
-peak = memory.max_memory_allocated("cpu")
-memory.set_memory_limit("cpu", int(2.5 * peak))
-start = memory.memory_stats("cpu")
-t0 = time.perf_counter()
-for i in range({steps}):
-    step()
-elapsed = time.perf_counter() - t0
-s = memory.memory_stats("cpu")
-d = {{k: s[k] - start[k] for k in ("num_pressure_collections", "num_scoped_collections",
-    "num_full_collections", "num_full_fallbacks", "gc_seconds", "scoped_gc_seconds")}}
-d.update(part="hook", steps={steps}, seconds=elapsed, gc_share=d["gc_seconds"] / elapsed,
-    peak_mib=s["allocated_bytes.all.peak"] / 2**20)
-print(json.dumps(d))
+limit = int(2.5 * memory.max_memory_allocated("cpu"))
+for mode in ("cycle_free", "hook", "hook_full", "manual"):
+    print(json.dumps(run_mode(mode, {steps}, limit)))
 """
 
 
@@ -123,19 +149,27 @@ def main():
     for row in rows:
         print(json.dumps(row))
     c = next(r for r in rows if r["part"] == "collections")
-    h = next(r for r in rows if r["part"] == "hook")
+    modes = {r["mode"]: r for r in rows if r["part"] == "mode"}
     print()
     print(f"tracked objects in the kernel: {c['tracked_objects']}; needle: {c['needle_objects']}")
     print(
         f"after a step: scoped {c['scoped_ms']:.3f} ms (max {c['scoped_max_ms']:.3f}), "
         f"full {c['full_ms']:.2f} ms; left to the full one: {c['left_to_full']}"
     )
+    cf_peak = modes["cycle_free"]["peak_mib"]
     print(
-        f"hook, {h['steps']} steps: {h['num_pressure_collections']} collections "
-        f"({h['num_scoped_collections']} scoped, {h['num_full_collections']} full, "
-        f"{h['num_full_fallbacks']} fallbacks), collector {h['gc_seconds']:.3f} s = "
-        f"{100 * h['gc_share']:.2f}% of {h['seconds']:.1f} s, peak {h['peak_mib']:.1f} MiB"
+        f"{'mode':<11}{'steps':>6}{'s/step':>8}{'collections':>13}{'scoped':>8}{'full':>6}"
+        f"{'fallbacks':>11}{'backed off':>12}{'gc s':>8}{'gc share':>10}{'peak MiB':>10}"
+        f"{'peak/cf':>9}"
     )
+    for name, m in modes.items():
+        print(
+            f"{name:<11}{m['steps']:>6}{m['seconds'] / m['steps']:>8.3f}"
+            f"{m['num_collect_calls']:>13}{m['num_scoped_collections']:>8}"
+            f"{m['num_full_collections']:>6}{m['num_full_fallbacks']:>11}"
+            f"{m['num_fallbacks_skipped']:>12}{m['gc_seconds']:>8.3f}"
+            f"{100 * m['gc_share']:>9.2f}%{m['peak_mib']:>10.1f}{m['peak_mib'] / cf_peak:>9.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -436,6 +436,89 @@ def test_ladder_falls_back_to_a_full_collection_when_scoped_frees_too_little():
     assert stats["num_full_fallbacks"] >= 1
     assert stats["scoped_freed_bytes"] == start["scoped_freed_bytes"]
     assert stats["gc_freed_bytes"] > start["gc_freed_bytes"]
+    # every fallback freed the list cycles: none is backed off
+    assert stats["num_fallbacks_skipped"] == start["num_fallbacks_skipped"]
+
+
+def _needle_garbage(nbytes):
+    """A needle-only garbage cycle holding nbytes (a graph-mode "needle" backward)."""
+    with ndl.autograd.graph_mode("needle"):
+        a = ndl.Tensor(np.ones((nbytes // 4,), dtype=np.float32))
+        (a * a).sum().backward()
+    return weakref.ref(a)
+
+
+def _drive_ladders(count):
+    """Makes 1 MiB of needle garbage at a time until `count` more ladders ran, waiting after each
+    collection as long as it took (the pacer's rule at max_gc_fraction 0.5)."""
+    first = memory.memory_stats()["num_scoped_collections"]
+    for _ in range(50 * count):
+        before = memory.memory_stats()
+        _needle_garbage(MiB)
+        after = memory.memory_stats()
+        if after["num_scoped_collections"] - first >= count:
+            return
+        time.sleep(0.002 + after["gc_seconds"] - before["gc_seconds"])
+    raise AssertionError(f"fewer than {count} ladders ran")
+
+
+def test_fallbacks_that_free_nothing_back_off_and_useful_ones_end_it():
+    """Each collection's scoped step frees the needle garbage, less than the pressure asks
+    for; its full fallback then frees nothing. The fallbacks back off (1, 2, 4, ... soft
+    ladders without one), and a fallback that frees a list cycle ends the back-off."""
+    _c._reset_pressure_stats(memory._engine_id("cpu"))
+    gc.enable()
+    gc.set_threshold(10**9)
+    base = memory.memory_allocated()
+    policy = memory.get_gc_policy()
+    memory.set_memory_limit("cpu", base + 256 * MiB)
+    ballast = ndl.Tensor(np.ones((2 * MiB,), dtype=np.float32))  # 8 MiB alive
+    try:
+        memory.set_gc_policy(watermark=base + 8 * MiB + MiB // 2, max_gc_fraction=0.5)
+        start = memory.memory_stats()
+        _drive_ladders(20)
+        mid = memory.memory_stats()
+        cycle = [ndl.Tensor(np.ones((MiB // 4,), dtype=np.float32)) for _ in range(12)]
+        cycle.append(cycle)
+        del cycle  # 3 MiB that only a full collection frees
+        _drive_ladders(64)
+        end = memory.memory_stats()
+    finally:
+        memory.set_memory_limit("cpu", None)
+        memory.set_gc_policy(**policy)
+        del ballast
+    ladders = mid["num_scoped_collections"] - start["num_scoped_collections"]
+    fallbacks = mid["num_full_fallbacks"] - start["num_full_fallbacks"]
+    skipped = mid["num_fallbacks_skipped"] - start["num_fallbacks_skipped"]
+    assert ladders == 20 and end["num_oom_collections"] == 0
+    assert fallbacks + skipped == ladders  # each scoped step freed less than asked
+    assert fallbacks == 5  # at ladders 1, 3, 6, 11 and 20
+    assert mid["scoped_freed_bytes"] - start["scoped_freed_bytes"] >= (ladders - 1) * MiB
+    # the back-off (16 skips) lets ladder 37 fall back: it frees the list cycle, which ends
+    # the back-off: fallbacks again at 38, 40, 43, 48, 57 and 74 (without the reset: 37, 70)
+    assert end["num_full_fallbacks"] - mid["num_full_fallbacks"] == 7
+    assert memory.memory_allocated() < base + 12 * MiB
+    assert "skipped by the back-off" in memory.memory_summary("cpu")
+
+
+def test_frozen_garbage_is_left_alone_as_gc_collect_leaves_it():
+    """gc.freeze()'s objects are never examined by the collector; the scoped collection keeps
+    them too (they are roots), and frees garbage made after the freeze."""
+    frozen = _needle_garbage(4096)
+    gc.freeze()  # needle's wrapper of the gc module's own
+    try:
+        assert gc.get_freeze_count() > 0 and "needle" in gc.freeze.__doc__
+        assert memory.collect("needle")["ran"]
+        assert frozen() is not None
+        gc.collect()
+        assert frozen() is not None  # what gc.collect() does with it
+        later = _needle_garbage(4096)
+        assert memory.collect("needle")["objects"] > 0
+        assert later() is None and frozen() is not None
+    finally:
+        gc.unfreeze()
+    memory.collect("needle")
+    assert frozen() is None
 
 
 def test_oom_path_uses_the_ladder():

@@ -119,6 +119,7 @@ typedef struct needle_link {
     Py_ssize_t refs;
     uint32_t epoch;
     int state;
+    int frozen; /* alive when gc.freeze() last ran (memory/scoped.c) */
 } needle_link;
 
 typedef struct {

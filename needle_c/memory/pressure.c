@@ -36,12 +36,25 @@
  * The ladder (every collection above): a scoped collection first
  * (scoped.c: needle's own objects, cost proportional to the graph); a full
  * collection only when the scoped one freed less than the pressure asked
- * for: on the allocation path, the bytes that bring allocated + requested
- * back to the trigger; at a safe point, the bytes above the trigger; on the
- * out-of-memory path, the requested bytes (then the allocation fits under a
- * limit). A scoped collection that cannot run (a free-threaded build) means
- * a full one; one refused because a collection is already running means
- * none. The full collection on the out-of-memory path runs after
+ * for: at a safe point, the bytes above the trigger (the graph is garbage
+ * there and a forward pass's transients are gone); on the allocation path,
+ * the bytes that bring allocated + requested back to the trigger, except in
+ * a training loop (safe points keep coming, no fixed watermark), where a
+ * forward or backward pass climbs past the trigger holding no garbage: there
+ * the bytes above high_water * budget, so that the trigger only paces the
+ * cheap scoped step and a full collection, which costs the whole heap (30-140
+ * ms in a Jupyter kernel, several GPU steps), waits for a safe point or real
+ * pressure; on the out-of-memory path, the requested bytes (then the
+ * allocation fits under a limit). A full fallback that frees almost nothing (under 1% of what is
+ * allocated: the garbage was not there, e.g. a forward pass's collection)
+ * makes the next soft fallbacks wait: the next 1, 2, 4, ... up to 64 soft
+ * ladders run the scoped step alone, so a heap where a full collection costs
+ * 100 ms does not pay it at every step; a useful fallback ends the back-off,
+ * and the one fallback in every 64 that still runs is the backstop for
+ * cycles through other objects (Python's own collections remain the other).
+ * The out-of-memory path always falls back. A scoped collection that cannot
+ * run (a free-threaded build) means a full one; one refused because a
+ * collection is already running means none. The full collection on the out-of-memory path runs after
  * gc.unfreeze(); the engine then releases cached blocks and retries.
  */
 #include "needle_c.h"
@@ -79,9 +92,14 @@ typedef struct device_pressure {
     /* The ladder: scoped collections, what they examined and freed, and the
      * full collections (of which fallbacks after a scoped one). */
     int64_t scoped_collections, scoped_examined, scoped_freed_bytes;
-    int64_t full_collections, full_fallbacks;
+    int64_t full_collections, full_fallbacks, fallbacks_skipped;
     double scoped_seconds;
+    /* The fallback back-off: useless fallbacks in a row, and how many soft
+     * ladders are still to run without one. */
+    int useless_fallbacks, fallback_skips_left;
 } device_pressure;
+
+enum { MAX_FALLBACK_SKIPS = 64 };
 
 /* The policy's defaults: the one place they are written down. The
  * environment (NEEDLE_GC, NEEDLE_GC_GROWTH, ...) is parsed beside the
@@ -203,8 +221,21 @@ static void run_full_collection(nd_collect_reason reason) {
     }
 }
 
+/* After a fallback that freed `freed` bytes out of `before`: end the
+ * back-off, or double it (the header's fallback back-off). */
+static void note_fallback(device_pressure *ps, int64_t freed, int64_t before) {
+    if (freed * 100 >= before) {
+        ps->useless_fallbacks = 0;
+        ps->fallback_skips_left = 0;
+        return;
+    }
+    if (ps->useless_fallbacks < 30) ps->useless_fallbacks++;
+    int64_t skips = (int64_t)1 << (ps->useless_fallbacks - 1);
+    ps->fallback_skips_left = (int)(skips < MAX_FALLBACK_SKIPS ? skips : MAX_FALLBACK_SKIPS);
+}
+
 /* The ladder of the header comment for dev: scoped, then full when the
- * scoped one freed less than `asked` bytes. */
+ * scoped one freed less than `asked` bytes (unless backed off). */
 static void run_ladder(nd_device *dev, device_pressure *ps, nd_collect_reason reason,
                        int64_t before, int64_t asked) {
     PyObject *type, *value, *traceback;
@@ -212,7 +243,7 @@ static void run_ladder(nd_device *dev, device_pressure *ps, nd_collect_reason re
     unsigned long previous = collector_thread;
     collector_thread = PyThread_get_thread_ident();
     scoped_result r;
-    int full = 1;
+    int full = 1, fallback = 0;
     if (scoped_collect(&r) >= 0) {
         int64_t after = allocated_of(dev);
         int64_t freed = before > after ? before - after : 0;
@@ -220,15 +251,23 @@ static void run_ladder(nd_device *dev, device_pressure *ps, nd_collect_reason re
         ps->scoped_examined += r.examined;
         ps->scoped_seconds += r.seconds;
         ps->scoped_freed_bytes += freed;
-        full = freed < asked;
-        if (full) ps->full_fallbacks++;
+        full = fallback = freed < asked;
+        if (fallback && reason == ND_COLLECT_PRESSURE && ps->fallback_skips_left > 0) {
+            ps->fallback_skips_left--;
+            ps->fallbacks_skipped++;
+            full = fallback = 0;
+        }
+        if (fallback) ps->full_fallbacks++;
     } else if (r.refused == SCOPED_BUSY) {
         full = 0; /* a collection is running (this is code it ran) */
     }
     if (PyErr_Occurred()) PyErr_WriteUnraisable(NULL);
     if (full) {
+        int64_t mid = allocated_of(dev);
         run_full_collection(reason);
         ps->full_collections++;
+        int64_t after = allocated_of(dev);
+        if (fallback) note_fallback(ps, mid > after ? mid - after : 0, mid);
     }
     collector_thread = previous;
     /* A finalizer's exception must not surface inside an unrelated op. */
@@ -241,6 +280,25 @@ static void run_ladder(nd_device *dev, device_pressure *ps, nd_collect_reason re
 static int safe_points_active(const device_pressure *ps, double now) {
     return !ps->safe_point_useless && ps->last_safe_point > 0.0 &&
            now - ps->last_safe_point <= 2.0 * ps->safe_point_interval + 0.01;
+}
+
+/* A training loop is running: a safe point has come, and the next is not
+ * overdue (a second's grace for the first steps, whose interval is not
+ * known yet). Looser than safe_points_active: that one steers the trigger,
+ * this one only tells a forward pass's climb from garbage piling up. */
+static int in_training_loop(const device_pressure *ps, double now) {
+    return ps->last_safe_point > 0.0 &&
+           now - ps->last_safe_point <= 2.0 * ps->safe_point_interval + 1.0;
+}
+
+/* What a collection on the allocation path at `level` bytes (the request
+ * included) asks its ladder for (the header): the bytes above the trigger,
+ * or in a training loop the bytes above high_water * budget. */
+static int64_t allocation_path_asked(const nd_device *dev, const device_pressure *ps, int64_t level,
+                                     int64_t trigger, double now) {
+    int64_t mark = trigger;
+    if (!watermark_set() && in_training_loop(ps, now)) mark = cap_of(dev);
+    return mark < 0 ? 0 : level - mark;
 }
 
 /* Pacing and back-off for the soft path; 1 when a collection may run now.
@@ -263,7 +321,7 @@ static int soft_collection_allowed(const nd_device *dev, device_pressure *ps, in
 /* Runs one collection for dev and updates its figures and trigger. */
 static void collect_and_account(nd_device *dev, device_pressure *ps, nd_collect_reason reason,
                                 double start, int64_t before, int64_t asked) {
-    run_ladder(dev, ps, reason, before, asked > 0 ? asked : 1);
+    run_ladder(dev, ps, reason, before, asked);
     double end = now_seconds();
     int64_t after = allocated_of(dev);
     int64_t freed = before > after ? before - after : 0;
@@ -307,7 +365,7 @@ static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested,
     if (reason == ND_COLLECT_PRESSURE) {
         nd_memory_stats s;
         nd_memory_get_stats(dev, &s);
-        if (s.trigger >= 0) asked = before + requested - s.trigger;
+        asked = allocation_path_asked(dev, ps, before + requested, s.trigger, start);
         int64_t cap = cap_of(dev);
         if (!watermark_set() && safe_points_active(ps, start) && cap >= 0 &&
             before + requested <= cap) {
@@ -377,7 +435,8 @@ void pressure_install(void) {
  *   scoped_objects_examined   needle objects they examined
  *   scoped_freed_bytes        allocated bytes that dropped during them
  *   num_full_collections      full collections run (gc.collect)
- *   num_full_fallbacks        of which after a scoped one that freed too little */
+ *   num_full_fallbacks        of which after a scoped one that freed too little
+ *   num_fallbacks_skipped     fallbacks the back-off skipped (the header) */
 int pressure_add_stats(const nd_device *dev, PyObject *dict) {
     int id = nd_device_id(dev);
     device_pressure empty = {0};
@@ -402,6 +461,7 @@ int pressure_add_stats(const nd_device *dev, PyObject *dict) {
         {"scoped_freed_bytes", PyLong_FromLongLong(ps->scoped_freed_bytes)},
         {"num_full_collections", PyLong_FromLongLong(ps->full_collections)},
         {"num_full_fallbacks", PyLong_FromLongLong(ps->full_fallbacks)},
+        {"num_fallbacks_skipped", PyLong_FromLongLong(ps->fallbacks_skipped)},
     };
     int rc = 0;
     for (size_t i = 0; i < sizeof items / sizeof items[0]; i++) {

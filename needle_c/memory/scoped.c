@@ -21,7 +21,15 @@
  * an object with refs != 0 is referenced from outside (a list, a dict, a
  * frame, a closure, a C local): a root. Objects whose type has a finalizer
  * (tp_finalize: a Python subclass with __del__) are roots too, so finalizers
- * are left to the full collection. Everything reachable from a root (an
+ * are left to the full collection. So are frozen objects (gc.freeze()), which
+ * the collector never examines. The public API cannot tell which objects
+ * are frozen, so needle wraps gc.freeze and gc.unfreeze (the gc module's
+ * attributes, replaced when needle_c is imported): a freeze marks every
+ * linked object, an unfreeze clears the marks, objects linked later start
+ * unmarked. A freeze through a reference to the original function taken
+ * before needle_c was imported goes unseen (then frozen needle garbage may
+ * be freed; objects made before needle_c cannot be needle objects).
+ * Everything reachable from a root (an
  * explicit stack, no recursion) is kept; the rest is garbage nothing outside
  * the set can reach. Garbage is freed as the collector frees it: a reference
  * is held to each, tp_clear is called on each, the references are released.
@@ -42,8 +50,8 @@
 
 enum { LINK_OUT = 0, LINK_IN = 1, LINK_REACHABLE = 2 };
 
-static needle_link values_head = {&values_head, &values_head, 0, 0, LINK_OUT};
-static needle_link ops_head = {&ops_head, &ops_head, 0, 0, LINK_OUT};
+static needle_link values_head = {&values_head, &values_head, 0, 0, LINK_OUT, 0};
+static needle_link ops_head = {&ops_head, &ops_head, 0, 0, LINK_OUT, 0};
 static Py_ssize_t linked_count = 0;
 
 /* Borrowed: the types of the module that installed the scoped collection
@@ -58,6 +66,8 @@ static int python_gc_running = 0;
 /* Observers called like gc.callbacks ("start"/"stop", info) around each
  * scoped collection (warn_on_cycles uses it); a list, or NULL. */
 static PyObject *observers = NULL;
+/* The gc module's own freeze and unfreeze, which needle's wrappers call. */
+static PyObject *gc_freeze = NULL, *gc_unfreeze = NULL;
 
 static scoped_totals totals;
 
@@ -65,6 +75,7 @@ static void link_insert(needle_link *head, needle_link *l) {
 #ifndef Py_GIL_DISABLED
     l->next = head->next;
     l->prev = head;
+    l->frozen = 0;
     head->next->prev = l;
     head->next = l;
     linked_count++;
@@ -220,7 +231,7 @@ static void subtract_internal(needle_link *head, PyObject *(*object_of)(needle_l
 static void push_roots(needle_link *head, PyObject *(*object_of)(needle_link *), mark_stack *s) {
     for (needle_link *l = head->next; l != head; l = l->next) {
         PyObject *o = object_of(l);
-        if (l->state == LINK_IN && (l->refs != 0 || Py_TYPE(o)->tp_finalize != NULL)) {
+        if (l->state == LINK_IN && (l->refs != 0 || l->frozen || Py_TYPE(o)->tp_finalize != NULL)) {
             l->state = LINK_REACHABLE;
             push(s, o);
         }
@@ -231,6 +242,10 @@ static void gather_garbage(needle_link *head, PyObject *(*object_of)(needle_link
                            mark_stack *g) {
     for (needle_link *l = head->next; l != head; l = l->next)
         if (l->state == LINK_IN) push(g, object_of(l));
+}
+
+static void mark_frozen(needle_link *head, int frozen) {
+    for (needle_link *l = head->next; l != head; l = l->next) l->frozen = frozen;
 }
 
 Py_ssize_t scoped_collect(scoped_result *r) {
@@ -306,6 +321,63 @@ static PyMethodDef on_gc_phase_def = {
     "_scoped_gc_phase(phase, info, /)\n--\n\nThe gc.callbacks observer that keeps scoped "
     "collections out of Python's own collections."};
 
+/* ------------------------------------------------- gc.freeze / gc.unfreeze */
+
+static PyObject *call_and_mark(PyObject *original, int frozen) {
+    PyObject *result = PyObject_CallNoArgs(original);
+    if (result != NULL) {
+        mark_frozen(&values_head, frozen);
+        mark_frozen(&ops_head, frozen);
+    }
+    return result;
+}
+
+static PyObject *freeze_wrapper(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    (void)module;
+    return call_and_mark(gc_freeze, 1);
+}
+
+static PyObject *unfreeze_wrapper(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    (void)module;
+    return call_and_mark(gc_unfreeze, 0);
+}
+
+static PyMethodDef freeze_def = {
+    "freeze", freeze_wrapper, METH_NOARGS,
+    "freeze()\n--\n\nFreeze all current tracked objects and ignore them for future "
+    "collections (Python's gc.freeze; needle's wrapper also tells its scoped collection, "
+    "which then leaves these objects alone too)."};
+static PyMethodDef unfreeze_def = {
+    "unfreeze", unfreeze_wrapper, METH_NOARGS,
+    "unfreeze()\n--\n\nUnfreeze all objects in the permanent generation (Python's "
+    "gc.unfreeze; needle's wrapper also tells its scoped collection)."};
+
+/* Replaces gc.<name> by a wrapper of def around it, keeping the original in
+ * *original; a wrapper already there (a second import) is kept. */
+static int wrap_one(PyObject *module, PyObject *gc, const char *name, PyMethodDef *def,
+                    PyObject **original) {
+    PyObject *current = PyObject_GetAttrString(gc, name);
+    if (current == NULL) return -1;
+    if (PyCFunction_Check(current) && PyCFunction_GetFunction(current) == def->ml_meth) {
+        Py_DECREF(current);
+        return 0;
+    }
+    PyObject *wrapper = PyCFunction_NewEx(def, module, NULL);
+    int rc = wrapper != NULL ? PyObject_SetAttrString(gc, name, wrapper) : -1;
+    Py_XDECREF(wrapper);
+    if (rc == 0) {
+        Py_XSETREF(*original, current);
+    } else {
+        Py_DECREF(current);
+    }
+    return rc;
+}
+
+static int wrap_freezing(PyObject *module, PyObject *gc) {
+    if (wrap_one(module, gc, "freeze", &freeze_def, &gc_freeze) < 0) return -1;
+    return wrap_one(module, gc, "unfreeze", &unfreeze_def, &gc_unfreeze);
+}
+
 int scoped_install(PyObject *module, needle_state *st) {
     types = st->autograd;
     if (observers == NULL && (observers = PyList_New(0)) == NULL) return -1;
@@ -313,6 +385,7 @@ int scoped_install(PyObject *module, needle_state *st) {
     PyObject *gc = fn ? PyImport_ImportModule("gc") : NULL;
     PyObject *callbacks = gc ? PyObject_GetAttrString(gc, "callbacks") : NULL;
     int rc = callbacks != NULL && PyList_Check(callbacks) ? PyList_Append(callbacks, fn) : -1;
+    if (rc == 0) rc = wrap_freezing(module, gc);
     if (rc < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "gc.callbacks missing");
     Py_XDECREF(callbacks);
     Py_XDECREF(gc);

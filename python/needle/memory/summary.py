@@ -100,6 +100,7 @@ def _summary_diagnostics(dev, stats, top=10):
         f"{stats.get('scoped_objects_examined', 0)} objects examined, "
         f"freed {_format_bytes(stats.get('scoped_freed_bytes', 0))}); "
         f"full {stats.get('num_full_collections', 0)} "
-        f"(of which {stats.get('num_full_fallbacks', 0)} after a scoped one freed too little)"
+        f"(of which {stats.get('num_full_fallbacks', 0)} after a scoped one freed too little; "
+        f"{stats.get('num_fallbacks_skipped', 0)} more skipped by the back-off)"
     )
     return lines
