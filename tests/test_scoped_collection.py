@@ -408,6 +408,10 @@ def test_course_loop_in_needle_mode_with_the_hook_matches_cycle_free():
     fallbacks = stats["num_full_fallbacks"] - start["num_full_fallbacks"]
     full = stats["num_full_collections"] - start["num_full_collections"]
     assert fallbacks <= full and fallbacks < scoped  # the graph's garbage is needle-only
+    # In a training loop (the cycle_free run before was one) a forward pass climbing past the
+    # trigger is no reason for a full collection below high_water * budget; the one fallback
+    # allowed is at the first safe point, where the new model's larger live set shows.
+    assert fallbacks <= 1
     assert stats["num_ooms"] == start["num_ooms"]
     assert "ladder: scoped" in memory.memory_summary("cpu")
 
