@@ -447,69 +447,6 @@ static nd_status cpu_reduce(nd_reduce_op op, const nd_layout *out_layout, float 
     return ND_OK;
 }
 
-/* ------------------------------------------------------------ matmul */
-
-static nd_sgemm_fn installed_sgemm = NULL;
-
-void nd_cpu_set_sgemm(nd_sgemm_fn fn) { installed_sgemm = fn; }
-nd_sgemm_fn nd_cpu_get_sgemm(void) { return installed_sgemm; }
-
-#include "cpu_gemm.h"
-
-/* Below this many multiply-adds a BLAS call costs more than the work. */
-#define SMALL_MATMUL_FLOPS 4096
-/* Below this many, the built-in single-threaded GEMM is as fast as a
- * threaded BLAS and never waits on a thread pool (OpenBLAS's threads took
- * milliseconds for 64x128x256 on a busy 2-core machine); bench/ndarray_bench.py
- * measures both. */
-#define BLAS_MIN_FLOPS (256 * 256 * 256)
-
-static void small_matmul(const nd_matmul_desc *d, const float *a, const float *b, float *out) {
-    for (int64_t i = 0; i < d->m; i++) {
-        float *row = out + i * d->n;
-        for (int64_t j = 0; j < d->n; j++) row[j] = 0.0f;
-        for (int64_t p = 0; p < d->k; p++) {
-            const float av = a[i * d->a_row_stride + p * d->a_col_stride];
-            const float *brow = b + p * d->b_row_stride;
-            for (int64_t j = 0; j < d->n; j++) row[j] += av * brow[j * d->b_col_stride];
-        }
-    }
-}
-
-static nd_status cpu_matmul(const nd_matmul_desc *d) {
-    int64_t batches = 1;
-    for (int i = 0; i < d->batch_ndim; i++) batches *= d->batch_shape[i];
-    int64_t index[ND_MAX_DIMS] = {0};
-    nd_sgemm_fn gemm = installed_sgemm != NULL && d->m * d->n * d->k >= BLAS_MIN_FLOPS
-                           ? installed_sgemm
-                           : nd_cpu_sgemm_fallback;
-    int small = d->m * d->n * d->k <= SMALL_MATMUL_FLOPS;
-    int trans_a = d->a_col_stride != 1, trans_b = d->b_col_stride != 1;
-    int64_t lda = trans_a ? d->a_col_stride : d->a_row_stride;
-    int64_t ldb = trans_b ? d->b_col_stride : d->b_row_stride;
-    for (int64_t batch = 0; batch < batches; batch++) {
-        int64_t a_off = 0, b_off = 0;
-        for (int i = 0; i < d->batch_ndim; i++) {
-            a_off += index[i] * d->a_batch_strides[i];
-            b_off += index[i] * d->b_batch_strides[i];
-        }
-        float *out = d->out + batch * d->m * d->n;
-        if (d->k == 0) {
-            memset(out, 0, (size_t)(d->m * d->n) * sizeof(float));
-        } else if (small) {
-            small_matmul(d, d->a + a_off, d->b + b_off, out);
-        } else {
-            gemm(trans_a, trans_b, d->m, d->n, d->k, 1.0f, d->a + a_off, lda, d->b + b_off, ldb,
-                 0.0f, out, d->n);
-        }
-        for (int i = d->batch_ndim - 1; i >= 0; i--) {
-            if (++index[i] < d->batch_shape[i]) break;
-            index[i] = 0;
-        }
-    }
-    return ND_OK;
-}
-
 const nd_backend nd_cpu_backend = {
     .name = "cpu",
     .raw_alloc = nd_cpu_raw_alloc,
@@ -519,7 +456,7 @@ const nd_backend nd_cpu_backend = {
     .binary = cpu_binary,
     .unary = cpu_unary,
     .reduce = cpu_reduce,
-    .matmul = cpu_matmul,
+    .matmul = nd_cpu_matmul,
     .to_host = cpu_to_host,
     .from_host = cpu_from_host,
     .gather_rows = nd_cpu_gather_rows,
