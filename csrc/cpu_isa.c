@@ -76,6 +76,14 @@ nd_cpu_isa nd_cpu_isa_current(void) {
     return (nd_cpu_isa)current_isa;
 }
 
+nd_status nd_cpu_isa_limit(nd_cpu_isa ceiling) {
+    if ((int)ceiling < 0 || ceiling >= ND_CPU_ISA_COUNT)
+        return nd_fail(ND_ERR_VALUE, "unknown CPU instruction set %d", (int)ceiling);
+    if ((int)ceiling < (int)nd_cpu_isa_best()) best_isa = (int)ceiling;
+    if ((int)nd_cpu_isa_current() > best_isa) current_isa = best_isa;
+    return ND_OK;
+}
+
 nd_status nd_cpu_set_isa(nd_cpu_isa isa) {
     if ((int)isa < 0 || isa >= ND_CPU_ISA_COUNT)
         return nd_fail(ND_ERR_VALUE, "unknown CPU instruction set %d", (int)isa);

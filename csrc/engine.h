@@ -296,6 +296,10 @@ nd_cpu_isa nd_cpu_isa_current(void);
 /* Makes the kernels use isa; ND_ERR_VALUE (nothing changes) when this CPU
  * cannot run it, so a forced ISA never ends in an illegal instruction. */
 nd_status nd_cpu_set_isa(nd_cpu_isa isa);
+/* Treats this CPU as if it ran nothing above ceiling (it never raises what
+ * the CPU supports), for the rest of the process: emulates a lesser machine,
+ * which is how the refusal of nd_cpu_set_isa is tested on any machine. */
+nd_status nd_cpu_isa_limit(nd_cpu_isa ceiling);
 /* The GEMM micro-kernel built for isa, in words ("avx512 8x32"). */
 const char *nd_cpu_gemm_kernel_name(nd_cpu_isa isa);
 

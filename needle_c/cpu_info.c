@@ -111,17 +111,35 @@ fail:
     return NULL;
 }
 
-static PyObject *set_cpu_isa(PyObject *module, PyObject *arg) {
+/* The ISA named by a Python str; -1 with an exception set otherwise. */
+static int isa_arg(PyObject *module, const char *func, PyObject *arg, nd_cpu_isa *isa) {
     if (!PyUnicode_Check(arg)) {
-        PyErr_Format(PyExc_TypeError, "_set_cpu_isa: expected a str, got %.100s",
+        PyErr_Format(PyExc_TypeError, "%s: expected a str, got %.100s", func,
                      Py_TYPE(arg)->tp_name);
-        return NULL;
+        return -1;
     }
     const char *name = PyUnicode_AsUTF8(arg);
-    if (name == NULL) return NULL;
+    if (name == NULL) return -1;
+    nd_status status = nd_cpu_isa_from_name(name, isa);
+    if (status != ND_OK) {
+        raise_status(state_of_module(module), status);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *set_cpu_isa(PyObject *module, PyObject *arg) {
     nd_cpu_isa isa;
-    nd_status status = nd_cpu_isa_from_name(name, &isa);
-    if (status == ND_OK) status = nd_cpu_set_isa(isa);
+    if (isa_arg(module, "_set_cpu_isa", arg, &isa) < 0) return NULL;
+    nd_status status = nd_cpu_set_isa(isa);
+    if (status != ND_OK) return raise_status(state_of_module(module), status);
+    Py_RETURN_NONE;
+}
+
+static PyObject *limit_cpu_isa(PyObject *module, PyObject *arg) {
+    nd_cpu_isa isa;
+    if (isa_arg(module, "_limit_cpu_isa", arg, &isa) < 0) return NULL;
+    nd_status status = nd_cpu_isa_limit(isa);
     if (status != ND_OK) return raise_status(state_of_module(module), status);
     Py_RETURN_NONE;
 }
@@ -164,6 +182,9 @@ PyMethodDef cpu_info_module_functions[] = {
     {"_set_cpu_isa", set_cpu_isa, METH_O,
      "_set_cpu_isa(name, /)\n--\n\nMakes the CPU kernels use 'avx512', 'avx2' or 'baseline'; "
      "ValueError for a name this CPU cannot run."},
+    {"_limit_cpu_isa", limit_cpu_isa, METH_O,
+     "_limit_cpu_isa(name, /)\n--\n\nTreats this CPU as running nothing above `name` for the rest "
+     "of the process (emulates a lesser machine; never raises what the CPU has)."},
     {"_set_gemm_split", set_gemm_split, METH_O,
      "_set_gemm_split(min_madds, /)\n--\n\nProducts of at least min_madds multiply-adds go to "
      "the BLAS; None measures the split again at the next product that could go either way."},
