@@ -254,6 +254,11 @@ nd_status nd_array_reduce(nd_reduce_op op, const nd_array *a, uint32_t axes_mask
                           nd_array *out);
 /* NumPy matmul semantics: 1-D operands are promoted, batch dims broadcast. */
 nd_status nd_array_matmul(const nd_array *a, const nd_array *b, nd_array *out);
+/* out = x @ w + bias: the matmul, then bias (NULL: none) broadcast to the
+ * product's shape and added into it in place, so a linear layer makes one
+ * array, not two. bias must broadcast to the product's shape unchanged. */
+nd_status nd_array_linear(const nd_array *x, const nd_array *w, const nd_array *bias,
+                          nd_array *out);
 
 /* ------------------------------------------------------------ CPU settings */
 
