@@ -4,12 +4,13 @@
  *
  * The layout follows the Goto/BLIS scheme: op(B) is cut into KC x NC panels
  * and op(A) into MC x KC blocks, and an MR x NR register-blocked micro-kernel
- * does the arithmetic. Unlike the textbook scheme, packing is optional: the
- * micro-kernels read A through any strides (by broadcasts) and B through any
- * row stride, and mask their edges, so a small product runs straight from its
- * operands. Packing pays only where a panel is reused many times (large m or
- * n), or where B's rows are not contiguous (B transposed), and that is the
- * only time it happens. Small products thus cost a few function calls and no
+ * does the arithmetic. Unlike the textbook scheme, A is never packed and B
+ * only sometimes: the micro-kernels read A through any strides (by
+ * broadcasts) and B through any row stride, and mask their edges, so a small
+ * product runs straight from its operands. Packing B pays where its panel is
+ * reused by many rows of C, or where its rows are not contiguous (B
+ * transposed). Packing A was measured as a loss here at every size up to
+ * 1024^3 (the broadcasts read MR rows that stay in L1/L2 anyway). Small products thus cost a few function calls and no
  * allocation, which is what matters for the 64x64 products of small models
  * and the (T, d) products of attention heads.
  */
@@ -22,15 +23,14 @@
 
 /* One KC x NR sliver of B (32 KiB at NR = 32) is reused from L1 by all the
  * MR-row slivers of an MC x KC block of A (96 KiB, L2); the KC x NC panel of
- * B (512 KiB) stays in L2/L3. */
+ * B (512 KiB) stays in L2/L3. 128 or 384 for KC, 48 or 192 for MC measured
+ * no better. */
 #define KC 256
 #define MC 96
 #define NC 512
 /* Packing a B panel costs a copy of it; it pays when the panel is reused by
  * more than this many rows of C (and always when B's rows are strided). */
 #define PACK_B_MIN_M 128
-/* Packing A pays when its block is reused by more than this many columns. */
-#define PACK_A_MIN_N 256
 /* Packing buffers up to this many floats live on the stack (16 KiB). */
 #define STACK_PACK 4096
 
@@ -136,20 +136,6 @@ typedef struct gemm_operand {
     int64_t rs, cs;
 } gemm_operand;
 
-/* Packs A[i0 : i0+mc, p0 : p0+kc] as slivers of mr rows: sliver s holds
- * A(s*mr + r, p) at ap[s*mr*kc + p*mr + r] (rows past mc are not written
- * and never read: the kernel is told the real row count). */
-static void pack_a(gemm_operand a, int64_t i0, int64_t p0, int64_t mc, int64_t kc, int mr,
-                   float *restrict ap) {
-    for (int64_t ir = 0; ir < mc; ir += mr) {
-        const int64_t rows = min_i64(mr, mc - ir);
-        const float *src = a.data + (i0 + ir) * a.rs + p0 * a.cs;
-        for (int64_t p = 0; p < kc; p++)
-            for (int64_t r = 0; r < rows; r++) ap[p * mr + r] = src[r * a.rs + p * a.cs];
-        ap += (int64_t)mr * kc;
-    }
-}
-
 /* Packs B[p0 : p0+kc, j0 : j0+nc] as slivers of nr columns: sliver s holds
  * B(p, s*nr + j) at bp[s*nr*kc + p*nr + j]. */
 static void pack_b(gemm_operand b, int64_t p0, int64_t j0, int64_t kc, int64_t nc, int nr,
@@ -183,30 +169,26 @@ static void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
     }
 }
 
-/* What one product packs, decided from its shape (the same for every
- * product of a batch). */
+/* Whether a product packs B, decided from its shape (the same for every
+ * product of a batch), and the buffer that takes. */
 typedef struct gemm_plan {
     const nd_gemm_ukernel *uk;
-    int pack_a, pack_b;
-    int64_t a_elems, b_elems; /* packing buffer sizes, floats */
+    int pack_b;
+    int64_t b_elems; /* floats */
 } gemm_plan;
 
 static gemm_plan plan_gemm(const nd_gemm_ukernel *uk, int64_t m, int64_t n, int64_t k,
                            int b_rows_contiguous) {
-    gemm_plan plan = {uk, 0, 0, 0, 0};
-    const int64_t kc = min_i64(KC, k);
-    plan.pack_b = !b_rows_contiguous || m > PACK_B_MIN_M;
-    plan.pack_a = n > PACK_A_MIN_N && m > uk->mr;
-    if (plan.pack_a) plan.a_elems = round_up(min_i64(MC, m), uk->mr) * kc;
-    if (plan.pack_b) plan.b_elems = round_up(min_i64(NC, n), uk->nr) * kc;
+    gemm_plan plan = {uk, !b_rows_contiguous || m > PACK_B_MIN_M, 0};
+    if (plan.pack_b) plan.b_elems = round_up(min_i64(NC, n), uk->nr) * min_i64(KC, k);
     return plan;
 }
 
-/* C (m x n, ldc) = alpha * A @ B + beta * C, with the buffers the plan asked
- * for (apack/bpack; NULL when it packs nothing there). */
+/* C (m x n, ldc) = alpha * A @ B + beta * C; bpack is the plan's buffer
+ * (NULL: B is read in place, its rows contiguous). */
 static void gemm_run(const gemm_plan *plan, int64_t m, int64_t n, int64_t k, float alpha,
                      gemm_operand a, gemm_operand b, float beta, float *c, int64_t ldc,
-                     float *restrict apack, float *restrict bpack) {
+                     float *restrict bpack) {
     if (m <= 0 || n <= 0) return;
     /* As in reference BLAS, alpha == 0 skips the product entirely, so A and
      * B are not read and cannot inject NaNs. */
@@ -238,21 +220,13 @@ static void gemm_run(const gemm_plan *plan, int64_t m, int64_t n, int64_t k, flo
             }
             for (int64_t ic = 0; ic < m; ic += MC) {
                 const int64_t mc = min_i64(MC, m - ic);
-                const float *as;
-                int64_t a_rs, a_cs, a_step;
-                if (apack != NULL) {
-                    pack_a(a, ic, pc, mc, kc, mr, apack);
-                    as = apack, a_rs = 1, a_cs = mr, a_step = (int64_t)mr * kc;
-                } else {
-                    as = a.data + ic * a.rs + pc * a.cs, a_rs = a.rs, a_cs = a.cs;
-                    a_step = mr * a.rs;
-                }
+                const float *as = a.data + ic * a.rs + pc * a.cs;
                 for (int64_t jr = 0; jr < nc; jr += nr) {
                     const int cols = (int)min_i64(nr, nc - jr);
                     const float *bsl = bs + (jr / nr) * b_step;
                     for (int64_t ir = 0; ir < mc; ir += mr) {
                         const int rows = (int)min_i64(mr, mc - ir);
-                        uk->fn(kc, as + (ir / mr) * a_step, a_rs, a_cs, bsl, b_rs,
+                        uk->fn(kc, as + ir * a.rs, a.rs, a.cs, bsl, b_rs,
                                c + (ic + ir) * ldc + jc + jr, ldc, rows, cols, alpha, accumulate);
                     }
                 }
@@ -268,42 +242,33 @@ static float *align_ptr(void *p) {
 /* Floats an aligned buffer may lose to its alignment. */
 #define ALIGN_FLOATS (ALIGN_BYTES / (int64_t)sizeof(float))
 
-/* The plan's buffers: from `stack` (STACK_PACK floats plus two alignments)
- * when they fit, else from malloc (*heap, to free). Without memory the plan
- * is downgraded to no packing at all: slower, never wrong. */
-static void take_buffers(gemm_plan *plan, float *stack, void **heap, float **apack, float **bpack) {
+/* The plan's buffer: in `stack` (STACK_PACK floats plus an alignment) when
+ * it fits, else from malloc (*heap, to free); NULL when the plan packs
+ * nothing. Without memory the plan is downgraded to no packing: slower,
+ * never wrong. */
+static float *take_buffer(gemm_plan *plan, float *stack, void **heap) {
     *heap = NULL;
-    *apack = *bpack = NULL;
-    const int64_t total = plan->a_elems + plan->b_elems;
-    if (total == 0) return;
-    float *base = stack;
-    if (total > STACK_PACK) {
-        *heap = malloc((size_t)(total + 2 * ALIGN_FLOATS) * sizeof(float));
-        if (*heap == NULL) {
-            plan->pack_a = plan->pack_b = 0;
-            return;
-        }
-        base = (float *)*heap;
-    }
-    float *p = align_ptr(base);
-    if (plan->pack_a) *apack = p, p = align_ptr(p + plan->a_elems);
-    if (plan->pack_b) *bpack = p;
+    if (!plan->pack_b) return NULL;
+    if (plan->b_elems <= STACK_PACK) return align_ptr(stack);
+    *heap = malloc((size_t)(plan->b_elems + ALIGN_FLOATS) * sizeof(float));
+    if (*heap == NULL) plan->pack_b = 0;
+    return *heap ? align_ptr(*heap) : NULL;
 }
 
-/* A plan for op(B) whose rows may be strided: when it could not get the
- * buffer to pack such a B, each column of C is its own product (a column of
- * op(B) is then read with stride b.rs as a 1-wide tile). */
+/* gemm_run, also where the plan could not get the buffer to pack a B whose
+ * rows are strided: each column of C is then its own product (a column of
+ * op(B) is read with stride b.rs as a 1-wide tile). */
 static void run_planned(const gemm_plan *plan, int64_t m, int64_t n, int64_t k, float alpha,
                         gemm_operand a, gemm_operand b, float beta, float *c, int64_t ldc,
-                        float *apack, float *bpack) {
+                        float *bpack) {
     if (bpack == NULL && b.cs != 1 && n > 1) {
         for (int64_t j = 0; j < n; j++) {
             gemm_operand col = {b.data + j * b.cs, b.rs, 1};
-            gemm_run(plan, m, 1, k, alpha, a, col, beta, c + j, ldc, apack, NULL);
+            gemm_run(plan, m, 1, k, alpha, a, col, beta, c + j, ldc, NULL);
         }
         return;
     }
-    gemm_run(plan, m, n, k, alpha, a, b, beta, c, ldc, apack, bpack);
+    gemm_run(plan, m, n, k, alpha, a, b, beta, c, ldc, bpack);
 }
 
 void nd_cpu_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -313,11 +278,10 @@ void nd_cpu_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, flo
     gemm_operand gb = {b, trans_b ? 1 : ldb, trans_b ? ldb : 1};
     const nd_gemm_ukernel *uk = nd_cpu_gemm_ukernel(nd_cpu_isa_current());
     gemm_plan plan = plan_gemm(uk, m, n, k, gb.cs == 1 || n == 1);
-    float stack[STACK_PACK + 2 * ALIGN_FLOATS];
+    float stack[STACK_PACK + ALIGN_FLOATS];
     void *heap;
-    float *apack, *bpack;
-    take_buffers(&plan, stack, &heap, &apack, &bpack);
-    run_planned(&plan, m, n, k, alpha, ga, gb, beta, c, ldc, apack, bpack);
+    float *bpack = take_buffer(&plan, stack, &heap);
+    run_planned(&plan, m, n, k, alpha, ga, gb, beta, c, ldc, bpack);
     free(heap);
 }
 
@@ -327,10 +291,9 @@ void nd_cpu_sgemm_batched(const nd_matmul_desc *d) {
     if (batches == 0 || d->m == 0 || d->n == 0) return;
     const nd_gemm_ukernel *uk = nd_cpu_gemm_ukernel(nd_cpu_isa_current());
     gemm_plan plan = plan_gemm(uk, d->m, d->n, d->k, d->b_col_stride == 1 || d->n == 1);
-    float stack[STACK_PACK + 2 * ALIGN_FLOATS];
+    float stack[STACK_PACK + ALIGN_FLOATS];
     void *heap;
-    float *apack, *bpack;
-    take_buffers(&plan, stack, &heap, &apack, &bpack);
+    float *bpack = take_buffer(&plan, stack, &heap);
     int64_t index[ND_MAX_DIMS] = {0};
     for (int64_t batch = 0; batch < batches; batch++) {
         int64_t a_off = 0, b_off = 0;
@@ -341,7 +304,7 @@ void nd_cpu_sgemm_batched(const nd_matmul_desc *d) {
         gemm_operand a = {d->a + a_off, d->a_row_stride, d->a_col_stride};
         gemm_operand b = {d->b + b_off, d->b_row_stride, d->b_col_stride};
         run_planned(&plan, d->m, d->n, d->k, 1.0f, a, b, 0.0f, d->out + batch * d->m * d->n, d->n,
-                    apack, bpack);
+                    bpack);
         for (int i = d->batch_ndim - 1; i >= 0; i--) {
             if (++index[i] < d->batch_shape[i]) break;
             index[i] = 0;

@@ -43,8 +43,8 @@ def isa_params():
     ]
 
 
-# Shapes around every kernel's tile (4x8, 6x16, 8x32), the packing thresholds (m > 128,
-# n > 256), the 2-D sizes of small models, and empty dims.
+# Shapes around every kernel's tile (4x8, 6x16, 8x32), B's packing threshold (m > 128), past
+# a KC block (k > 256), the 2-D sizes of small models, and empty dims.
 MATMUL_SHAPES = [
     (1, 1, 1),
     (3, 5, 7),
