@@ -17,12 +17,12 @@ import sys
 import numpy as np
 import pytest
 
+import needle as ndl
 import needle_c
 from needle import backend_ndarray as nd
 
 ISAS = ["baseline", "avx2", "avx512"]
 SUPPORTED = needle_c._cpu_kernels()["supported"]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -233,7 +233,8 @@ PROBE = """
 import json, warnings, numpy as np
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    import needle_c
+    import needle as ndl
+import needle_c
 from needle import backend_ndarray as nd
 rng = np.random.default_rng(1)
 x = rng.uniform(-1, 1, (4, 37, 45)).astype(np.float32)
@@ -254,7 +255,9 @@ def _probe(env_extra, code=PROBE):
     env.pop("NEEDLE_CPU_ISA", None)
     env.pop("NEEDLE_GEMM_SPLIT", None)
     env.update(env_extra)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "python"), env.get("PYTHONPATH", "")])
+    # the same needle_c and needle as this process, whichever build that is
+    paths = [os.path.dirname(needle_c.__file__), os.path.dirname(os.path.dirname(ndl.__file__))]
+    env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
     run = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
