@@ -31,15 +31,57 @@ def timeit(fn, min_time=0.2, repeats=5):
     return statistics.median(samples)
 
 
+def cpu_model():
+    """The CPU's model name (from /proc/cpuinfo on Linux), else what platform says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_kernels():
+    """What needle's CPU kernels run (needle_c._cpu_kernels(), without the calibration
+    table): the ISA, the GEMM micro-kernel, the BLAS and the measured split."""
+    import needle_c
+
+    if not hasattr(needle_c, "_cpu_kernels"):  # a build from before the choice was reported
+        return {"isa": "?", "best": "?", "gemm": "?", "blas": needle_c._blas(), "gemm_split": None}
+    info = needle_c._cpu_kernels()
+    return {k: info[k] for k in ("isa", "best", "gemm", "blas", "gemm_split")}
+
+
+def kernels_line(kernels=None):
+    """One line for a table's header: the CPU kernels' ISA, GEMM kernel and BLAS split."""
+    k = kernels or cpu_kernels()
+    split = k["gemm_split"]
+    if split is None:
+        split_text = "not measured yet"
+    elif split >= 2**62:
+        split_text = "never (the BLAS lost or was too slow when measured)"
+    else:
+        split_text = f"from {split:,} multiply-adds (~{round(split ** (1 / 3))}^3)"
+    return (
+        f"needle CPU kernels: {k['isa']} (best here: {k['best']}; GEMM {k['gemm']}); "
+        f"BLAS split: {split_text}"
+    )
+
+
 def print_machine(**extra):
-    """Prints the JSON line that opens every benchmark's output: machine, CPUs, versions."""
+    """Prints the JSON line that opens every benchmark's output: machine, CPU model,
+    CPUs, versions and the CPU kernels needle runs."""
     import needle
 
     info = {
         "machine": platform.machine(),
+        "cpu": cpu_model(),
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "needle": needle.__version__,
+        "cpu_kernels": cpu_kernels(),
         **extra,
     }
     print(json.dumps({"machine": info}), flush=True)

@@ -9,16 +9,13 @@ of several repeats of a timed loop.
 
 import argparse
 import json
-import os
-import platform
-import sys
 
 import numpy as np
 
 import needle as ndl
 from needle import backend_ndarray as nd
 
-from benchutil import timeit
+from benchutil import kernels_line, print_machine, timeit
 
 
 def cases(quick):
@@ -66,22 +63,25 @@ def cases(quick):
         lambda: pt @ pt.permute((0, 2, 1)).compact(),
         lambda: np.matmul(p.transpose(0, 2, 1), np.ascontiguousarray(p)),
     )
+    # attention heads of the course Transformer: (B*H, T, d) = (256*8, 20, 32)
+    q = rng.standard_normal((2048, 20, 32)).astype(np.float32)
+    k = rng.standard_normal((2048, 20, 32)).astype(np.float32)
+    qa, ka = nd.array(q), nd.array(k)
+    yield (
+        "attention q @ k^T 2048x(20,32)@(32,20)",
+        lambda: qa @ ka.permute((0, 2, 1)),
+        lambda: q @ k.transpose(0, 2, 1),
+    )
+    probs = rng.standard_normal((2048, 20, 20)).astype(np.float32)
+    pr = nd.array(probs)
+    yield "attention p @ v 2048x(20,20)@(20,32)", lambda: pr @ ka, lambda: probs @ k
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer and smaller cases")
     args = parser.parse_args()
-    machine = {
-        "machine": platform.machine(),
-        "processor": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "numpy": np.__version__,
-        "needle": ndl.__version__,
-        "blas": ndl._c._blas(),
-    }
-    print(json.dumps({"machine": machine}))
+    machine = print_machine(numpy=np.__version__, blas=ndl._c._blas())
     rows = []
     for name, needle_fn, numpy_fn in cases(args.quick):
         t_needle = timeit(needle_fn, min_time=0.1 if args.quick else 0.3)
@@ -90,6 +90,7 @@ def main():
         rows.append(row)
         print(json.dumps(row), flush=True)
     print()
+    print(f"machine: {machine['cpu']}, {machine['cpus']} cpus; {kernels_line()}")
     print(f"{'case':<40}{'needle':>12}{'numpy':>12}{'needle/numpy':>14}")
     for row in rows:
         print(

@@ -15,7 +15,7 @@ import numpy as np
 
 import needle as ndl
 
-from benchutil import print_machine, timeit
+from benchutil import kernels_line, print_machine, timeit
 
 try:
     import torch
@@ -96,7 +96,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.parse_args()
-    print_machine(
+    machine = print_machine(
         numpy=np.__version__,
         torch=torch.__version__ if torch else None,
         torch_threads=torch.get_num_threads() if torch else None,
@@ -130,6 +130,7 @@ def main():
     rows.append(row)
     print(json.dumps(row))
     print()
+    print(f"machine: {machine['cpu']}, {machine['cpus']} cpus; {kernels_line()}")
     print(f"{'op':<18}{'size':<16}{'pass':<16}{'needle':>10}{'torch':>10}{'ratio':>8}")
     for r in rows:
         torch_us = f"{r['torch_us']:.1f}" if "torch_us" in r else "-"

@@ -360,17 +360,17 @@ def worker(args):
     }
     if "threads" in result:
         row["threads"] = result["threads"]
+    if args.worker == "needle":
+        from benchutil import cpu_kernels
+
+        row["cpu_kernels"] = cpu_kernels()  # after the run: the split it measured
     print(json.dumps(row), flush=True)
 
 
 def machine_info():
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-            cpu = next(names, cpu)
-    except OSError:
-        pass
+    from benchutil import cpu_model
+
+    cpu = cpu_model()
     info = {
         "machine": platform.machine(),
         "cpu": cpu,
@@ -382,6 +382,9 @@ def machine_info():
         import needle
 
         info["needle"] = needle.__version__
+        from benchutil import cpu_kernels
+
+        info["cpu_kernels"] = cpu_kernels()
     except ImportError:
         info["needle"] = None
     try:
@@ -478,6 +481,12 @@ def main():
         f"PyTorch {info['torch'] or 'absent'}"
         + (f" ({info['torch_threads']} threads)" if info["torch"] else "")
     )
+    if info.get("cpu_kernels"):
+        from benchutil import kernels_line
+
+        for r in rows:
+            if r.get("cpu_kernels"):
+                print(f"{r['config']}: {kernels_line(r['cpu_kernels'])}")
     print(
         f"{'config':<13}{'framework':<10}{'params':>9}{'step ms':>10}{'tokens/s':>11}"
         f"{'user ms':>9}{'sys ms':>8}"

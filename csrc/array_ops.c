@@ -294,3 +294,23 @@ done:
     if (tmp_b.storage) nd_array_release(&tmp_b);
     return status;
 }
+
+nd_status nd_array_linear(const nd_array *x, const nd_array *w, const nd_array *bias,
+                          nd_array *out) {
+    memset(out, 0, sizeof *out);
+    nd_status status;
+    if (bias != NULL && (status = same_device(x, bias)) != ND_OK) return status;
+    if ((status = nd_array_matmul(x, w, out)) != ND_OK || bias == NULL) return status;
+    /* The bias is added in place: the product is the only (m, n) array. */
+    nd_layout bias_layout;
+    status =
+        nd_layout_broadcast_to(&bias->layout, out->layout.ndim, out->layout.shape, &bias_layout);
+    if (status == ND_OK) {
+        float *data = nd_storage_data(out->storage);
+        nd_kernel_operand product = {data, &out->layout, 0.0f};
+        status = backend_of(out)->binary(ND_ADD, &out->layout, data, product,
+                                         array_operand(bias, &bias_layout));
+    }
+    if (status != ND_OK) nd_array_release(out);
+    return status;
+}

@@ -1,77 +1,163 @@
-/* cpu_gemm.c: the engine's fallback single-precision GEMM, used when no BLAS
- * was found at run time.
+/* cpu_gemm.c: needle's own single-precision GEMM: the blocking, the packing,
+ * the batch loop and the plain-C micro-kernel; the x86 micro-kernels are in
+ * cpu_gemm_x86.c, and the current ISA (cpu_isa.c) picks one per call.
  *
- * The layout follows the usual Goto/BLIS scheme: op(B) is cut into KC x NC
- * panels and op(A) into MC x KC blocks, both are copied ("packed") into
- * contiguous buffers laid out in exactly the order the micro-kernel reads
- * them, and an MR x NR register-blocked micro-kernel does the arithmetic.
- * Packing is what makes the four transpose cases equally fast and removes
- * every edge case from the inner loop: partial tiles are zero-padded in the
- * packed buffers, so the kernel always runs a full MR x NR tile and only the
- * final store to C looks at the real tile size.
- *
- * The kernel is plain C written so that GCC vectorizes it (the NR columns
- * become whole SIMD registers, the MR rows are unrolled). On x86-64 with GCC
- * the hot code is compiled twice, for x86-64-v3 (AVX2 + FMA) and for the
- * baseline, and the loader picks one, so a generic -O3 build still gets
- * AVX2/FMA speed on machines that have it.
+ * The layout follows the Goto/BLIS scheme: op(B) is cut into KC x NC panels
+ * and op(A) into MC x KC blocks, and an MR x NR register-blocked micro-kernel
+ * does the arithmetic. Unlike the textbook scheme, A is never packed and B
+ * only sometimes: the micro-kernels read A through any strides (by
+ * broadcasts) and B through any row stride, and mask their edges, so a small
+ * product runs straight from its operands. Packing B pays where its panel is
+ * reused by many rows of C, or where its rows are not contiguous (B
+ * transposed). Packing A was measured as a loss here at every size up to
+ * 1024^3 (the broadcasts read MR rows that stay in L1/L2 anyway). Small products thus cost a few function calls and no
+ * allocation, which is what matters for the 64x64 products of small models
+ * and the (T, d) products of attention heads.
  */
 #include "cpu_gemm.h"
 
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
-/* MR x NR = 3 x 32 is 12 AVX2 accumulators, four B vectors and one A
- * broadcast: it fits the 16 ymm registers, and it is the shape GCC turns
- * into a clean spill-free FMA loop. Squarer tiles (6 x 16, 8 x 8) look
- * better on paper, but GCC 12 then keeps accumulators on the stack or
- * vectorizes across rows with shuffles, and runs 2-8x slower. */
-#define MR 3
-#define NR 32
-/* One KC x NR sliver of packed B (32 KiB) is reused from L1 by all MC / MR
- * slivers of the packed A block; the MC x KC block of A (96 KiB) stays in L2
- * and the KC x NC panel of B (512 KiB) in L2/L3. Halving or doubling any
- * one of these changed the measured speed by only a few percent. */
+/* One KC x NR sliver of B (32 KiB at NR = 32) is reused from L1 by all the
+ * MR-row slivers of an MC x KC block of A (96 KiB, L2); the KC x NC panel of
+ * B (512 KiB) stays in L2/L3. 128 or 384 for KC, 48 or 192 for MC measured
+ * no better. */
 #define KC 256
 #define MC 96
 #define NC 512
+/* Packing a B panel costs a copy of it; it pays when the panel is reused by
+ * more than this many rows of C (and always when B's rows are strided). */
+#define PACK_B_MIN_M 128
+/* Packing buffers up to this many floats live on the stack (16 KiB). */
+#define STACK_PACK 4096
 
 #define ALIGN_BYTES 64
 
 #if defined(__GNUC__) && !defined(__clang__)
-/* -std=c11 turns GCC's FMA contraction off, which would halve the kernel's
- * throughput on FMA hardware; the rounding change is harmless for GEMM.
- * (Clang contracts within a statement by default, which is all we need.) */
-#define ND_CONTRACT optimize("fp-contract=fast")
-#if defined(__x86_64__)
-#define ND_HOT __attribute__((target_clones("arch=x86-64-v3", "default"), ND_CONTRACT))
+/* -std=c11 turns GCC's FMA contraction off, which would halve the plain
+ * kernel's throughput on FMA hardware; the rounding change is harmless. */
+#define ND_CONTRACT __attribute__((optimize("fp-contract=fast")))
 #else
-#define ND_HOT __attribute__((ND_CONTRACT))
-#endif
-/* The helpers are always inlined into the cloned driver so that each clone
- * gets its own copy compiled for its target. */
-#define ND_INLINE static inline __attribute__((always_inline, ND_CONTRACT))
-#elif defined(__GNUC__)
-#define ND_HOT
-#define ND_INLINE static inline __attribute__((always_inline))
-#else
-#define ND_HOT
-#define ND_INLINE static inline
-#endif
-
-#if defined(__GNUC__)
-#define ND_PRAGMA_(x) _Pragma(#x)
-#define ND_UNROLL(n) ND_PRAGMA_(GCC unroll n)
-#else
-#define ND_UNROLL(n)
+#define ND_CONTRACT
 #endif
 
 static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
-
 static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
-/* C = beta*C, where beta == 0 must write zeros without reading C. */
+/* ------------------------------------------------ the plain-C kernel */
+
+/* 4 x 8: eight 4-float accumulators, two B vectors and a broadcast fit the
+ * 16 registers of the baseline x86-64 target (SSE2), or any 128-bit SIMD.
+ * GCC's vector types say so explicitly: left to the auto-vectorizer, the
+ * same loops were vectorized across rows (shuffles, 3 GFLOP/s). */
+enum { MR_C = 4, NR_C = 8 };
+
+/* Edge tiles (and compilers without vector types): the sums with run-time
+ * bounds, into acc. */
+static void tile_scalar(int64_t kc, const float *a, int64_t a_rs, int64_t a_cs, const float *b,
+                        int64_t b_rs, int mr, int nr, float acc[MR_C][NR_C]) {
+    for (int64_t p = 0; p < kc; p++) {
+        const float *bp = b + p * b_rs, *ap = a + p * a_cs;
+        for (int i = 0; i < mr; i++) {
+            const float ai = ap[i * a_rs];
+            for (int j = 0; j < nr; j++) acc[i][j] += ai * bp[j];
+        }
+    }
+}
+
+#if defined(__GNUC__)
+typedef float v4f __attribute__((vector_size(16)));
+
+static inline v4f load4(const float *p) {
+    v4f v;
+    memcpy(&v, p, sizeof v); /* unaligned */
+    return v;
+}
+
+ND_CONTRACT static void tile_vector(int64_t kc, const float *a, int64_t a_rs, int64_t a_cs,
+                                    const float *b, int64_t b_rs, float acc[MR_C][NR_C]) {
+    v4f c0[MR_C] = {{0}}, c1[MR_C] = {{0}};
+    for (int64_t p = 0; p < kc; p++) {
+        const v4f b0 = load4(b), b1 = load4(b + 4);
+        for (int i = 0; i < MR_C; i++) {
+            const float x = a[i * a_rs];
+            const v4f ai = {x, x, x, x};
+            c0[i] += ai * b0;
+            c1[i] += ai * b1;
+        }
+        a += a_cs;
+        b += b_rs;
+    }
+    for (int i = 0; i < MR_C; i++) {
+        memcpy(acc[i], &c0[i], sizeof c0[i]);
+        memcpy(acc[i] + 4, &c1[i], sizeof c1[i]);
+    }
+}
+#endif
+
+static void ukernel_c(int64_t kc, const float *a, int64_t a_rs, int64_t a_cs, const float *b,
+                      int64_t b_rs, float *c, int64_t ldc, int mr, int nr, float alpha,
+                      int accumulate) {
+    float acc[MR_C][NR_C] = {{0.0f}};
+#if defined(__GNUC__)
+    if (mr == MR_C && nr == NR_C) tile_vector(kc, a, a_rs, a_cs, b, b_rs, acc);
+    else tile_scalar(kc, a, a_rs, a_cs, b, b_rs, mr, nr, acc);
+#else
+    tile_scalar(kc, a, a_rs, a_cs, b, b_rs, mr, nr, acc);
+#endif
+    for (int i = 0; i < mr; i++) {
+        float *ci = c + i * ldc;
+        for (int j = 0; j < nr; j++) ci[j] = alpha * acc[i][j] + (accumulate ? ci[j] : 0.0f);
+    }
+}
+
+static const nd_gemm_ukernel ukernel_plain = {"plain C 4x8", ND_CPU_ISA_BASELINE, MR_C, NR_C,
+                                              ukernel_c};
+
+const nd_gemm_ukernel *nd_cpu_gemm_ukernel(nd_cpu_isa isa) {
+#ifdef ND_GEMM_X86
+    if (isa == ND_CPU_ISA_AVX512) return &nd_gemm_ukernel_avx512;
+    if (isa == ND_CPU_ISA_AVX2) return &nd_gemm_ukernel_avx2;
+#endif
+    (void)isa;
+    return &ukernel_plain;
+}
+
+const char *nd_cpu_gemm_kernel_name(nd_cpu_isa isa) { return nd_cpu_gemm_ukernel(isa)->name; }
+
+/* ----------------------------------------------------------- packing */
+
+/* A(i, p) = a[i * rs + p * cs]: a matrix view with any strides. */
+typedef struct gemm_operand {
+    const float *data;
+    int64_t rs, cs;
+} gemm_operand;
+
+/* Packs B[p0 : p0+kc, j0 : j0+nc] as slivers of nr columns: sliver s holds
+ * B(p, s*nr + j) at bp[s*nr*kc + p*nr + j]. */
+static void pack_b(gemm_operand b, int64_t p0, int64_t j0, int64_t kc, int64_t nc, int nr,
+                   float *restrict bp) {
+    for (int64_t jr = 0; jr < nc; jr += nr) {
+        const int64_t cols = min_i64(nr, nc - jr);
+        const float *src = b.data + p0 * b.rs + (j0 + jr) * b.cs;
+        if (b.cs == 1) {
+            for (int64_t p = 0; p < kc; p++)
+                memcpy(bp + p * nr, src + p * b.rs, (size_t)cols * sizeof(float));
+        } else {
+            /* B stored transposed: read along its rows, write across. */
+            for (int64_t j = 0; j < cols; j++)
+                for (int64_t p = 0; p < kc; p++) bp[p * nr + j] = src[j * b.cs + p * b.rs];
+        }
+        bp += (int64_t)nr * kc;
+    }
+}
+
+/* ---------------------------------------------------------- the driver */
+
+/* C = beta*C, where beta == 0 writes zeros without reading C. */
 static void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
     for (int64_t i = 0; i < m; ++i) {
         float *ci = c + i * ldc;
@@ -83,173 +169,65 @@ static void scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc) {
     }
 }
 
-/* Used only when the packing buffers cannot be allocated: slow, but exact
- * in the same sense as the blocked path and it needs no memory. */
-static void sgemm_unpacked(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                           float *c, int64_t ldc) {
-    scale_c(m, n, beta, c, ldc);
-    for (int64_t i = 0; i < m; ++i) {
-        float *ci = c + i * ldc;
-        if (!trans_b) {
-            /* Rows of B are contiguous: sweep them with an axpy per p. */
-            for (int64_t p = 0; p < k; ++p) {
-                const float aip = alpha * (trans_a ? a[p * lda + i] : a[i * lda + p]);
-                const float *bp = b + p * ldb;
-                for (int64_t j = 0; j < n; ++j) ci[j] += aip * bp[j];
-            }
-        } else {
-            /* Rows of B^T are contiguous: a dot product per element. */
-            for (int64_t j = 0; j < n; ++j) {
-                const float *bj = b + j * ldb;
-                float s = 0.0f;
-                for (int64_t p = 0; p < k; ++p)
-                    s += (trans_a ? a[p * lda + i] : a[i * lda + p]) * bj[p];
-                ci[j] += alpha * s;
-            }
-        }
-    }
+/* Whether a product packs B, decided from its shape (the same for every
+ * product of a batch), and the buffer that takes. */
+typedef struct gemm_plan {
+    const nd_gemm_ukernel *uk;
+    int pack_b;
+    int64_t b_elems; /* floats */
+} gemm_plan;
+
+static gemm_plan plan_gemm(const nd_gemm_ukernel *uk, int64_t m, int64_t n, int64_t k,
+                           int b_rows_contiguous) {
+    gemm_plan plan = {uk, !b_rows_contiguous || m > PACK_B_MIN_M, 0};
+    if (plan.pack_b) plan.b_elems = round_up(min_i64(NC, n), uk->nr) * min_i64(KC, k);
+    return plan;
 }
 
-/* Packs op(A)[i0 : i0+mc, p0 : p0+kc] as ceil(mc/MR) slivers, each kc
- * columns of MR consecutive values, rows past mc padded with zeros. */
-ND_INLINE void pack_a(int trans_a, const float *a, int64_t lda, int64_t i0, int64_t p0, int64_t mc,
-                      int64_t kc, float *restrict ap) {
-    for (int64_t ir = 0; ir < mc; ir += MR) {
-        const int64_t mr = min_i64(MR, mc - ir);
-        if (trans_a) {
-            /* Stored k x m: the MR values of one column are adjacent. */
-            const float *src = a + p0 * lda + (i0 + ir);
-            if (mr == MR) {
-                for (int64_t p = 0; p < kc; ++p)
-                    for (int r = 0; r < MR; ++r) ap[p * MR + r] = src[p * lda + r];
-            } else {
-                for (int64_t p = 0; p < kc; ++p) {
-                    int r = 0;
-                    for (; r < mr; ++r) ap[p * MR + r] = src[p * lda + r];
-                    for (; r < MR; ++r) ap[p * MR + r] = 0.0f;
-                }
-            }
-        } else {
-            const float *src = a + (i0 + ir) * lda + p0;
-            if (mr == MR) {
-                for (int64_t p = 0; p < kc; ++p)
-                    for (int r = 0; r < MR; ++r) ap[p * MR + r] = src[r * lda + p];
-            } else {
-                for (int64_t p = 0; p < kc; ++p) {
-                    int r = 0;
-                    for (; r < mr; ++r) ap[p * MR + r] = src[r * lda + p];
-                    for (; r < MR; ++r) ap[p * MR + r] = 0.0f;
-                }
-            }
-        }
-        ap += kc * MR;
+/* C (m x n, ldc) = alpha * A @ B + beta * C; bpack is the plan's buffer
+ * (NULL: B is read in place, its rows contiguous). */
+static void gemm_run(const gemm_plan *plan, int64_t m, int64_t n, int64_t k, float alpha,
+                     gemm_operand a, gemm_operand b, float beta, float *c, int64_t ldc,
+                     float *restrict bpack) {
+    if (m <= 0 || n <= 0) return;
+    /* As in reference BLAS, alpha == 0 skips the product entirely, so A and
+     * B are not read and cannot inject NaNs. */
+    if (k <= 0 || alpha == 0.0f) {
+        scale_c(m, n, beta, c, ldc);
+        return;
     }
-}
-
-/* Packs op(B)[p0 : p0+kc, j0 : j0+nc] as ceil(nc/NR) slivers, each kc rows
- * of NR consecutive values, columns past nc padded with zeros. */
-ND_INLINE void pack_b(int trans_b, const float *b, int64_t ldb, int64_t p0, int64_t j0, int64_t kc,
-                      int64_t nc, float *restrict bp) {
-    for (int64_t jr = 0; jr < nc; jr += NR) {
-        const int64_t nr = min_i64(NR, nc - jr);
-        if (!trans_b) {
-            /* Stored k x n: the NR values of one row are adjacent. */
-            const float *src = b + p0 * ldb + (j0 + jr);
-            if (nr == NR) {
-                for (int64_t p = 0; p < kc; ++p)
-                    for (int j = 0; j < NR; ++j) bp[p * NR + j] = src[p * ldb + j];
-            } else {
-                for (int64_t p = 0; p < kc; ++p) {
-                    int j = 0;
-                    for (; j < nr; ++j) bp[p * NR + j] = src[p * ldb + j];
-                    for (; j < NR; ++j) bp[p * NR + j] = 0.0f;
-                }
-            }
-        } else {
-            const float *src = b + (j0 + jr) * ldb + p0;
-            if (nr == NR) {
-                for (int64_t p = 0; p < kc; ++p)
-                    for (int j = 0; j < NR; ++j) bp[p * NR + j] = src[j * ldb + p];
-            } else {
-                for (int64_t p = 0; p < kc; ++p) {
-                    int j = 0;
-                    for (; j < nr; ++j) bp[p * NR + j] = src[j * ldb + p];
-                    for (; j < NR; ++j) bp[p * NR + j] = 0.0f;
-                }
-            }
-        }
-        bp += kc * NR;
+    if (beta != 0.0f && beta != 1.0f) {
+        scale_c(m, n, beta, c, ldc);
+        beta = 1.0f;
     }
-}
-
-/* C[0:MR, 0:NR] = alpha * (packed A sliver * packed B sliver) + beta * C.
- * The accumulators are only ever indexed by constants once the row loop is
- * unrolled, which is what lets GCC keep all of them in registers; the column
- * loop is the one it vectorizes. */
-ND_INLINE void micro_kernel(int64_t kc, const float *restrict ap, const float *restrict bp,
-                            float alpha, float beta, float *restrict c, int64_t ldc) {
-    float acc[MR][NR] = {{0.0f}};
-    for (int64_t p = 0; p < kc; ++p) {
-        const float *restrict bq = bp + p * NR;
-        const float *restrict aq = ap + p * MR;
-        ND_UNROLL(MR)
-        for (int i = 0; i < MR; ++i) {
-            const float ai = aq[i];
-            for (int j = 0; j < NR; ++j) acc[i][j] += ai * bq[j];
-        }
-    }
-    if (beta == 0.0f) {
-        for (int i = 0; i < MR; ++i)
-            for (int j = 0; j < NR; ++j) c[i * ldc + j] = alpha * acc[i][j];
-    } else if (beta == 1.0f) {
-        for (int i = 0; i < MR; ++i)
-            for (int j = 0; j < NR; ++j) c[i * ldc + j] += alpha * acc[i][j];
-    } else {
-        for (int i = 0; i < MR; ++i)
-            for (int j = 0; j < NR; ++j) c[i * ldc + j] = alpha * acc[i][j] + beta * c[i * ldc + j];
-    }
-}
-
-/* Partial tiles go through a full-size scratch tile: indexing the kernel's
- * accumulators with the run-time tile size would force them into memory for
- * the full tiles too. */
-ND_INLINE void edge_tile(int64_t kc, const float *restrict ap, const float *restrict bp,
-                         float alpha, float beta, float *restrict c, int64_t ldc, int64_t mr,
-                         int64_t nr) {
-    float tmp[MR * NR];
-    micro_kernel(kc, ap, bp, alpha, 0.0f, tmp, NR);
-    for (int64_t i = 0; i < mr; ++i)
-        for (int64_t j = 0; j < nr; ++j) {
-            const float v = tmp[i * NR + j];
-            c[i * ldc + j] = beta == 0.0f ? v : v + beta * c[i * ldc + j];
-        }
-}
-
-ND_HOT
-static void sgemm_blocked(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                          float *c, int64_t ldc, float *restrict apack, float *restrict bpack) {
+    const nd_gemm_ukernel *uk = plan->uk;
+    const int mr = uk->mr, nr = uk->nr;
     for (int64_t jc = 0; jc < n; jc += NC) {
         const int64_t nc = min_i64(NC, n - jc);
         for (int64_t pc = 0; pc < k; pc += KC) {
             const int64_t kc = min_i64(KC, k - pc);
             /* Only the first K block sees the caller's beta; later ones add
              * onto the partial sums already stored in C. */
-            const float beta_eff = pc == 0 ? beta : 1.0f;
-            pack_b(trans_b, b, ldb, pc, jc, kc, nc, bpack);
+            const int accumulate = pc > 0 || beta == 1.0f;
+            const float *bs;
+            int64_t b_rs, b_step; /* B(p, j) of this panel = bs[p*b_rs + j]; next sliver */
+            if (bpack != NULL) {
+                pack_b(b, pc, jc, kc, nc, nr, bpack);
+                bs = bpack, b_rs = nr, b_step = (int64_t)nr * kc;
+            } else {
+                /* unpacked: B's rows are contiguous (cs == 1, or n == 1) */
+                bs = b.data + pc * b.rs + jc, b_rs = b.rs, b_step = nr;
+            }
             for (int64_t ic = 0; ic < m; ic += MC) {
                 const int64_t mc = min_i64(MC, m - ic);
-                pack_a(trans_a, a, lda, ic, pc, mc, kc, apack);
-                for (int64_t jr = 0; jr < nc; jr += NR) {
-                    const int64_t nr = min_i64(NR, nc - jr);
-                    const float *bs = bpack + jr * kc;
-                    for (int64_t ir = 0; ir < mc; ir += MR) {
-                        const int64_t mr = min_i64(MR, mc - ir);
-                        float *ct = c + (ic + ir) * ldc + (jc + jr);
-                        if (mr == MR && nr == NR)
-                            micro_kernel(kc, apack + ir * kc, bs, alpha, beta_eff, ct, ldc);
-                        else edge_tile(kc, apack + ir * kc, bs, alpha, beta_eff, ct, ldc, mr, nr);
+                const float *as = a.data + ic * a.rs + pc * a.cs;
+                for (int64_t jr = 0; jr < nc; jr += nr) {
+                    const int cols = (int)min_i64(nr, nc - jr);
+                    const float *bsl = bs + (jr / nr) * b_step;
+                    for (int64_t ir = 0; ir < mc; ir += mr) {
+                        const int rows = (int)min_i64(mr, mc - ir);
+                        uk->fn(kc, as + ir * a.rs, a.rs, a.cs, bsl, b_rs,
+                               c + (ic + ir) * ldc + jc + jr, ldc, rows, cols, alpha, accumulate);
                     }
                 }
             }
@@ -261,28 +239,76 @@ static float *align_ptr(void *p) {
     return (float *)(((uintptr_t)p + (ALIGN_BYTES - 1)) & ~(uintptr_t)(ALIGN_BYTES - 1));
 }
 
-void nd_cpu_sgemm_fallback(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                           float *c, int64_t ldc) {
-    if (m <= 0 || n <= 0) return;
-    /* As in reference BLAS, alpha == 0 skips the product entirely, so A and
-     * B are not read and cannot inject NaNs. */
-    if (k <= 0 || alpha == 0.0f) {
-        scale_c(m, n, beta, c, ldc);
-        return;
-    }
+/* Floats an aligned buffer may lose to its alignment. */
+#define ALIGN_FLOATS (ALIGN_BYTES / (int64_t)sizeof(float))
 
-    /* Size the buffers to the problem so that small products stay cheap. */
-    const int64_t kc_max = min_i64(KC, k);
-    const int64_t a_elems = round_up(min_i64(MC, m), MR) * kc_max;
-    const int64_t b_elems = round_up(min_i64(NC, n), NR) * kc_max;
-    void *raw = malloc((size_t)(a_elems + b_elems) * sizeof(float) + 2 * ALIGN_BYTES);
-    if (raw == NULL) {
-        sgemm_unpacked(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+/* The plan's buffer: in `stack` (STACK_PACK floats plus an alignment) when
+ * it fits, else from malloc (*heap, to free); NULL when the plan packs
+ * nothing. Without memory the plan is downgraded to no packing: slower,
+ * never wrong. */
+static float *take_buffer(gemm_plan *plan, float *stack, void **heap) {
+    *heap = NULL;
+    if (!plan->pack_b) return NULL;
+    if (plan->b_elems <= STACK_PACK) return align_ptr(stack);
+    *heap = malloc((size_t)(plan->b_elems + ALIGN_FLOATS) * sizeof(float));
+    if (*heap == NULL) plan->pack_b = 0;
+    return *heap ? align_ptr(*heap) : NULL;
+}
+
+/* gemm_run, also where the plan could not get the buffer to pack a B whose
+ * rows are strided: each column of C is then its own product (a column of
+ * op(B) is read with stride b.rs as a 1-wide tile). */
+static void run_planned(const gemm_plan *plan, int64_t m, int64_t n, int64_t k, float alpha,
+                        gemm_operand a, gemm_operand b, float beta, float *c, int64_t ldc,
+                        float *bpack) {
+    if (bpack == NULL && b.cs != 1 && n > 1) {
+        for (int64_t j = 0; j < n; j++) {
+            gemm_operand col = {b.data + j * b.cs, b.rs, 1};
+            gemm_run(plan, m, 1, k, alpha, a, col, beta, c + j, ldc, NULL);
+        }
         return;
     }
-    float *apack = align_ptr(raw);
-    float *bpack = align_ptr(apack + a_elems);
-    sgemm_blocked(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, apack, bpack);
-    free(raw);
+    gemm_run(plan, m, n, k, alpha, a, b, beta, c, ldc, bpack);
+}
+
+void nd_cpu_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                  int64_t ldc) {
+    gemm_operand ga = {a, trans_a ? 1 : lda, trans_a ? lda : 1};
+    gemm_operand gb = {b, trans_b ? 1 : ldb, trans_b ? ldb : 1};
+    const nd_gemm_ukernel *uk = nd_cpu_gemm_ukernel(nd_cpu_isa_current());
+    gemm_plan plan = plan_gemm(uk, m, n, k, gb.cs == 1 || n == 1);
+    float stack[STACK_PACK + ALIGN_FLOATS];
+    void *heap;
+    float *bpack = take_buffer(&plan, stack, &heap);
+    run_planned(&plan, m, n, k, alpha, ga, gb, beta, c, ldc, bpack);
+    free(heap);
+}
+
+void nd_cpu_sgemm_batched(const nd_matmul_desc *d) {
+    int64_t batches = 1;
+    for (int i = 0; i < d->batch_ndim; i++) batches *= d->batch_shape[i];
+    if (batches == 0 || d->m == 0 || d->n == 0) return;
+    const nd_gemm_ukernel *uk = nd_cpu_gemm_ukernel(nd_cpu_isa_current());
+    gemm_plan plan = plan_gemm(uk, d->m, d->n, d->k, d->b_col_stride == 1 || d->n == 1);
+    float stack[STACK_PACK + ALIGN_FLOATS];
+    void *heap;
+    float *bpack = take_buffer(&plan, stack, &heap);
+    int64_t index[ND_MAX_DIMS] = {0};
+    for (int64_t batch = 0; batch < batches; batch++) {
+        int64_t a_off = 0, b_off = 0;
+        for (int i = 0; i < d->batch_ndim; i++) {
+            a_off += index[i] * d->a_batch_strides[i];
+            b_off += index[i] * d->b_batch_strides[i];
+        }
+        gemm_operand a = {d->a + a_off, d->a_row_stride, d->a_col_stride};
+        gemm_operand b = {d->b + b_off, d->b_row_stride, d->b_col_stride};
+        run_planned(&plan, d->m, d->n, d->k, 1.0f, a, b, 0.0f, d->out + batch * d->m * d->n, d->n,
+                    bpack);
+        for (int i = d->batch_ndim - 1; i >= 0; i--) {
+            if (++index[i] < d->batch_shape[i]) break;
+            index[i] = 0;
+        }
+    }
+    free(heap);
 }

@@ -32,12 +32,5 @@ typedef void (*nd_inner_fn)(int64_t n, float **p, const int64_t *s, const void *
 /* Runs fn over every inner row; base[i] is operand i's first element. */
 void nd_iter_run(const nd_iter *it, float *const *base, nd_inner_fn fn, const void *ctx);
 
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
-/* Hot loops get an AVX2/FMA clone chosen at load time: fast without
- * -march=native, and the build still runs on any x86-64. */
-#define ND_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define ND_SIMD_CLONES
-#endif
 
 #endif /* NEEDLE_CPU_ITER_H */

@@ -254,6 +254,11 @@ nd_status nd_array_reduce(nd_reduce_op op, const nd_array *a, uint32_t axes_mask
                           nd_array *out);
 /* NumPy matmul semantics: 1-D operands are promoted, batch dims broadcast. */
 nd_status nd_array_matmul(const nd_array *a, const nd_array *b, nd_array *out);
+/* out = x @ w + bias: the matmul, then bias (NULL: none) broadcast to the
+ * product's shape and added into it in place, so a linear layer makes one
+ * array, not two. bias must broadcast to the product's shape unchanged. */
+nd_status nd_array_linear(const nd_array *x, const nd_array *w, const nd_array *bias,
+                          nd_array *out);
 
 /* ------------------------------------------------------------ CPU settings */
 
@@ -265,6 +270,72 @@ typedef void (*nd_sgemm_fn)(int trans_a, int trans_b, int64_t m, int64_t n, int6
                             float *c, int64_t ldc);
 void nd_cpu_set_sgemm(nd_sgemm_fn fn);
 nd_sgemm_fn nd_cpu_get_sgemm(void);
+/* needle's own GEMM (cpu_gemm.c), an nd_sgemm_fn: what the CPU backend uses
+ * below the BLAS split (nd_cpu_gemm_split) and everywhere without a BLAS. */
+void nd_cpu_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+                  int64_t ldc);
+
+/* The instruction sets the CPU kernels are built for (cpu_isa.c), best last.
+ * The engine starts on the best one the CPU (and its OS) supports; a lower
+ * one can be chosen for comparison or to work around a problem. On a machine
+ * that is not x86-64 (or with a compiler without function targets) only the
+ * baseline exists. */
+typedef enum nd_cpu_isa {
+    ND_CPU_ISA_BASELINE = 0, /* plain C, the compiler's default target        */
+    ND_CPU_ISA_AVX2,         /* x86-64-v3: AVX2 + FMA                         */
+    ND_CPU_ISA_AVX512,       /* x86-64-v4: AVX-512 F/BW/DQ/VL                 */
+    ND_CPU_ISA_COUNT
+} nd_cpu_isa;
+
+/* "baseline", "avx2", "avx512"; NULL for a value outside the enum. */
+const char *nd_cpu_isa_name(nd_cpu_isa isa);
+/* The ISA called name (one of the names above); ND_ERR_VALUE otherwise. */
+nd_status nd_cpu_isa_from_name(const char *name, nd_cpu_isa *out);
+/* Whether this CPU can run kernels built for isa. */
+int nd_cpu_isa_supported(nd_cpu_isa isa);
+/* The best ISA this CPU supports: what the kernels use unless told otherwise. */
+nd_cpu_isa nd_cpu_isa_best(void);
+/* The ISA the kernels use now. */
+nd_cpu_isa nd_cpu_isa_current(void);
+/* Makes the kernels use isa; ND_ERR_VALUE (nothing changes) when this CPU
+ * cannot run it, so a forced ISA never ends in an illegal instruction. */
+nd_status nd_cpu_set_isa(nd_cpu_isa isa);
+/* Treats this CPU as if it ran nothing above ceiling (it never raises what
+ * the CPU supports), for the rest of the process: emulates a lesser machine,
+ * which is how the refusal of nd_cpu_set_isa is tested on any machine. */
+nd_status nd_cpu_isa_limit(nd_cpu_isa ceiling);
+/* The GEMM micro-kernel built for isa, in words ("avx512 8x32"). */
+const char *nd_cpu_gemm_kernel_name(nd_cpu_isa isa);
+
+/* The split between needle's GEMM and the installed BLAS (cpu_matmul.c):
+ * products of at least `split` multiply-adds (m*n*k) go to the BLAS, smaller
+ * ones to needle's GEMM. -1 (the default) means: measure it at the first
+ * product that could go either way (nd_cpu_gemm_calibrate). */
+void nd_cpu_set_gemm_split(int64_t min_madds);
+int64_t nd_cpu_gemm_split(void);
+
+#define ND_GEMM_CALIBRATION_MAX 7
+/* What a calibration measured: for each square size measured, the median
+ * seconds of needle's GEMM and of the BLAS on it. */
+typedef struct nd_gemm_calibration {
+    int measured; /* 0: no calibration has run */
+    int count;    /* sizes measured */
+    int64_t size[ND_GEMM_CALIBRATION_MAX];
+    double needle_seconds[ND_GEMM_CALIBRATION_MAX];
+    double blas_seconds[ND_GEMM_CALIBRATION_MAX];
+    int cut_short;  /* the time budget ran out (a slow BLAS) before the sizes did */
+    int64_t split;  /* the split it chose; INT64_MAX: never the BLAS */
+    nd_cpu_isa isa; /* needle's kernels it measured */
+} nd_gemm_calibration;
+
+/* Measures both on square products (64 ... 512, until the BLAS has won two
+ * sizes in a row or 40 ms have passed), sets the split to the smallest
+ * size from which the BLAS won, and fills report (may be NULL).
+ * ND_ERR_VALUE without a BLAS, ND_ERR_OOM without memory for the matrices. */
+nd_status nd_cpu_gemm_calibrate(nd_gemm_calibration *report);
+/* The last calibration (measured == 0 if none ran). */
+const nd_gemm_calibration *nd_cpu_gemm_last_calibration(void);
 
 /* ------------------------------------------------------------- row indexing */
 

@@ -133,6 +133,9 @@ int64_t nd_cpu_release_cache(nd_device *dev);
 int nd_cuda_register_devices(void);
 #endif
 
+/* The CPU's batched matmul (cpu_matmul.c), an entry of nd_cpu_backend. */
+nd_status nd_cpu_matmul(const nd_matmul_desc *desc);
+
 /* The CPU's row-indexing kernels (cpu_gather.c), entries of nd_cpu_backend. */
 nd_status nd_cpu_gather_rows(const nd_layout *out_layout, float *out, const nd_layout *table_layout,
                              const float *table, const nd_layout *idx_layout, const float *idx);

@@ -22,6 +22,7 @@ needle_state *state_of_type(PyTypeObject *type) {
 /* ------------------------------------------------------------- module */
 
 extern PyMethodDef cuda_info_module_functions[]; /* cuda_info.c */
+extern PyMethodDef cpu_info_module_functions[];  /* cpu_info.c */
 
 static int add_function_table(PyObject *module, PyMethodDef *table) {
     return PyModule_AddFunctions(module, table);
@@ -61,11 +62,13 @@ static int needle_c_exec(PyObject *module) {
         add_function_table(module, pressure_module_functions) < 0 ||
         add_function_table(module, scoped_module_functions) < 0 ||
         add_function_table(module, cuda_info_module_functions) < 0 ||
+        add_function_table(module, cpu_info_module_functions) < 0 ||
         add_function_table(module, interop_module_functions) < 0)
         return -1;
     if (PyModule_AddIntConstant(module, "MAX_DIMS", ND_MAX_DIMS) < 0) return -1;
     if (autograd_module_init(module, st) < 0) return -1;
     install_blas();
+    if (cpu_settings_install() < 0) return -1;
     if (scoped_install(module, st) < 0) return -1;
     pressure_install();
     return 0;

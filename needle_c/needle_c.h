@@ -134,4 +134,7 @@ void install_blas(void);
 const char *blas_description(void);
 extern PyMethodDef blas_module_functions[]; /* _blas() */
 
+/* The CPU kernels' settings (cpu_info.c): NEEDLE_CPU_ISA, NEEDLE_GEMM_SPLIT. */
+int cpu_settings_install(void);
+
 #endif /* NEEDLE_C_H */

@@ -198,6 +198,66 @@ def test_matmul_same_operand(device):
     check_op(lambda a: a @ a, rnd(0, (4, 4)), device=device, reference=lambda a: a @ a)
 
 
+@pytest.mark.parametrize(
+    "sx,sw,sb",
+    [
+        ((3, 4), (4, 5), (1, 5)),  # nn.Linear's bias
+        ((3, 4), (4, 5), (5,)),
+        ((3, 4), (4, 5), (3, 5)),  # no broadcast
+        ((1, 7), (7, 1), (1, 1)),
+        ((2, 3, 4), (4, 5), (1, 5)),  # batch dims on x
+        ((2, 3, 4), (2, 4, 5), (2, 1, 5)),
+        ((9, 33), (33, 17), (17,)),  # past every micro-kernel's tile
+    ],
+)
+@dev
+def test_matmul_bias_against_the_composite(device, sx, sw, sb):
+    """Values and gradients (finite differences, both graph modes) as x @ w + bias."""
+    ref = lambda x, w, b: x @ w + b  # noqa: E731
+    check_op(ndl.matmul_bias, rnd(0, sx), rnd(1, sw), rnd(2, sb), device=device, reference=ref)
+    check_op(
+        lambda x, w, b: ndl.ops.MatMulBias()(x, w, b),
+        rnd(3, sx),
+        rnd(4, sw),
+        rnd(5, sb),
+        device=device,
+        reference=ref,
+    )
+    # the same gradients as the composite the fused op replaces, in both graph modes
+    fused = check_op(
+        ndl.matmul_bias, rnd(6, sx), rnd(7, sw), rnd(8, sb), device=device, reference=ref
+    )
+    composite = check_op(
+        lambda x, w, b: x @ w + ndl.broadcast_to(b, ref(rnd(6, sx), rnd(7, sw), rnd(8, sb)).shape),
+        rnd(6, sx),
+        rnd(7, sw),
+        rnd(8, sb),
+        device=device,
+        reference=ref,
+    )
+    for mode in fused:
+        for got, expected in zip(fused[mode][1], composite[mode][1]):
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@dev
+def test_matmul_bias_records_one_node_and_one_array(device):
+    """One op node (inputs x, w, bias) and one (N, out) array, where the composite made
+    three nodes (MatMul, BroadcastTo, EWiseAdd) and kept two (N, out) arrays."""
+    x = ndl.Tensor(rnd(0, (64, 8)), device=device)
+    w = ndl.Tensor(rnd(1, (8, 256)), device=device)
+    b = ndl.Tensor(rnd(2, (1, 256)), device=device)
+    before = ndl.memory.memory_allocated(device)
+    y = ndl.matmul_bias(x, w, b)
+    assert isinstance(y.op, ndl.ops.MatMulBias)
+    assert y.inputs[0] is x and y.inputs[1] is w and y.inputs[2] is b
+    assert ndl.memory.memory_allocated(device) - before == 64 * 256 * 4
+    del y
+    z = x @ w + b.broadcast_to((64, 256))
+    assert ndl.memory.memory_allocated(device) - before == 2 * 64 * 256 * 4
+    del z
+
+
 # --------------------------------------------------------------------------
 # stack, split, flip, dilate
 # --------------------------------------------------------------------------

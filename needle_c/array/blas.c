@@ -7,8 +7,6 @@
  */
 #include "needle_c.h"
 
-#include "cpu_gemm.h"
-
 #include <dirent.h>
 #include <dlfcn.h>
 #include <stdlib.h>
@@ -45,7 +43,7 @@ static void call_sgemm32_checked(int ta, int tb, int64_t m, int64_t n, int64_t k
                                  float beta, float *c, int64_t ldc) {
     const int64_t big = 0x7fffffff;
     if (m > big || n > big || k > big || lda > big || ldb > big || ldc > big)
-        nd_cpu_sgemm_fallback(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        nd_cpu_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     else call_sgemm32(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

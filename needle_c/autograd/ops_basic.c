@@ -330,14 +330,48 @@ static PyObject *matmul_compute(needle_state *st, const op_params *p, PyObject *
     return ndarray_wrap(st, &out);
 }
 
+/* The gradients of a @ b with respect to a and b: (g @ b^T, a^T @ g), batch
+ * dims summed back. */
+static void matmul_grads(grad_scope *s, PyObject *g, PyObject *a, PyObject *b, PyObject **ga,
+                         PyObject **gb) {
+    *ga = unbroadcast(s, g_matmul(s, g, g_transpose_last(s, b)), a);
+    *gb = unbroadcast(s, g_matmul(s, g_transpose_last(s, a), g), b);
+}
+
 static PyObject *matmul_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
     UNUSED(node);
-    PyObject *a = g_input(s, 0), *b = g_input(s, 1);
-    /* (g @ b^T, a^T @ g), batch dims summed back */
-    PyObject *ga = g_matmul(s, g, g_transpose_last(s, b));
-    PyObject *gb = g_matmul(s, g_transpose_last(s, a), g);
-    return grads2(s, unbroadcast(s, ga, a), unbroadcast(s, gb, b));
+    PyObject *ga, *gb;
+    matmul_grads(s, g, g_input(s, 0), g_input(s, 1), &ga, &gb);
+    return grads2(s, ga, gb);
+}
+
+/* MatMulBias(x, w, bias) = x @ w + bias: one output array where the
+ * composite keeps two (the graph holds every node's data), which is what a
+ * linear layer's forward pass peaks on. */
+static PyObject *matmul_bias_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                     Py_ssize_t n) {
+    UNUSED(p);
+    UNUSED(n);
+    if (array_layout(a[0])->ndim < 2 || array_layout(a[1])->ndim < 2) {
+        PyErr_SetString(PyExc_ValueError, "MatMulBias needs x and w with at least 2 dimensions");
+        return NULL;
+    }
+    nd_array out;
+    nd_status status = nd_array_linear(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array,
+                                       &NDArray_CAST(a[2])->array, &out);
+    if (status != ND_OK) return raise_status(st, status);
+    return ndarray_wrap(st, &out);
+}
+
+static PyObject *matmul_bias_gradient(grad_scope *s, const op_params *p, PyObject *g,
+                                      PyObject *node) {
+    UNUSED(p);
+    UNUSED(node);
+    /* MatMul's two gradients, and g summed down to the bias' shape */
+    PyObject *gx, *gw;
+    matmul_grads(s, g, g_input(s, 0), g_input(s, 1), &gx, &gw);
+    return grads_n(s, (PyObject *[]){gx, gw, unbroadcast(s, g, g_input(s, 2))}, 3);
 }
 
 /* -------------------------------------------------------- indexing */
@@ -593,6 +627,7 @@ void ops_basic_register(op_impl *t) {
     t[OP_BROADCAST_TO] = (op_impl){broadcast_compute, broadcast_gradient};
     t[OP_SUMMATION] = (op_impl){summation_compute, summation_gradient};
     t[OP_MATMUL] = (op_impl){matmul_compute, matmul_gradient};
+    t[OP_MATMUL_BIAS] = (op_impl){matmul_bias_compute, matmul_bias_gradient};
     t[OP_NEGATE] = (op_impl){negate_compute, negate_gradient};
     t[OP_LOG] = (op_impl){log_compute, log_gradient};
     t[OP_EXP] = (op_impl){exp_compute, exp_gradient};

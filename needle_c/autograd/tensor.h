@@ -37,6 +37,7 @@ typedef enum op_input_kind {
     X(OP_BROADCAST_TO, "BroadcastTo", SIG_SHAPE, 1, IN_ARRAYS, 0)                \
     X(OP_SUMMATION, "Summation", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                  \
     X(OP_MATMUL, "MatMul", SIG_NONE, 2, IN_ARRAYS, 0)                            \
+    X(OP_MATMUL_BIAS, "MatMulBias", SIG_NONE, 3, IN_ARRAYS, 0)                   \
     X(OP_NEGATE, "Negate", SIG_NONE, 1, IN_ARRAYS, 0)                            \
     X(OP_LOG, "Log", SIG_NONE, 1, IN_ARRAYS, 0)                                  \
     X(OP_EXP, "Exp", SIG_NONE, 1, IN_ARRAYS, 0)                                  \

@@ -1,14 +1,13 @@
-/* test_cpu_gemm.c: checks the engine's fallback SGEMM (csrc/cpu_gemm.c)
- * against a naive double-precision reference, over every transpose
- * combination, alpha/beta cases, padded leading dimensions and sizes chosen
- * to hit empty, tiny, exact-tile and ragged-edge shapes of the blocking.
+/* test_cpu_gemm.c: checks needle's SGEMM (csrc/cpu_gemm.c) against a naive
+ * double-precision reference, with each micro-kernel this CPU can run
+ * (baseline, AVX2, AVX-512), over every transpose combination, alpha/beta
+ * cases, padded leading dimensions and sizes chosen to hit empty, tiny,
+ * exact-tile and ragged-edge shapes of every kernel's tiles and of the
+ * blocking, packed and unpacked.
  *
- * Build and run from the repository root:
- *   gcc -std=c11 -O3 -Wall -Wextra -Werror -fno-math-errno -I csrc \
- *       tests/c/test_cpu_gemm.c csrc/cpu_gemm.c -lm -o /tmp/test_cpu_gemm
- *   /tmp/test_cpu_gemm
+ * Built and run by tests/test_engine_c.py (with every engine source).
  */
-#include "cpu_gemm.h"
+#include "engine.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -55,7 +54,7 @@ static void run_case(int ta, int tb, int64_t m, int64_t n, int64_t k, float alph
             c[i * ldc + j] = j >= n ? PAD_VALUE : (beta == 0.0f ? NAN : rand_float());
     for (int64_t i = 0; i < m * ldc; ++i) c0[i] = c[i];
 
-    nd_cpu_sgemm_fallback(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    nd_cpu_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     cases++;
 
     int bad = 0;
@@ -99,12 +98,13 @@ static void run_case(int ta, int tb, int64_t m, int64_t n, int64_t k, float alph
     free(a), free(b), free(c), free(c0);
 }
 
-int main(void) {
+static void run_all(void) {
     static const int64_t sizes[] = {0, 1, 2, 3, 7, 17, 33, 64, 65, 127, 200};
     static const int64_t shapes[][3] = {
-        {1, 300, 5},    {300, 1, 300}, {129, 257, 65}, {5, 1, 300},  {1, 1, 1000},
-        {97, 513, 257}, {6, 16, 256},  {12, 32, 512},  {7, 17, 257}, {300, 3, 1},
-        {0, 5, 7},      {5, 0, 7},     {5, 7, 0},
+        {1, 300, 5},    {300, 1, 300},  {129, 257, 65}, {5, 1, 300},  {1, 1, 1000},
+        {97, 513, 257}, {6, 16, 256},   {12, 32, 512},  {7, 17, 257}, {300, 3, 1},
+        {0, 5, 7},      {5, 0, 7},      {5, 7, 0},      {8, 32, 8},   {6, 16, 7},
+        {13, 20, 32},   {200, 300, 40}, {140, 10, 300}, {20, 20, 32}, {20, 32, 20},
     };
     static const struct {
         float alpha, beta;
@@ -134,7 +134,27 @@ int main(void) {
                              ab[v].beta, v == 2 ? 5 : 0);
         }
     }
+}
 
+int main(void) {
+    for (int isa = 0; isa < ND_CPU_ISA_COUNT; isa++) {
+        if (!nd_cpu_isa_supported((nd_cpu_isa)isa)) {
+            printf("test_cpu_gemm: %s not supported here, skipped\n", nd_cpu_isa_name(isa));
+            continue;
+        }
+        if (nd_cpu_set_isa((nd_cpu_isa)isa) != ND_OK) {
+            printf("FAIL: nd_cpu_set_isa(%s): %s\n", nd_cpu_isa_name(isa), nd_last_error());
+            return 1;
+        }
+        int before = failures;
+        run_all();
+        printf("test_cpu_gemm: %s kernel: %d failed cases\n", nd_cpu_isa_name(isa),
+               failures - before);
+    }
+    if (nd_cpu_set_isa(ND_CPU_ISA_COUNT) == ND_OK) {
+        printf("FAIL: an unknown ISA was accepted\n");
+        failures++;
+    }
     if (failures) {
         printf("test_cpu_gemm: %d of %d cases FAILED\n", failures, cases);
         return 1;

@@ -108,9 +108,11 @@ class Linear(Module):
         _check_last_dim(X, self.in_features, "Linear")
         shape = X.shape
         flat = X if len(shape) == 2 else X.reshape((math.prod(shape[:-1]), shape[-1]))
-        out = flat @ self.weight
         if self.bias is not None:
-            out = out + self.bias.broadcast_to(out.shape)
+            # one op, one (N, out) array: X @ W + b as a composite keeps two alive in the graph
+            out = ops.matmul_bias(flat, self.weight, self.bias)
+        else:
+            out = flat @ self.weight
         if len(shape) != 2:
             out = out.reshape((*shape[:-1], self.out_features))
         return out

@@ -22,6 +22,7 @@ from needle_c import (  # noqa: F401
     GetItem,
     Log,
     MatMul,
+    MatMulBias,
     Max,
     MulScalar,
     Negate,
@@ -103,6 +104,13 @@ def max(a, axes=None):  # noqa: A001 - ndl.max, as torch.max
 
 def matmul(a, b):
     return MatMul()(a, b)
+
+
+def matmul_bias(x, weight, bias):
+    """x @ weight + bias, bias broadcast to the product's shape (as nn.Linear's (1, out)),
+    as one op with one output array: the graph keeps that array instead of both the
+    product and the sum. Gradients are MatMul's and the bias' (g summed to its shape)."""
+    return MatMulBias()(x, weight, bias)
 
 
 def negate(a):

@@ -1,0 +1,41 @@
+/* cpu_loops.h: the table of the CPU backend's inner loops, one per
+ * instruction set (cpu_loops.inc, compiled by cpu_loops_*.c), and how the
+ * backend finds the one for the current ISA. */
+#ifndef NEEDLE_CPU_LOOPS_H
+#define NEEDLE_CPU_LOOPS_H
+
+#include "cpu_iter.h"
+
+typedef struct nd_cpu_loops {
+    nd_inner_fn copy; /* p[0] = p[1] */
+    nd_inner_fn binary[ND_BINARY_OP_COUNT];
+    /* x**2, x**3, x**-1 for a scalar exponent (exact forms of ND_POW). */
+    nd_inner_fn square, cube, reciprocal;
+    nd_inner_fn unary[ND_UNARY_OP_COUNT];
+    /* p[0] (stride 0 along reduced dims) combined with p[1]. */
+    nd_inner_fn reduce[ND_REDUCE_OP_COUNT];
+    /* The sum of a contiguous row, float lanes flushed into a double. */
+    double (*sum_contiguous)(const float *a, int64_t n);
+    void (*add_row_double)(double *o, const float *a, int64_t n); /* o += a */
+    void (*add_row_float)(float *o, const float *a, int64_t n);   /* o += a */
+} nd_cpu_loops;
+
+extern const nd_cpu_loops nd_cpu_loops_baseline;
+#if defined(__x86_64__) && defined(__GNUC__)
+#define ND_CPU_LOOPS_X86 1
+extern const nd_cpu_loops nd_cpu_loops_avx2, nd_cpu_loops_avx512;
+#endif
+
+/* The loops of the current ISA. */
+static inline const nd_cpu_loops *nd_cpu_loops_current(void) {
+#ifdef ND_CPU_LOOPS_X86
+    switch (nd_cpu_isa_current()) {
+    case ND_CPU_ISA_AVX512: return &nd_cpu_loops_avx512;
+    case ND_CPU_ISA_AVX2: return &nd_cpu_loops_avx2;
+    default: break;
+    }
+#endif
+    return &nd_cpu_loops_baseline;
+}
+
+#endif /* NEEDLE_CPU_LOOPS_H */

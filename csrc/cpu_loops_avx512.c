@@ -1,0 +1,22 @@
+/* cpu_loops_avx512.c: the CPU backend's inner loops compiled for x86-64-v4
+ * (AVX-512); run only where cpu_isa.c found that level. See cpu_loops.inc. */
+#include "cpu_loops.h"
+
+#ifdef ND_CPU_LOOPS_X86
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("arch=x86-64-v4"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v4")
+#endif
+#define ND_LOOPS_TABLE nd_cpu_loops_avx512
+#include "cpu_loops.inc"
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#else
+/* ISO C forbids an empty translation unit. */
+typedef int nd_cpu_loops_avx512_unused;
+#endif
