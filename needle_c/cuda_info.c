@@ -1,9 +1,11 @@
 /* cuda_info.c: what needle.cuda asks of the CUDA backend beyond the
- * engine's memory accounting: whether CUDA was compiled in, the driver's
- * free/total bytes of a GPU, and which GEMM the backend runs.
+ * engine's memory accounting: whether CUDA was compiled in, why it is
+ * unavailable, the driver's free/total bytes of a GPU, and which GEMM the
+ * backend runs.
  *
  * Built with and without NEEDLE_WITH_CUDA; without it every function answers
- * "unavailable" (False, None) instead of failing, so callers need no checks.
+ * "unavailable" (False, None, the reason) instead of failing, so callers need
+ * no checks.
  */
 #include "needle_c.h"
 
@@ -17,6 +19,21 @@ static PyObject *cuda_compiled(PyObject *module, PyObject *Py_UNUSED(ignored)) {
     Py_RETURN_TRUE;
 #else
     Py_RETURN_FALSE;
+#endif
+}
+
+/* Why CUDA is unavailable: None when a GPU is registered. */
+static PyObject *cuda_init_error(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    (void)module;
+#ifdef NEEDLE_WITH_CUDA
+    (void)nd_device_count(); /* discovery runs with the device table's first use */
+    const char *reason = nd_cuda_init_error();
+    if (reason[0] == '\0') Py_RETURN_NONE;
+    return PyUnicode_FromString(reason);
+#else
+    return PyUnicode_FromString(
+        "needle was built without CUDA (NEEDLE_CUDA=0, NEEDLE_SANITIZE=1, or no CUDA toolkit "
+        "with nvcc at build time)");
 #endif
 }
 
@@ -47,6 +64,10 @@ static PyObject *cuda_gemm(PyObject *module, PyObject *Py_UNUSED(ignored)) {
 PyMethodDef cuda_info_module_functions[] = {
     {"_cuda_compiled", cuda_compiled, METH_NOARGS,
      "_cuda_compiled()\n--\n\nTrue when this build of needle_c contains the CUDA backend."},
+    {"_cuda_init_error", cuda_init_error, METH_NOARGS,
+     "_cuda_init_error()\n--\n\nWhy needle cannot use CUDA (the CUDA error of device discovery "
+     "with the driver's and runtime's CUDA versions, or that CUDA was not built), or None when a "
+     "GPU is usable."},
     {"_cuda_mem_get_info", cuda_mem_get_info, METH_O,
      "_cuda_mem_get_info(ordinal, /)\n--\n\n(free, total) bytes of GPU `ordinal` as the driver "
      "reports them (cudaMemGetInfo), or None when there is no such GPU or no CUDA backend."},

@@ -13,11 +13,9 @@ import needle as ndl
 import needle.backend_ndarray as nd
 from needle import memory
 
+from devices import needs_cuda
+
 _CUDA = ndl.cuda()
-needs_cuda = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not _CUDA.enabled(), reason="CUDA backend not built or no GPU"),
-]
 
 
 def _array(shape=(3, 4), device=None):

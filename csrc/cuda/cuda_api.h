@@ -15,8 +15,14 @@ extern "C" {
 #endif
 
 /* Registers one engine device per visible GPU; returns how many. A failure
- * of device discovery (no driver, no GPU) registers none, silently. */
+ * of device discovery (no driver, no GPU) registers none, silently: its
+ * reason is kept for nd_cuda_init_error. */
 int nd_cuda_register_devices(void);
+
+/* Why device discovery found no usable GPU: the CUDA error's name and text
+ * and the driver's and runtime's CUDA versions; "" when a GPU was registered.
+ * Call after the device table is initialised (nd_device_count). */
+const char *nd_cuda_init_error(void);
 
 /* The driver's view of GPU `ordinal`: free and total bytes (cudaMemGetInfo).
  * ND_ERR_DEVICE when there is no such registered GPU. */
