@@ -61,6 +61,74 @@ static PyObject *cuda_gemm(PyObject *module, PyObject *Py_UNUSED(ignored)) {
 #endif
 }
 
+/* Sets (with a sequence of str) and returns the directories the cuBLAS loader
+ * looks in; always () without a CUDA backend. */
+static PyObject *cuda_cublas_dirs(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    needle_state *st = state_of_module(module);
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "_cuda_cublas_dirs() takes at most one argument");
+        return NULL;
+    }
+    if (nargs == 1 && args[0] != Py_None) {
+        if (PyUnicode_Check(args[0]) || !PySequence_Check(args[0])) {
+            PyErr_Format(PyExc_TypeError,
+                         "_cuda_cublas_dirs() expects a sequence of directory names, got %.100s",
+                         Py_TYPE(args[0])->tp_name);
+            return NULL;
+        }
+        PyObject *seq = PySequence_Fast(args[0], "expected a sequence");
+        if (seq == NULL) return NULL;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        const char *dirs[8];
+        if (n > 8) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "at most 8 cuBLAS directories, got %zd", n);
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+            if (!PyUnicode_Check(item)) {
+                Py_DECREF(seq);
+                PyErr_Format(PyExc_TypeError, "a cuBLAS directory must be a str, got %.100s",
+                             Py_TYPE(item)->tp_name);
+                return NULL;
+            }
+            /* Borrowed UTF-8 of items seq holds: valid until seq is released. */
+            dirs[i] = PyUnicode_AsUTF8(item);
+            if (dirs[i] == NULL) {
+                Py_DECREF(seq);
+                return NULL;
+            }
+        }
+#ifdef NEEDLE_WITH_CUDA
+        nd_status status = nd_cuda_set_cublas_dirs((int)n, dirs);
+        Py_DECREF(seq);
+        if (status != ND_OK) return raise_status(st, status);
+#else
+        (void)dirs;
+        Py_DECREF(seq);
+#endif
+    }
+    (void)st;
+#ifdef NEEDLE_WITH_CUDA
+    const char *dirs_now[8];
+    int count = nd_cuda_cublas_dirs(dirs_now, 8);
+    PyObject *out = PyTuple_New(count);
+    if (out == NULL) return NULL;
+    for (int i = 0; i < count; i++) {
+        PyObject *s = PyUnicode_FromString(dirs_now[i]);
+        if (s == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, s);
+    }
+    return out;
+#else
+    return PyTuple_New(0);
+#endif
+}
+
 PyMethodDef cuda_info_module_functions[] = {
     {"_cuda_compiled", cuda_compiled, METH_NOARGS,
      "_cuda_compiled()\n--\n\nTrue when this build of needle_c contains the CUDA backend."},
@@ -74,5 +142,10 @@ PyMethodDef cuda_info_module_functions[] = {
     {"_cuda_gemm", cuda_gemm, METH_NOARGS,
      "_cuda_gemm()\n--\n\nWhich GEMM the CUDA backend runs (cuBLAS or needle's kernel); None "
      "without a CUDA backend."},
+    {"_cuda_cublas_dirs", (PyCFunction)(void (*)(void))cuda_cublas_dirs, METH_FASTCALL,
+     "_cuda_cublas_dirs(dirs=None, /)\n--\n\nThe directories the cuBLAS loader looks in for "
+     "libcublas.so.13 (then .12) after NEEDLE_CUBLAS and the build's hint; with a sequence of "
+     "str (at most 8), sets them first (needle.cuda passes a pip-installed nvidia-cublas "
+     "wheel's). () without a CUDA backend."},
     {NULL, NULL, 0, NULL},
 };

@@ -11,6 +11,7 @@ both outcomes are specific.
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -164,3 +165,83 @@ def test_without_require_cuda_the_case_skips_with_the_reason():
     assert plain.returncode == 0, plain.stdout
     assert "1 skipped" in plain.stdout
     assert f"CUDA unavailable: {ndl.cuda.unavailable_reason()}" in plain.stdout
+
+
+# A stand-in for the nvidia-cublas wheel's library: the symbols needle's loader resolves,
+# never called here (no cuBLAS call is made without a GPU).
+_STUB_CUBLAS = """
+int cublasCreate_v2(void **h) { (void)h; return 1; }
+int cublasSetStream_v2(void *h, void *s) { (void)h; (void)s; return 0; }
+int cublasSetWorkspace_v2(void *h, void *w, unsigned long n) { return h && w && n ? 0 : 7; }
+int cublasSgemmStridedBatched(void) { return 13; }
+"""
+
+_SHOW_LOADER = (
+    "import needle as ndl, needle_c, json\n"
+    "print(json.dumps([list(needle_c._cuda_cublas_dirs()), ndl.cuda.gemm_backend()]))\n"
+)
+
+
+def _fake_wheel(tmp_path, with_library):
+    """site/nvidia/cu13/lib as pip lays out nvidia-cublas, optionally with a stub library."""
+    lib = tmp_path / "site" / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    if with_library:
+        compiler = shutil.which("cc") or shutil.which("gcc")
+        if compiler is None:
+            pytest.skip("no C compiler to build the stub library")
+        src = tmp_path / "stub.c"
+        src.write_text(_STUB_CUBLAS)
+        subprocess.run(
+            [compiler, "-shared", "-fPIC", "-o", str(lib / "libcublas.so.13"), str(src)],
+            check=True,
+        )
+    return tmp_path / "site", lib
+
+
+def _loader_view(site):
+    env = _env()
+    env.pop("NEEDLE_CUBLAS", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+    proc = subprocess.run(
+        [sys.executable, "-c", _SHOW_LOADER], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not needle_c._cuda_compiled(), reason="needle was built without CUDA")
+def test_cublas_loader_finds_the_nvidia_cublas_wheel(tmp_path):
+    site, lib = _fake_wheel(tmp_path, with_library=True)
+    dirs, gemm = _loader_view(site)
+    assert str(lib) in dirs
+    if gemm.startswith("cublas (") and str(lib) not in gemm:
+        pytest.skip(f"the cuBLAS found at build time is loaded first here: {gemm}")
+    assert gemm == f"cublas ({lib}/libcublas.so.13)"
+
+
+@pytest.mark.skipif(not needle_c._cuda_compiled(), reason="needle was built without CUDA")
+def test_cublas_loader_says_where_it_looked(tmp_path):
+    site, lib = _fake_wheel(tmp_path, with_library=False)
+    dirs, gemm = _loader_view(site)
+    assert str(lib) in dirs
+    if gemm.startswith("cublas ("):
+        pytest.skip(f"a cuBLAS is installed here: {gemm}")
+    assert gemm.startswith("needle's tiled SGEMM kernel (cuBLAS not found in")
+    assert f" {lib}," in gemm and gemm.endswith("the loader's path)")
+
+
+def test_cublas_dirs_rejects_bad_input():
+    before = needle_c._cuda_cublas_dirs()
+    with pytest.raises(TypeError):
+        needle_c._cuda_cublas_dirs("/one/string")
+    with pytest.raises(TypeError):
+        needle_c._cuda_cublas_dirs([1])
+    with pytest.raises(TypeError):
+        needle_c._cuda_cublas_dirs(["/a"], ["/b"])
+    with pytest.raises(ValueError):
+        needle_c._cuda_cublas_dirs(["/d"] * 9)
+    if needle_c._cuda_compiled():
+        with pytest.raises(ValueError):
+            needle_c._cuda_cublas_dirs(["/" + "x" * 2000])
+    assert needle_c._cuda_cublas_dirs() == before

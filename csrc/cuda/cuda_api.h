@@ -29,9 +29,18 @@ const char *nd_cuda_init_error(void);
 nd_status nd_cuda_mem_get_info(int ordinal, int64_t *free_bytes, int64_t *total_bytes);
 
 /* Which GEMM the CUDA backend runs: "cublas (<library>)" or a description of
- * needle's own kernel when cuBLAS cannot be loaded. Loads cuBLAS on first
- * use; never fails. */
+ * needle's own kernel when cuBLAS cannot be loaded (with where it looked).
+ * Loads cuBLAS on first use; never fails. */
 const char *nd_cuda_gemm_description(void);
+
+/* Directories to look for libcublas.so.13 (then .12) in, after NEEDLE_CUBLAS
+ * and the build's hint and before the loader's path: the host names the lib
+ * directory of a pip-installed nvidia-cublas wheel. Replaces earlier ones; a
+ * cuBLAS not found before is looked for again. At most 8, each shorter than
+ * 1024 bytes (ND_ERR_VALUE). */
+nd_status nd_cuda_set_cublas_dirs(int count, const char *const *dirs);
+/* The directories set, up to max of them, into out; returns how many. */
+int nd_cuda_cublas_dirs(const char **out, int max);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,8 @@ memory limit (:func:`set_per_process_memory_fraction`, ``needle.memory.set_memor
 applies to. ``empty_cache`` gives the cached blocks back to the driver.
 """
 
+import importlib.util
+import os
 import sys
 import types
 
@@ -153,8 +155,38 @@ def set_per_process_memory_fraction(fraction, device=None):
 
 def gemm_backend():
     """Which GEMM the CUDA backend runs: ``"cublas (<library>)"`` or needle's own kernel
-    (with the reason); None without the CUDA backend."""
+    (with the reason, and where cuBLAS was looked for); None without the CUDA backend.
+
+    cuBLAS is looked for in ``NEEDLE_CUBLAS``, the library found at build time, the
+    ``nvidia-cublas`` wheel (``pip install "needle[cuda]"``), then the loader's path. Its
+    workspace comes from needle's caching allocator (counted in :func:`memory_reserved`);
+    a cuBLAS call short of memory goes through the out-of-memory ladder and, if memory
+    stays short, that one product runs on needle's kernel."""
     return _c._cuda_gemm()
+
+
+def _cublas_wheel_dirs():
+    """The lib directories of pip-installed cuBLAS wheels, found without importing them:
+    ``nvidia-cublas`` (CUDA 13, what ``pip install "needle[cuda]"`` brings) installs
+    ``nvidia/cu13/lib/libcublas.so.13``, ``nvidia-cublas-cu12`` ``nvidia/cublas/lib``."""
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return []
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    dirs = []
+    for root in roots:
+        for sub in ("cu13", "cublas"):
+            lib = os.path.join(root, sub, "lib")
+            if os.path.isdir(lib) and lib not in dirs:
+                dirs.append(lib)
+    return dirs[:8]
+
+
+# The engine never calls Python, so the wheel's directory is handed to its cuBLAS loader
+# here, before the first matmul loads the library (NEEDLE_CUBLAS still comes first).
+if _c._cuda_compiled():
+    _c._cuda_cublas_dirs(_cublas_wheel_dirs())
 
 
 class _CallableModule(types.ModuleType):
