@@ -42,6 +42,18 @@ nd_status nd_cuda_set_cublas_dirs(int count, const char *const *dirs);
 /* The directories set, up to max of them, into out; returns how many. */
 int nd_cuda_cublas_dirs(const char **out, int max);
 
+/* Stream order for exports (DLPack, CUDA Array Interface). `stream` is a
+ * protocol value: 1 the legacy default stream (needle's: nothing to do),
+ * 2 the per-thread default stream, > 2 a cudaStream_t, -1 "no
+ * synchronisation" (nothing to do); 0 and values below -1 are ND_ERR_VALUE.
+ * export_to_stream: work queued later on `stream` waits for needle's work so
+ * far on GPU `ordinal`. release_from_stream: needle's later work waits for
+ * the work queued on `stream` so far (call it before the exported storage is
+ * released, so the block is not reused under the consumer); when `stream`
+ * cannot be used it waits for the whole GPU instead and reports the error. */
+nd_status nd_cuda_export_to_stream(int ordinal, intptr_t stream);
+nd_status nd_cuda_release_from_stream(int ordinal, intptr_t stream);
+
 #ifdef __cplusplus
 }
 #endif
