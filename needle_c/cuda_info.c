@@ -22,19 +22,22 @@ static PyObject *cuda_compiled(PyObject *module, PyObject *Py_UNUSED(ignored)) {
 #endif
 }
 
+const char *cuda_unavailable_reason(void) {
+#ifdef NEEDLE_WITH_CUDA
+    (void)nd_device_count(); /* discovery runs with the device table's first use */
+    return nd_cuda_init_error();
+#else
+    return "needle was built without CUDA (NEEDLE_CUDA=0, NEEDLE_SANITIZE=1, or no CUDA toolkit "
+           "with nvcc at build time)";
+#endif
+}
+
 /* Why CUDA is unavailable: None when a GPU is registered. */
 static PyObject *cuda_init_error(PyObject *module, PyObject *Py_UNUSED(ignored)) {
     (void)module;
-#ifdef NEEDLE_WITH_CUDA
-    (void)nd_device_count(); /* discovery runs with the device table's first use */
-    const char *reason = nd_cuda_init_error();
+    const char *reason = cuda_unavailable_reason();
     if (reason[0] == '\0') Py_RETURN_NONE;
     return PyUnicode_FromString(reason);
-#else
-    return PyUnicode_FromString(
-        "needle was built without CUDA (NEEDLE_CUDA=0, NEEDLE_SANITIZE=1, or no CUDA toolkit "
-        "with nvcc at build time)");
-#endif
 }
 
 static PyObject *cuda_mem_get_info(PyObject *module, PyObject *arg) {
