@@ -11,8 +11,10 @@
 #              compute capability, NEEDLE_STRICT=1); no pip, no network
 #   cuda       ndl.cuda.is_available(), the GEMM backend, or why CUDA is unavailable
 #   suite      the whole test suite with NEEDLE_REQUIRE_CUDA=1 (CUDA tests fail, not skip,
-#              when the GPU cannot be used), junit XML kept (NEEDLE_VALIDATE_SUITE: other
-#              pytest arguments than "tests")
+#              when the GPU cannot be used): the CPU tests in parallel pytest processes over
+#              disjoint files (half the cores, at most 8), then the CUDA and timing-sensitive
+#              (paced) tests in one process; junit XML kept (NEEDLE_VALIDATE_SUITE: pytest
+#              arguments for one plain run instead)
 #   memcheck   compute-sanitizer --tool memcheck over the CUDA tests (-m cuda) of the backend's
 #              files
 #   racecheck  compute-sanitizer --tool racecheck over the reduction tests
@@ -48,7 +50,7 @@ while [ $# -gt 0 ]; do
         shift
         ;;
     -h | --help)
-        sed -n '2,27p' "$0"
+        sed -n '2,29p' "$0"
         exit 0
         ;;
     *)
@@ -224,6 +226,73 @@ pytest_summary() {
         tr -d '=' | sed 's/^ *//;s/ *$//'
 }
 
+# The suite in parallel without xdist: pytest processes over disjoint test files (largest
+# first, each to the least loaded), "not cuda and not paced"; then the CUDA and paced tests in
+# one process (one GPU, and a quiet machine for the timing-sensitive ones). Prints pytest-style
+# FAILED/ERROR lines and a closing "N passed, ... in Ts" line; exit 1 when anything failed.
+write_suite_runner() {
+    cat >"$1" <<'PYEOF'
+import glob, os, subprocess, sys, time
+import xml.etree.ElementTree as ET
+
+logs, jobs = sys.argv[1], int(sys.argv[2])
+start = time.time()
+files = sorted(glob.glob("tests/test_*.py")) + ["tests/fuzz"]
+
+
+def size(path):
+    paths = glob.glob(os.path.join(path, "*.py")) if os.path.isdir(path) else [path]
+    return sum(os.path.getsize(p) for p in paths)
+
+
+shards, loads = [[] for _ in range(jobs)], [0] * jobs
+for f in sorted(files, key=size, reverse=True):
+    i = loads.index(min(loads))
+    shards[i].append(f)
+    loads[i] += size(f)
+base = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
+runs = []
+for i, shard in enumerate(s for s in shards if s):
+    xml, log = f"{logs}/suite_{i}.xml", open(f"{logs}/suite_{i}.log", "w")
+    cmd = base + ["-m", "not cuda and not paced", f"--junitxml={xml}"] + shard
+    runs.append((xml, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
+codes = [p.wait() for _, p in runs]
+xml = f"{logs}/suite_cuda.xml"
+with open(f"{logs}/suite_cuda.log", "w") as log:
+    codes.append(
+        subprocess.call(base + ["-m", "cuda or paced", f"--junitxml={xml}", "tests"],
+                        stdout=log, stderr=subprocess.STDOUT)
+    )
+runs.append((xml, None))
+totals = dict(tests=0, failures=0, errors=0, skipped=0)
+for path, _ in runs:
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        print(f"ERROR {path}: no junit report (the pytest process died)")
+        totals["errors"] += 1
+        continue
+    for suite in root.iter("testsuite"):
+        for key in totals:
+            totals[key] += int(suite.get(key, 0))
+    for case in root.iter("testcase"):
+        for kind, word in (("failure", "FAILED"), ("error", "ERROR")):
+            node = case.find(kind)
+            if node is not None:
+                name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+                message = " ".join((node.get("message") or "").split())[:150]
+                print(f"{word} {name} - {message}")
+passed = totals["tests"] - totals["failures"] - totals["errors"] - totals["skipped"]
+print(
+    f"{passed} passed, {totals['failures']} failed, {totals['errors']} errors, "
+    f"{totals['skipped']} skipped in {time.time() - start:.1f}s "
+    f"({len(runs) - 1} parallel processes, then the cuda and paced tests)"
+)
+bad = totals["failures"] + totals["errors"] > 0 or any(c not in (0, 5) for c in codes)
+sys.exit(1 if bad else 0)
+PYEOF
+}
+
 CUDA_TESTS=(tests/test_cuda.py tests/test_cuda_cublas.py tests/test_reduce_outer.py
     tests/test_interop.py tests/test_sum_accuracy.py)
 RACE_TESTS=(tests/test_reduce_outer.py tests/test_sum_accuracy.py)
@@ -260,9 +329,17 @@ assert ndl.cuda.is_available(), ndl.cuda.unavailable_reason()
     export NEEDLE_REQUIRE_CUDA=1
 
     # suite: everything, CUDA tests failing (not skipping) without a usable GPU.
-    # shellcheck disable=SC2086  # NEEDLE_VALIDATE_SUITE is a list of pytest arguments
-    run suite 300 "$PY" -m pytest -q -rfE -p no:cacheprovider --junitxml="$LOGS/suite.xml" \
-        ${NEEDLE_VALIDATE_SUITE:-tests}
+    if [ -n "${NEEDLE_VALIDATE_SUITE:-}" ]; then
+        # shellcheck disable=SC2086  # NEEDLE_VALIDATE_SUITE is a list of pytest arguments
+        run suite 300 "$PY" -m pytest -q -rfE -p no:cacheprovider \
+            --junitxml="$LOGS/suite.xml" $NEEDLE_VALIDATE_SUITE
+    else
+        write_suite_runner "$WORK/suite.py"
+        JOBS=$((CPUS / 2))
+        if [ "$JOBS" -gt 8 ]; then JOBS=8; fi
+        if [ "$JOBS" -lt 1 ]; then JOBS=1; fi
+        run suite 300 "$PY" "$WORK/suite.py" "$LOGS" "$JOBS"
+    fi
     SUMMARY="$(pytest_summary "$LOG")"
     record suite "$STATUS" "$SECS" "${SUMMARY:-no summary line}" \
         "$(grep -E '^(FAILED|ERROR) ' "$LOG" | head -n 40 | sed 's/^/    /')"
