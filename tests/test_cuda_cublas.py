@@ -6,7 +6,6 @@ GPU only; the loader's search path is tested without a GPU in test_cuda_setup.py
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 import textwrap
@@ -15,11 +14,11 @@ import numpy as np
 import pytest
 
 import needle as ndl
+import needle_c
 from needle import backend_ndarray as nd
 
 from devices import needs_cuda
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 MiB = 2**20
 pytestmark = needs_cuda
 
@@ -63,7 +62,8 @@ _TIGHT = textwrap.dedent(
 @pytest.mark.parametrize("limit", ["2MiB", "8MiB"])
 def test_matmul_under_a_limit_smaller_than_the_workspace(limit):
     env = dict(os.environ, NEEDLE_MEMORY_LIMIT=f"cuda={limit}")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "python"), env.get("PYTHONPATH", "")])
+    first = [os.path.dirname(needle_c.__file__), os.path.dirname(os.path.dirname(ndl.__file__))]
+    env["PYTHONPATH"] = os.pathsep.join(first + [env.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, "-c", _TIGHT], capture_output=True, text=True, timeout=300, env=env
     )

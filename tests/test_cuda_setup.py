@@ -70,9 +70,12 @@ FIRST_IMPORTS = {
 
 
 def _env(**extra):
+    """This environment, with the needle and needle_c this process imported first on the path
+    (so that a child sees the same build, the sanitizer's or a CPU-only one included)."""
     env = dict(os.environ)
+    first = [os.path.dirname(needle_c.__file__), os.path.dirname(os.path.dirname(ndl.__file__))]
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        first + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
     env.update(extra)
     return env
