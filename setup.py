@@ -20,10 +20,17 @@ The CUDA toolkit is looked for in $CUDA_HOME, $CUDA_PATH, the directory of
 the nvcc on PATH, then /usr/local/cuda. Each csrc/cuda/*.cu is compiled by
 nvcc into an object file that is linked into needle_c together with the
 static CUDA runtime (so the module imports on machines without a CUDA
-runtime, driver or GPU). cuBLAS is not linked: the backend loads it at run
+runtime, driver or GPU; running needs a driver of the R580 branch or newer,
+which CUDA 13 requires). cuBLAS is not linked: the backend loads it at run
 time (NEEDLE_CUBLAS=<path> names it) and falls back to its own SGEMM kernel
 where it is missing; the libcublas found here at build time, if any, is
-remembered as the first place to look.
+remembered as the first place to look, then the nvidia-cublas wheel that the
+`cuda` extra installs (pip install ".[cuda]"), whose directory needle.cuda
+hands the loader at import.
+
+Run-time variables are listed in README.md (NEEDLE_CUBLAS, NEEDLE_MEMORY_LIMIT,
+NEEDLE_GC*, and NEEDLE_REQUIRE_CUDA=1 for the tests: CUDA tests fail instead
+of skipping when CUDA is unavailable).
 """
 
 import glob

@@ -1,4 +1,4 @@
-"""PTB language-model training step: needle against the same model in PyTorch (CPU), same run.
+"""PTB language-model training step: needle against the same model in PyTorch, same run.
 
 Two configurations, both with vocabulary 10k, sequence length 20 and batch 256 (5,120 tokens a
 step), Adam lr 3e-3:
@@ -16,13 +16,16 @@ for both, the growth of the process's peak resident set size over the steps (``V
 steps minus ``VmRSS`` before the first one, with the peak reset through /proc/self/clear_refs;
 it includes allocator caches, so it is coarse), minor page faults per timed step (first touches
 of memory the process got from the OS), and user and system CPU time per step (all threads).
-PyTorch has no CPU allocator statistics, so it gets the RSS figure only. The PyTorch model gets
+PyTorch has no CPU allocator statistics, so it gets the RSS figure only on the CPU; with
+``--device cuda`` both run on the GPU and both report their allocator's peak allocated bytes
+(``ndl.cuda.max_memory_allocated``, ``torch.cuda.max_memory_allocated``). The PyTorch model gets
 needle's initial parameters (seed 0), so the first losses agree and the two runs train the same
 weights. Data: needle's synthetic corpus by default, ``--data DIR`` for real PTB text
 (ptb.valid.txt is the training text when there is no training split). Without PyTorch
 (``pip install torch==2.13.0``) only needle's numbers are printed.
 
     python bench/ptb_train.py [--data DIR] [--steps 20] [--warmup 3] [--configs transformer,lstm]
+                              [--device cpu|cuda]
 """
 
 import argparse
@@ -113,12 +116,15 @@ def batch_starts(nbatch, count):
 # --------------------------------------------------------------------------
 
 
-def run_needle(cfg, batches, vocab, steps, warmup):
+def run_needle(cfg, batches, vocab, steps, warmup, device_name="cpu"):
     import needle as ndl
     from needle import nn, optim
     from needle.apps.models import LanguageModel
     from needle.data import get_batch
 
+    device = ndl.cuda() if device_name == "cuda" else ndl.cpu()
+    if not device.enabled():
+        raise SystemExit(f"ptb_train: CUDA is unavailable: {ndl.cuda.unavailable_reason()}")
     np.random.seed(0)
     model = LanguageModel(
         cfg["embedding"],
@@ -127,18 +133,19 @@ def run_needle(cfg, batches, vocab, steps, warmup):
         num_layers=cfg["layers"],
         seq_model=cfg["seq_model"],
         seq_len=SEQ_LEN,
+        device=device,
     )
     model.train()
     opt = optim.Adam(model.parameters(), lr=LR)
     loss_fn = nn.SoftmaxLoss()
     h, times, losses, faults = None, [], [], 0
     rss0 = reset_peak_rss()
-    ndl.memory.reset_peak_memory_stats()
+    ndl.memory.reset_peak_memory_stats(device)
     for n, i in enumerate(batch_starts(batches.shape[0], warmup + steps)):
         if n == warmup:
             faults, cpu0 = minor_faults(), cpu_seconds()
         start = time.perf_counter()
-        X, y = get_batch(batches, i, SEQ_LEN)
+        X, y = get_batch(batches, i, SEQ_LEN, device=device)
         if isinstance(h, tuple):
             h = tuple(t.detach() for t in h)
         elif h is not None:
@@ -148,7 +155,7 @@ def run_needle(cfg, batches, vocab, steps, warmup):
         opt.reset_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss.numpy().reshape(-1)[0]))
+        losses.append(float(loss.numpy().reshape(-1)[0]))  # waits for the GPU too
         if n >= warmup:
             times.append(time.perf_counter() - start)
     return dict(
@@ -156,7 +163,7 @@ def run_needle(cfg, batches, vocab, steps, warmup):
         losses=losses,
         faults=(minor_faults() - faults) / steps,
         cpu=[(b - a) / steps for a, b in zip(cpu0, cpu_seconds())],
-        peak_allocated=ndl.memory.max_memory_allocated(),
+        peak_allocated=ndl.memory.max_memory_allocated(device),
         rss_delta=None if rss0 is None else peak_rss() - rss0,
         params=sum(int(np.prod(p.shape)) for p in model.parameters()),
         version=ndl.__version__,
@@ -194,7 +201,8 @@ def torch_models():
             k = heads(self.k_projection(self.prenorm_k(x)))
             v = heads(self.v_projection(self.prenorm_v(x)))
             scores = q @ k.transpose(2, 3) / self.dim_head**0.5
-            mask = torch.triu(torch.full((seq, seq), -torch.finfo(torch.float32).max), 1)
+            big = -torch.finfo(torch.float32).max
+            mask = torch.triu(torch.full((seq, seq), big, device=x.device), 1)
             probs = torch.softmax(scores + mask, dim=3)
             out = (probs @ v).transpose(1, 2).reshape(b, seq, self.num_head * self.dim_head)
             return self.out_projection(out)
@@ -219,7 +227,7 @@ def torch_models():
 
         def forward(self, x, h=None):
             x = x.transpose(0, 1)  # (L, B, D) -> (B, L, D)
-            pos = torch.arange(x.shape[1])
+            pos = torch.arange(x.shape[1], device=x.device)
             x = self.layers(x + self.positional_embedding(pos)[None])
             x = x.transpose(0, 1)
             return x, None
@@ -288,17 +296,22 @@ def copy_needle_parameters(model, cfg, vocab):
             t.copy_(torch.from_numpy(np.ascontiguousarray(a).reshape(t.shape)))
 
 
-def run_torch(cfg, batches, vocab, steps, warmup):
+def run_torch(cfg, batches, vocab, steps, warmup, device_name="cpu"):
     import torch
 
+    if device_name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("ptb_train: this PyTorch has no CUDA")
     torch.manual_seed(0)
     model = torch_models()(cfg["embedding"], vocab, cfg["hidden"], cfg["layers"], cfg["seq_model"])
     copy_needle_parameters(model, cfg, vocab)
+    model.to(device_name)
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=LR)
-    data = torch.from_numpy(batches.astype(np.int64))
+    data = torch.from_numpy(batches.astype(np.int64)).to(device_name)
     h, times, losses, faults = None, [], [], 0
     rss0 = reset_peak_rss()
+    if device_name == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     for n, i in enumerate(batch_starts(batches.shape[0], warmup + steps)):
         if n == warmup:
             faults, cpu0 = minor_faults(), cpu_seconds()
@@ -311,7 +324,7 @@ def run_torch(cfg, batches, vocab, steps, warmup):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(loss.item())
+        losses.append(loss.item())  # waits for the GPU too
         if n >= warmup:
             times.append(time.perf_counter() - start)
     return dict(
@@ -319,7 +332,7 @@ def run_torch(cfg, batches, vocab, steps, warmup):
         losses=losses,
         faults=(minor_faults() - faults) / steps,
         cpu=[(b - a) / steps for a, b in zip(cpu0, cpu_seconds())],
-        peak_allocated=None,
+        peak_allocated=torch.cuda.max_memory_allocated() if device_name == "cuda" else None,
         rss_delta=None if rss0 is None else peak_rss() - rss0,
         params=sum(p.numel() for p in model.parameters()),
         version=torch.__version__,
@@ -336,11 +349,12 @@ def worker(args):
     batches, vocab, train_name = load_batches(args.data, args.vocab)
     cfg = CONFIGS[args.config]
     run = run_needle if args.worker == "needle" else run_torch
-    result = run(cfg, batches, vocab, args.steps, args.warmup)
+    result = run(cfg, batches, vocab, args.steps, args.warmup, args.device)
     step = statistics.median(result["times"])
     row = {
         "config": args.config,
         "framework": args.worker,
+        "device": args.device,
         "vocab": vocab,
         "seq_len": SEQ_LEN,
         "batch": BATCH,
@@ -367,7 +381,21 @@ def worker(args):
     print(json.dumps(row), flush=True)
 
 
-def machine_info():
+def gpu_name():
+    """The GPU's name from nvidia-smi, or None."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout else None
+
+
+def machine_info(device="cpu"):
     from benchutil import cpu_model
 
     cpu = cpu_model()
@@ -377,7 +405,10 @@ def machine_info():
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "numpy": np.__version__,
+        "device": device,
     }
+    if device == "cuda":
+        info["gpu"] = gpu_name()
     try:
         import needle
 
@@ -415,6 +446,9 @@ def main():
         "--vocab", type=int, default=10_000, help="output size (at least the corpus's vocabulary)"
     )
     parser.add_argument("--configs", default="transformer,lstm")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where both frameworks train"
+    )
     parser.add_argument("--worker", choices=("needle", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--config", choices=tuple(CONFIGS), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -422,7 +456,7 @@ def main():
         worker(args)
         return
 
-    info = machine_info()
+    info = machine_info(args.device)
     print(json.dumps({"machine": info}), flush=True)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     for c in configs:
@@ -461,6 +495,8 @@ def main():
                     str(args.warmup),
                     "--vocab",
                     str(args.vocab),
+                    "--device",
+                    args.device,
                 ]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode != 0:
@@ -476,7 +512,8 @@ def main():
         )
     print()
     print(
-        f"machine: {info['cpu']}, {info['cpus']} cpus, Python {info['python']}, "
+        (f"device: cuda, {info.get('gpu') or 'GPU unknown'}; " if args.device == "cuda" else "")
+        + f"machine: {info['cpu']}, {info['cpus']} cpus, Python {info['python']}, "
         f"NumPy {info['numpy']}, needle {info['needle']}, "
         f"PyTorch {info['torch'] or 'absent'}"
         + (f" ({info['torch_threads']} threads)" if info["torch"] else "")

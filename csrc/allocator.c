@@ -79,6 +79,36 @@ static void run_collection(nd_device *dev, int64_t requested, nd_collect_reason 
     if (st->allocated_current < before) st->collect_freed_bytes += before - st->allocated_current;
 }
 
+/* The out-of-memory ladder, the one place it is written: try; on ND_ERR_OOM
+ * give back the cache and try again; then ask the host for a collection,
+ * give back what it freed, and try a last time. */
+nd_status nd_memory_retry(nd_device *dev, int64_t requested, nd_attempt_fn attempt, void *ctx) {
+    nd_memory_stats *st = &dev->alloc.stats;
+    nd_status status = attempt(ctx);
+    if (status == ND_ERR_OOM && nd_memory_empty_cache(dev) > 0) {
+        st->num_alloc_retries++;
+        status = attempt(ctx);
+    }
+    if (status == ND_ERR_OOM && collect_fn != NULL && !collecting) {
+        run_collection(dev, requested, ND_COLLECT_OOM);
+        nd_memory_empty_cache(dev);
+        st->num_alloc_retries++;
+        status = attempt(ctx);
+    }
+    return status;
+}
+
+typedef struct raw_alloc_attempt {
+    nd_device *dev;
+    int64_t nbytes;
+    void **out;
+} raw_alloc_attempt;
+
+static nd_status try_raw_alloc(void *ctx) {
+    raw_alloc_attempt *a = (raw_alloc_attempt *)ctx;
+    return a->dev->backend->raw_alloc(a->dev, a->nbytes, a->out);
+}
+
 nd_status nd_memory_alloc(nd_device *dev, int64_t nbytes, void **out) {
     nd_memory_stats *st = &dev->alloc.stats;
     *out = NULL;
@@ -90,18 +120,8 @@ nd_status nd_memory_alloc(nd_device *dev, int64_t nbytes, void **out) {
 
     nd_status status = ND_OK;
     if (nbytes > 0) {
-        status = dev->backend->raw_alloc(dev, nbytes, out);
-        /* The ladder: give back the cache, then ask for a collection. */
-        if (status == ND_ERR_OOM && nd_memory_empty_cache(dev) > 0) {
-            st->num_alloc_retries++;
-            status = dev->backend->raw_alloc(dev, nbytes, out);
-        }
-        if (status == ND_ERR_OOM && collect_fn != NULL && !collecting) {
-            run_collection(dev, nbytes, ND_COLLECT_OOM);
-            nd_memory_empty_cache(dev);
-            st->num_alloc_retries++;
-            status = dev->backend->raw_alloc(dev, nbytes, out);
-        }
+        raw_alloc_attempt attempt = {dev, nbytes, out};
+        status = nd_memory_retry(dev, nbytes, try_raw_alloc, &attempt);
         if (status == ND_ERR_OOM) {
             st->num_ooms++;
             last_oom.device_id = dev->id;

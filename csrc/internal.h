@@ -37,7 +37,11 @@ typedef struct nd_matmul_desc {
 } nd_matmul_desc;
 
 /* What a device kind must provide. Every kernel takes layouts in elements and
- * reports a status; none allocates device memory through the allocator. */
+ * reports a status; none allocates device memory through nd_memory_alloc
+ * (scratch comes from the backend's own raw_alloc, reserved but never
+ * counted as allocated; a kernel that needs memory to start, such as the
+ * CUDA matmul's cuBLAS workspace, may run nd_memory_retry and so a
+ * collection). */
 typedef struct nd_backend {
     const char *name;
     nd_status (*raw_alloc)(nd_device *dev, int64_t nbytes, void **out);
@@ -116,6 +120,17 @@ void nd_memory_free(nd_device *dev, void *ptr, int64_t nbytes);
 /* Backends take and return device memory through these (limit checked here). */
 nd_status nd_memory_reserve(nd_device *dev, int64_t nbytes);
 void nd_memory_unreserve(nd_device *dev, int64_t nbytes);
+
+/* The out-of-memory ladder around any attempt to get device memory, also
+ * memory a library takes outside the allocator (cuBLAS's workspace and
+ * handle): attempt(ctx); while it returns ND_ERR_OOM, release the cache and
+ * retry, then ask the host for a collection of `requested` bytes (unless one
+ * is running in this thread), release the cache and retry once more. Returns
+ * the last attempt's status and records nothing else: the caller decides
+ * what a final ND_ERR_OOM means (nd_memory_alloc raises it). The collection
+ * may run arbitrary host code, as any allocation may. */
+typedef nd_status (*nd_attempt_fn)(void *ctx);
+nd_status nd_memory_retry(nd_device *dev, int64_t requested, nd_attempt_fn attempt, void *ctx);
 
 /* Registers a device at start-up; returns NULL when the table is full. */
 nd_device *nd_device_register(nd_device_kind kind, int ordinal, const char *name,

@@ -1,9 +1,11 @@
 /* cuda_info.c: what needle.cuda asks of the CUDA backend beyond the
- * engine's memory accounting: whether CUDA was compiled in, the driver's
- * free/total bytes of a GPU, and which GEMM the backend runs.
+ * engine's memory accounting: whether CUDA was compiled in, why it is
+ * unavailable, the driver's free/total bytes of a GPU, and which GEMM the
+ * backend runs.
  *
  * Built with and without NEEDLE_WITH_CUDA; without it every function answers
- * "unavailable" (False, None) instead of failing, so callers need no checks.
+ * "unavailable" (False, None, the reason) instead of failing, so callers need
+ * no checks.
  */
 #include "needle_c.h"
 
@@ -18,6 +20,24 @@ static PyObject *cuda_compiled(PyObject *module, PyObject *Py_UNUSED(ignored)) {
 #else
     Py_RETURN_FALSE;
 #endif
+}
+
+const char *cuda_unavailable_reason(void) {
+#ifdef NEEDLE_WITH_CUDA
+    (void)nd_device_count(); /* discovery runs with the device table's first use */
+    return nd_cuda_init_error();
+#else
+    return "needle was built without CUDA (NEEDLE_CUDA=0, NEEDLE_SANITIZE=1, or no CUDA toolkit "
+           "with nvcc at build time)";
+#endif
+}
+
+/* Why CUDA is unavailable: None when a GPU is registered. */
+static PyObject *cuda_init_error(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    (void)module;
+    const char *reason = cuda_unavailable_reason();
+    if (reason[0] == '\0') Py_RETURN_NONE;
+    return PyUnicode_FromString(reason);
 }
 
 static PyObject *cuda_mem_get_info(PyObject *module, PyObject *arg) {
@@ -44,14 +64,91 @@ static PyObject *cuda_gemm(PyObject *module, PyObject *Py_UNUSED(ignored)) {
 #endif
 }
 
+/* Sets (with a sequence of str) and returns the directories the cuBLAS loader
+ * looks in; always () without a CUDA backend. */
+static PyObject *cuda_cublas_dirs(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    needle_state *st = state_of_module(module);
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "_cuda_cublas_dirs() takes at most one argument");
+        return NULL;
+    }
+    if (nargs == 1 && args[0] != Py_None) {
+        if (PyUnicode_Check(args[0]) || !PySequence_Check(args[0])) {
+            PyErr_Format(PyExc_TypeError,
+                         "_cuda_cublas_dirs() expects a sequence of directory names, got %.100s",
+                         Py_TYPE(args[0])->tp_name);
+            return NULL;
+        }
+        PyObject *seq = PySequence_Fast(args[0], "expected a sequence");
+        if (seq == NULL) return NULL;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        const char *dirs[8];
+        if (n > 8) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "at most 8 cuBLAS directories, got %zd", n);
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+            if (!PyUnicode_Check(item)) {
+                Py_DECREF(seq);
+                PyErr_Format(PyExc_TypeError, "a cuBLAS directory must be a str, got %.100s",
+                             Py_TYPE(item)->tp_name);
+                return NULL;
+            }
+            /* Borrowed UTF-8 of items seq holds: valid until seq is released. */
+            dirs[i] = PyUnicode_AsUTF8(item);
+            if (dirs[i] == NULL) {
+                Py_DECREF(seq);
+                return NULL;
+            }
+        }
+#ifdef NEEDLE_WITH_CUDA
+        nd_status status = nd_cuda_set_cublas_dirs((int)n, dirs);
+        Py_DECREF(seq);
+        if (status != ND_OK) return raise_status(st, status);
+#else
+        (void)dirs;
+        Py_DECREF(seq);
+#endif
+    }
+    (void)st;
+#ifdef NEEDLE_WITH_CUDA
+    const char *dirs_now[8];
+    int count = nd_cuda_cublas_dirs(dirs_now, 8);
+    PyObject *out = PyTuple_New(count);
+    if (out == NULL) return NULL;
+    for (int i = 0; i < count; i++) {
+        PyObject *s = PyUnicode_FromString(dirs_now[i]);
+        if (s == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, s);
+    }
+    return out;
+#else
+    return PyTuple_New(0);
+#endif
+}
+
 PyMethodDef cuda_info_module_functions[] = {
     {"_cuda_compiled", cuda_compiled, METH_NOARGS,
      "_cuda_compiled()\n--\n\nTrue when this build of needle_c contains the CUDA backend."},
+    {"_cuda_init_error", cuda_init_error, METH_NOARGS,
+     "_cuda_init_error()\n--\n\nWhy needle cannot use CUDA (the CUDA error of device discovery "
+     "with the driver's and runtime's CUDA versions, or that CUDA was not built), or None when a "
+     "GPU is usable."},
     {"_cuda_mem_get_info", cuda_mem_get_info, METH_O,
      "_cuda_mem_get_info(ordinal, /)\n--\n\n(free, total) bytes of GPU `ordinal` as the driver "
      "reports them (cudaMemGetInfo), or None when there is no such GPU or no CUDA backend."},
     {"_cuda_gemm", cuda_gemm, METH_NOARGS,
      "_cuda_gemm()\n--\n\nWhich GEMM the CUDA backend runs (cuBLAS or needle's kernel); None "
      "without a CUDA backend."},
+    {"_cuda_cublas_dirs", (PyCFunction)(void (*)(void))cuda_cublas_dirs, METH_FASTCALL,
+     "_cuda_cublas_dirs(dirs=None, /)\n--\n\nThe directories the cuBLAS loader looks in for "
+     "libcublas.so.13 (then .12) after NEEDLE_CUBLAS and the build's hint; with a sequence of "
+     "str (at most 8), sets them first (needle.cuda passes a pip-installed nvidia-cublas "
+     "wheel's). () without a CUDA backend."},
     {NULL, NULL, 0, NULL},
 };

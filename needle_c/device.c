@@ -76,10 +76,11 @@ nd_device *device_from_object(needle_state *st, PyObject *obj) {
         DeviceObject *d = Device_CAST(obj);
         nd_device *dev = d->engine_id >= 0 ? nd_device_at(d->engine_id) : NULL;
         if (dev == NULL || !nd_device_available(dev)) {
-            PyErr_Format(st->device_error, "device %R is not available (%s)", obj,
-                         strcmp(d->name, "cuda") == 0
-                             ? "needle was built without CUDA or no GPU is present"
-                             : "not enabled");
+            const char *reason = strcmp(d->name, "cuda") != 0 ? "not enabled"
+                                 : cuda_unavailable_reason()[0] != '\0'
+                                     ? cuda_unavailable_reason()
+                                     : "there is no CUDA device with this index";
+            PyErr_Format(st->device_error, "device %R is not available (%s)", obj, reason);
             return NULL;
         }
         return dev;

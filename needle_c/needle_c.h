@@ -63,6 +63,11 @@ nd_device *device_from_object(needle_state *st, PyObject *obj);
  * functions (cpu, cpu_numpy, cuda, _device) and MAX_DEVICES. */
 int device_module_init(PyObject *module, needle_state *st);
 
+/* Why needle cannot use CUDA ("" when a GPU was registered): device
+ * discovery's CUDA error with the driver's and runtime's versions, or that
+ * CUDA was not built (cuda_info.c). */
+const char *cuda_unavailable_reason(void);
+
 /* NDArray helpers (ndarray.c). */
 int ndarray_check(needle_state *st, PyObject *obj);
 /* Wraps arr in a new NDArray, taking over its storage reference. */

@@ -1,9 +1,17 @@
 """pytest configuration for needle's array-layer tests.
 
-Deliberately light: it only registers the markers the suite uses. Shared
-parametrisation lives in ``devices.py`` (importable because pytest puts this
-directory on ``sys.path``; ``tests/`` has no ``__init__.py``).
+Deliberately light: it registers the markers the suite uses and, with
+``NEEDLE_REQUIRE_CUDA=1``, fails every test marked ``cuda`` when CUDA is unavailable
+(instead of letting it skip), with needle's reason in the message. Shared parametrisation
+lives in ``devices.py`` (importable because pytest puts this directory on ``sys.path``;
+``tests/`` has no ``__init__.py``).
 """
+
+import os
+
+import pytest
+
+REQUIRE_CUDA = os.environ.get("NEEDLE_REQUIRE_CUDA", "0") == "1"
 
 
 def pytest_configure(config):
@@ -15,3 +23,16 @@ def pytest_configure(config):
         "paced: asserts what the collection pacer decides, which depends on how long "
         "collections take (deselected under the sanitizer build, which is several times slower)",
     )
+
+
+# tryfirst, and registered after pytest's skipping plugin (whose setup hook is tryfirst
+# too), so this runs before a `skipif(no GPU)` mark can turn the test into a skip.
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if not REQUIRE_CUDA or item.get_closest_marker("cuda") is None:
+        return
+    import needle as ndl
+
+    reason = ndl.cuda.unavailable_reason()
+    if reason is not None:
+        pytest.fail(f"NEEDLE_REQUIRE_CUDA=1 but CUDA is unavailable: {reason}", pytrace=False)

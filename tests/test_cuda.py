@@ -23,15 +23,18 @@ import needle.memory as mem
 import needle_c
 from needle import backend_ndarray as nd
 
+from devices import needs_cuda
+
 CUDA = ndl.cuda()
 HAS_CUDA = CUDA.enabled()
 MiB = 2**20
 
 
 def cuda_test(fn):
-    """Marks a test as needing the CUDA backend and a GPU."""
-    fn = pytest.mark.skipif(not HAS_CUDA, reason="needs the CUDA backend and a GPU")(fn)
-    return pytest.mark.cuda(fn)
+    """Marks a test as needing the CUDA backend and a GPU (skipped with the reason without)."""
+    for mark in needs_cuda:
+        fn = mark(fn)
+    return fn
 
 
 @pytest.fixture(autouse=True)

@@ -13,11 +13,9 @@ import needle as ndl
 import needle.backend_ndarray as nd
 from needle import memory
 
+from devices import needs_cuda
+
 _CUDA = ndl.cuda()
-needs_cuda = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not _CUDA.enabled(), reason="CUDA backend not built or no GPU"),
-]
 
 
 def _array(shape=(3, 4), device=None):
@@ -335,6 +333,43 @@ def test_torch_memory_released():
 # ------------------------------------------------------------ CUDA
 
 
+# ---------------------------------------------------------- DLPack streams
+
+# (stream, exception) that no device accepts: the protocol's types and values.
+BAD_STREAMS = [
+    ("1", TypeError),
+    (1.0, TypeError),
+    (True, TypeError),
+    (0, ValueError),  # ambiguous between None, 1 and 2: forbidden
+    (-2, ValueError),
+    (2**80, ValueError),
+]
+
+
+@pytest.mark.parametrize("stream, error", BAD_STREAMS, ids=[repr(s) for s, _ in BAD_STREAMS])
+@pytest.mark.parametrize(
+    "device",
+    [pytest.param(ndl.cpu(), id="cpu")] + [pytest.param(_CUDA, marks=needs_cuda, id="cuda")],
+)
+def test_dlpack_rejects_bad_streams(device, stream, error):
+    a = _array(device=device)
+    with pytest.raises(error, match="stream"):
+        a.__dlpack__(stream=stream)
+    t = ndl.Tensor(a, device=device)
+    with pytest.raises(error, match="stream"):
+        t.__dlpack__(stream=stream)
+    # the array is untouched and exports normally afterwards
+    np.testing.assert_array_equal(np.asarray(nd.from_dlpack(a.__dlpack__()).numpy()), a.numpy())
+
+
+@pytest.mark.parametrize("stream", [1, 2, -1, 12345])
+def test_cpu_dlpack_accepts_only_stream_none(stream):
+    a = _array()
+    with pytest.raises(BufferError, match="stream must be None"):
+        a.__dlpack__(stream=stream)
+    np.testing.assert_array_equal(np.from_dlpack(a), a.numpy())
+
+
 def _cuda_test(fn):
     """Marks a test cuda and skips it, with the reason, without a usable GPU."""
     for mark in needs_cuda:
@@ -347,7 +382,8 @@ def test_cuda_dlpack_device_and_interfaces():
     a = _array(device=_CUDA)
     assert a.__dlpack_device__() == (2, _CUDA.index)
     iface = a.__cuda_array_interface__
-    assert iface["version"] == 3 and iface["typestr"] == "<f4" and iface["stream"] is None
+    # v3: the stream consumers order their work after: needle's, the legacy default (1).
+    assert iface["version"] == 3 and iface["typestr"] == "<f4" and iface["stream"] == 1
     assert iface["shape"] == (3, 4) and iface["strides"] is None
     with pytest.raises(AttributeError):
         a.__array_interface__
@@ -380,3 +416,36 @@ def test_cuda_torch_round_trip():
     assert n.device == _CUDA
     n[1, 2] = -1.0
     assert src[1, 2].item() == -1.0
+
+
+@_cuda_test
+@pytest.mark.parametrize("stream", [None, 1, 2, -1])
+def test_cuda_dlpack_special_streams(stream):
+    a = _array(device=_CUDA) * 2.0
+    b = nd.from_dlpack(a.__dlpack__(stream=stream))
+    np.testing.assert_array_equal(b.numpy(), np.arange(12, dtype=np.float32).reshape(3, 4) * 2)
+
+
+@_cuda_test
+def test_cuda_dlpack_orders_torch_side_streams():
+    """torch on a non-blocking stream reads what needle wrote (export: the stream waits for
+    needle's kernels), and a block released by torch is reused by needle only after
+    torch's queued work on it (release: needle's stream waits for torch's)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    side = torch.cuda.Stream()  # non-blocking: no implicit order with needle's stream
+    n = 1 << 24
+    for _ in range(3):
+        x = nd.array(np.ones(n, dtype=np.float32), device=_CUDA)
+        x = (x * 3.0).exp().log()  # kernels queued on needle's stream
+        with torch.cuda.stream(side):
+            t = torch.from_dlpack(x)  # passes side's handle as stream=
+            total = (t * 2.0).sum()
+            slow = t.view(-1, 1024) @ t.view(1024, -1)[:, :256]  # keep side busy
+        del t, x
+        y = nd.array(np.full(n, -5.0, dtype=np.float32), device=_CUDA)  # may reuse the block
+        side.synchronize()
+        assert abs(total.item() - 6.0 * n) <= 1e-3 * 6.0 * n
+        assert slow.shape == (n // 1024, 256)
+        assert float(y.numpy()[0]) == -5.0

@@ -15,17 +15,44 @@ extern "C" {
 #endif
 
 /* Registers one engine device per visible GPU; returns how many. A failure
- * of device discovery (no driver, no GPU) registers none, silently. */
+ * of device discovery (no driver, no GPU) registers none, silently: its
+ * reason is kept for nd_cuda_init_error. */
 int nd_cuda_register_devices(void);
+
+/* Why device discovery found no usable GPU: the CUDA error's name and text
+ * and the driver's and runtime's CUDA versions; "" when a GPU was registered.
+ * Call after the device table is initialised (nd_device_count). */
+const char *nd_cuda_init_error(void);
 
 /* The driver's view of GPU `ordinal`: free and total bytes (cudaMemGetInfo).
  * ND_ERR_DEVICE when there is no such registered GPU. */
 nd_status nd_cuda_mem_get_info(int ordinal, int64_t *free_bytes, int64_t *total_bytes);
 
 /* Which GEMM the CUDA backend runs: "cublas (<library>)" or a description of
- * needle's own kernel when cuBLAS cannot be loaded. Loads cuBLAS on first
- * use; never fails. */
+ * needle's own kernel when cuBLAS cannot be loaded (with where it looked).
+ * Loads cuBLAS on first use; never fails. */
 const char *nd_cuda_gemm_description(void);
+
+/* Directories to look for libcublas.so.13 (then .12) in, after NEEDLE_CUBLAS
+ * and the build's hint and before the loader's path: the host names the lib
+ * directory of a pip-installed nvidia-cublas wheel. Replaces earlier ones; a
+ * cuBLAS not found before is looked for again. At most 8, each shorter than
+ * 1024 bytes (ND_ERR_VALUE). */
+nd_status nd_cuda_set_cublas_dirs(int count, const char *const *dirs);
+/* The directories set, up to max of them, into out; returns how many. */
+int nd_cuda_cublas_dirs(const char **out, int max);
+
+/* Stream order for exports (DLPack, CUDA Array Interface). `stream` is a
+ * protocol value: 1 the legacy default stream (needle's: nothing to do),
+ * 2 the per-thread default stream, > 2 a cudaStream_t, -1 "no
+ * synchronisation" (nothing to do); 0 and values below -1 are ND_ERR_VALUE.
+ * export_to_stream: work queued later on `stream` waits for needle's work so
+ * far on GPU `ordinal`. release_from_stream: needle's later work waits for
+ * the work queued on `stream` so far (call it before the exported storage is
+ * released, so the block is not reused under the consumer); when `stream`
+ * cannot be used it waits for the whole GPU instead and reports the error. */
+nd_status nd_cuda_export_to_stream(int ordinal, intptr_t stream);
+nd_status nd_cuda_release_from_stream(int ordinal, intptr_t stream);
 
 #ifdef __cplusplus
 }

@@ -4,11 +4,13 @@
  * the kernels receive.
  *
  * Discovery must be harmless without a driver or a GPU (the extension is
- * imported everywhere): a failing cudaGetDeviceCount means zero devices, and
- * no CUDA context is created at registration. Never prints, exits or aborts.
+ * imported everywhere): a failing cudaGetDeviceCount means zero devices (its
+ * error is kept for nd_cuda_init_error), and no CUDA context is created at
+ * registration. Never prints, exits or aborts.
  */
 #include "cuda_common.cuh"
 
+#include <stdio.h>
 #include <string.h>
 
 /* Engine devices by CUDA ordinal (NULL: not registered). */
@@ -33,11 +35,38 @@ static const nd_backend nd_cuda_backend = {
     /* .scatter_add_rows = */ nd_cuda_scatter_add_rows,
 };
 
+/* Why no GPU was registered ("" when one was): the CUDA error of discovery
+ * and the driver's and runtime's CUDA versions, so that a user whose driver
+ * is too old for the statically linked runtime is told so instead of seeing
+ * CUDA tests skip. Written once, at registration. */
+static char init_error[512];
+
+static void record_init_error(const char *what, cudaError_t err) {
+    /* Versions are 1000 * major + 10 * minor; the driver's is 0 without a driver. */
+    int driver = 0;
+    if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+    (void)cudaGetLastError();
+    char driver_text[64];
+    if (driver > 0)
+        snprintf(driver_text, sizeof driver_text, "the driver supports CUDA %d.%d", driver / 1000,
+                 driver % 1000 / 10);
+    else snprintf(driver_text, sizeof driver_text, "no CUDA driver was found");
+    snprintf(init_error, sizeof init_error, "%s: %s (%s); %s, needle's runtime is CUDA %d.%d", what,
+             cudaGetErrorName(err), cudaGetErrorString(err), driver_text, CUDART_VERSION / 1000,
+             CUDART_VERSION % 1000 / 10);
+}
+
+extern "C" const char *nd_cuda_init_error(void) { return init_error; }
+
 extern "C" int nd_cuda_register_devices(void) {
     int count = 0;
-    /* No driver, no GPU, a driver older than the runtime: no CUDA devices. */
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
+    /* No driver, no GPU, a driver older than the runtime: no CUDA devices,
+     * and the reason is kept for nd_cuda_init_error. */
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count <= 0) {
         (void)cudaGetLastError();
+        record_init_error("cudaGetDeviceCount failed",
+                          err != cudaSuccess ? err : cudaErrorNoDevice);
         return 0;
     }
     if (count > ND_CUDA_MAX_DEVICES) count = ND_CUDA_MAX_DEVICES;
@@ -45,8 +74,10 @@ extern "C" int nd_cuda_register_devices(void) {
         /* totalGlobalMem is the total cudaMemGetInfo reports, read without
          * creating a context (which costs time and device memory at import). */
         cudaDeviceProp prop;
-        if (cudaGetDeviceProperties(&prop, ordinal) != cudaSuccess) {
+        err = cudaGetDeviceProperties(&prop, ordinal);
+        if (err != cudaSuccess) {
             (void)cudaGetLastError();
+            record_init_error("cudaGetDeviceProperties failed", err);
             continue;
         }
         nd_device *dev = nd_device_register(ND_DEVICE_CUDA, ordinal, "cuda", &nd_cuda_backend,
@@ -58,6 +89,7 @@ extern "C" int nd_cuda_register_devices(void) {
     if (cuda_device_count == 1)
         for (int ordinal = 0; ordinal < ND_CUDA_MAX_DEVICES; ordinal++)
             if (cuda_devices[ordinal] != NULL) sole_device = cuda_devices[ordinal];
+    if (cuda_device_count > 0) init_error[0] = '\0'; /* some GPU works */
     return cuda_device_count;
 }
 

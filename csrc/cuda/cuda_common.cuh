@@ -142,6 +142,23 @@ nd_status nd_cuda_reduce(nd_reduce_op op, const nd_layout *out_layout, float *ou
 /* cuda_matmul.cu */
 nd_status nd_cuda_matmul(const nd_matmul_desc *desc);
 
+/* cuda_cublas.cu: cuBLAS, loaded at run time. */
+typedef struct cublas_context *nd_cublas_handle;
+/* dev's handle (dev's GPU current), with a workspace from its caching
+ * allocator; NULL when cuBLAS cannot be used now (not found, disabled, cannot
+ * run on this GPU, or memory for the handle or workspace is short even after
+ * the out-of-memory ladder): needle's kernel serves then. Never fails. */
+nd_cublas_handle nd_cublas_handle_for(nd_device *dev);
+/* What a cuBLAS failure for want of memory asks the ladder to free. */
+int64_t nd_cublas_workspace_bytes(nd_device *dev);
+/* c = a b through cublasSgemmStridedBatched (column-major, alpha 1, beta 0;
+ * trans 0 = N, 1 = T). ND_ERR_OOM when cuBLAS could not allocate, else
+ * ND_ERR_BACKEND with the status. */
+nd_status nd_cublas_sgemm_strided(nd_cublas_handle h, int transa, int transb, int m, int n, int k,
+                                  const float *a, int lda, long long stride_a, const float *b,
+                                  int ldb, long long stride_b, float *c, int ldc,
+                                  long long stride_c, int batch_count);
+
 /* cuda_gather.cu */
 nd_status nd_cuda_gather_rows(const nd_layout *out_layout, float *out,
                               const nd_layout *table_layout, const float *table,

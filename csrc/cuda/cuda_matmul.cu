@@ -1,129 +1,21 @@
 /* cuda_matmul.cu: the CUDA backend's batched matmul: cuBLAS SGEMM when it
- * can be loaded, else needle's own tiled SGEMM kernel.
+ * can be used (cuda_cublas.cu loads it and keeps the handles), else needle's
+ * own tiled SGEMM kernel.
  *
- * cuBLAS is loaded with dlopen on first use rather than linked, so that the
- * extension imports (and the rest of the backend runs) where cuBLAS is not
- * installed; NEEDLE_CUBLAS=0 forces the kernel, NEEDLE_CUBLAS=<path> names
- * the library. Row-major C (m x n) = A B is computed as the column-major
- * C^T = B^T A^T; a transposed operand (unit row stride) becomes CUBLAS_OP_T,
- * never a copy. Batches whose strides collapse to one dim run as one
+ * Row-major C (m x n) = A B is computed as the column-major C^T = B^T A^T; a
+ * transposed operand (unit row stride) becomes CUBLAS_OP_T, never a copy.
+ * Batches whose strides collapse to one dim run as one
  * cublasSgemmStridedBatched (stride 0 broadcasts an operand), others as a
- * loop of those. One cuBLAS handle per GPU, created lazily; cuBLAS failures
- * are ND_ERR_BACKEND with the call site. Default math mode: full FP32, no
- * TF32, so results track the CPU's.
+ * loop of those. A cuBLAS call that fails for want of memory goes through
+ * the engine's out-of-memory ladder (release the cache, collect, retry) and,
+ * if memory is still short, the kernel (which needs none) computes the
+ * product; other cuBLAS failures are ND_ERR_BACKEND with the call site.
+ * Default math mode: full FP32, no TF32, so results track the CPU's.
  */
 #include "cuda_common.cuh"
 
-#include <dlfcn.h>
 #include <limits.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-
-/* ------------------------------------------------------- cuBLAS, loaded */
-
-/* The few cuBLAS v2 declarations used, with their C ABI types (enums are
- * ints): cublasStatus_t 0 = success, cublasOperation_t 0 = N, 1 = T. */
-typedef struct cublas_context *cublas_handle;
-typedef int (*cublas_create_fn)(cublas_handle *handle);
-typedef int (*cublas_set_stream_fn)(cublas_handle handle, cudaStream_t stream);
-typedef int (*cublas_sgemm_strided_fn)(cublas_handle handle, int transa, int transb, int m, int n,
-                                       int k, const float *alpha, const float *a, int lda,
-                                       long long stride_a, const float *b, int ldb,
-                                       long long stride_b, const float *beta, float *c, int ldc,
-                                       long long stride_c, int batch_count);
-typedef const char *(*cublas_status_string_fn)(int status);
-
-#define CUBLAS_OK 0
-#define CUBLAS_OP_N_ 0
-#define CUBLAS_OP_T_ 1
-
-static struct {
-    int tried;
-    void *library;
-    cublas_create_fn create;
-    cublas_set_stream_fn set_stream;
-    cublas_sgemm_strided_fn sgemm_strided;
-    cublas_status_string_fn status_string; /* optional */
-    char description[512];
-} cublas;
-
-static cublas_handle handles[ND_CUDA_MAX_DEVICES];
-static int handle_failed[ND_CUDA_MAX_DEVICES];
-
-#define KERNEL_NAME "needle's tiled SGEMM kernel"
-
-static int try_open(const char *path) {
-    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (lib == NULL) return 0;
-    cublas.create = (cublas_create_fn)dlsym(lib, "cublasCreate_v2");
-    cublas.set_stream = (cublas_set_stream_fn)dlsym(lib, "cublasSetStream_v2");
-    cublas.sgemm_strided = (cublas_sgemm_strided_fn)dlsym(lib, "cublasSgemmStridedBatched");
-    cublas.status_string = (cublas_status_string_fn)dlsym(lib, "cublasGetStatusString");
-    if (cublas.create == NULL || cublas.set_stream == NULL || cublas.sgemm_strided == NULL) {
-        dlclose(lib);
-        return 0;
-    }
-    cublas.library = lib;
-    snprintf(cublas.description, sizeof cublas.description, "cublas (%s)", path);
-    return 1;
-}
-
-/* Loads cuBLAS once; 1 when it can be used. */
-static int load_cublas(void) {
-    if (cublas.tried) return cublas.library != NULL;
-    cublas.tried = 1;
-    const char *env = getenv("NEEDLE_CUBLAS");
-    if (env != NULL && strcmp(env, "0") == 0) {
-        snprintf(cublas.description, sizeof cublas.description, "%s (NEEDLE_CUBLAS=0)",
-                 KERNEL_NAME);
-        return 0;
-    }
-    if (env != NULL && env[0] != '\0' && strcmp(env, "1") != 0) {
-        if (try_open(env)) return 1;
-        snprintf(cublas.description, sizeof cublas.description,
-                 "%s (NEEDLE_CUBLAS=%.300s could not be loaded)", KERNEL_NAME, env);
-        return 0;
-    }
-    static const char *const candidates[] = {
-#ifdef NEEDLE_CUBLAS_HINT
-        NEEDLE_CUBLAS_HINT, /* the library setup.py found at build time */
-#endif
-        "libcublas.so.13",
-        "libcublas.so.12",
-        "libcublas.so",
-    };
-    for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; i++)
-        if (try_open(candidates[i])) return 1;
-    snprintf(cublas.description, sizeof cublas.description, "%s (cuBLAS not found)", KERNEL_NAME);
-    return 0;
-}
-
-extern "C" const char *nd_cuda_gemm_description(void) {
-    load_cublas();
-    return cublas.description;
-}
-
-static const char *status_text(int status) {
-    return cublas.status_string != NULL ? cublas.status_string(status) : "cuBLAS error";
-}
-
-/* The current GPU's handle; NULL when cuBLAS is unusable there. */
-static cublas_handle handle_for(int ordinal) {
-    if (!load_cublas() || handle_failed[ordinal]) return NULL;
-    if (handles[ordinal] == NULL) {
-        int status = cublas.create(&handles[ordinal]);
-        if (status != CUBLAS_OK || cublas.set_stream(handles[ordinal], 0) != CUBLAS_OK) {
-            /* Such as a cuBLAS too new for the driver: the kernel serves. */
-            handles[ordinal] = NULL;
-            handle_failed[ordinal] = 1;
-            snprintf(cublas.description, sizeof cublas.description, "%s (cublasCreate failed: %s)",
-                     KERNEL_NAME, status_text(status));
-            return NULL;
-        }
-    }
-    return handles[ordinal];
-}
 
 /* ----------------------------------------------------- batch dimensions */
 
@@ -244,8 +136,11 @@ static nd_status sgemm(const nd_matmul_desc *d, const gemm_batch &g, cudaStream_
 
 static int fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 
+#define CUBLAS_OP_N_ 0
+#define CUBLAS_OP_T_ 1
+
 /* One cublasSgemmStridedBatched per index of the outer batch dims. */
-static nd_status cublas_matmul(cublas_handle h, const nd_matmul_desc *d, const gemm_batch &g) {
+static nd_status cublas_matmul(nd_cublas_handle h, const nd_matmul_desc *d, const gemm_batch &g) {
     /* Column-major: C^T (n x m, ld n) = op(B^T) (n x k) op(A^T) (k x m). A
      * row-major operand (unit column stride) read column-major is already
      * its transpose: CUBLAS_OP_N with ld = row stride; a transposed one is
@@ -259,7 +154,6 @@ static nd_status cublas_matmul(cublas_handle h, const nd_matmul_desc *d, const g
     long long stride_a = inner >= 0 ? g.a[inner] : 0, stride_b = inner >= 0 ? g.b[inner] : 0;
     long long stride_c = (long long)(d->m * d->n);
     int64_t outer = count > 0 ? g.count / count : 0;
-    const float one = 1.0f, zero = 0.0f;
     int64_t index[ND_MAX_DIMS] = {0};
     for (int64_t o = 0; o < outer; o++) {
         int64_t a_off = 0, b_off = 0;
@@ -267,23 +161,29 @@ static nd_status cublas_matmul(cublas_handle h, const nd_matmul_desc *d, const g
             a_off += index[i] * g.a[i];
             b_off += index[i] * g.b[i];
         }
-        int status =
-            cublas.sgemm_strided(h, op_b, op_a, (int)d->n, (int)d->m, (int)d->k, &one, d->b + b_off,
-                                 (int)ldb, stride_b, d->a + a_off, (int)lda, stride_a, &zero,
-                                 d->out + o * count * stride_c, (int)d->n, stride_c, (int)count);
-        if (status != CUBLAS_OK)
-            return nd_fail(
-                ND_ERR_BACKEND,
-                "cuBLAS error %d (%s) at %s:%d: cublasSgemmStridedBatched (m=%lld, n=%lld, "
-                "k=%lld, batch %lld)",
-                status, status_text(status), __FILE__, __LINE__, (long long)d->m, (long long)d->n,
-                (long long)d->k, (long long)count);
+        ND_TRY(nd_cublas_sgemm_strided(h, op_b, op_a, (int)d->n, (int)d->m, (int)d->k, d->b + b_off,
+                                       (int)ldb, stride_b, d->a + a_off, (int)lda, stride_a,
+                                       d->out + o * count * stride_c, (int)d->n, stride_c,
+                                       (int)count));
         for (int i = inner - 1; i >= 0; i--) {
             if (++index[i] < g.shape[i]) break;
             index[i] = 0;
         }
     }
     return ND_OK;
+}
+
+/* One try of the whole product through cuBLAS, for the out-of-memory ladder
+ * (a retry recomputes every output: out is fresh and never an operand). */
+typedef struct cublas_attempt {
+    nd_cublas_handle h;
+    const nd_matmul_desc *d;
+    const gemm_batch *g;
+} cublas_attempt;
+
+static nd_status try_cublas(void *ctx) {
+    const cublas_attempt *at = (const cublas_attempt *)ctx;
+    return cublas_matmul(at->h, at->d, *at->g);
 }
 
 nd_status nd_cuda_matmul(const nd_matmul_desc *d) {
@@ -303,7 +203,12 @@ nd_status nd_cuda_matmul(const nd_matmul_desc *d) {
     int64_t inner_count = g.ndim > 0 ? g.shape[g.ndim - 1] : 1;
     int cublas_ok = fits_int(d->m) && fits_int(d->n) && fits_int(d->k) && fits_int(lda) &&
                     fits_int(ldb) && fits_int(inner_count);
-    cublas_handle h = cublas_ok ? handle_for(dev != NULL ? dev->ordinal : 0) : NULL;
-    if (h != NULL) return cublas_matmul(h, d, g);
+    nd_cublas_handle h = cublas_ok ? nd_cublas_handle_for(dev) : NULL;
+    if (h != NULL) {
+        cublas_attempt at = {h, d, &g};
+        nd_status status = nd_memory_retry(dev, nd_cublas_workspace_bytes(dev), try_cublas, &at);
+        /* Still short of memory after the ladder: the kernel needs none. */
+        if (status != ND_ERR_OOM) return status;
+    }
     return sgemm(d, g, stream);
 }

@@ -4,14 +4,20 @@
  * The front end passes out with a's shape and stride 0 along the reduced
  * axes, already filled with the identity; the result is combined into it.
  * The host splits the axes into kept ones (M outputs) and reduced ones (R
- * elements each) and picks how many threads share one output: 1 (a thread
- * loops over R; coalesced when the reduced axes are outer), a warp (rows
- * that are contiguous in memory), or a whole block (few outputs, long rows:
- * a tree reduction through shuffles and shared memory). A few very long rows
- * (a full sum) are split over many blocks and reduced in two passes through a
- * scratch block from the caching allocator. NaN propagates in
- * max and min, as on the CPU. Sums accumulate in float per thread and then
- * pairwise, so long sums stay close to the CPU's double-accumulated ones.
+ * elements each). When the reduced axes are outer in memory (a column sum)
+ * and there are at least 32 outputs, the outer kernel runs: a block is 8
+ * rows of 32 threads, the 32 on neighbouring outputs (coalesced reads), the
+ * 8 rows stepping along the reduced axes, combined in shared memory; few
+ * output tiles and long columns split R over gridDim.y too, through a
+ * scratch block and a second pass. Otherwise the host picks how many
+ * threads share one output: 1 (a thread loops over R), a warp (rows that
+ * are contiguous in memory), or a whole block (few outputs, long rows: a
+ * tree reduction through shuffles and shared memory); a few very long rows
+ * (a full sum) are split over many blocks and reduced in two passes through
+ * a scratch block from the caching allocator. NaN propagates in max and
+ * min, as on the CPU. Sums accumulate in float in short runs per thread and
+ * then pairwise, so long sums stay close to the CPU's double-accumulated
+ * ones. Every kernel is grid-stride: any grid size is correct.
  */
 #include "cuda_common.cuh"
 
@@ -109,6 +115,126 @@ __global__ void reduce_partial_kernel(nd_cuda_iter kept, nd_cuda_iter reduced, i
     }
 }
 
+/* Offset of reduced index r; one multiply when the reduced dims merged into
+ * one (most calls), else the general walk. */
+__device__ __forceinline__ int64_t reduced_offset(const nd_cuda_iter &reduced, int64_t r) {
+    if (reduced.ndim == 1) return r * reduced.strides[0][0];
+    int64_t off[1];
+    nd_cuda_offsets<1>(reduced, r, off);
+    return off[0];
+}
+
+/* The outer kernel: OUTER_LANES neighbouring outputs per block, OUTER_ROWS
+ * rows of threads along the reduced axes. Each thread folds runs of
+ * OUTER_RUN of its elements into its total (short float sums, then sums of
+ * those); the rows meet pairwise in shared memory. Slice p of `parts` covers
+ * reduced indices [p * chunk, (p + 1) * chunk); with parts == 1 the result
+ * is combined into out, else written to partial[p * M + o]. */
+#define OUTER_LANES 32
+#define OUTER_ROWS (ND_CUDA_THREADS / OUTER_LANES)
+#define OUTER_RUN 64
+
+template <class R>
+__global__ void reduce_outer_kernel(nd_cuda_iter kept, nd_cuda_iter reduced, int64_t parts,
+                                    float *out, float *partial, const float *a) {
+    __shared__ float shared[OUTER_ROWS][OUTER_LANES + 1];
+    const int lane = threadIdx.x % OUTER_LANES, row = threadIdx.x / OUTER_LANES;
+    const int64_t tiles = (kept.numel + OUTER_LANES - 1) / OUTER_LANES;
+    const int64_t chunk = (reduced.numel + parts - 1) / parts;
+    const int64_t step = (int64_t)OUTER_ROWS * OUTER_RUN;
+    /* Both loop bounds are uniform over the block, so every thread reaches
+     * every __syncthreads. */
+    for (int64_t p = blockIdx.y; p < parts; p += gridDim.y) {
+        const int64_t begin = p * chunk;
+        const int64_t end = begin + chunk < reduced.numel ? begin + chunk : reduced.numel;
+        for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            const int64_t o = tile * OUTER_LANES + lane;
+            int64_t koff[2] = {0, 0};
+            float acc = R::identity();
+            if (o < kept.numel) {
+                nd_cuda_offsets<2>(kept, o, koff);
+                const float *base = a + koff[1];
+                for (int64_t r0 = begin + row; r0 < end; r0 += step) {
+                    const int64_t r1 = r0 + step < end ? r0 + step : end;
+                    float run = R::identity();
+                    for (int64_t r = r0; r < r1; r += OUTER_ROWS)
+                        run = R::combine(run, base[reduced_offset(reduced, r)]);
+                    acc = R::combine(acc, run);
+                }
+            }
+            shared[row][lane] = acc;
+            __syncthreads();
+            if (row == 0 && o < kept.numel) {
+                float v[OUTER_ROWS];
+#pragma unroll
+                for (int i = 0; i < OUTER_ROWS; i++) v[i] = shared[i][lane];
+#pragma unroll
+                for (int width = OUTER_ROWS / 2; width > 0; width /= 2)
+#pragma unroll
+                    for (int i = 0; i < width; i++) v[i] = R::combine(v[i], v[i + width]);
+                if (partial == NULL) out[koff[0]] = R::combine(out[koff[0]], v[0]);
+                else partial[p * kept.numel + o] = v[0];
+            }
+            __syncthreads(); /* shared is reused by the next tile */
+        }
+    }
+}
+
+/* One launch of the outer kernel (p: parts, w: partial or NULL). */
+template <class R>
+static nd_status outer_pass(const nd_cuda_iter &kept, const nd_cuda_iter &red, int64_t p,
+                            float *out, float *w, const float *a, cudaStream_t s) {
+    const int64_t tiles = (kept.numel + OUTER_LANES - 1) / OUTER_LANES;
+    dim3 grid(nd_cuda_blocks(tiles, 1), nd_cuda_blocks(p, 1));
+    reduce_outer_kernel<R><<<grid, ND_CUDA_THREADS, 0, s>>>(kept, red, p, out, w, a);
+    ND_CUDA_CHECK(cudaGetLastError());
+    return ND_OK;
+}
+
+/* Enough blocks to fill a large GPU a few times over; slices of R shorter
+ * than OUTER_MIN_SLICE are not worth a second pass. */
+#define OUTER_TARGET_BLOCKS 1024
+#define OUTER_MIN_SLICE ((int64_t)OUTER_ROWS * OUTER_RUN)
+
+/* The outer reduction: one pass when there are enough output tiles to fill
+ * the GPU (or no scratch can be had), else R split into slices whose
+ * partial results (parts x M, from the caching allocator) are reduced by a
+ * second, one-slice pass. */
+template <class R>
+static nd_status reduce_outer(nd_device *dev, const nd_cuda_iter &kept, const nd_cuda_iter &reduced,
+                              float *out, const float *a, cudaStream_t stream) {
+    const int64_t tiles = (kept.numel + OUTER_LANES - 1) / OUTER_LANES;
+    int64_t parts = 1;
+    if (tiles < OUTER_TARGET_BLOCKS) {
+        parts = (OUTER_TARGET_BLOCKS + tiles - 1) / tiles;
+        const int64_t most = (reduced.numel + OUTER_MIN_SLICE - 1) / OUTER_MIN_SLICE;
+        if (parts > most) parts = most;
+    }
+    void *scratch = NULL;
+    const int64_t bytes = parts * kept.numel * (int64_t)sizeof(float);
+    if (parts > 1 && (dev == NULL || nd_cuda_raw_alloc(dev, bytes, &scratch) != ND_OK)) parts = 1;
+    if (parts == 1) return outer_pass<R>(kept, reduced, 1, out, NULL, a, stream);
+    float *partial = (float *)scratch;
+    nd_status status = outer_pass<R>(kept, reduced, parts, out, partial, a, stream);
+    if (status == ND_OK) {
+        /* Second pass: output o's partials are partial[q * M + o], q < parts. */
+        nd_cuda_iter kept2 = kept, slices;
+        int64_t stride = 1;
+        for (int d = kept2.ndim - 1; d >= 0; d--) {
+            kept2.strides[1][d] = stride;
+            stride *= kept2.shape[d];
+        }
+        memset(&slices, 0, sizeof slices);
+        slices.ndim = 1;
+        slices.numel = slices.shape[0] = parts;
+        slices.strides[0][0] = kept.numel;
+        status = outer_pass<R>(kept2, slices, 1, out, NULL, partial, stream);
+    }
+    /* Back to the cache at once: later kernels on the stream run after these. */
+    nd_cuda_raw_free(dev, scratch, bytes);
+    return status;
+}
+
 template <class R>
 static nd_status reduce(const nd_cuda_iter &kept, const nd_cuda_iter &reduced, int group,
                         float *out, const float *a, cudaStream_t stream);
@@ -180,8 +306,8 @@ static int choose_group(int64_t m, int64_t r, int64_t r_inner) {
         /* Rows contiguous in memory: a warp reads each coalesced. */
         return (m < 1024 && r >= 8192) ? ND_CUDA_THREADS : 32;
     }
-    /* The reduced axes are outer: neighbouring outputs read neighbouring
-     * elements, so one thread per output is coalesced, when there are enough. */
+    /* The reduced axes are outer and the outer kernel did not take it (under
+     * 32 outputs, or the kept axes are no faster in memory). */
     if (m >= 2048) return 1;
     return r >= 8192 ? ND_CUDA_THREADS : 32;
 }
@@ -216,6 +342,19 @@ nd_status nd_cuda_reduce(nd_reduce_op op, const nd_layout *out_layout, float *ou
     float *o = out + out_layout->offset;
     const float *x = a + a_layout->offset;
     cudaStream_t stream = 0;
+    /* The reduced axes step through memory slower than the kept ones: the
+     * outer kernel's lanes read neighbouring elements. */
+    const int64_t r_inner = reduced.strides[0][reduced.ndim - 1];
+    const int64_t k_inner = kept.strides[1][kept.ndim - 1];
+    if (reduced.numel >= 16 && kept.numel >= OUTER_LANES &&
+        (r_inner < 0 ? -r_inner : r_inner) > (k_inner < 0 ? -k_inner : k_inner)) {
+        switch (op) {
+        case ND_REDUCE_SUM: return reduce_outer<reduce_sum>(dev, kept, reduced, o, x, stream);
+        case ND_REDUCE_MAX: return reduce_outer<reduce_max>(dev, kept, reduced, o, x, stream);
+        case ND_REDUCE_MIN: return reduce_outer<reduce_min>(dev, kept, reduced, o, x, stream);
+        default: return nd_fail(ND_ERR_VALUE, "unknown reduction %d", (int)op);
+        }
+    }
     if (kept.numel <= SPLIT_MAX_OUTPUTS && reduced.numel >= SPLIT_MIN_ROW) {
         nd_status status = ND_ERR_OOM;
         switch (op) {

@@ -7,6 +7,13 @@
  * storage (nd_storage_wrap) that gives it back through the producer's
  * deleter when the last needle view goes.
  *
+ * Streams: needle's CUDA work runs on the legacy default stream, which both
+ * protocols call 1. __dlpack__(stream=s) makes the consumer's stream s wait
+ * for needle's work on the data (an event, csrc/cuda/cuda_interop.cu), and
+ * when the consumer releases the capsule's tensor needle's later work waits
+ * for what s had queued, so the block is not reused under the consumer.
+ * __cuda_array_interface__ reports stream 1 for its consumers to order on.
+ *
  * The DLPack structs are declared here from the ABI (v0.8 for the unversioned
  * capsule, v1.0 for the versioned one) rather than vendoring dlpack.h: the
  * layout is a stable ABI and we need a handful of fields.
@@ -15,6 +22,10 @@
 
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef NEEDLE_WITH_CUDA
+#include "cuda/cuda_api.h"
+#endif
 
 /* ------------------------------------------------------------ DLPack ABI */
 
@@ -73,14 +84,19 @@ static const char USED_VERSIONED_CAPSULE_NAME[] = "used_dltensor_versioned";
 
 /* One allocation per export: the managed tensor (either flavour) and the
  * shape/strides it points at, plus the storage reference that keeps the
- * memory alive until the consumer calls the deleter. */
+ * memory alive until the consumer calls the deleter, and the consumer's CUDA
+ * stream (a protocol value; 1 or -1: nothing to order on release). */
 typedef struct {
     DLManagedTensor managed;
     DLManagedTensorVersioned versioned;
     nd_storage *storage;
     int64_t shape[ND_MAX_DIMS];
     int64_t strides[ND_MAX_DIMS];
+    intptr_t stream;
 } export_ctx;
+
+/* The stream value meaning "the legacy default stream", needle's own. */
+#define LEGACY_STREAM ((intptr_t)1)
 
 static void export_ctx_free(export_ctx *ctx) {
     /* Consumers may run deleters on threads that do not hold the GIL (torch
@@ -89,6 +105,14 @@ static void export_ctx_free(export_ctx *ctx) {
      * state, so a late deleter leaks rather than touch it. */
     if (!Py_IsInitialized()) return;
     PyGILState_STATE gil = PyGILState_Ensure();
+#ifdef NEEDLE_WITH_CUDA
+    /* Before the block can go back to the cache: needle's later kernels wait
+     * for what the consumer queued on its stream (a deleter cannot raise;
+     * the engine falls back to waiting for the whole GPU). */
+    nd_device *dev = nd_storage_device(ctx->storage);
+    if (nd_device_get_kind(dev) == ND_DEVICE_CUDA)
+        (void)nd_cuda_release_from_stream(nd_device_ordinal(dev), ctx->stream);
+#endif
     nd_storage_release(ctx->storage);
     free(ctx);
     PyGILState_Release(gil);
@@ -154,15 +178,51 @@ static int parse_device_pair(PyObject *obj, const char *what, int *type, int *id
     return -1;
 }
 
+/* The consumer's stream argument of __dlpack__, as the DLPack protocol
+ * defines it: None or an int; for CUDA 1 (legacy default stream, also what
+ * None means), 2 (per-thread default stream), a cudaStream_t handle (> 2), or
+ * -1 (no synchronisation); 0 is ambiguous and forbidden. Devices without
+ * streams (the CPU) accept only None. TypeError for a non-int, ValueError for
+ * an int no device accepts, BufferError for a stream on the CPU. */
+static int parse_stream(PyObject *stream, const nd_device *dev, intptr_t *out) {
+    *out = LEGACY_STREAM;
+    if (stream == Py_None) return 0;
+    if (!PyLong_Check(stream) || PyBool_Check(stream)) {
+        PyErr_Format(PyExc_TypeError, "__dlpack__'s stream must be None or an int, got %.100s",
+                     Py_TYPE(stream)->tp_name);
+        return -1;
+    }
+    int overflow = 0;
+    long long value = PyLong_AsLongLongAndOverflow(stream, &overflow);
+    if (value == -1 && PyErr_Occurred()) return -1;
+    if (overflow != 0 || value == 0 || value < -1 ||
+        (value > 0 && (unsigned long long)value > (unsigned long long)INTPTR_MAX)) {
+        PyErr_Format(PyExc_ValueError,
+                     "__dlpack__'s stream must be -1 (no synchronisation), 1 (legacy default "
+                     "stream), 2 (per-thread default stream) or a CUDA stream handle, got %R",
+                     stream);
+        return -1;
+    }
+    if (nd_device_get_kind(dev) != ND_DEVICE_CUDA) {
+        PyErr_Format(PyExc_BufferError,
+                     "__dlpack__: arrays on %s have no stream; stream must be None, got %R",
+                     nd_device_name(dev), stream);
+        return -1;
+    }
+    *out = (intptr_t)value;
+    return 0;
+}
+
 PyObject *interop_ndarray_dlpack(PyObject *op, PyObject *args, PyObject *kwargs) {
-    /* stream is accepted and not acted on: the engine's CUDA kernels run on
-     * the legacy default stream, which blocking streams already wait for. */
     static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
     PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:__dlpack__", kwlist, &stream,
                                      &max_version, &dl_device, &copy))
         return NULL;
-    (void)stream;
+    intptr_t consumer_stream;
+    if (parse_stream(stream, nd_storage_device(NDArray_CAST(op)->array.storage), &consumer_stream) <
+        0)
+        return NULL;
     if (max_version != Py_None && !PyTuple_Check(max_version)) {
         PyErr_Format(PyExc_TypeError,
                      "__dlpack__'s max_version must be a (major, minor) tuple, got %.100s",
@@ -200,6 +260,19 @@ PyObject *interop_ndarray_dlpack(PyObject *op, PyObject *args, PyObject *kwargs)
         return PyErr_NoMemory();
     }
     ctx->storage = source.storage; /* takes over source's reference */
+    ctx->stream = consumer_stream;
+#ifdef NEEDLE_WITH_CUDA
+    /* The consumer's stream waits for needle's work on the data (and the copy). */
+    nd_device *source_dev = nd_storage_device(source.storage);
+    if (nd_device_get_kind(source_dev) == ND_DEVICE_CUDA) {
+        nd_status status = nd_cuda_export_to_stream(nd_device_ordinal(source_dev), consumer_stream);
+        if (status != ND_OK) {
+            nd_storage_release(ctx->storage);
+            free(ctx);
+            return raise_status(st, status);
+        }
+    }
+#endif
     const nd_layout *l = &source.layout;
     memcpy(ctx->shape, l->shape, sizeof(int64_t) * (size_t)l->ndim);
     memcpy(ctx->strides, l->strides, sizeof(int64_t) * (size_t)l->ndim);
@@ -276,7 +349,13 @@ static PyObject *array_interface(NDArrayObject *self, int cuda) {
     }
     PyObject *dict = Py_BuildValue("{s:N,s:s,s:(NO),s:N,s:i}", "shape", shape, "typestr", "<f4",
                                    "data", ptr, Py_False, "strides", strides, "version", 3);
-    if (dict != NULL && cuda && PyDict_SetItemString(dict, "stream", Py_None) < 0) Py_CLEAR(dict);
+    /* CUDA Array Interface v3: the stream the consumer must order its work
+     * after: needle's, the legacy default stream (1; 0 is not allowed). */
+    if (dict != NULL && cuda) {
+        PyObject *stream = PyLong_FromLong((long)LEGACY_STREAM);
+        if (stream == NULL || PyDict_SetItemString(dict, "stream", stream) < 0) Py_CLEAR(dict);
+        Py_XDECREF(stream);
+    }
     return dict;
 }
 

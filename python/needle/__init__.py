@@ -24,9 +24,13 @@ from .init import ones, ones_like, zeros, zeros_like
 from .ops import *  # noqa: F403
 
 # ndl.cuda() is the course's device function and ndl.cuda.memory_allocated() etc. the
-# torch.cuda-style API: needle.cuda is a callable module, imported after everything
-# else so that no `from ... import cuda` rebinds the name to a plain function.
-from . import cuda  # noqa: E402
+# torch.cuda-style API: needle.cuda is a callable module. It is bound by import_module,
+# not `from . import cuda`: that statement returns whatever attribute `cuda` the package
+# already has (a device function re-exported by a star import, say) without importing
+# the submodule, and ndl.cuda.is_available() would then be an AttributeError.
+import importlib as _importlib  # noqa: E402
+
+cuda = _importlib.import_module(".cuda", __name__)
 
 # DLPack import: the NDArray-level function lives on backend_ndarray, as the
 # other array constructors do.

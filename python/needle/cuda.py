@@ -5,7 +5,7 @@ functions below work like ``torch.cuda``'s; the module is made callable so that 
 share the one name::
 
     import needle as ndl
-    ndl.cuda.is_available(), ndl.cuda.device_count()
+    ndl.cuda.is_available(), ndl.cuda.unavailable_reason(), ndl.cuda.device_count()
     ndl.cuda.memory_allocated(), ndl.cuda.max_memory_allocated(), ndl.cuda.memory_reserved()
     ndl.cuda.max_memory_reserved(), ndl.cuda.memory_stats(), ndl.cuda.reset_peak_memory_stats()
     ndl.cuda.empty_cache(), ndl.cuda.mem_get_info(), ndl.cuda.memory_summary()
@@ -14,7 +14,8 @@ Every function takes ``device=None`` (meaning ``cuda(0)``), a device index, a CU
 device object or a name such as ``"cuda"`` / ``"cuda:1"``, and counts bytes. They are
 views of :mod:`needle.memory` restricted to CUDA devices, and all of them are safe
 without CUDA (a build without the backend, or no GPU): counters are 0, ``memory_stats``
-is ``{}``, ``is_available`` is False and ``mem_get_info`` is ``(0, 0)``.
+is ``{}``, ``is_available`` is False, ``unavailable_reason`` says why and ``mem_get_info``
+is ``(0, 0)``.
 
 ``allocated`` counts the bytes of live arrays exactly; ``reserved`` counts what the
 caching allocator holds from the driver (cached blocks included), which is what a
@@ -22,6 +23,8 @@ memory limit (:func:`set_per_process_memory_fraction`, ``needle.memory.set_memor
 applies to. ``empty_cache`` gives the cached blocks back to the driver.
 """
 
+import importlib.util
+import os
 import sys
 import types
 
@@ -32,6 +35,7 @@ from . import memory as _memory
 __all__ = [
     "is_available",
     "is_compiled",
+    "unavailable_reason",
     "device_count",
     "memory_allocated",
     "max_memory_allocated",
@@ -69,6 +73,19 @@ def is_compiled():
 def is_available():
     """True when at least one CUDA device can be used."""
     return _c.cuda(0).enabled()
+
+
+def unavailable_reason():
+    """Why CUDA cannot be used, as a string, or None when :func:`is_available` is True.
+
+    The reason names the CUDA error that device discovery met, with the CUDA version the
+    driver supports and the one needle's runtime needs (``cudaErrorInsufficientDriver``:
+    the driver is too old for needle's CUDA 13 runtime), or says that needle was built
+    without CUDA."""
+    if is_available():
+        return None
+    reason = _c._cuda_init_error()
+    return reason if reason else "no usable CUDA device was registered"
 
 
 def device_count():
@@ -138,8 +155,38 @@ def set_per_process_memory_fraction(fraction, device=None):
 
 def gemm_backend():
     """Which GEMM the CUDA backend runs: ``"cublas (<library>)"`` or needle's own kernel
-    (with the reason); None without the CUDA backend."""
+    (with the reason, and where cuBLAS was looked for); None without the CUDA backend.
+
+    cuBLAS is looked for in ``NEEDLE_CUBLAS``, the library found at build time, the
+    ``nvidia-cublas`` wheel (``pip install "needle[cuda]"``), then the loader's path. Its
+    workspace comes from needle's caching allocator (counted in :func:`memory_reserved`);
+    a cuBLAS call short of memory goes through the out-of-memory ladder and, if memory
+    stays short, that one product runs on needle's kernel."""
     return _c._cuda_gemm()
+
+
+def _cublas_wheel_dirs():
+    """The lib directories of pip-installed cuBLAS wheels, found without importing them:
+    ``nvidia-cublas`` (CUDA 13, what ``pip install "needle[cuda]"`` brings) installs
+    ``nvidia/cu13/lib/libcublas.so.13``, ``nvidia-cublas-cu12`` ``nvidia/cublas/lib``."""
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return []
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    dirs = []
+    for root in roots:
+        for sub in ("cu13", "cublas"):
+            lib = os.path.join(root, sub, "lib")
+            if os.path.isdir(lib) and lib not in dirs:
+                dirs.append(lib)
+    return dirs[:8]
+
+
+# The engine never calls Python, so the wheel's directory is handed to its cuBLAS loader
+# here, before the first matmul loads the library (NEEDLE_CUBLAS still comes first).
+if _c._cuda_compiled():
+    _c._cuda_cublas_dirs(_cublas_wheel_dirs())
 
 
 class _CallableModule(types.ModuleType):

@@ -1,0 +1,415 @@
+#!/usr/bin/env bash
+# gpu_validate.sh: everything needle can check on a GPU machine, in one command of under ten
+# minutes, written up as one markdown report ready to paste into docs/benchmarks.md.
+#
+#   bash bench/gpu_validate.sh [--out REPORT.md] [--budget SECONDS] [--dry-run]
+#
+# Steps, each under its own timeout (a hang costs that step, not the run), each recorded as
+# passed / failed / timed out / skipped with its time and key figures; a failing step does not
+# stop the next ones:
+#   build      needle in place for this GPU (NEEDLE_CUDA=1, NEEDLE_CUDA_ARCH from nvidia-smi's
+#              compute capability, NEEDLE_STRICT=1); no pip, no network
+#   cuda       ndl.cuda.is_available(), the GEMM backend, or why CUDA is unavailable
+#   suite      the whole test suite with NEEDLE_REQUIRE_CUDA=1 (CUDA tests fail, not skip,
+#              when the GPU cannot be used): the CPU tests in parallel pytest processes over
+#              disjoint files (half the cores, at most 8), then the CUDA and timing-sensitive
+#              (paced) tests in one process; junit XML kept (NEEDLE_VALIDATE_SUITE: pytest
+#              arguments for one plain run instead)
+#   memcheck   compute-sanitizer --tool memcheck over the CUDA tests (-m cuda) of the backend's
+#              files
+#   racecheck  compute-sanitizer --tool racecheck over the reduction tests
+#   repro      python -m needle.repro --device cuda (its calibrated memory limit)
+#   ptb        bench/ptb_train.py --device cuda: needle against PyTorch on the GPU
+#   reduce     bench/cuda_reduce_bench.py: reductions against PyTorch
+# The report goes to --out, else $OUT/gpu_validate.md when $OUT is set, else
+# ./gpu_validate.md; each step's full log goes beside it (gpu_validate_logs/).
+#
+# Without a GPU (or with --dry-run) nothing is built or run: each step checks that its tools,
+# files and options exist and is reported "skipped: no GPU", so a typo shows before the first
+# real run.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 2
+
+REPORT=""
+BUDGET=540
+DRY_RUN=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --out)
+        REPORT="${2:?--out needs a path}"
+        shift 2
+        ;;
+    --budget)
+        BUDGET="${2:?--budget needs seconds}"
+        shift 2
+        ;;
+    --dry-run)
+        DRY_RUN=1
+        shift
+        ;;
+    -h | --help)
+        sed -n '2,29p' "$0"
+        exit 0
+        ;;
+    *)
+        echo "gpu_validate: unknown argument $1 (see --help)" >&2
+        exit 2
+        ;;
+    esac
+done
+if [ -z "$REPORT" ]; then
+    if [ -n "${OUT:-}" ]; then REPORT="$OUT/gpu_validate.md"; else REPORT="$ROOT/gpu_validate.md"; fi
+fi
+mkdir -p "$(dirname "$REPORT")"
+LOGS="$(cd "$(dirname "$REPORT")" && pwd)/gpu_validate_logs"
+mkdir -p "$LOGS"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/needle-gpu-validate.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+
+PY="${PYTHON:-python3}"
+START=$(date +%s)
+DEADLINE=$((START + BUDGET))
+export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
+
+# ------------------------------------------------------------------- the machine
+
+have() { command -v "$1" >/dev/null 2>&1; }
+
+GPU_NAME="none"
+DRIVER="none"
+CC=""
+if have nvidia-smi; then
+    q="$(nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2>/dev/null |
+        head -n 1)"
+    if [ -n "$q" ]; then
+        GPU_NAME="$(echo "$q" | cut -d, -f1 | sed 's/^ *//;s/ *$//')"
+        DRIVER="$(echo "$q" | cut -d, -f2 | sed 's/^ *//;s/ *$//')"
+        CC="$(echo "$q" | cut -d, -f3 | tr -d ' .')"
+    fi
+fi
+HAS_GPU=0
+if [ -n "$CC" ] && [ "$DRY_RUN" = 0 ]; then HAS_GPU=1; fi
+
+NVCC="nvcc"
+if ! have nvcc && [ -x /usr/local/cuda/bin/nvcc ]; then NVCC=/usr/local/cuda/bin/nvcc; fi
+SANITIZER="compute-sanitizer"
+if ! have compute-sanitizer && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
+    SANITIZER=/usr/local/cuda/bin/compute-sanitizer
+fi
+version_of() { # a command's first line that names a version, or "absent"
+    if have "$1" || [ -x "$1" ]; then
+        "$@" 2>&1 | grep -m 1 -iE 'release|version' | sed 's/^ *//' || echo "unknown"
+    else
+        echo "absent"
+    fi
+}
+NVCC_VERSION="$(version_of "$NVCC" --version)"
+SANITIZER_VERSION="$(version_of "$SANITIZER" --version)"
+PY_VERSIONS="$("$PY" - <<'EOF' 2>/dev/null
+import platform
+parts = [f"Python {platform.python_version()}"]
+for name in ("numpy", "torch", "pytest"):
+    try:
+        module = __import__(name)
+        version = module.__version__
+        if name == "torch":
+            version += f" (CUDA {module.version.cuda})" if module.version.cuda else " (CPU only)"
+        parts.append(f"{name} {version}")
+    except ImportError:
+        parts.append(f"{name} absent")
+print(", ".join(parts))
+EOF
+)"
+COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+CPUS="$(nproc 2>/dev/null || echo '?')"
+
+# ------------------------------------------------------------------- steps
+
+ROWS=()    # "| step | status | seconds | figures |" lines
+DETAILS=() # markdown sections, one per step that has something to show
+STEPS_LEFT=8
+
+# record NAME STATUS SECONDS FIGURES [DETAIL]
+record() {
+    ROWS+=("| $1 | $2 | $3 | $4 |")
+    if [ -n "${5:-}" ]; then DETAILS+=("### $1"$'\n\n'"$5"); fi
+    STEPS_LEFT=$((STEPS_LEFT - 1))
+}
+
+# The seconds a step may take: its own cap, or what is left of the budget less 10 s for each
+# step after it (steps run in order of importance; the last ones go short first).
+allowance() {
+    local cap=$1 now left
+    now=$(date +%s)
+    left=$((DEADLINE - now - 10 * (STEPS_LEFT - 1)))
+    if [ "$left" -lt "$cap" ]; then echo "$left"; else echo "$cap"; fi
+}
+
+# run NAME CAP CMD...: runs CMD under a timeout into $LOGS/NAME.log; sets STATUS and SECS.
+run() {
+    local name=$1 cap=$2 limit t0 rc
+    shift 2
+    limit=$(allowance "$cap")
+    LOG="$LOGS/$name.log"
+    if [ "$limit" -lt 10 ]; then
+        STATUS="skipped: out of time"
+        SECS=0
+        echo "skipped: the run's budget was spent" >"$LOG"
+        return 1
+    fi
+    t0=$(date +%s)
+    {
+        echo "\$ $*"
+        echo "(timeout ${limit} s)"
+    } >"$LOG"
+    timeout --kill-after=15 "$limit" "$@" >>"$LOG" 2>&1
+    rc=$?
+    SECS=$(($(date +%s) - t0))
+    if [ "$rc" = 0 ]; then
+        STATUS="passed"
+    elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+        STATUS="timed out (${limit} s)"
+    else
+        STATUS="failed (exit $rc)"
+    fi
+    return "$rc"
+}
+
+# Dry run of a step: checks each "what:thing" (cmd:, file:, module:, help:SCRIPT:OPTION).
+check() {
+    local name=$1 problems=() item kind what
+    shift
+    for item in "$@"; do
+        kind=${item%%:*}
+        what=${item#*:}
+        case "$kind" in
+        cmd) have "$what" || [ -x "$what" ] || problems+=("command $what not found") ;;
+        file) [ -e "$ROOT/$what" ] || problems+=("file $what missing") ;;
+        module) "$PY" -c "import $what" >/dev/null 2>&1 || problems+=("Python module $what missing") ;;
+        option)
+            # a sanitizer option ("option:--target-processes"); a missing sanitizer is
+            # reported by its cmd: check
+            if have "$SANITIZER" || [ -x "$SANITIZER" ]; then
+                "$SANITIZER" --help 2>/dev/null | grep -q -- "$what" ||
+                    problems+=("$SANITIZER has no $what option")
+            fi
+            ;;
+        help)
+            local target=${what%:*} option=${what##*:}
+            # shellcheck disable=SC2086  # target is "-m module" or a script path
+            "$PY" $target --help 2>/dev/null | grep -q -- "$option" ||
+                problems+=("$target has no $option option")
+            ;;
+        collect)
+            # shellcheck disable=SC2086  # what is a list of pytest arguments
+            "$PY" -m pytest --collect-only -q -p no:cacheprovider $what >"$WORK/collect.log" 2>&1 ||
+                problems+=("pytest cannot collect: $what")
+            ;;
+        esac
+    done
+    if [ ${#problems[@]} -eq 0 ]; then
+        record "$name" "skipped: no GPU" 0 "checked: ready to run"
+    else
+        local joined
+        joined=$(printf '%s; ' "${problems[@]}")
+        record "$name" "skipped: no GPU" 0 "problems: ${joined%; }"
+    fi
+}
+
+tail_of() { tail -n "${2:-15}" "$1" | sed 's/^/    /'; }
+
+# pytest's closing line ("3 passed, 1 skipped in 2.0s"), without its "=" padding.
+pytest_summary() {
+    grep -E '[0-9]+ (passed|failed|errors?|skipped|deselected).* in [0-9.]+s' "$1" | tail -n 1 |
+        tr -d '=' | sed 's/^ *//;s/ *$//'
+}
+
+# The suite in parallel without xdist: pytest processes over disjoint test files (largest
+# first, each to the least loaded), "not cuda and not paced"; then the CUDA and paced tests in
+# one process (one GPU, and a quiet machine for the timing-sensitive ones). Prints pytest-style
+# FAILED/ERROR lines and a closing "N passed, ... in Ts" line; exit 1 when anything failed.
+write_suite_runner() {
+    cat >"$1" <<'PYEOF'
+import glob, os, subprocess, sys, time
+import xml.etree.ElementTree as ET
+
+logs, jobs = sys.argv[1], int(sys.argv[2])
+start = time.time()
+files = sorted(glob.glob("tests/test_*.py")) + ["tests/fuzz"]
+
+
+def size(path):
+    paths = glob.glob(os.path.join(path, "*.py")) if os.path.isdir(path) else [path]
+    return sum(os.path.getsize(p) for p in paths)
+
+
+shards, loads = [[] for _ in range(jobs)], [0] * jobs
+for f in sorted(files, key=size, reverse=True):
+    i = loads.index(min(loads))
+    shards[i].append(f)
+    loads[i] += size(f)
+base = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
+runs = []
+for i, shard in enumerate(s for s in shards if s):
+    xml, log = f"{logs}/suite_{i}.xml", open(f"{logs}/suite_{i}.log", "w")
+    cmd = base + ["-m", "not cuda and not paced", f"--junitxml={xml}"] + shard
+    runs.append((xml, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
+codes = [p.wait() for _, p in runs]
+xml = f"{logs}/suite_cuda.xml"
+with open(f"{logs}/suite_cuda.log", "w") as log:
+    codes.append(
+        subprocess.call(base + ["-m", "cuda or paced", f"--junitxml={xml}", "tests"],
+                        stdout=log, stderr=subprocess.STDOUT)
+    )
+runs.append((xml, None))
+totals = dict(tests=0, failures=0, errors=0, skipped=0)
+for path, _ in runs:
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        print(f"ERROR {path}: no junit report (the pytest process died)")
+        totals["errors"] += 1
+        continue
+    for suite in root.iter("testsuite"):
+        for key in totals:
+            totals[key] += int(suite.get(key, 0))
+    for case in root.iter("testcase"):
+        for kind, word in (("failure", "FAILED"), ("error", "ERROR")):
+            node = case.find(kind)
+            if node is not None:
+                name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+                message = " ".join((node.get("message") or "").split())[:150]
+                print(f"{word} {name} - {message}")
+passed = totals["tests"] - totals["failures"] - totals["errors"] - totals["skipped"]
+print(
+    f"{passed} passed, {totals['failures']} failed, {totals['errors']} errors, "
+    f"{totals['skipped']} skipped in {time.time() - start:.1f}s "
+    f"({len(runs) - 1} parallel processes, then the cuda and paced tests)"
+)
+bad = totals["failures"] + totals["errors"] > 0 or any(c not in (0, 5) for c in codes)
+sys.exit(1 if bad else 0)
+PYEOF
+}
+
+CUDA_TESTS=(tests/test_cuda.py tests/test_cuda_cublas.py tests/test_reduce_outer.py
+    tests/test_interop.py tests/test_sum_accuracy.py)
+RACE_TESTS=(tests/test_reduce_outer.py tests/test_sum_accuracy.py)
+
+if [ "$HAS_GPU" = 0 ]; then
+    check build "cmd:$NVCC" "file:setup.py" "module:setuptools" "module:numpy"
+    check cuda "module:needle"
+    check suite "module:pytest" "collect:tests"
+    check memcheck "cmd:$SANITIZER" "option:--target-processes" "collect:-m cuda ${CUDA_TESTS[*]}"
+    check racecheck "cmd:$SANITIZER" "option:--print-limit" "collect:-m cuda ${RACE_TESTS[*]}"
+    check repro "help:-m needle.repro:--device" "help:-m needle.repro:--out"
+    check ptb "file:bench/ptb_train.py" "help:bench/ptb_train.py:--device" "module:torch"
+    check reduce "file:bench/cuda_reduce_bench.py" "help:bench/cuda_reduce_bench.py:--quick"
+else
+    # build: for this GPU only (one architecture: fast), strict, in place.
+    export NEEDLE_CUDA=1 NEEDLE_CUDA_ARCH="$CC" NEEDLE_STRICT=1
+    run build 240 "$PY" setup.py build_ext --inplace -q
+    record build "$STATUS" "$SECS" "sm_$CC, $(grep -m 1 -o 'CUDA compile took [0-9.]* s' "$LOG" ||
+        echo 'no CUDA compile line')" "$(if [ "$STATUS" != passed ]; then tail_of "$LOG" 30; fi)"
+
+    # cuda: is the GPU usable, and which GEMM runs.
+    run cuda 60 "$PY" -c '
+import needle as ndl
+print("available:", ndl.cuda.is_available())
+print("reason:", ndl.cuda.unavailable_reason())
+print("devices:", ndl.cuda.device_count())
+print("gemm:", ndl.cuda.gemm_backend())
+print("mem_get_info:", ndl.cuda.mem_get_info())
+assert ndl.cuda.is_available(), ndl.cuda.unavailable_reason()
+'
+    record cuda "$STATUS" "$SECS" "$(grep -m 1 '^gemm:' "$LOG" | cut -c7- || echo '-')" \
+        "$(tail_of "$LOG" 8)"
+
+    export NEEDLE_REQUIRE_CUDA=1
+
+    # suite: everything, CUDA tests failing (not skipping) without a usable GPU.
+    if [ -n "${NEEDLE_VALIDATE_SUITE:-}" ]; then
+        # shellcheck disable=SC2086  # NEEDLE_VALIDATE_SUITE is a list of pytest arguments
+        run suite 300 "$PY" -m pytest -q -rfE -p no:cacheprovider \
+            --junitxml="$LOGS/suite.xml" $NEEDLE_VALIDATE_SUITE
+    else
+        write_suite_runner "$WORK/suite.py"
+        JOBS=$((CPUS / 2))
+        if [ "$JOBS" -gt 8 ]; then JOBS=8; fi
+        if [ "$JOBS" -lt 1 ]; then JOBS=1; fi
+        run suite 300 "$PY" "$WORK/suite.py" "$LOGS" "$JOBS"
+    fi
+    SUMMARY="$(pytest_summary "$LOG")"
+    record suite "$STATUS" "$SECS" "${SUMMARY:-no summary line}" \
+        "$(grep -E '^(FAILED|ERROR) ' "$LOG" | head -n 40 | sed 's/^/    /')"
+
+    # memcheck: out-of-bounds and misaligned accesses, leaks off (Python owns the heap).
+    # Only the pytest process is instrumented: tests that start their own Python (the
+    # repro, NEEDLE_CUBLAS on and off) run at full speed.
+    run memcheck 150 "$SANITIZER" --tool memcheck --target-processes application-only \
+        --error-exitcode 99 --print-limit 20 \
+        "$PY" -m pytest -q -x -p no:cacheprovider -m cuda "${CUDA_TESTS[@]}"
+    ERRORS="$(grep -m 1 -o 'ERROR SUMMARY: [0-9]* errors\?' "$LOG" || echo 'no summary')"
+    record memcheck "$STATUS" "$SECS" "$ERRORS; $(pytest_summary "$LOG")" \
+        "$(if [ "$STATUS" != passed ]; then tail_of "$LOG" 30; fi)"
+
+    # racecheck: shared-memory hazards of the reduction kernels.
+    run racecheck 90 "$SANITIZER" --tool racecheck --target-processes application-only \
+        --error-exitcode 99 --print-limit 20 \
+        "$PY" -m pytest -q -x -p no:cacheprovider -m cuda -k "not long" "${RACE_TESTS[@]}"
+    ERRORS="$(grep -m 1 -o 'RACECHECK SUMMARY: [0-9]* hazards\? displayed.*' "$LOG" ||
+        grep -m 1 -o 'ERROR SUMMARY: [0-9]* errors\?' "$LOG" || echo 'no summary')"
+    record racecheck "$STATUS" "$SECS" "$ERRORS; $(pytest_summary "$LOG")" \
+        "$(if [ "$STATUS" != passed ]; then tail_of "$LOG" 30; fi)"
+
+    # repro: the leak and its fixes on the GPU, under the calibrated memory limit.
+    run repro 120 "$PY" -m needle.repro --device cuda --steps 30 --out "$WORK/repro"
+    LIMIT_LINE="$(grep -m 1 -E '^(calibration|limit):' "$LOG" || echo 'limit: ?')"
+    TABLE="$(sed -n '/^limit: /,/^$/p' "$LOG" | sed 's/^/    /')"
+    record repro "$STATUS" "$SECS" "$LIMIT_LINE" "${TABLE:-$(tail_of "$LOG" 20)}"
+
+    # ptb: a training step, needle against PyTorch, both on the GPU.
+    run ptb 150 "$PY" bench/ptb_train.py --device cuda --steps 20 --warmup 3
+    TABLE="$(sed -n '/^device: cuda/,$p' "$LOG" | sed 's/^/    /')"
+    RATIO="$(awk '$2 == "needle" { print $1 " " $NF }' "$LOG" | tr '\n' ' ')"
+    record ptb "$STATUS" "$SECS" "needle/torch step time: ${RATIO:--}" \
+        "${TABLE:-$(tail_of "$LOG" 20)}"
+
+    # reduce: the outer-axis kernel against PyTorch.
+    run reduce 60 "$PY" bench/cuda_reduce_bench.py
+    TABLE="$(sed -n '/^GPU reductions/,$p' "$LOG" | sed 's/^/    /')"
+    record reduce "$STATUS" "$SECS" "see table" "${TABLE:-$(tail_of "$LOG" 20)}"
+fi
+
+# ------------------------------------------------------------------- the report
+
+TOTAL=$(($(date +%s) - START))
+{
+    echo "## GPU validation: $(date -u +%Y-%m-%d) on ${GPU_NAME}"
+    echo
+    echo "Command: \`bash bench/gpu_validate.sh\` (needle ${COMMIT}, $TOTAL s in all$(
+        if [ "$HAS_GPU" = 0 ]; then echo ', dry run: no GPU'; fi
+    ))."
+    echo
+    echo "- GPU: ${GPU_NAME}, compute capability ${CC:-?}, driver ${DRIVER}; ${CPUS} CPUs"
+    echo "- CUDA: nvcc ${NVCC_VERSION}; compute-sanitizer ${SANITIZER_VERSION}"
+    echo "- ${PY_VERSIONS:-Python unknown}"
+    echo
+    echo "| step | result | seconds | key figures |"
+    echo "|---|---|---|---|"
+    for row in "${ROWS[@]}"; do echo "$row"; done
+    for detail in "${DETAILS[@]+"${DETAILS[@]}"}"; do
+        echo
+        echo "$detail"
+    done
+    echo
+    echo "Full logs: \`$(basename "$LOGS")/\` beside this report."
+} >"$REPORT"
+
+echo "gpu_validate: wrote $REPORT ($TOTAL s)"
+cat "$REPORT"
+# Exit status: 0 when every step that ran passed (a dry run passes when its checks found
+# nothing wrong), 1 otherwise.
+if printf '%s\n' "${ROWS[@]}" | grep -qE '\| (failed|timed out)|problems:'; then exit 1; fi
+exit 0

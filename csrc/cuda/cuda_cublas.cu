@@ -1,0 +1,335 @@
+/* cuda_cublas.cu: cuBLAS for the CUDA backend's matmul: finds and loads the
+ * library at run time, keeps one handle per GPU whose workspace comes from
+ * needle's caching allocator, and runs cublasSgemmStridedBatched, turning
+ * cuBLAS's allocation failures into the engine's out-of-memory status.
+ *
+ * cuBLAS is loaded with dlopen rather than linked, so that the extension
+ * imports (and the rest of the backend runs) where cuBLAS is not installed.
+ * Where it looks, in order: NEEDLE_CUBLAS=<path> (0 forces needle's kernel),
+ * the library setup.py found at build time, the directories the host names
+ * (nd_cuda_set_cublas_dirs: needle's Python layer passes the lib directory of
+ * a pip-installed nvidia-cublas wheel), then the loader's path.
+ *
+ * Memory: cublasSetWorkspace gives each handle a workspace taken from the
+ * GPU's caching allocator (reserved, so it shows in memory_reserved and
+ * counts against a limit; never "allocated", so a test's allocated bytes do
+ * not grow by it). The handle, the workspace and each GEMM may fail for want
+ * of memory (cuBLAS's own cudaMalloc: CUBLAS_STATUS_ALLOC_FAILED): each is
+ * ND_ERR_OOM, retried through the engine's ladder (release the cache,
+ * collect, retry). A handle or workspace still out of reach after it only
+ * makes the caller use needle's kernel for a while (backing off), never for
+ * good; a cuBLAS that cannot run at all (too new for the driver, wrong
+ * architecture) does make the kernel permanent for that GPU, as the
+ * description says. Never prints, exits or aborts.
+ */
+#include "cuda_common.cuh"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The few cuBLAS v2 declarations used, with their C ABI types (enums are
+ * ints): cublasStatus_t 0 = success, 3 = alloc failed. */
+typedef int (*cublas_create_fn)(nd_cublas_handle *handle);
+typedef int (*cublas_set_stream_fn)(nd_cublas_handle handle, cudaStream_t stream);
+typedef int (*cublas_set_workspace_fn)(nd_cublas_handle handle, void *workspace, size_t bytes);
+typedef int (*cublas_sgemm_strided_fn)(nd_cublas_handle handle, int transa, int transb, int m,
+                                       int n, int k, const float *alpha, const float *a, int lda,
+                                       long long stride_a, const float *b, int ldb,
+                                       long long stride_b, const float *beta, float *c, int ldc,
+                                       long long stride_c, int batch_count);
+typedef const char *(*cublas_status_string_fn)(int status);
+
+#define CUBLAS_OK 0
+#define CUBLAS_ALLOC_FAILED 3
+
+#define KERNEL_NAME "needle's tiled SGEMM kernel"
+#define MAX_HINT_DIRS 8
+#define HINT_DIR_BYTES 1024
+
+static struct {
+    int tried;
+    int disabled; /* NEEDLE_CUBLAS=0, or a NEEDLE_CUBLAS path that failed */
+    void *library;
+    cublas_create_fn create;
+    cublas_set_stream_fn set_stream;
+    cublas_set_workspace_fn set_workspace; /* optional: older cuBLAS lacks it */
+    cublas_sgemm_strided_fn sgemm_strided;
+    cublas_status_string_fn status_string; /* optional */
+    char description[4096];
+} cublas;
+
+static char hint_dirs[MAX_HINT_DIRS][HINT_DIR_BYTES];
+static int hint_count = 0;
+
+/* Per GPU: its handle and workspace, and the back-off after a failure that
+ * more memory could fix. Calls are serialised by the host (the GIL); busy
+ * marks a setup in progress, during which a collection may run code that
+ * multiplies matrices: those nested calls use the kernel. */
+typedef struct cublas_gpu {
+    nd_cublas_handle handle;
+    void *workspace;
+    int64_t workspace_bytes;
+    int ready;  /* handle (and workspace, when cuBLAS takes one) in place */
+    int failed; /* cuBLAS cannot run on this GPU */
+    int busy;
+    int64_t calls, retry_at, backoff;
+} cublas_gpu;
+
+static cublas_gpu gpus[ND_CUDA_MAX_DEVICES];
+
+/* ---------------------------------------------------------------- loading */
+
+static int try_open(const char *path) {
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) return 0;
+    cublas.create = (cublas_create_fn)dlsym(lib, "cublasCreate_v2");
+    cublas.set_stream = (cublas_set_stream_fn)dlsym(lib, "cublasSetStream_v2");
+    cublas.set_workspace = (cublas_set_workspace_fn)dlsym(lib, "cublasSetWorkspace_v2");
+    cublas.sgemm_strided = (cublas_sgemm_strided_fn)dlsym(lib, "cublasSgemmStridedBatched");
+    cublas.status_string = (cublas_status_string_fn)dlsym(lib, "cublasGetStatusString");
+    if (cublas.create == NULL || cublas.set_stream == NULL || cublas.sgemm_strided == NULL) {
+        dlclose(lib);
+        return 0;
+    }
+    cublas.library = lib;
+    snprintf(cublas.description, sizeof cublas.description, "cublas (%s)", path);
+    return 1;
+}
+
+/* The sonames tried in each directory and on the loader's path: CUDA 13's
+ * first (needle's runtime), then 12's (same ABI for what is used here). */
+static const char *const SONAMES[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+#define SONAME_COUNT (sizeof SONAMES / sizeof SONAMES[0])
+
+/* Loads cuBLAS once (again after new hint directories); 1 when usable. */
+static int load_cublas(void) {
+    if (cublas.tried) return cublas.library != NULL;
+    cublas.tried = 1;
+    const char *env = getenv("NEEDLE_CUBLAS");
+    if (env != NULL && strcmp(env, "0") == 0) {
+        cublas.disabled = 1;
+        snprintf(cublas.description, sizeof cublas.description, "%s (NEEDLE_CUBLAS=0)",
+                 KERNEL_NAME);
+        return 0;
+    }
+    if (env != NULL && env[0] != '\0' && strcmp(env, "1") != 0) {
+        if (try_open(env)) return 1;
+        cublas.disabled = 1;
+        snprintf(cublas.description, sizeof cublas.description,
+                 "%s (NEEDLE_CUBLAS=%.300s could not be loaded)", KERNEL_NAME, env);
+        return 0;
+    }
+#ifdef NEEDLE_CUBLAS_HINT
+    if (try_open(NEEDLE_CUBLAS_HINT)) return 1; /* the library setup.py found */
+#endif
+    char path[HINT_DIR_BYTES + 32];
+    for (int d = 0; d < hint_count; d++)
+        for (size_t i = 0; i < SONAME_COUNT - 1; i++) {
+            snprintf(path, sizeof path, "%.1023s/%s", hint_dirs[d], SONAMES[i]);
+            if (try_open(path)) return 1;
+        }
+    for (size_t i = 0; i < SONAME_COUNT; i++)
+        if (try_open(SONAMES[i])) return 1;
+    /* Say where it looked, so that a missing wheel or a wrong path shows. */
+    size_t size = sizeof cublas.description;
+    int n = snprintf(cublas.description, size, "%s (cuBLAS not found in", KERNEL_NAME);
+#ifdef NEEDLE_CUBLAS_HINT
+    n += snprintf(cublas.description + n, size - (size_t)n, " %s,", NEEDLE_CUBLAS_HINT);
+#endif
+    for (int d = 0; d < hint_count && n > 0 && (size_t)n < size; d++)
+        n += snprintf(cublas.description + n, size - (size_t)n, " %.1023s,", hint_dirs[d]);
+    if (n > 0 && (size_t)n < size)
+        snprintf(cublas.description + n, size - (size_t)n, " the loader's path)");
+    return 0;
+}
+
+extern "C" nd_status nd_cuda_set_cublas_dirs(int count, const char *const *dirs) {
+    if (count < 0 || count > MAX_HINT_DIRS)
+        return nd_fail(ND_ERR_VALUE, "at most %d cuBLAS directories, got %d", MAX_HINT_DIRS, count);
+    for (int d = 0; d < count; d++)
+        if (dirs[d] == NULL || strlen(dirs[d]) >= HINT_DIR_BYTES)
+            return nd_fail(ND_ERR_VALUE, "a cuBLAS directory is missing or longer than %d bytes",
+                           HINT_DIR_BYTES - 1);
+    for (int d = 0; d < count; d++) snprintf(hint_dirs[d], HINT_DIR_BYTES, "%s", dirs[d]);
+    hint_count = count;
+    /* Not found before: look again, now also in these. */
+    if (cublas.tried && cublas.library == NULL && !cublas.disabled) cublas.tried = 0;
+    return ND_OK;
+}
+
+extern "C" int nd_cuda_cublas_dirs(const char **out, int max) {
+    int n = hint_count < max ? hint_count : max;
+    for (int d = 0; d < n; d++) out[d] = hint_dirs[d];
+    return n;
+}
+
+extern "C" const char *nd_cuda_gemm_description(void) {
+    load_cublas();
+    return cublas.description;
+}
+
+static const char *status_text(int status) {
+    return cublas.status_string != NULL ? cublas.status_string(status) : "cuBLAS error";
+}
+
+/* ------------------------------------------------------- handle, workspace */
+
+/* What cuBLAS's documentation recommends: 32 MiB on Hopper and newer, 4 MiB
+ * before; MIN_WORKSPACE (it asks for at least 16 KiB) when that cannot be had. */
+#define MIN_WORKSPACE ((int64_t)1 << 20)
+
+static int64_t recommended_workspace(int ordinal) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal) != cudaSuccess)
+        (void)cudaGetLastError();
+    return major >= 9 ? (int64_t)32 << 20 : (int64_t)4 << 20;
+}
+
+int64_t nd_cublas_workspace_bytes(nd_device *dev) {
+    cublas_gpu *g = &gpus[dev->ordinal];
+    return g->workspace_bytes > 0 ? g->workspace_bytes : MIN_WORKSPACE;
+}
+
+static nd_status try_create(void *ctx) {
+    cublas_gpu *g = (cublas_gpu *)ctx;
+    int status = cublas.create(&g->handle);
+    if (status == CUBLAS_OK) return ND_OK;
+    g->handle = NULL;
+    if (status == CUBLAS_ALLOC_FAILED)
+        return nd_fail(ND_ERR_OOM, "cublasCreate could not allocate GPU memory");
+    return nd_fail(ND_ERR_BACKEND, "cublasCreate failed: %s", status_text(status));
+}
+
+typedef struct workspace_attempt {
+    nd_device *dev;
+    int64_t bytes;
+    void *ptr;
+} workspace_attempt;
+
+static nd_status try_workspace(void *ctx) {
+    workspace_attempt *w = (workspace_attempt *)ctx;
+    return nd_cuda_raw_alloc(w->dev, w->bytes, &w->ptr);
+}
+
+/* A failure that more memory could fix: the kernel serves the next calls,
+ * then cuBLAS is tried again (after 1, 2, 4, ... 1024 calls). */
+static void back_off(cublas_gpu *g) {
+    g->retry_at = g->calls + g->backoff;
+    g->backoff = g->backoff < 1024 ? g->backoff * 2 : 1024;
+}
+
+/* cuBLAS cannot run on this GPU (too new for the driver, say): the kernel
+ * serves it from now on, and the description says why. */
+static void give_up(cublas_gpu *g, const char *why) {
+    g->failed = 1;
+    snprintf(cublas.description, sizeof cublas.description, "%s (GPU %d: %.900s)", KERNEL_NAME,
+             (int)(g - gpus), why);
+}
+
+static void give_up_status(cublas_gpu *g, const char *what, int status) {
+    char why[256];
+    snprintf(why, sizeof why, "%s failed: %s", what, status_text(status));
+    give_up(g, why);
+}
+
+/* Swaps the handle's workspace for a block of `bytes` at ptr. */
+static int use_workspace(cublas_gpu *g, nd_device *dev, void *ptr, int64_t bytes) {
+    int status = cublas.set_workspace(g->handle, ptr, (size_t)bytes);
+    if (status != CUBLAS_OK) {
+        nd_cuda_raw_free(dev, ptr, bytes);
+        return status;
+    }
+    if (g->workspace != NULL) nd_cuda_raw_free(dev, g->workspace, g->workspace_bytes);
+    g->workspace = ptr;
+    g->workspace_bytes = bytes;
+    return CUBLAS_OK;
+}
+
+/* Creates the handle and its workspace, each through the out-of-memory ladder. */
+static void set_up(cublas_gpu *g, nd_device *dev) {
+    const int64_t want = recommended_workspace(dev->ordinal);
+    if (g->handle == NULL) {
+        nd_status status = nd_memory_retry(dev, want, try_create, g);
+        if (status == ND_ERR_OOM) {
+            back_off(g);
+            return;
+        }
+        if (status != ND_OK) {
+            give_up(g, nd_last_error());
+            return;
+        }
+        int st = cublas.set_stream(g->handle, 0);
+        if (st != CUBLAS_OK) {
+            give_up_status(g, "cublasSetStream", st);
+            return;
+        }
+    }
+    if (cublas.set_workspace != NULL && g->workspace == NULL) {
+        workspace_attempt w = {dev, want, NULL};
+        nd_status status = nd_memory_retry(dev, want, try_workspace, &w);
+        if (status == ND_ERR_OOM) { /* the ladder ran: take a small one if it is there */
+            w.bytes = MIN_WORKSPACE;
+            status = try_workspace(&w);
+        }
+        if (status != ND_OK) {
+            back_off(g);
+            return;
+        }
+        int st = use_workspace(g, dev, w.ptr, w.bytes);
+        if (st != CUBLAS_OK) {
+            give_up_status(g, "cublasSetWorkspace", st);
+            return;
+        }
+    }
+    g->ready = 1;
+    g->backoff = 1;
+}
+
+/* A workspace smaller than recommended (memory was short when it was made)
+ * is grown now and then, without the ladder: only if memory is there now. */
+static void maybe_grow_workspace(cublas_gpu *g, nd_device *dev) {
+    if (g->workspace == NULL || g->calls % 4096 != 0) return;
+    const int64_t want = recommended_workspace(dev->ordinal);
+    if (g->workspace_bytes >= want) return;
+    void *ptr = NULL;
+    if (nd_cuda_raw_alloc(dev, want, &ptr) == ND_OK) (void)use_workspace(g, dev, ptr, want);
+}
+
+nd_cublas_handle nd_cublas_handle_for(nd_device *dev) {
+    if (dev == NULL || !load_cublas()) return NULL;
+    cublas_gpu *g = &gpus[dev->ordinal];
+    g->calls++;
+    if (g->ready) {
+        maybe_grow_workspace(g, dev);
+        return g->handle;
+    }
+    if (g->failed || g->busy || g->calls < g->retry_at) return NULL;
+    if (g->backoff == 0) g->backoff = 1;
+    g->busy = 1;
+    set_up(g, dev);
+    g->busy = 0;
+    return g->ready ? g->handle : NULL;
+}
+
+/* ------------------------------------------------------------------- GEMM */
+
+nd_status nd_cublas_sgemm_strided(nd_cublas_handle h, int transa, int transb, int m, int n, int k,
+                                  const float *a, int lda, long long stride_a, const float *b,
+                                  int ldb, long long stride_b, float *c, int ldc,
+                                  long long stride_c, int batch_count) {
+    const float one = 1.0f, zero = 0.0f;
+    int status = cublas.sgemm_strided(h, transa, transb, m, n, k, &one, a, lda, stride_a, b, ldb,
+                                      stride_b, &zero, c, ldc, stride_c, batch_count);
+    if (status == CUBLAS_OK) return ND_OK;
+    if (status == CUBLAS_ALLOC_FAILED)
+        return nd_fail(ND_ERR_OOM,
+                       "cublasSgemmStridedBatched could not allocate GPU memory (m=%d, n=%d, "
+                       "k=%d, batch %d)",
+                       m, n, k, batch_count);
+    return nd_fail(ND_ERR_BACKEND,
+                   "cuBLAS error %d (%s) at %s:%d: cublasSgemmStridedBatched (m=%d, n=%d, k=%d, "
+                   "batch %d)",
+                   status, status_text(status), __FILE__, __LINE__, m, n, k, batch_count);
+}

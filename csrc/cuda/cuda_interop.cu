@@ -1,0 +1,64 @@
+/* cuda_interop.cu: stream order for zero-copy exchange with other CUDA
+ * libraries (DLPack, the CUDA Array Interface), for needle_c/array/interop.c.
+ *
+ * needle runs all its work on the legacy default stream, which the protocols
+ * name 1 (2 is the per-thread default stream, other values are cudaStream_t
+ * handles, and both protocols use the runtime's own values for the special
+ * streams: cudaStreamLegacy == 1, cudaStreamPerThread == 2). A consumer that
+ * names another stream must wait for needle's work on the data so far
+ * (export), and needle's later work (a kernel reusing the block after the
+ * export is released) must wait for the consumer's work on it (release).
+ * Both are an event recorded on one stream and waited on by the other, so
+ * nothing blocks the host. Blocking streams already order themselves with
+ * the legacy stream; the event makes non-blocking ones (torch's side
+ * streams) safe too.
+ *
+ * The stream handle is the consumer's; the engine cannot check it. Never
+ * prints, exits or aborts; the caller's current GPU is restored.
+ */
+#include "cuda_common.cuh"
+
+/* Records an event on `from` and makes `to` wait for it, on GPU ordinal. */
+static nd_status order_streams(int ordinal, cudaStream_t from, cudaStream_t to) {
+    int previous = -1;
+    ND_CUDA_CHECK(cudaGetDevice(&previous));
+    nd_status status = nd_cuda_set_device(ordinal);
+    if (status != ND_OK) return status;
+    cudaEvent_t event = NULL;
+    cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (err == cudaSuccess) err = cudaEventRecord(event, from);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(to, event, 0);
+    /* Destroying it now is fine: the wait already holds what it needs. */
+    if (event != NULL) (void)cudaEventDestroy(event);
+    (void)cudaSetDevice(previous);
+    ND_CUDA_CHECK(err);
+    return ND_OK;
+}
+
+/* Whether stream (a protocol value, not -1) is needle's own stream. */
+static int is_needle_stream(intptr_t stream) { return stream == 1; }
+
+extern "C" nd_status nd_cuda_export_to_stream(int ordinal, intptr_t stream) {
+    if (stream == -1 || is_needle_stream(stream)) return ND_OK;
+    if (stream == 0 || stream < -1)
+        return nd_fail(ND_ERR_VALUE, "stream %lld is not a CUDA stream value", (long long)stream);
+    return order_streams(ordinal, cudaStreamLegacy, (cudaStream_t)stream);
+}
+
+extern "C" nd_status nd_cuda_release_from_stream(int ordinal, intptr_t stream) {
+    if (stream == -1 || is_needle_stream(stream)) return ND_OK;
+    if (stream == 0 || stream < -1)
+        return nd_fail(ND_ERR_VALUE, "stream %lld is not a CUDA stream value", (long long)stream);
+    nd_status status = order_streams(ordinal, (cudaStream_t)stream, cudaStreamLegacy);
+    if (status != ND_OK) {
+        /* The consumer's stream is gone (or never was one): wait for all the
+         * GPU's work instead, so that the block is still safe to reuse. */
+        int previous = -1;
+        if (cudaGetDevice(&previous) == cudaSuccess && cudaSetDevice(ordinal) == cudaSuccess) {
+            (void)cudaDeviceSynchronize();
+            (void)cudaSetDevice(previous);
+        }
+        (void)cudaGetLastError();
+    }
+    return status;
+}
