@@ -133,5 +133,7 @@ extern PyMethodDef scoped_module_functions[];
 void install_blas(void);
 const char *blas_description(void);
 extern PyMethodDef blas_module_functions[]; /* _blas() */
+/* _num_threads(), _set_num_threads(n) (cpu_threads.c). */
+extern PyMethodDef cpu_threads_module_functions[];
 
 #endif /* NEEDLE_C_H */

@@ -1,0 +1,156 @@
+/* cpu_softmax.c: the host's softmax row kernels: each row's statistics (an
+ * online max and sum of exponentials), the elementwise passes that use them
+ * (softmax, log-softmax, the cross-entropy gradient, one-hot rows) and the
+ * cross-entropy loss (see nd_rows_desc in internal.h).
+ *
+ * The statistics read a row once from memory: it goes in blocks small
+ * enough to stay in L1 while the block's max and then its exponentials are
+ * computed, and the running sum is rescaled when the max grows. Large arrays
+ * are split by rows over threads (cpu_parallel.c). The loops are written for
+ * GCC's vectoriser (independent lanes, nd_expf from cpu_math.h) and cloned
+ * per ISA like the other hot kernels. Labels arrive checked (softmax.c).
+ */
+#include "cpu_iter.h"
+#include "cpu_math.h"
+
+#include <float.h>
+#include <math.h>
+
+/* BLOCK floats (8 KiB) stay in L1 between the max and the sum; LANES
+ * independent accumulators vectorise and hide the latency of nd_expf. */
+enum { BLOCK = 2048, LANES = 32 };
+/* Fewer elements than this per thread are not worth a thread. */
+#define GRAIN_ELEMENTS ((int64_t)1 << 16)
+
+static inline float block_max(const float *x, int64_t n) {
+    float acc[LANES];
+    for (int l = 0; l < LANES; l++) acc[l] = -FLT_MAX;
+    int64_t i = 0;
+    /* A NaN compares false and is skipped here; the sum below carries it. */
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
+    for (; i < n; i++) acc[0] = x[i] > acc[0] ? x[i] : acc[0];
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) acc[l] = acc[l + w] > acc[l] ? acc[l + w] : acc[l];
+    return acc[0];
+}
+
+static inline float block_exp_sum(const float *x, int64_t n, float m) {
+    float acc[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += nd_expf(x[i + l] - m);
+    for (; i < n; i++) acc[0] += nd_expf(x[i] - m);
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+    return acc[0];
+}
+
+/* The grain of a parallel loop over rows of cols elements. */
+static int64_t row_grain(int64_t cols) {
+    return cols >= GRAIN_ELEMENTS ? 1 : GRAIN_ELEMENTS / (cols > 0 ? cols : 1);
+}
+
+/* ------------------------------------------------------------ statistics */
+
+ND_SIMD_CLONES static void stats_range(void *ctx, int64_t begin, int64_t end) {
+    const nd_rows_desc *d = ctx;
+    for (int64_t r = begin; r < end; r++) {
+        const float *x = d->x + r * d->ldx;
+        float m = -FLT_MAX;
+        double s = 0.0;
+        for (int64_t i = 0; i < d->cols; i += BLOCK) {
+            int64_t n = d->cols - i < BLOCK ? d->cols - i : BLOCK;
+            float bm = block_max(x + i, n);
+            bm = bm < FLT_MAX ? bm : FLT_MAX; /* +inf: exp(inf - FLT_MAX) = inf below */
+            if (bm > m) {
+                s *= exp((double)m - (double)bm);
+                m = bm;
+            }
+            s += block_exp_sum(x + i, n, m);
+        }
+        if (d->stats != NULL) {
+            d->stats[2 * r] = m;
+            d->stats[2 * r + 1] = (float)s;
+        }
+        if (d->out != NULL) d->out[r * d->ldo] = (float)((double)m + log(s));
+    }
+}
+
+nd_status nd_cpu_row_stats(const nd_rows_desc *d) {
+    nd_cpu_parallel_for(d->rows, row_grain(d->cols), stats_range, (void *)d);
+    return ND_OK;
+}
+
+/* ------------------------------------------------------- elementwise rows */
+
+typedef struct apply_ctx {
+    const nd_rows_desc *d;
+    float k; /* ND_ROW_XENT_GRAD: out_grad / rows */
+} apply_ctx;
+
+ND_SIMD_CLONES static void apply_range(void *ctx, int64_t begin, int64_t end) {
+    const apply_ctx *c = ctx;
+    const nd_rows_desc *d = c->d;
+    const int64_t cols = d->cols;
+    for (int64_t r = begin; r < end; r++) {
+        const float *restrict x = d->x != NULL ? d->x + r * d->ldx : NULL; /* NULL: one-hot */
+        float *restrict o = d->out + r * d->ldo;
+        const float m = d->mode == ND_ROW_ONE_HOT ? 0.0f : d->stats[2 * r];
+        const float s = d->mode == ND_ROW_ONE_HOT ? 1.0f : d->stats[2 * r + 1];
+        switch (d->mode) {
+        case ND_ROW_SOFTMAX: {
+            const float inv = 1.0f / s;
+            for (int64_t j = 0; j < cols; j++) o[j] = nd_expf(x[j] - m) * inv;
+            break;
+        }
+        case ND_ROW_LOG_SOFTMAX: {
+            const float ls = (float)log((double)s);
+            for (int64_t j = 0; j < cols; j++) o[j] = (x[j] - m) - ls;
+            break;
+        }
+        case ND_ROW_XENT_GRAD: {
+            const float w = c->k / s;
+            for (int64_t j = 0; j < cols; j++) o[j] = nd_expf(x[j] - m) * w;
+            /* The label's own element, as (p - 1) * k: exact where p is near 1. */
+            const int64_t y = (int64_t)d->labels[r * d->label_stride];
+            o[y] = (nd_expf(x[y] - m) / s - 1.0f) * c->k;
+            break;
+        }
+        case ND_ROW_ONE_HOT: {
+            for (int64_t j = 0; j < cols; j++) o[j] = 0.0f;
+            o[(int64_t)d->labels[r * d->label_stride]] = d->value;
+            break;
+        }
+        }
+    }
+}
+
+nd_status nd_cpu_row_apply(const nd_rows_desc *d) {
+    apply_ctx c = {d, 0.0f};
+    if (d->mode == ND_ROW_XENT_GRAD) {
+        double g = d->scale != NULL ? (double)d->scale[0] : 1.0;
+        c.k = (float)(g / (double)(d->rows > 0 ? d->rows : 1));
+    }
+    nd_cpu_parallel_for(d->rows, row_grain(d->cols), apply_range, &c);
+    return ND_OK;
+}
+
+/* ------------------------------------------------------------------ loss */
+
+/* One thread, rows in order: the sum is the same bits every time, which
+ * nd_array_softmax_xent_grad relies on to recognise a loss's statistics. */
+nd_status nd_cpu_xent_loss(const nd_rows_desc *d) {
+    if (d->rows == 0) {
+        d->out[0] = NAN;
+        return ND_OK;
+    }
+    double total = 0.0;
+    for (int64_t r = 0; r < d->rows; r++) {
+        const int64_t y = (int64_t)d->labels[r * d->label_stride];
+        const double m = d->stats[2 * r], s = d->stats[2 * r + 1];
+        total += (m - (double)d->x[r * d->ldx + y]) + log(s);
+    }
+    d->out[0] = (float)(total / (double)d->rows);
+    return ND_OK;
+}
