@@ -15,6 +15,15 @@
 
 #include <float.h>
 #include <math.h>
+#include <string.h>
+
+/* The helpers below must be inlined into each ISA clone of their callers:
+ * a helper left out of line is compiled for the baseline ISA only. */
+#if defined(__GNUC__)
+#define ROW_INLINE inline __attribute__((always_inline))
+#else
+#define ROW_INLINE inline
+#endif
 
 /* BLOCK floats (8 KiB) stay in L1 between the max and the sum; LANES
  * independent accumulators vectorise and hide the latency of nd_expf. */
@@ -22,7 +31,7 @@ enum { BLOCK = 2048, LANES = 32 };
 /* Fewer elements than this per thread are not worth a thread. */
 #define GRAIN_ELEMENTS ((int64_t)1 << 16)
 
-static inline float block_max(const float *x, int64_t n) {
+static ROW_INLINE float block_max(const float *x, int64_t n) {
     float acc[LANES];
     for (int l = 0; l < LANES; l++) acc[l] = -FLT_MAX;
     int64_t i = 0;
@@ -35,16 +44,34 @@ static inline float block_max(const float *x, int64_t n) {
     return acc[0];
 }
 
-static inline float block_exp_sum(const float *x, int64_t n, float m) {
+static ROW_INLINE float block_exp_sum(const float *x, int64_t n, float m) {
     float acc[LANES] = {0};
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES)
         for (int l = 0; l < LANES; l++) acc[l] += nd_expf(x[i + l] - m);
-    for (; i < n; i++) acc[0] += nd_expf(x[i] - m);
+    if (i < n) {
+        /* The tail, padded, goes through one more vector step: a copy costs
+         * less than up to LANES - 1 scalar exponentials. The padding is m
+         * (exp(0), then dropped), not -inf, whose exp would go through the
+         * subnormal range and its slow microcode path. */
+        float tail[LANES], keep[LANES];
+        const int left = (int)(n - i);
+        for (int l = 0; l < LANES; l++) {
+            tail[l] = m;
+            keep[l] = l < left ? 1.0f : 0.0f;
+        }
+        memcpy(tail, x + i, sizeof(float) * (size_t)left);
+        for (int l = 0; l < LANES; l++) acc[l] += nd_expf(tail[l] - m) * keep[l];
+    }
     for (int w = LANES / 2; w > 0; w /= 2)
         for (int l = 0; l < w; l++) acc[l] += acc[l + w];
     return acc[0];
 }
+
+/* Rows of at most SHORT_ROW elements would leave a vector loop along the
+ * row mostly in its scalar tail (an attention row has 20): they go in
+ * chunks of BLOCK elements' worth of rows, vectorised across rows. */
+enum { SHORT_ROW = 64 };
 
 /* The grain of a parallel loop over rows of cols elements. */
 static int64_t row_grain(int64_t cols) {
@@ -53,8 +80,48 @@ static int64_t row_grain(int64_t cols) {
 
 /* ------------------------------------------------------------ statistics */
 
+/* Writes row r's statistics and log-sum-exp where the descriptor asks. */
+static ROW_INLINE void put_stats(const nd_rows_desc *d, int64_t r, float m, float s, float lse) {
+    if (d->stats != NULL) {
+        d->stats[2 * r] = m;
+        d->stats[2 * r + 1] = s;
+    }
+    if (d->out != NULL) d->out[r * d->ldo] = lse;
+}
+
+/* Short rows: a chunk of them transposed into t (column j holds element j of
+ * every row), so that the max, the exponentials and the sums run down the
+ * columns, one lane per row. */
+ND_SIMD_CLONES static void stats_short(const nd_rows_desc *d, int64_t begin, int64_t end) {
+    float t[BLOCK], m[BLOCK], s[BLOCK];
+    const int64_t cols = d->cols, per = BLOCK / cols;
+    for (int64_t r0 = begin; r0 < end; r0 += per) {
+        const int64_t nr = end - r0 < per ? end - r0 : per;
+        for (int64_t i = 0; i < nr; i++)
+            for (int64_t j = 0; j < cols; j++) t[j * nr + i] = d->x[(r0 + i) * d->ldx + j];
+        for (int64_t i = 0; i < nr; i++) m[i] = -FLT_MAX;
+        for (int64_t j = 0; j < cols; j++) {
+            const float *col = t + j * nr;
+            for (int64_t i = 0; i < nr; i++) m[i] = col[i] > m[i] ? col[i] : m[i];
+        }
+        for (int64_t i = 0; i < nr; i++) {
+            m[i] = m[i] < FLT_MAX ? m[i] : FLT_MAX;
+            s[i] = 0.0f;
+        }
+        for (int64_t j = 0; j < cols; j++) {
+            const float *col = t + j * nr;
+            for (int64_t i = 0; i < nr; i++) s[i] += nd_expf(col[i] - m[i]);
+        }
+        for (int64_t i = 0; i < nr; i++) put_stats(d, r0 + i, m[i], s[i], m[i] + nd_logf(s[i]));
+    }
+}
+
 ND_SIMD_CLONES static void stats_range(void *ctx, int64_t begin, int64_t end) {
     const nd_rows_desc *d = ctx;
+    if (d->cols <= SHORT_ROW) {
+        stats_short(d, begin, end);
+        return;
+    }
     for (int64_t r = begin; r < end; r++) {
         const float *x = d->x + r * d->ldx;
         float m = -FLT_MAX;
@@ -64,16 +131,12 @@ ND_SIMD_CLONES static void stats_range(void *ctx, int64_t begin, int64_t end) {
             float bm = block_max(x + i, n);
             bm = bm < FLT_MAX ? bm : FLT_MAX; /* +inf: exp(inf - FLT_MAX) = inf below */
             if (bm > m) {
-                s *= exp((double)m - (double)bm);
+                if (s != 0.0) s *= exp((double)m - (double)bm); /* 0 before the first block */
                 m = bm;
             }
             s += block_exp_sum(x + i, n, m);
         }
-        if (d->stats != NULL) {
-            d->stats[2 * r] = m;
-            d->stats[2 * r + 1] = (float)s;
-        }
-        if (d->out != NULL) d->out[r * d->ldo] = (float)((double)m + log(s));
+        put_stats(d, r, m, (float)s, d->out != NULL ? (float)((double)m + log(s)) : 0.0f);
     }
 }
 
@@ -89,10 +152,53 @@ typedef struct apply_ctx {
     float k; /* ND_ROW_XENT_GRAD: out_grad / rows */
 } apply_ctx;
 
+/* The label's own element of a cross-entropy gradient row, as (p - 1) * k:
+ * exact where p is near 1. */
+static ROW_INLINE void xent_label(const apply_ctx *c, int64_t r, const float *x, float *o) {
+    const nd_rows_desc *d = c->d;
+    const int64_t y = (int64_t)d->labels[r * d->label_stride];
+    const float m = d->stats[2 * r], s = d->stats[2 * r + 1];
+    o[y] = (nd_expf(x[y] - m) / s - 1.0f) * c->k;
+}
+
+/* Short rows laid end to end (x and out compact): a chunk of them as one
+ * flat loop, each element with its row's max and factor spread beside it. */
+ND_SIMD_CLONES static void apply_short(const apply_ctx *c, int64_t begin, int64_t end) {
+    const nd_rows_desc *d = c->d;
+    const int64_t cols = d->cols, per = BLOCK / cols;
+    float mx[BLOCK], fx[BLOCK];
+    for (int64_t r0 = begin; r0 < end; r0 += per) {
+        const int64_t nr = end - r0 < per ? end - r0 : per, n = nr * cols;
+        for (int64_t i = 0; i < nr; i++) {
+            const float m = d->stats[2 * (r0 + i)], s = d->stats[2 * (r0 + i) + 1];
+            const float f = d->mode == ND_ROW_SOFTMAX       ? 1.0f / s
+                            : d->mode == ND_ROW_LOG_SOFTMAX ? nd_logf(s)
+                                                            : c->k / s;
+            for (int64_t j = 0; j < cols; j++) {
+                mx[i * cols + j] = m;
+                fx[i * cols + j] = f;
+            }
+        }
+        const float *restrict x = d->x + r0 * cols;
+        float *restrict o = d->out + r0 * cols;
+        if (d->mode == ND_ROW_LOG_SOFTMAX) {
+            for (int64_t k = 0; k < n; k++) o[k] = (x[k] - mx[k]) - fx[k];
+        } else {
+            for (int64_t k = 0; k < n; k++) o[k] = nd_expf(x[k] - mx[k]) * fx[k];
+        }
+        if (d->mode == ND_ROW_XENT_GRAD)
+            for (int64_t i = 0; i < nr; i++) xent_label(c, r0 + i, x + i * cols, o + i * cols);
+    }
+}
+
 ND_SIMD_CLONES static void apply_range(void *ctx, int64_t begin, int64_t end) {
     const apply_ctx *c = ctx;
     const nd_rows_desc *d = c->d;
     const int64_t cols = d->cols;
+    if (cols <= SHORT_ROW && d->mode != ND_ROW_ONE_HOT && d->ldx == cols && d->ldo == cols) {
+        apply_short(c, begin, end);
+        return;
+    }
     for (int64_t r = begin; r < end; r++) {
         const float *restrict x = d->x != NULL ? d->x + r * d->ldx : NULL; /* NULL: one-hot */
         float *restrict o = d->out + r * d->ldo;
@@ -112,9 +218,7 @@ ND_SIMD_CLONES static void apply_range(void *ctx, int64_t begin, int64_t end) {
         case ND_ROW_XENT_GRAD: {
             const float w = c->k / s;
             for (int64_t j = 0; j < cols; j++) o[j] = nd_expf(x[j] - m) * w;
-            /* The label's own element, as (p - 1) * k: exact where p is near 1. */
-            const int64_t y = (int64_t)d->labels[r * d->label_stride];
-            o[y] = (nd_expf(x[y] - m) / s - 1.0f) * c->k;
+            xent_label(c, r, x, o);
             break;
         }
         case ND_ROW_ONE_HOT: {

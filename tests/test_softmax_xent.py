@@ -248,6 +248,33 @@ def test_strided_logits(device):
             np.testing.assert_allclose(b.grad.numpy(), want_grad.T, rtol=2e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("c", [3, 20, 64, 65, 100])
+@pytest.mark.parametrize("sliced", [False, True], ids=["compact", "column-slice"])
+@dev
+def test_short_and_medium_rows(device, c, sliced):
+    # rows up to 64 go through the kernels' across-rows path (compact rows only), longer
+    # ones along the row with a padded tail; a column slice keeps rows apart (ld > C)
+    rng = np.random.default_rng(c)
+    n = 300
+    full = (rng.normal(size=(n, c + 7 if sliced else c)) * 4).astype(np.float32)
+    z0 = full[:, :c]
+    y0 = rng.integers(0, c, size=n)
+    for mode in MODES:
+        with graph_mode(mode):
+            base = ndl.Tensor(full, device=device)
+            z = base[:, :c] if sliced else base
+            y = ndl.Tensor(y0.astype(np.float32), device=device, requires_grad=False)
+            loss = ndl.softmax_cross_entropy(z, y)
+            loss.backward()
+            want_loss, want_grad = xent_ref(z0, y0)
+            np.testing.assert_allclose(loss.numpy(), want_loss, rtol=2e-6)
+            np.testing.assert_allclose(base.grad.numpy()[:, :c], want_grad, rtol=2e-5, atol=1e-8)
+            lse = ndl.logsumexp(z, axes=(1,)).numpy()
+            np.testing.assert_allclose(lse, lse64(z0, 1), rtol=1e-6, atol=1e-6)
+            ls = ndl.logsoftmax(z).numpy()
+            np.testing.assert_allclose(ls, z0 - lse64(z0, 1)[:, None], rtol=1e-5, atol=2e-6)
+
+
 # --------------------------------------------------------------------------
 # recorded gradients
 # --------------------------------------------------------------------------
