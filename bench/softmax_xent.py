@@ -8,7 +8,8 @@ The loss of the PTB language model: logits (rows, classes) = (5120, 10000) by de
 Memory traffic is compared with the two-pass lower bound of the fused loss: the forward reads
 the logits once, the backward reads them once more and writes the gradient once, so
 3 * rows * classes * 4 bytes for forward+backward. "GB/s" is that bound over the measured time
-(the same byte count for both frameworks, so it compares them as bandwidth). needle's own
+(the same byte count for both frameworks, so it compares them as bandwidth); "cpu ms" is the
+process's CPU time per forward+backward (all threads), steadier on a shared machine. needle's own
 figures: "alloc MiB" is what its allocator handed out during one forward+backward (every
 temporary written, the gradient included), "peak MiB" the growth of its peak allocated bytes
 over the bytes live before the loss.
@@ -41,13 +42,16 @@ def needle_threads():
 
 
 def median_seconds(fn, repeats):
+    """(wall, cpu): medians over `repeats` calls after one warm-up; cpu is the process's CPU
+    time (all its threads), steadier than wall time on a shared machine."""
     fn()
-    samples = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def run_needle(z0, y0, repeats):
@@ -63,8 +67,8 @@ def run_needle(z0, y0, repeats):
         loss.backward()
         z.grad.numpy()
 
-    fwd = median_seconds(forward, repeats)
-    both = median_seconds(step, repeats)
+    fwd, _ = median_seconds(forward, repeats)
+    both, both_cpu = median_seconds(step, repeats)
     z.grad = None
     stats = ndl.memory.memory_stats()
     before_alloc = stats["allocated_bytes.all.allocated"]
@@ -75,7 +79,7 @@ def run_needle(z0, y0, repeats):
     alloc = stats["allocated_bytes.all.allocated"] - before_alloc
     peak = ndl.memory.max_memory_allocated() - live
     loss = float(ndl.softmax_cross_entropy(z, y).numpy()[0])
-    return fwd, both, alloc, peak, loss, z.grad.numpy()
+    return fwd, both, both_cpu, alloc, peak, loss, z.grad.numpy()
 
 
 def run_torch(z0, y0, repeats):
@@ -91,10 +95,10 @@ def run_torch(z0, y0, repeats):
         z.grad = None
         f(z, y).backward()
 
-    fwd = median_seconds(forward, repeats)
-    both = median_seconds(step, repeats)
+    fwd, _ = median_seconds(forward, repeats)
+    both, both_cpu = median_seconds(step, repeats)
     step()
-    return fwd, both, float(f(z, y).item()), z.grad.numpy()
+    return fwd, both, both_cpu, float(f(z, y).item()), z.grad.numpy()
 
 
 def main():
@@ -121,13 +125,14 @@ def main():
     bound = 3 * n * c * 4
 
     rows = []
-    fwd, both, alloc, peak, loss, grad = run_needle(z0, y0, args.repeats)
+    fwd, both, both_cpu, alloc, peak, loss, grad = run_needle(z0, y0, args.repeats)
     rows.append(
         dict(
             framework="needle",
             threads=threads,
             forward_ms=fwd * 1e3,
             fwd_bwd_ms=both * 1e3,
+            fwd_bwd_cpu_ms=both_cpu * 1e3,
             bound_gb_s=bound / both / 1e9,
             alloc_mib=alloc / 2**20,
             peak_mib=peak / 2**20,
@@ -135,35 +140,39 @@ def main():
         )
     )
     if torch is not None:
-        t_fwd, t_both, t_loss, t_grad = run_torch(z0, y0, args.repeats)
+        t_fwd, t_both, t_both_cpu, t_loss, t_grad = run_torch(z0, y0, args.repeats)
         rows.append(
             dict(
                 framework="torch",
                 threads=torch.get_num_threads(),
                 forward_ms=t_fwd * 1e3,
                 fwd_bwd_ms=t_both * 1e3,
+                fwd_bwd_cpu_ms=t_both_cpu * 1e3,
                 bound_gb_s=bound / t_both / 1e9,
                 loss=t_loss,
             )
         )
         rows[0]["vs_torch_fwd"] = fwd / t_fwd
         rows[0]["vs_torch_fwd_bwd"] = both / t_both
+        rows[0]["vs_torch_fwd_bwd_cpu"] = both_cpu / t_both_cpu
         rows[0]["max_grad_diff"] = float(np.max(np.abs(grad - t_grad)))
     for r in rows:
         print(json.dumps({"rows": n, "classes": c, "bound_bytes": bound, **r}), flush=True)
 
     print(f"\nsoftmax cross-entropy ({n}, {c}); two-pass bound {bound / 1e6:.0f} MB")
     print(
-        f"{'framework':10} {'threads':>7} {'fwd ms':>8} {'fwd+bwd ms':>11} {'GB/s (bound)':>13} "
-        f"{'alloc MiB':>10} {'peak MiB':>9} {'vs torch':>9}"
+        f"{'framework':10} {'threads':>7} {'fwd ms':>8} {'fwd+bwd ms':>11} {'cpu ms':>8} "
+        f"{'GB/s (bound)':>13} {'alloc MiB':>10} {'peak MiB':>9} {'vs torch':>9} {'cpu vs':>7}"
     )
     for r in rows:
         alloc = f"{r['alloc_mib']:.1f}" if "alloc_mib" in r else "-"
         peak = f"{r['peak_mib']:.1f}" if "peak_mib" in r else "-"
         ratio = f"{r['vs_torch_fwd_bwd']:.2f}x" if "vs_torch_fwd_bwd" in r else "-"
+        cpu_ratio = f"{r['vs_torch_fwd_bwd_cpu']:.2f}x" if "vs_torch_fwd_bwd_cpu" in r else "-"
         print(
             f"{r['framework']:10} {r['threads']:>7} {r['forward_ms']:>8.1f} "
-            f"{r['fwd_bwd_ms']:>11.1f} {r['bound_gb_s']:>13.2f} {alloc:>10} {peak:>9} {ratio:>9}"
+            f"{r['fwd_bwd_ms']:>11.1f} {r['fwd_bwd_cpu_ms']:>8.1f} {r['bound_gb_s']:>13.2f} "
+            f"{alloc:>10} {peak:>9} {ratio:>9} {cpu_ratio:>7}"
         )
     if len(rows) > 1:
         print(
