@@ -1,7 +1,7 @@
 /* cpu_softmax.c: the host's softmax row kernels: each row's statistics (an
  * online max and sum of exponentials), the elementwise passes that use them
- * (softmax, log-softmax, the cross-entropy gradient, one-hot rows) and the
- * cross-entropy loss (see nd_rows_desc in internal.h).
+ * (softmax, log-softmax, the cross-entropy gradient) and the cross-entropy
+ * loss (see nd_rows_desc in internal.h).
  *
  * The statistics read a row once from memory: it goes in blocks small
  * enough to stay in L1 while the block's max and then its exponentials are
@@ -195,15 +195,14 @@ ND_SIMD_CLONES static void apply_range(void *ctx, int64_t begin, int64_t end) {
     const apply_ctx *c = ctx;
     const nd_rows_desc *d = c->d;
     const int64_t cols = d->cols;
-    if (cols <= SHORT_ROW && d->mode != ND_ROW_ONE_HOT && d->ldx == cols && d->ldo == cols) {
+    if (cols <= SHORT_ROW && d->ldx == cols && d->ldo == cols) {
         apply_short(c, begin, end);
         return;
     }
     for (int64_t r = begin; r < end; r++) {
-        const float *restrict x = d->x != NULL ? d->x + r * d->ldx : NULL; /* NULL: one-hot */
+        const float *restrict x = d->x + r * d->ldx;
         float *restrict o = d->out + r * d->ldo;
-        const float m = d->mode == ND_ROW_ONE_HOT ? 0.0f : d->stats[2 * r];
-        const float s = d->mode == ND_ROW_ONE_HOT ? 1.0f : d->stats[2 * r + 1];
+        const float m = d->stats[2 * r], s = d->stats[2 * r + 1];
         switch (d->mode) {
         case ND_ROW_SOFTMAX: {
             const float inv = 1.0f / s;
@@ -219,11 +218,6 @@ ND_SIMD_CLONES static void apply_range(void *ctx, int64_t begin, int64_t end) {
             const float w = c->k / s;
             for (int64_t j = 0; j < cols; j++) o[j] = nd_expf(x[j] - m) * w;
             xent_label(c, r, x, o);
-            break;
-        }
-        case ND_ROW_ONE_HOT: {
-            for (int64_t j = 0; j < cols; j++) o[j] = 0.0f;
-            o[(int64_t)d->labels[r * d->label_stride]] = d->value;
             break;
         }
         }

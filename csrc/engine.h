@@ -318,9 +318,6 @@ nd_status nd_array_softmax_xent(const nd_array *logits, const nd_array *labels, 
 nd_status nd_array_softmax_xent_grad(const nd_array *logits, const nd_array *labels,
                                      const nd_array *loss, const nd_array *out_grad,
                                      nd_array *grad);
-/* out (N, classes), new: value at (i, labels[i]), 0 elsewhere; labels (N,)
- * are checked as above. */
-nd_status nd_array_one_hot(const nd_array *labels, int64_t classes, float value, nd_array *out);
 
 #ifdef __cplusplus
 }

@@ -41,8 +41,7 @@ typedef struct nd_matmul_desc {
 typedef enum nd_row_mode {
     ND_ROW_SOFTMAX,     /* exp(x - m) / s                          */
     ND_ROW_LOG_SOFTMAX, /* (x - m) - log(s)                        */
-    ND_ROW_XENT_GRAD,   /* (exp(x - m) / s - [j == y]) * k         */
-    ND_ROW_ONE_HOT      /* [j == y] * value (x and stats unread)   */
+    ND_ROW_XENT_GRAD    /* (exp(x - m) / s - [j == y]) * k         */
 } nd_row_mode;
 
 /* A batch of rows for the softmax kernels: row r of x is cols contiguous
@@ -62,7 +61,6 @@ typedef struct nd_rows_desc {
     const float *labels; /* (rows,) class ids as floats, stride label_stride */
     int64_t label_stride;
     const float *scale; /* ND_ROW_XENT_GRAD: one element (the out_grad), or NULL */
-    float value;        /* ND_ROW_ONE_HOT */
 } nd_rows_desc;
 
 /* Indices and labels are float32 holding integers: v is one when it is an

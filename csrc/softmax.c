@@ -1,6 +1,6 @@
 /* softmax.c: the device-independent front end of the softmax row kernels:
  * log-sum-exp, softmax and log-softmax over the last axis, the fused softmax
- * cross-entropy (loss and gradient) and one-hot rows.
+ * cross-entropy (loss and gradient).
  *
  * Checks shapes, devices and labels, sees the input as rows (compacting it
  * when its rows are not contiguous), allocates the results (the one place
@@ -235,28 +235,5 @@ nd_status nd_array_softmax_xent_grad(const nd_array *logits, const nd_array *lab
     if (fresh.storage != NULL) nd_array_release(&fresh);
     if (status != ND_OK && grad->storage != NULL) nd_array_release(grad);
     rows_release(&v);
-    return status;
-}
-
-nd_status nd_array_one_hot(const nd_array *labels, int64_t classes, float value, nd_array *out) {
-    memset(out, 0, sizeof *out);
-    if (labels->layout.ndim != 1 || classes < 0)
-        return nd_fail(ND_ERR_SHAPE, "one_hot needs labels (N,) and classes >= 0");
-    nd_status status = check_labels(labels, classes);
-    int64_t n = labels->layout.shape[0];
-    if (status == ND_OK)
-        status = nd_array_empty(labels->storage->device, 2, (int64_t[]){n, classes}, out);
-    if (status != ND_OK || n == 0 || classes == 0) return status;
-    nd_rows_desc d;
-    memset(&d, 0, sizeof d);
-    d.rows = n;
-    d.cols = classes;
-    d.mode = ND_ROW_ONE_HOT;
-    d.value = value;
-    d.out = nd_storage_data(out->storage);
-    d.ldo = classes;
-    set_labels(&d, labels);
-    status = backend_of(labels)->row_apply(&d);
-    if (status != ND_OK) nd_array_release(out);
     return status;
 }

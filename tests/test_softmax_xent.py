@@ -312,6 +312,47 @@ def test_second_derivative(device, mode):
     np.testing.assert_allclose(got, numerical_gradient(h, [z0], 0, 1e-4), rtol=1e-3, atol=1e-5)
 
 
+@pytest.mark.parametrize("n,c", [(3, 4), (2, 70)])
+@dev
+def test_gradient_op_matches_finite_differences(device, n, c):
+    # the recorded gradient's own op: its value is (softmax - one_hot) / N, and its gradient
+    # (the second derivative of the loss) matches finite differences of that value
+    rng = np.random.default_rng(c)
+    logits = rng.normal(size=(n, c)).astype(np.float32)
+    labels = rng.integers(0, c, size=n).astype(np.float32)
+    check_op(
+        lambda z, y: needle_c.SoftmaxCrossEntropyGrad()(z, y),
+        logits,
+        labels,
+        device=device,
+        reference=lambda z, y: xent_ref(z, y)[1],
+        wrt=(0,),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_recorded_gradient_keeps_two_arrays(mode):
+    # needle mode records the gradient as broadcast(g) * SoftmaxCrossEntropyGrad(z, y): two
+    # (N, C) arrays, as the course's graph had; cycle_free keeps the one gradient
+    n, c = 128, 1000
+    rng = np.random.default_rng(1)
+    with graph_mode(mode):
+        z = ndl.Tensor(rng.normal(size=(n, c)).astype(np.float32))
+        y = ndl.Tensor(rng.integers(0, c, size=n).astype(np.float32), requires_grad=False)
+        loss = ndl.softmax_cross_entropy(z, y)
+        before = ndl.memory.memory_allocated()
+        loss.backward()
+        held = ndl.memory.memory_allocated() - before
+        arrays = 2 if mode == "needle" else 1
+        assert arrays * n * c * 4 <= held < (arrays * n * c * 4) + 64 * 1024
+        if mode == "needle":
+            assert z.grad.op is not None
+            ops = {type(x.op).__name__ for x in z.grad.inputs if x.op is not None}
+            assert "SoftmaxCrossEntropyGrad" in ops
+
+
 # --------------------------------------------------------------------------
 # memory and threads
 # --------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 /* cuda_softmax.cu: the CUDA backend's softmax row kernels (nd_rows_desc in
  * internal.h): each row's statistics by an online max and sum of
  * exponentials (one read of the row), the elementwise passes that use them
- * (softmax, log-softmax, the cross-entropy gradient, one-hot rows) and the
- * cross-entropy loss.
+ * (softmax, log-softmax, the cross-entropy gradient) and the cross-entropy
+ * loss.
  *
  * A short row (at most WARP_ROW_MAX elements) goes to a warp, a longer one
  * to a whole block; blocks stride over the rows. Each thread keeps its own
@@ -113,13 +113,9 @@ template <int G> __global__ void row_apply_kernel(nd_rows_desc d) {
                         : 0.0f;
     for (int64_t r = (int64_t)blockIdx.x * groups + threadIdx.x / G; r < d.rows;
          r += (int64_t)gridDim.x * groups) {
-        float *o = d.out + r * d.ldo; /* (cols,) */
-        const int64_t y = d.labels != NULL ? (int64_t)d.labels[r * d.label_stride] : -1;
-        if (d.mode == ND_ROW_ONE_HOT) {
-            for (int64_t j = lane; j < d.cols; j += G) o[j] = j == y ? d.value : 0.0f;
-            continue;
-        }
+        float *o = d.out + r * d.ldo;     /* (cols,) */
         const float *x = d.x + r * d.ldx; /* (cols,) */
+        const int64_t y = d.labels != NULL ? (int64_t)d.labels[r * d.label_stride] : -1;
         const float m = d.stats[2 * r], s = d.stats[2 * r + 1];
         switch (d.mode) {
         case ND_ROW_SOFTMAX: {

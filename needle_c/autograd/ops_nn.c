@@ -507,29 +507,16 @@ static PyObject *xent_grad_fused(grad_scope *s, PyObject *z, PyObject *y, PyObje
         nd_array_softmax_xent_grad(&NDArray_CAST(z)->array, &NDArray_CAST(y)->array,
                                    ndarray_check(s->st, loss) ? &NDArray_CAST(loss)->array : NULL,
                                    &NDArray_CAST(g)->array, &out);
-    PyObject *w = status == ND_OK ? ndarray_wrap(s->st, &out) : raise_status(s->st, status);
-    return g_const(s, scope_keep(s, w));
-}
-
-/* The same as recorded ops, so that it can be differentiated again ("needle"
- * mode, create_graph): broadcast(g / N) * (softmax(z) - one_hot(y)), the
- * softmax from g_softmax and the one-hot rows a constant. */
-static PyObject *xent_grad_recorded(grad_scope *s, PyObject *logits, PyObject *y, PyObject *g) {
-    int ndim;
-    int64_t shape[ND_MAX_DIMS], one[2] = {1, 1};
-    if (g_shape(s, logits, &ndim, shape) < 0) return NULL;
-    nd_array hot;
-    nd_status status = nd_array_one_hot(&NDArray_CAST(y)->array, shape[1], 1.0f, &hot);
-    PyObject *one_hot = g_const(s, scope_keep(s, status == ND_OK ? ndarray_wrap(s->st, &hot)
-                                                                 : raise_status(s->st, status)));
-    PyObject *w = g_sub(s, g_softmax(s, logits, 2, shape, 1u << 1), one_hot);
-    PyObject *g_rows = g_scalar(s, OP_DIV_SCALAR, g, (double)shape[0]);
-    return g_mul(s, g_broadcast(s, g_reshape(s, g_rows, 2, one), 2, shape), w);
+    return g_const(s, scope_keep(s, engine_result(s->st, status, &out)));
 }
 
 static PyObject *xent_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    /* (out_grad * (softmax(z) - one_hot(y)) / N, zeros for the labels) */
+    /* (out_grad * (softmax(z) - one_hot(y)) / N, zeros for the labels). Not
+     * recorded (a cycle_free backward): one constant from the fused kernel.
+     * Recorded ("needle" mode, create_graph): broadcast(g) times a
+     * SoftmaxCrossEntropyGrad node, the course's two (N, C) arrays, which can
+     * be differentiated again. */
     PyObject *logits = g_input(s, 0), *labels = g_input(s, 1);
     PyObject *z = g_data(s, logits), *y = g_data(s, labels);
     if (z == NULL || y == NULL) return NULL;
@@ -537,9 +524,55 @@ static PyObject *xent_gradient(grad_scope *s, const op_params *p, PyObject *g, P
         PyErr_SetString(PyExc_TypeError, "SoftmaxCrossEntropy needs Tensors holding NDArrays");
         return scope_fail(s);
     }
-    PyObject *gz = is_recording() ? xent_grad_recorded(s, logits, y, g)
-                                  : xent_grad_fused(s, z, y, g_data(s, node), g_data(s, g));
+    PyObject *gz;
+    if (is_recording()) {
+        const nd_layout *l = array_layout(z);
+        if (l->ndim != 2) {
+            PyErr_SetString(PyExc_ValueError, "SoftmaxCrossEntropy needs logits (N, C)");
+            return scope_fail(s);
+        }
+        int64_t shape[2] = {l->shape[0], l->shape[1]}, one[2] = {1, 1};
+        PyObject *w = g_apply2(s, OP_SOFTMAX_XENT_GRAD, &no_params, logits, labels);
+        gz = g_mul(s, g_broadcast(s, g_reshape(s, g, 2, one), 2, shape), w);
+    } else {
+        gz = xent_grad_fused(s, z, y, g_data(s, node), g_data(s, g));
+    }
     return grads2(s, gz, g_zeros_like(s, labels));
+}
+
+/* SoftmaxCrossEntropyGrad(z, y) = (softmax(z) - one_hot(y)) / N, the
+ * cross-entropy's gradient as an op of its own (the fused kernel, its
+ * statistics recomputed), so that a recorded gradient stays differentiable. */
+static PyObject *xent_grad_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                   Py_ssize_t n) {
+    UNUSED(p);
+    UNUSED(n);
+    nd_array out;
+    nd_status status = nd_array_softmax_xent_grad(&NDArray_CAST(a[0])->array,
+                                                  &NDArray_CAST(a[1])->array, NULL, NULL, &out);
+    return engine_result(st, status, &out);
+}
+
+static PyObject *xent_grad_gradient(grad_scope *s, const op_params *p, PyObject *g,
+                                    PyObject *node) {
+    UNUSED(p);
+    UNUSED(node);
+    /* d/dz of sum(g * W): P * (g - broadcast(sum(g * P, axis 1))) / N with P =
+     * softmax(z); the labels get zeros */
+    PyObject *z = g_input(s, 0);
+    int ndim;
+    int64_t shape[ND_MAX_DIMS];
+    if (g_shape(s, z, &ndim, shape) < 0) return NULL;
+    if (ndim != 2) {
+        PyErr_SetString(PyExc_ValueError, "SoftmaxCrossEntropyGrad needs logits (N, C)");
+        return scope_fail(s);
+    }
+    PyObject *prob = g_softmax(s, z, 2, shape, 1u << 1);
+    PyObject *row_sums =
+        g_expand(s, g_sum_mask(s, g_mul(s, g, prob), 2, 1u << 1), 2, shape, 1u << 1);
+    PyObject *dz =
+        g_scalar(s, OP_DIV_SCALAR, g_mul(s, prob, g_sub(s, g, row_sums)), (double)shape[0]);
+    return grads2(s, dz, g_zeros_like(s, g_input(s, 1)));
 }
 
 void ops_nn_register(op_impl *t) {
@@ -552,4 +585,5 @@ void ops_nn_register(op_impl *t) {
     t[OP_GATHER_ROWS] = (op_impl){gather_rows_compute, gather_rows_gradient};
     t[OP_SCATTER_ADD_ROWS] = (op_impl){scatter_add_rows_compute, scatter_add_rows_gradient};
     t[OP_SOFTMAX_XENT] = (op_impl){xent_compute, xent_gradient};
+    t[OP_SOFTMAX_XENT_GRAD] = (op_impl){xent_grad_compute, xent_grad_gradient};
 }

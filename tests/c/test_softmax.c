@@ -2,8 +2,7 @@
  * cpu_softmax.c, cpu_parallel.c) through the engine's headers: values
  * against double-precision sums, the statistics a loss keeps (used only when
  * they are its own), the same bits on any thread count, the row split itself,
- * one-hot rows, and every error path leaving the allocator's books as they
- * were.
+ * and every error path leaving the allocator's books as they were.
  * Built and run by tests/test_engine_c.py; prints failures, exits nonzero. */
 #include "internal.h"
 
@@ -227,21 +226,6 @@ static void test_parallel_for(void) {
     nd_cpu_set_threads(0);
 }
 
-static void test_one_hot(void) {
-    nd_device *cpu = nd_device_at(0);
-    int64_t base = allocated(cpu);
-    nd_array y = make(cpu, 1, (int64_t[]){3}, (float[]){2, 0, 2}), out;
-    CHECK(nd_array_one_hot(&y, 3, -0.5f, &out) == ND_OK);
-    float *h = host_copy(&out);
-    static const float want[] = {0, 0, -0.5f, -0.5f, 0, 0, 0, 0, -0.5f};
-    CHECK(h != NULL && memcmp(h, want, sizeof want) == 0);
-    free(h);
-    nd_array_release(&out);
-    CHECK(nd_array_one_hot(&y, 2, 1.0f, &out) == ND_ERR_INDEX && out.storage == NULL);
-    nd_array_release(&y);
-    CHECK(allocated(cpu) == base);
-}
-
 static void test_errors(void) {
     nd_device *cpu = nd_device_at(0);
     int64_t base = allocated(cpu);
@@ -279,7 +263,6 @@ int main(void) {
     test_xent_statistics();
     test_threads();
     test_parallel_for();
-    test_one_hot();
     test_errors();
     if (failures > 0) printf("%d check(s) failed\n", failures);
     return failures > 0;
