@@ -15,7 +15,6 @@
 
 #include <float.h>
 #include <math.h>
-#include <string.h>
 
 /* The helpers below must be inlined into each ISA clone of their callers:
  * a helper left out of line is compiled for the baseline ISA only. */
@@ -31,6 +30,11 @@ enum { BLOCK = 2048, LANES = 32 };
 /* Fewer elements than this per thread are not worth a thread. */
 #define GRAIN_ELEMENTS ((int64_t)1 << 16)
 
+/* The block helpers take a block of n elements at x that ends a stretch of
+ * at least LANES readable floats (a row longer than SHORT_ROW): a partial
+ * last step reads the LANES floats that end the block, some of them read
+ * before, instead of a scalar tail. */
+
 static ROW_INLINE float block_max(const float *x, int64_t n) {
     float acc[LANES];
     for (int l = 0; l < LANES; l++) acc[l] = -FLT_MAX;
@@ -38,7 +42,10 @@ static ROW_INLINE float block_max(const float *x, int64_t n) {
     /* A NaN compares false and is skipped here; the sum below carries it. */
     for (; i + LANES <= n; i += LANES)
         for (int l = 0; l < LANES; l++) acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
-    for (; i < n; i++) acc[0] = x[i] > acc[0] ? x[i] : acc[0];
+    if (i < n) { /* elements seen twice change no max */
+        const float *last = x + n - LANES;
+        for (int l = 0; l < LANES; l++) acc[l] = last[l] > acc[l] ? last[l] : acc[l];
+    }
     for (int w = LANES / 2; w > 0; w /= 2)
         for (int l = 0; l < w; l++) acc[l] = acc[l + w] > acc[l] ? acc[l + w] : acc[l];
     return acc[0];
@@ -49,19 +56,13 @@ static ROW_INLINE float block_exp_sum(const float *x, int64_t n, float m) {
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES)
         for (int l = 0; l < LANES; l++) acc[l] += nd_expf(x[i + l] - m);
-    if (i < n) {
-        /* The tail, padded, goes through one more vector step: a copy costs
-         * less than up to LANES - 1 scalar exponentials. The padding is m
-         * (exp(0), then dropped), not -inf, whose exp would go through the
-         * subnormal range and its slow microcode path. */
-        float tail[LANES], keep[LANES];
-        const int left = (int)(n - i);
+    if (i < n) { /* the lanes already summed are selected out (not multiplied: a NaN) */
+        const float *last = x + n - LANES;
+        const int skip = (int)(LANES - (n - i));
         for (int l = 0; l < LANES; l++) {
-            tail[l] = m;
-            keep[l] = l < left ? 1.0f : 0.0f;
+            const float e = nd_expf(last[l] - m);
+            acc[l] += nd__self(l >= skip, e, 0.0f);
         }
-        memcpy(tail, x + i, sizeof(float) * (size_t)left);
-        for (int l = 0; l < LANES; l++) acc[l] += nd_expf(tail[l] - m) * keep[l];
     }
     for (int w = LANES / 2; w > 0; w /= 2)
         for (int l = 0; l < w; l++) acc[l] += acc[l + w];

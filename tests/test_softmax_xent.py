@@ -248,7 +248,7 @@ def test_strided_logits(device):
             np.testing.assert_allclose(b.grad.numpy(), want_grad.T, rtol=2e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("c", [3, 20, 64, 65, 100])
+@pytest.mark.parametrize("c", [3, 20, 64, 65, 100, 2050])
 @pytest.mark.parametrize("sliced", [False, True], ids=["compact", "column-slice"])
 @dev
 def test_short_and_medium_rows(device, c, sliced):
@@ -273,6 +273,21 @@ def test_short_and_medium_rows(device, c, sliced):
             np.testing.assert_allclose(lse, lse64(z0, 1), rtol=1e-6, atol=1e-6)
             ls = ndl.logsoftmax(z).numpy()
             np.testing.assert_allclose(ls, z0 - lse64(z0, 1)[:, None], rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("c", [100, 2050])
+@dev
+def test_special_values_where_the_last_step_overlaps(device, c):
+    # a row's last vector step re-reads elements the steps before it counted (the kernel
+    # selects them out): an inf or a nan there is still counted exactly once
+    x0 = np.random.default_rng(c).normal(size=(4, c)).astype(np.float32)
+    x0[1, c - 30] = np.inf
+    x0[2, c - 30] = np.nan
+    x0[3, c - 30] = -np.inf
+    got = ndl.logsumexp(ndl.Tensor(x0, device=device), axes=(1,)).numpy()
+    want = lse64(x0, 1)
+    assert got[1] == np.inf and np.isnan(got[2])
+    np.testing.assert_allclose(got[[0, 3]], want[[0, 3]], rtol=1e-6)
 
 
 # --------------------------------------------------------------------------
