@@ -14,7 +14,7 @@ figures: "alloc MiB" is what its allocator handed out during one forward+backwar
 temporary written, the gradient included), "peak MiB" the growth of its peak allocated bytes
 over the bytes live before the loss.
 
-    python bench/softmax_xent.py [--rows 5120] [--classes 10000] [--repeats 7]
+    python bench/softmax_xent.py [--rows 5120] [--classes 10000] [--repeats 7] [--sweep]
 """
 
 import argparse
@@ -101,11 +101,35 @@ def run_torch(z0, y0, repeats):
     return fwd, both, both_cpu, float(f(z, y).item()), z.grad.numpy()
 
 
+# --sweep: narrow rows go through the row kernels' across-rows path (MNIST logits have 10
+# classes, attention rows 20), wider ones along the row.
+SWEEP = [(100000, 10), (163840, 20), (20000, 100), (2000, 1000), (5120, 10000)]
+
+
+def sweep(repeats):
+    """One line per shape: forward+backward CPU ms of needle and PyTorch, and the ratio."""
+    rng = np.random.default_rng(0)
+    print(f"\n{'shape':>14} {'needle cpu ms':>14} {'torch cpu ms':>13} {'ratio':>7}")
+    for n, c in SWEEP:
+        z0 = rng.standard_normal((n, c)).astype(np.float32) * 3
+        y0 = rng.integers(0, c, size=n).astype(np.float32)
+        both_cpu = run_needle(z0, y0, repeats)[2]
+        t_cpu = run_torch(z0, y0, repeats)[2] if torch is not None else None
+        row = {"sweep": [n, c], "needle_cpu_ms": both_cpu * 1e3}
+        if t_cpu is not None:
+            row.update(torch_cpu_ms=t_cpu * 1e3, ratio=both_cpu / t_cpu)
+        print(json.dumps(row), flush=True)
+        ratio = f"{row['ratio']:.2f}x" if t_cpu is not None else "-"
+        torch_ms = f"{t_cpu * 1e3:.2f}" if t_cpu is not None else "-"
+        print(f"{f'({n}, {c})':>14} {both_cpu * 1e3:>14.2f} {torch_ms:>13} {ratio:>7}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=5120)
     parser.add_argument("--classes", type=int, default=10000)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--sweep", action="store_true", help="also time the shapes in SWEEP")
     args = parser.parse_args()
     threads = needle_threads()
     if torch is not None:
@@ -179,6 +203,8 @@ def main():
             f"forward {rows[0]['vs_torch_fwd']:.2f}x torch; loss {rows[0]['loss']:.6f} vs "
             f"{rows[1]['loss']:.6f}; max |grad diff| {rows[0]['max_grad_diff']:.2e}"
         )
+    if args.sweep:
+        sweep(args.repeats)
 
 
 if __name__ == "__main__":
