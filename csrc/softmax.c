@@ -116,12 +116,14 @@ nd_status nd_array_softmax_last(const nd_array *a, int log, nd_array *out) {
 
 /* ------------------------------------------------ softmax cross-entropy */
 
-/* Shapes and devices, then every label (an integer in [0, classes)). */
+/* ND_ERR_INDEX (nd_index_error) unless every label is an integer in
+ * [0, classes). */
 static nd_status check_labels(const nd_array *labels, int64_t classes) {
     return backend_of(labels)->check_indices(&labels->layout, nd_storage_data(labels->storage),
                                              classes, "label", "classes");
 }
 
+/* Devices and shapes, then the labels. */
 static nd_status xent_check(const nd_array *logits, const nd_array *labels) {
     nd_status status = nd_same_device(logits, labels);
     if (status != ND_OK) return status;

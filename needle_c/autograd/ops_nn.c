@@ -489,7 +489,7 @@ static PyObject *xent_compute(needle_state *st, const op_params *p, PyObject *co
     nd_array loss;
     nd_status status =
         nd_array_softmax_xent(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array, &loss);
-    return status == ND_OK ? ndarray_wrap(st, &loss) : raise_status(st, status);
+    return engine_result(st, status, &loss);
 }
 
 /* out_grad * (softmax(z) - one_hot(y)) / N as one constant, from the fused
