@@ -348,18 +348,21 @@ def test_gradient_op_matches_finite_differences(device, n, c):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_recorded_gradient_keeps_two_arrays(mode):
+@dev
+def test_recorded_gradient_keeps_two_arrays(device, mode):
     # needle mode records the gradient as broadcast(g) * SoftmaxCrossEntropyGrad(z, y): two
     # (N, C) arrays, as the course's graph had; cycle_free keeps the one gradient
     n, c = 128, 1000
     rng = np.random.default_rng(1)
     with graph_mode(mode):
-        z = ndl.Tensor(rng.normal(size=(n, c)).astype(np.float32))
-        y = ndl.Tensor(rng.integers(0, c, size=n).astype(np.float32), requires_grad=False)
+        z = ndl.Tensor(rng.normal(size=(n, c)).astype(np.float32), device=device)
+        y = ndl.Tensor(
+            rng.integers(0, c, size=n).astype(np.float32), device=device, requires_grad=False
+        )
         loss = ndl.softmax_cross_entropy(z, y)
-        before = ndl.memory.memory_allocated()
+        before = ndl.memory.memory_allocated(device)
         loss.backward()
-        held = ndl.memory.memory_allocated() - before
+        held = ndl.memory.memory_allocated(device) - before
         arrays = 2 if mode == "needle" else 1
         assert arrays * n * c * 4 <= held < (arrays * n * c * 4) + 64 * 1024
         if mode == "needle":
@@ -373,17 +376,20 @@ def test_recorded_gradient_keeps_two_arrays(mode):
 # --------------------------------------------------------------------------
 
 
-def test_no_temporary_but_the_gradient():
+@dev
+def test_no_temporary_but_the_gradient(device):
     n, c = 256, 1000
     rng = np.random.default_rng(2)
-    z = ndl.Tensor(rng.normal(size=(n, c)).astype(np.float32))
-    y = ndl.Tensor(rng.integers(0, c, size=n).astype(np.float32), requires_grad=False)
-    before = ndl.memory.memory_allocated()
-    ndl.memory.reset_peak_memory_stats()
+    z = ndl.Tensor(rng.normal(size=(n, c)).astype(np.float32), device=device)
+    y = ndl.Tensor(
+        rng.integers(0, c, size=n).astype(np.float32), device=device, requires_grad=False
+    )
+    before = ndl.memory.memory_allocated(device)
+    ndl.memory.reset_peak_memory_stats(device)
     loss = ndl.softmax_cross_entropy(z, y)
-    assert ndl.memory.max_memory_allocated() - before < 4 * (2 * n + 64)  # stats and loss
+    assert ndl.memory.max_memory_allocated(device) - before < 4 * (2 * n + 64)  # stats, loss
     loss.backward()
-    peak = ndl.memory.max_memory_allocated() - before
+    peak = ndl.memory.max_memory_allocated(device) - before
     grad_bytes = n * c * 4
     assert grad_bytes <= peak < grad_bytes + 64 * 1024
 
@@ -486,6 +492,28 @@ def test_logsumexp_gradient_last_axis_finite_differences(device, shape):
         device=device,
         reference=lambda a: lse64(a, len(shape) - 1),
     )
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not ndl.cuda().enabled(), reason="CUDA backend not built or no GPU")
+@pytest.mark.parametrize("n,c", [(300, 20), (50, 2050), (7, 1)])
+def test_cuda_matches_cpu(n, c):
+    # the CUDA kernels (a warp or a block per row) against the CPU's on the same data
+    rng = np.random.default_rng(n + c)
+    z0 = (rng.normal(size=(n, c)) * 5).astype(np.float32)
+    y0 = rng.integers(0, c, size=n)
+    results = {}
+    for device in (ndl.cpu(), ndl.cuda()):
+        loss, grad = run(z0, y0, device, "cycle_free")
+        x = ndl.Tensor(z0, device=device)
+        results[device.name] = (
+            loss,
+            grad,
+            ndl.logsumexp(x, axes=(1,)).numpy(),
+            ndl.logsoftmax(x).numpy(),
+        )
+    for got, want in zip(results["cuda"], results["cpu"]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_devices_listed():
