@@ -30,7 +30,7 @@ nd_status nd_array_empty(nd_device *dev, int ndim, const int64_t *shape, nd_arra
 
 static const nd_backend *backend_of(const nd_array *a) { return a->storage->device->backend; }
 
-static nd_status same_device(const nd_array *a, const nd_array *b) {
+nd_status nd_same_device(const nd_array *a, const nd_array *b) {
     nd_device *da = a->storage->device, *db = b->storage->device;
     if (da != db)
         return nd_fail(ND_ERR_DEVICE, "expected all arrays on one device, got %s() and %s()",
@@ -72,7 +72,7 @@ nd_status nd_array_compact_copy(const nd_array *src, nd_device *dev, nd_array *o
 }
 
 nd_status nd_array_assign(const nd_array *dst, const nd_array *src) {
-    nd_status status = same_device(dst, src);
+    nd_status status = nd_same_device(dst, src);
     if (status != ND_OK) return status;
     nd_layout src_layout;
     status = nd_layout_broadcast_to(&src->layout, dst->layout.ndim, dst->layout.shape, &src_layout);
@@ -113,7 +113,7 @@ nd_status nd_array_binary(nd_binary_op op, nd_operand a, nd_operand b, nd_array 
         return nd_fail(ND_ERR_VALUE, "a binary op needs at least one array operand");
     const nd_array *any = a.array != NULL ? a.array : b.array;
     nd_status status;
-    if (a.array != NULL && b.array != NULL && (status = same_device(a.array, b.array)) != ND_OK)
+    if (a.array != NULL && b.array != NULL && (status = nd_same_device(a.array, b.array)) != ND_OK)
         return status;
     int ndim;
     int64_t shape[ND_MAX_DIMS];
@@ -222,7 +222,7 @@ static int blas_strides(const nd_layout *l, int64_t rows, int64_t cols, int64_t 
 
 nd_status nd_array_matmul(const nd_array *a, const nd_array *b, nd_array *out) {
     memset(out, 0, sizeof *out);
-    nd_status status = same_device(a, b);
+    nd_status status = nd_same_device(a, b);
     if (status != ND_OK) return status;
     if (a->layout.ndim == 0 || b->layout.ndim == 0)
         return nd_fail(ND_ERR_SHAPE, "matmul: operands must have at least one dimension");
@@ -299,7 +299,7 @@ nd_status nd_array_linear(const nd_array *x, const nd_array *w, const nd_array *
                           nd_array *out) {
     memset(out, 0, sizeof *out);
     nd_status status;
-    if (bias != NULL && (status = same_device(x, bias)) != ND_OK) return status;
+    if (bias != NULL && (status = nd_same_device(x, bias)) != ND_OK) return status;
     if ((status = nd_array_matmul(x, w, out)) != ND_OK || bias == NULL) return status;
     /* The bias is added in place: the product is the only (m, n) array. */
     nd_layout bias_layout;

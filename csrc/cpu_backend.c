@@ -214,4 +214,8 @@ const nd_backend nd_cpu_backend = {
     .from_host = cpu_from_host,
     .gather_rows = nd_cpu_gather_rows,
     .scatter_add_rows = nd_cpu_scatter_add_rows,
+    .row_stats = nd_cpu_row_stats,
+    .row_apply = nd_cpu_row_apply,
+    .xent_loss = nd_cpu_xent_loss,
+    .check_indices = nd_cpu_check_indices,
 };

@@ -10,26 +10,20 @@
 
 #include <string.h>
 
-static nd_status check_indices(const nd_layout *idx_layout, const float *idx, int64_t rows) {
+nd_status nd_cpu_check_indices(const nd_layout *idx_layout, const float *idx, int64_t count,
+                               const char *what, const char *unit) {
     const float *p = idx + idx_layout->offset;
     int64_t n = idx_layout->shape[0], stride = idx_layout->strides[0];
-    for (int64_t r = 0; r < n; r++) {
-        const float v = p[r * stride];
-        /* Compared in double: (float)rows may round up past the last row. */
-        if (!((double)v >= 0.0 && (double)v < (double)rows)) {
-            if (v != v) return nd_fail(ND_ERR_INDEX, "index nan is not an integer");
-            return nd_fail(ND_ERR_INDEX, "index %g is out of range for %lld rows", (double)v,
-                           (long long)rows);
-        }
-        if ((float)(int64_t)v != v)
-            return nd_fail(ND_ERR_INDEX, "index %g is not an integer", (double)v);
-    }
+    for (int64_t r = 0; r < n; r++)
+        if (!nd_index_ok(p[r * stride], count))
+            return nd_index_error(what, p[r * stride], count, unit);
     return ND_OK;
 }
 
 nd_status nd_cpu_gather_rows(const nd_layout *out_layout, float *out, const nd_layout *table_layout,
                              const float *table, const nd_layout *idx_layout, const float *idx) {
-    nd_status status = check_indices(idx_layout, idx, table_layout->shape[0]);
+    nd_status status =
+        nd_cpu_check_indices(idx_layout, idx, table_layout->shape[0], "index", "rows");
     /* Zero-width rows: the buffers may be NULL, and there is nothing to copy. */
     if (status != ND_OK || table_layout->shape[1] == 0) return status;
     const float *ip = idx + idx_layout->offset, *t = table + table_layout->offset;
@@ -52,7 +46,7 @@ nd_status nd_cpu_gather_rows(const nd_layout *out_layout, float *out, const nd_l
 nd_status nd_cpu_scatter_add_rows(const nd_layout *out_layout, float *out,
                                   const nd_layout *src_layout, const float *src,
                                   const nd_layout *idx_layout, const float *idx) {
-    nd_status status = check_indices(idx_layout, idx, out_layout->shape[0]);
+    nd_status status = nd_cpu_check_indices(idx_layout, idx, out_layout->shape[0], "index", "rows");
     if (status != ND_OK || out_layout->shape[1] == 0) return status;
     const float *ip = idx + idx_layout->offset, *s = src + src_layout->offset;
     float *o = out + out_layout->offset;

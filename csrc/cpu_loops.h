@@ -6,6 +6,13 @@
 
 #include "cpu_iter.h"
 
+/* The context of row_apply below: the rows, and for ND_ROW_XENT_GRAD the
+ * factor out_grad / rows. */
+typedef struct nd_row_apply_ctx {
+    const nd_rows_desc *d;
+    float k;
+} nd_row_apply_ctx;
+
 typedef struct nd_cpu_loops {
     nd_inner_fn copy; /* p[0] = p[1] */
     nd_inner_fn binary[ND_BINARY_OP_COUNT];
@@ -18,6 +25,10 @@ typedef struct nd_cpu_loops {
     double (*sum_contiguous)(const float *a, int64_t n);
     void (*add_row_double)(double *o, const float *a, int64_t n); /* o += a */
     void (*add_row_float)(float *o, const float *a, int64_t n);   /* o += a */
+    /* Softmax rows [begin, end) (cpu_softmax_rows.inc), as nd_cpu_parallel_for
+     * bodies: statistics of an nd_rows_desc, the pass of an nd_row_apply_ctx. */
+    void (*row_stats)(void *desc, int64_t begin, int64_t end);
+    void (*row_apply)(void *ctx, int64_t begin, int64_t end);
 } nd_cpu_loops;
 
 extern const nd_cpu_loops nd_cpu_loops_baseline;

@@ -337,6 +337,12 @@ nd_status nd_cpu_gemm_calibrate(nd_gemm_calibration *report);
 /* The last calibration (measured == 0 if none ran). */
 const nd_gemm_calibration *nd_cpu_gemm_last_calibration(void);
 
+/* Threads the CPU's row kernels (softmax, cross-entropy) split large arrays
+ * over. Default: NEEDLE_NUM_THREADS when set (1 to 256), else the number of
+ * online processors. n < 1 restores the default. */
+void nd_cpu_set_threads(int n);
+int nd_cpu_get_threads(void);
+
 /* ------------------------------------------------------------- row indexing */
 
 /* Embedding-style row indexing. Indices are float32 arrays holding integer
@@ -353,6 +359,36 @@ nd_status nd_array_scatter_add_rows(const nd_array *src, const nd_array *indices
 /* The same, added in place into the existing 2-D view dst (num_rows, D). */
 nd_status nd_array_scatter_add_rows_into(const nd_array *dst, const nd_array *src,
                                          const nd_array *indices);
+
+/* ------------------------------------------------------------ softmax rows */
+
+/* Row kernels over the last axis, each reading its input once: an online max
+ * and sum of exponentials per row, with the max clamped to finite values (a
+ * row of -inf gives -inf, a +inf gives +inf rather than nan; NaN
+ * propagates). Arrays whose rows are not contiguous are compacted first. */
+
+/* out (a's shape without its last axis, or with it as 1 when keepdims) =
+ * log(sum(exp(a))) over the last axis (-inf for an empty one). */
+nd_status nd_array_logsumexp_last(const nd_array *a, int keepdims, nd_array *out);
+/* out (a's shape, new) = softmax, or log-softmax when `log`, over the last axis. */
+nd_status nd_array_softmax_last(const nd_array *a, int log, nd_array *out);
+
+/* Softmax cross-entropy of logits (N, C) against labels (N,) holding class
+ * ids as floats: loss (1,), new = the mean over rows of logsumexp(row) -
+ * row[label], summed in double (nan for no rows). A label that is not an
+ * integer in [0, C) fails with ND_ERR_INDEX. The loss's storage
+ * also holds each row's softmax statistics (after the loss element), which
+ * nd_array_softmax_xent_grad reads back: holding the loss keeps them. */
+nd_status nd_array_softmax_xent(const nd_array *logits, const nd_array *labels, nd_array *loss);
+/* grad (N, C), new = out_grad * (softmax(logits) - one_hot(labels)) / N.
+ * out_grad: a one-element array, or NULL for 1. When `loss` (may be NULL) is
+ * what nd_array_softmax_xent returned for these logits and labels (checked:
+ * its statistics must give back its value bit for bit), this reads the
+ * logits once and writes grad once; otherwise a first pass recomputes the
+ * statistics. Labels are checked as above. */
+nd_status nd_array_softmax_xent_grad(const nd_array *logits, const nd_array *labels,
+                                     const nd_array *loss, const nd_array *out_grad,
+                                     nd_array *grad);
 
 #ifdef __cplusplus
 }

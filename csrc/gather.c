@@ -7,12 +7,12 @@
 
 #include <string.h>
 
-static nd_status same_device(const nd_array *a, const nd_array *b) {
-    nd_device *da = a->storage->device, *db = b->storage->device;
-    if (da != db)
-        return nd_fail(ND_ERR_DEVICE, "expected all arrays on one device, got %s() and %s()",
-                       da->name, db->name);
-    return ND_OK;
+nd_status nd_index_error(const char *what, float v, int64_t count, const char *unit) {
+    if (v != v) return nd_fail(ND_ERR_INDEX, "%s nan is not an integer", what);
+    if (!((double)v >= 0.0 && (double)v < (double)count))
+        return nd_fail(ND_ERR_INDEX, "%s %g is out of range for %lld %s", what, (double)v,
+                       (long long)count, unit);
+    return nd_fail(ND_ERR_INDEX, "%s %g is not an integer", what, (double)v);
 }
 
 /* a seen with shape (ndim, shape): a view when the layout allows one, else
@@ -41,7 +41,7 @@ static nd_status index_ndim_ok(const nd_array *indices) {
 
 nd_status nd_array_gather_rows(const nd_array *table, const nd_array *indices, nd_array *out) {
     memset(out, 0, sizeof *out);
-    nd_status status = same_device(table, indices);
+    nd_status status = nd_same_device(table, indices);
     if (status != ND_OK) return status;
     if (table->layout.ndim != 2)
         return nd_fail(ND_ERR_SHAPE, "gather_rows: the table must be 2-D (rows, dim), got %d-D",
@@ -86,8 +86,8 @@ static nd_status scatter_shapes(const nd_array *src, const nd_array *indices, in
 
 nd_status nd_array_scatter_add_rows_into(const nd_array *dst, const nd_array *src,
                                          const nd_array *indices) {
-    nd_status status = same_device(dst, src);
-    if (status == ND_OK) status = same_device(dst, indices);
+    nd_status status = nd_same_device(dst, src);
+    if (status == ND_OK) status = nd_same_device(dst, indices);
     if (status != ND_OK) return status;
     if (dst->layout.ndim != 2)
         return nd_fail(ND_ERR_SHAPE, "scatter_add_rows: the destination must be 2-D, got %d-D",
@@ -120,7 +120,7 @@ nd_status nd_array_scatter_add_rows(const nd_array *src, const nd_array *indices
                                     nd_array *out) {
     memset(out, 0, sizeof *out);
     if (num_rows < 0) return nd_fail(ND_ERR_VALUE, "scatter_add_rows: num_rows must be >= 0");
-    nd_status status = same_device(src, indices);
+    nd_status status = nd_same_device(src, indices);
     if (status != ND_OK) return status;
     if (src->layout.ndim < 1)
         return nd_fail(ND_ERR_SHAPE, "scatter_add_rows: the source needs at least one dimension");

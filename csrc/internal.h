@@ -36,6 +36,44 @@ typedef struct nd_matmul_desc {
     float *out; /* (batch..., m, n) contiguous */
 } nd_matmul_desc;
 
+/* What row_apply writes for element x at column j of row r (m, s: the row's
+ * stats; y: its label; k: *scale / rows, or 1 / rows without a scale). */
+typedef enum nd_row_mode {
+    ND_ROW_SOFTMAX,     /* exp(x - m) / s                          */
+    ND_ROW_LOG_SOFTMAX, /* (x - m) - log(s)                        */
+    ND_ROW_XENT_GRAD    /* (exp(x - m) / s - [j == y]) * k         */
+} nd_row_mode;
+
+/* A batch of rows for the softmax kernels: row r of x is cols contiguous
+ * floats at x + r*ldx (ldx may be 0 or negative). stats (rows, 2), contiguous:
+ * each row's max m, clamped to finite values (so that a row of -inf gives
+ * -inf and a +inf gives +inf rather than nan), and s = sum(exp(x - m)). The
+ * front end (softmax.c) validates shapes, devices and labels, and allocates;
+ * kernels take device pointers and never fail on valid input. */
+typedef struct nd_rows_desc {
+    int64_t rows, cols;
+    const float *x;
+    int64_t ldx;
+    float *stats; /* (rows, 2) */
+    float *out;   /* see each entry */
+    int64_t ldo;  /* out's row stride (row_stats: between log-sum-exps) */
+    nd_row_mode mode;
+    const float *labels; /* (rows,) class ids as floats, stride label_stride */
+    int64_t label_stride;
+    const float *scale; /* ND_ROW_XENT_GRAD: one element (the out_grad), or NULL */
+} nd_rows_desc;
+
+/* Indices and labels are float32 holding integers: v is one when it is an
+ * integer in [0, count). Compared in double: (float)count may round up past
+ * the last valid one; the cast runs only on values in range. */
+static inline int nd_index_ok(float v, int64_t count) {
+    return (double)v >= 0.0 && (double)v < (double)count && (float)(int64_t)v == v;
+}
+/* The ND_ERR_INDEX of a bad index v, one message for every backend
+ * (gather.c): what names it ("index", "label"), unit what count counts
+ * ("rows", "classes"). */
+nd_status nd_index_error(const char *what, float v, int64_t count, const char *unit);
+
 /* What a device kind must provide. Every kernel takes layouts in elements and
  * reports a status; none allocates device memory through nd_memory_alloc
  * (scratch comes from the backend's own raw_alloc, reserved but never
@@ -70,6 +108,17 @@ typedef struct nd_backend {
     nd_status (*scatter_add_rows)(const nd_layout *out_layout, float *out,
                                   const nd_layout *src_layout, const float *src,
                                   const nd_layout *idx_layout, const float *idx);
+    /* Softmax rows (see nd_rows_desc): row_stats writes each row's (max,
+     * sum) into stats (when set) and its log-sum-exp into out[r*ldo] (when
+     * set); row_apply writes (rows, cols) into out by mode; xent_loss writes
+     * the mean loss into out[0] from x, stats and labels (checked before). */
+    nd_status (*row_stats)(const nd_rows_desc *d);
+    nd_status (*row_apply)(const nd_rows_desc *d);
+    nd_status (*xent_loss)(const nd_rows_desc *d);
+    /* ND_OK when every idx (n,) is an integer in [0, count), else the
+     * nd_index_error of the first that is not. */
+    nd_status (*check_indices)(const nd_layout *idx_layout, const float *idx, int64_t count,
+                               const char *what, const char *unit);
 } nd_backend;
 
 typedef struct nd_allocator {
@@ -106,6 +155,10 @@ struct nd_storage {
 #define ND_COALESCE_MAX_OPS 3
 int nd_coalesce(int ndim, const int64_t *shape, int nops, const nd_layout *const *layouts,
                 int order_by, int64_t *out_shape, int64_t out_strides[][ND_MAX_DIMS]);
+
+/* ND_ERR_DEVICE (with both devices' names) unless a and b share a device
+ * (array_ops.c). */
+nd_status nd_same_device(const nd_array *a, const nd_array *b);
 
 /* Records the message of a failure and returns its status. */
 nd_status nd_fail(nd_status status, const char *fmt, ...)
@@ -152,10 +205,24 @@ int nd_cuda_register_devices(void);
 nd_status nd_cpu_matmul(const nd_matmul_desc *desc);
 
 /* The CPU's row-indexing kernels (cpu_gather.c), entries of nd_cpu_backend. */
+nd_status nd_cpu_check_indices(const nd_layout *idx_layout, const float *idx, int64_t count,
+                               const char *what, const char *unit);
 nd_status nd_cpu_gather_rows(const nd_layout *out_layout, float *out, const nd_layout *table_layout,
                              const float *table, const nd_layout *idx_layout, const float *idx);
 nd_status nd_cpu_scatter_add_rows(const nd_layout *out_layout, float *out,
                                   const nd_layout *src_layout, const float *src,
                                   const nd_layout *idx_layout, const float *idx);
+
+/* The CPU's softmax row kernels (cpu_softmax.c), entries of nd_cpu_backend. */
+nd_status nd_cpu_row_stats(const nd_rows_desc *d);
+nd_status nd_cpu_row_apply(const nd_rows_desc *d);
+nd_status nd_cpu_xent_loss(const nd_rows_desc *d);
+
+/* Runs fn(ctx, begin, end) over [0, n) split into contiguous ranges, one per
+ * thread (cpu_parallel.c), when each of them gets at least `grain` items;
+ * the calling thread takes the first range. fn must not fail or touch engine
+ * state (nd_fail included): it only computes. */
+typedef void (*nd_range_fn)(void *ctx, int64_t begin, int64_t end);
+void nd_cpu_parallel_for(int64_t n, int64_t grain, nd_range_fn fn, void *ctx);
 
 #endif /* NEEDLE_INTERNAL_H */

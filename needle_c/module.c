@@ -57,6 +57,7 @@ static int needle_c_exec(PyObject *module) {
     if (device_module_init(module, st) < 0) return -1;
 
     if (add_function_table(module, blas_module_functions) < 0 ||
+        add_function_table(module, cpu_threads_module_functions) < 0 ||
         add_function_table(module, ndarray_module_functions) < 0 ||
         add_function_table(module, memory_module_functions) < 0 ||
         add_function_table(module, pressure_module_functions) < 0 ||

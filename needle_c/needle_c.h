@@ -138,6 +138,8 @@ extern PyMethodDef scoped_module_functions[];
 void install_blas(void);
 const char *blas_description(void);
 extern PyMethodDef blas_module_functions[]; /* _blas() */
+/* _num_threads(), _set_num_threads(n) (cpu_threads.c). */
+extern PyMethodDef cpu_threads_module_functions[];
 
 /* The CPU kernels' settings (cpu_info.c): NEEDLE_CPU_ISA, NEEDLE_GEMM_SPLIT. */
 int cpu_settings_install(void);

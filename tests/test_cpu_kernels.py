@@ -156,6 +156,42 @@ def test_elementwise_and_reductions_per_isa(isa, restore_cpu_settings):
         )
 
 
+@pytest.mark.parametrize("isa", isa_params())
+def test_softmax_rows_per_isa(isa, restore_cpu_settings):
+    """The softmax row kernels (cpu_softmax_rows.inc) of each ISA: short rows (across-rows
+    path), long rows (more than one L1 block), a growing max; cross-entropy loss and gradient,
+    log-softmax and log-sum-exp against float64."""
+    needle_c._set_cpu_isa(isa)
+    rng = np.random.default_rng(9)
+    for rows, cols in ((37, 20), (5, 3000), (3, 100)):
+        z0 = (rng.standard_normal((rows, cols)) * 4).astype(np.float32)
+        z0[:, -1] += np.arange(rows, dtype=np.float32)  # a max that grows in the last block
+        y0 = rng.integers(0, cols, rows)
+        z64 = z0.astype(np.float64)
+        m = z64.max(axis=1, keepdims=True)
+        lse = m[:, 0] + np.log(np.exp(z64 - m).sum(axis=1))
+        grad = np.exp(z64 - lse[:, None])
+        grad[np.arange(rows), y0] -= 1.0
+        z = ndl.Tensor(z0)
+        loss = ndl.softmax_cross_entropy(z, ndl.Tensor(y0.astype(np.float32), requires_grad=False))
+        loss.backward()
+        msg = f"{isa} ({rows}, {cols})"
+        np.testing.assert_allclose(
+            loss.numpy()[0], np.mean(lse - z64[np.arange(rows), y0]), rtol=1e-5, err_msg=msg
+        )
+        np.testing.assert_allclose(z.grad.numpy(), grad / rows, rtol=1e-4, atol=1e-7, err_msg=msg)
+        np.testing.assert_allclose(
+            ndl.ops.logsumexp(ndl.Tensor(z0), axes=(1,)).numpy(), lse, rtol=1e-5, err_msg=msg
+        )
+        np.testing.assert_allclose(
+            ndl.ops.logsoftmax(ndl.Tensor(z0)).numpy(),
+            z64 - lse[:, None],
+            rtol=1e-5,
+            atol=1e-5,
+            err_msg=msg,
+        )
+
+
 def test_isas_agree_with_each_other(restore_cpu_settings):
     rng = np.random.default_rng(8)
     x = nd.array(rng.uniform(-1, 1, (70, 90)).astype(np.float32))

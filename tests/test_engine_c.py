@@ -42,6 +42,7 @@ def test_c_program(source, tmp_path):
             str(source),
             *map(str, ENGINE_SOURCES),
             "-lm",
+            "-pthread",
             "-o",
             str(binary),
         ],

@@ -33,6 +33,10 @@ static const nd_backend nd_cuda_backend = {
     /* .from_host = */ nd_cuda_from_host,
     /* .gather_rows = */ nd_cuda_gather_rows,
     /* .scatter_add_rows = */ nd_cuda_scatter_add_rows,
+    /* .row_stats = */ nd_cuda_row_stats,
+    /* .row_apply = */ nd_cuda_row_apply,
+    /* .xent_loss = */ nd_cuda_xent_loss,
+    /* .check_indices = */ nd_cuda_check_indices,
 };
 
 /* Why no GPU was registered ("" when one was): the CUDA error of discovery

@@ -166,5 +166,12 @@ nd_status nd_cuda_gather_rows(const nd_layout *out_layout, float *out,
 nd_status nd_cuda_scatter_add_rows(const nd_layout *out_layout, float *out,
                                    const nd_layout *src_layout, const float *src,
                                    const nd_layout *idx_layout, const float *idx);
+nd_status nd_cuda_check_indices(const nd_layout *idx_layout, const float *idx, int64_t count,
+                                const char *what, const char *unit);
+
+/* cuda_softmax.cu */
+nd_status nd_cuda_row_stats(const nd_rows_desc *d);
+nd_status nd_cuda_row_apply(const nd_rows_desc *d);
+nd_status nd_cuda_xent_loss(const nd_rows_desc *d);
 
 #endif /* NEEDLE_CUDA_COMMON_CUH */

@@ -8,7 +8,8 @@
  * through a per-GPU flag word, and the call fails with ND_ERR_INDEX and the
  * CPU backend's message, never with a fault. The flag word (8 bytes per GPU,
  * allocated once with cudaMalloc) is the backend's only memory outside the
- * caching allocator.
+ * caching allocator. The same check is the backend's check_indices entry
+ * (the softmax cross-entropy's labels).
  */
 #include "cuda_common.cuh"
 
@@ -58,9 +59,11 @@ __global__ void scatter_add_rows_kernel(int64_t n, int64_t d, float *out, int64_
 
 static unsigned long long *flags[ND_CUDA_MAX_DEVICES];
 
-/* Checks idx (n,) against rows; ND_ERR_INDEX names the first bad index. */
+/* Checks idx (n,) against rows; the nd_index_error of the first bad one
+ * (what: "index" or "label", unit: what rows counts). */
 static nd_status check_indices(nd_device *dev, const nd_layout *idx_layout, const float *idx,
-                               int64_t rows, cudaStream_t stream) {
+                               int64_t rows, const char *what, const char *unit,
+                               cudaStream_t stream) {
     int64_t n = idx_layout->shape[0], is = idx_layout->strides[0];
     int ordinal = dev != NULL ? dev->ordinal : 0;
     if (flags[ordinal] == NULL)
@@ -75,11 +78,15 @@ static nd_status check_indices(nd_device *dev, const nd_layout *idx_layout, cons
     if (first_bad == NO_BAD_INDEX) return ND_OK;
     float v = 0.0f;
     ND_CUDA_CHECK(cudaMemcpy(&v, idx + (int64_t)first_bad * is, sizeof v, cudaMemcpyDeviceToHost));
-    if (v != v) return nd_fail(ND_ERR_INDEX, "index nan is not an integer");
-    if (!((double)v >= 0.0 && (double)v < (double)rows))
-        return nd_fail(ND_ERR_INDEX, "index %g is out of range for %lld rows", (double)v,
-                       (long long)rows);
-    return nd_fail(ND_ERR_INDEX, "index %g is not an integer", (double)v);
+    return nd_index_error(what, v, rows, unit);
+}
+
+nd_status nd_cuda_check_indices(const nd_layout *idx_layout, const float *idx, int64_t count,
+                                const char *what, const char *unit) {
+    if (idx_layout->shape[0] == 0) return ND_OK;
+    nd_device *dev = NULL;
+    ND_TRY(nd_cuda_activate(idx, &dev));
+    return check_indices(dev, idx_layout, idx + idx_layout->offset, count, what, unit, 0);
 }
 
 nd_status nd_cuda_gather_rows(const nd_layout *out_layout, float *out,
@@ -91,7 +98,7 @@ nd_status nd_cuda_gather_rows(const nd_layout *out_layout, float *out,
     ND_TRY(nd_cuda_activate(idx, &dev));
     cudaStream_t stream = 0;
     const float *ip = idx + idx_layout->offset;
-    ND_TRY(check_indices(dev, idx_layout, ip, table_layout->shape[0], stream));
+    ND_TRY(check_indices(dev, idx_layout, ip, table_layout->shape[0], "index", "rows", stream));
     /* Zero-width rows: the buffers may be NULL, and there is nothing to copy. */
     if (d == 0) return ND_OK;
     gather_rows_kernel<<<nd_cuda_blocks(n * d, ND_CUDA_THREADS), ND_CUDA_THREADS, 0, stream>>>(
@@ -111,7 +118,7 @@ nd_status nd_cuda_scatter_add_rows(const nd_layout *out_layout, float *out,
     ND_TRY(nd_cuda_activate(idx, &dev));
     cudaStream_t stream = 0;
     const float *ip = idx + idx_layout->offset;
-    ND_TRY(check_indices(dev, idx_layout, ip, out_layout->shape[0], stream));
+    ND_TRY(check_indices(dev, idx_layout, ip, out_layout->shape[0], "index", "rows", stream));
     if (d == 0) return ND_OK;
     scatter_add_rows_kernel<<<nd_cuda_blocks(n * d, ND_CUDA_THREADS), ND_CUDA_THREADS, 0, stream>>>(
         n, d, out + out_layout->offset, out_layout->strides[0], out_layout->strides[1],

@@ -304,6 +304,17 @@ static PyObject *lse_keepdims(needle_state *st, PyObject *a, uint32_t mask) {
     return r;
 }
 
+/* Whether the axes in mask are the last axis alone, and it is not empty:
+ * then the engine's row kernels (csrc/softmax.c) do in one read of the input
+ * what lse_keepdims does in six passes. */
+static int last_axis_only(int ndim, const int64_t *shape, uint32_t mask) {
+    return ndim >= 1 && mask == 1u << (ndim - 1) && shape[ndim - 1] > 0;
+}
+
+static PyObject *engine_result(needle_state *st, nd_status status, nd_array *out) {
+    return status == ND_OK ? ndarray_wrap(st, out) : raise_status(st, status);
+}
+
 static PyObject *logsumexp_compute(needle_state *st, const op_params *p, PyObject *const *a,
                                    Py_ssize_t n) {
     UNUSED(n);
@@ -319,7 +330,12 @@ static PyObject *logsumexp_compute(needle_state *st, const op_params *p, PyObjec
         ndim = 1;
         shape[0] = 1;
     }
-    PyObject *kept = lse_keepdims(st, a[0], mask);
+    nd_array rows;
+    PyObject *kept =
+        last_axis_only(l->ndim, l->shape, mask)
+            ? engine_result(st, nd_array_logsumexp_last(&NDArray_CAST(a[0])->array, 1, &rows),
+                            &rows)
+            : lse_keepdims(st, a[0], mask);
     if (kept == NULL) return NULL;
     PyObject *r = nd_reshape_array(st, kept, ndim, shape);
     Py_DECREF(kept);
@@ -351,6 +367,17 @@ static PyObject *g_max_shift(grad_scope *s, PyObject *z, int ndim, const int64_t
  * rounded by up to half an ulp of its value (32 at 1e9). */
 static PyObject *g_softmax(grad_scope *s, PyObject *z, int ndim, const int64_t *shape,
                            uint32_t mask) {
+    /* Not recorded (a cycle_free backward): over the last axis, the engine's
+     * softmax rows, a constant, normalised the same way. */
+    if (!is_recording() && last_axis_only(ndim, shape, mask)) {
+        PyObject *data = g_data(s, z);
+        if (data == NULL) return NULL;
+        if (ndarray_check(s->st, data)) {
+            nd_array out;
+            nd_status status = nd_array_softmax_last(&NDArray_CAST(data)->array, 0, &out);
+            return g_const(s, scope_keep(s, engine_result(s->st, status, &out)));
+        }
+    }
     PyObject *e = g_unary(s, OP_EXP, g_sub(s, z, g_max_shift(s, z, ndim, shape, mask)));
     return g_div(s, e, g_expand(s, g_sum_mask(s, e, ndim, mask), ndim, shape, mask));
 }
@@ -377,6 +404,10 @@ static PyObject *logsoftmax_compute(needle_state *st, const op_params *p, PyObje
         PyErr_Format(PyExc_ValueError, "LogSoftmax needs a 2-D input, got %d-D",
                      array_layout(a[0])->ndim);
         return NULL;
+    }
+    if (last_axis_only(2, array_layout(a[0])->shape, 1u << 1)) {
+        nd_array out;
+        return engine_result(st, nd_array_softmax_last(&NDArray_CAST(a[0])->array, 1, &out), &out);
     }
     PyObject *lse = lse_keepdims(st, a[0], 1u << 1);
     PyObject *r = lse ? nd_binary_arrays(st, ND_SUB, a[0], lse) : NULL;
@@ -446,202 +477,102 @@ static PyObject *scatter_add_rows_gradient(grad_scope *s, const op_params *p, Py
 
 /* ---------------------------------------------- softmax cross-entropy */
 
-/* Row i's label is element i*C + label of the flattened (N, C) logits. Those
- * flat indices are float32, exact only below 2**24, so rows go in chunks
- * whose flat indices stay below that (one row per chunk past 2**24 classes). */
-#define EXACT_FLOAT_INTS ((int64_t)1 << 24)
-
-typedef struct label_rows {
-    int64_t n, c, chunk;
-    PyObject *offsets; /* (chunk,): 0, C, 2C, ... */
-} label_rows;
-
-/* Checks labels (N,) against C classes (integers in [0, C)) through a
- * gather from a (C, 0) table, which reads every label and copies nothing;
- * then prepares the per-chunk offsets. */
-static int label_rows_init(needle_state *st, label_rows *lr, PyObject *labels, int64_t n,
-                           int64_t c) {
-    lr->n = n;
-    lr->c = c;
-    lr->chunk = c > 0 && c < EXACT_FLOAT_INTS ? EXACT_FLOAT_INTS / c : 1;
-    if (lr->chunk > n) lr->chunk = n > 0 ? n : 1;
-    lr->offsets = NULL;
-    PyObject *empty_table = nd_empty_like_shape(st, labels, 2, (int64_t[]){c, 0});
-    if (empty_table == NULL) return -1;
-    nd_array none;
-    nd_status status = nd_array_gather_rows(&NDArray_CAST(empty_table)->array,
-                                            &NDArray_CAST(labels)->array, &none);
-    Py_DECREF(empty_table);
-    if (status != ND_OK) {
-        raise_status(st, status);
-        return -1;
-    }
-    nd_array_release(&none);
-    float *host = PyMem_Malloc(sizeof(float) * (size_t)lr->chunk);
-    if (host == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (int64_t i = 0; i < lr->chunk; i++) host[i] = (float)(i * c);
-    lr->offsets = nd_empty_like_shape(st, labels, 1, &lr->chunk);
-    status = lr->offsets ? nd_array_from_host(&NDArray_CAST(lr->offsets)->array, host) : ND_OK;
-    PyMem_Free(host);
-    if (status != ND_OK) Py_CLEAR(lr->offsets);
-    if (lr->offsets == NULL) {
-        if (status != ND_OK) raise_status(st, status);
-        return -1;
-    }
-    return 0;
-}
-
-/* Flat indices of rows [r0, r0+rows) into those rows' (rows*C, 1) view. */
-static PyObject *chunk_indices(needle_state *st, const label_rows *lr, PyObject *labels, int64_t r0,
-                               int64_t rows) {
-    nd_array lab = NDArray_CAST(labels)->array, off = NDArray_CAST(lr->offsets)->array;
-    nd_layout_slice(&lab.layout, 0, r0, 1, rows);
-    nd_layout_slice(&off.layout, 0, 0, 1, rows);
-    nd_array idx;
-    nd_status status = nd_array_binary(ND_ADD, (nd_operand){&lab, 0}, (nd_operand){&off, 0}, &idx);
-    return status == ND_OK ? ndarray_wrap(st, &idx) : raise_status(st, status);
-}
-
-/* Rows [r0, r0+rows) of a contiguous (N, C) array as a (rows*C, 1) table. */
-static nd_array chunk_table(PyObject *a, int64_t r0, int64_t rows, int64_t c) {
-    nd_array t = NDArray_CAST(a)->array;
-    nd_layout_contiguous(2, (int64_t[]){rows * c, 1}, &t.layout);
-    t.layout.offset = array_layout(a)->offset + r0 * c;
-    return t;
-}
-
-static int xent_shapes(const nd_layout *logits, const nd_layout *labels) {
-    if (logits->ndim != 2 || labels->ndim != 1 || labels->shape[0] != logits->shape[0]) {
-        PyErr_SetString(
-            PyExc_ValueError,
-            "SoftmaxCrossEntropy needs logits (N, C) and labels (N,) holding class ids");
-        return -1;
-    }
-    return 0;
-}
-
-/* (N, 1): each row's logit at its label (logits contiguous). */
-static PyObject *pick_labels(needle_state *st, const label_rows *lr, PyObject *logits,
-                             PyObject *labels) {
-    PyObject *out = nd_empty_like_shape(st, logits, 2, (int64_t[]){lr->n, 1});
-    for (int64_t r0 = 0; out != NULL && r0 < lr->n; r0 += lr->chunk) {
-        int64_t rows = lr->n - r0 < lr->chunk ? lr->n - r0 : lr->chunk;
-        PyObject *idx = chunk_indices(st, lr, labels, r0, rows);
-        if (idx == NULL) {
-            Py_CLEAR(out);
-            break;
-        }
-        nd_array table = chunk_table(logits, r0, rows, lr->c), got;
-        nd_status status = nd_array_gather_rows(&table, &NDArray_CAST(idx)->array, &got);
-        Py_DECREF(idx);
-        if (status == ND_OK) {
-            nd_array dst = NDArray_CAST(out)->array;
-            nd_layout_slice(&dst.layout, 0, r0, 1, rows);
-            status = nd_array_assign(&dst, &got);
-            nd_array_release(&got);
-        }
-        if (status != ND_OK) {
-            Py_CLEAR(out);
-            raise_status(st, status);
-        }
-    }
-    return out;
-}
-
+/* The engine's fused kernels (csrc/softmax.c): the forward reads the logits
+ * once and returns the loss with each row's softmax statistics in its
+ * storage; the gradient reads them back (checked to belong to these logits)
+ * and reads the logits once more, writing the gradient once. Shapes, devices
+ * and labels are checked there (ValueError, DeviceError, IndexError). */
 static PyObject *xent_compute(needle_state *st, const op_params *p, PyObject *const *a,
                               Py_ssize_t n) {
     UNUSED(p);
     UNUSED(n);
-    if (xent_shapes(array_layout(a[0]), array_layout(a[1])) < 0) return NULL;
-    int64_t rows = array_layout(a[0])->shape[0], classes = array_layout(a[0])->shape[1];
-    label_rows lr;
-    if (label_rows_init(st, &lr, a[1], rows, classes) < 0) return NULL;
-    /* mean over rows of logsumexp(row) - row[label] */
-    PyObject *logits = nd_compact_array(st, a[0]);
-    PyObject *picked = logits ? pick_labels(st, &lr, logits, a[1]) : NULL;
-    PyObject *lse = picked ? lse_keepdims(st, logits, 1u << 1) : NULL;
-    PyObject *diff = lse ? nd_binary_arrays(st, ND_SUB, lse, picked) : NULL;
-    PyObject *total = diff ? nd_reduce_array(st, ND_REDUCE_SUM, diff, 3u, 0) : NULL;
-    PyObject *total1 = total ? nd_reshape_array(st, total, 1, (int64_t[]){1}) : NULL;
-    PyObject *r = total1 ? nd_binary_scalar(st, ND_DIV, total1, (double)rows, 0) : NULL;
-    Py_XDECREF(lr.offsets);
-    Py_XDECREF(logits);
-    Py_XDECREF(picked);
-    Py_XDECREF(lse);
-    Py_XDECREF(diff);
-    Py_XDECREF(total);
-    Py_XDECREF(total1);
-    return r;
+    nd_array loss;
+    nd_status status =
+        nd_array_softmax_xent(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array, &loss);
+    return engine_result(st, status, &loss);
 }
 
-/* (softmax(logits) - one_hot(labels)) / N, the one-hot part as N in-place
- * adds of -1/N at the labels rather than an (N, C) matrix. */
-static PyObject *xent_weights(needle_state *st, PyObject *logits, PyObject *labels) {
-    int64_t rows = array_layout(logits)->shape[0], classes = array_layout(logits)->shape[1];
-    if (rows == 0) return nd_full_like_shape(st, logits, 2, (int64_t[]){0, classes}, 0.0f);
-    label_rows lr;
-    if (label_rows_init(st, &lr, labels, rows, classes) < 0) return NULL;
-    /* softmax / N as exp(z - m) / (N * sum(exp(z - m))) with m the row max:
-     * normalised at any magnitude (exp(z - lse) is not; see g_softmax). */
-    PyObject *m = nd_reduce_array(st, ND_REDUCE_MAX, logits, 1u << 1, 1);
-    PyObject *lo = m ? nd_binary_scalar(st, ND_MAXIMUM, m, -FLT_MAX, 0) : NULL;
-    PyObject *shift = lo ? nd_binary_scalar(st, ND_MINIMUM, lo, FLT_MAX, 0) : NULL;
-    PyObject *centred = shift ? nd_binary_arrays(st, ND_SUB, logits, shift) : NULL;
-    PyObject *e = centred ? nd_unary_array(st, ND_EXP, centred) : NULL;
-    PyObject *sum = e ? nd_reduce_array(st, ND_REDUCE_SUM, e, 1u << 1, 1) : NULL;
-    PyObject *scaled = sum ? nd_binary_scalar(st, ND_MUL, sum, (double)rows, 0) : NULL;
-    PyObject *w = scaled ? nd_binary_arrays(st, ND_DIV, e, scaled) : NULL;
-    Py_XDECREF(m);
-    Py_XDECREF(lo);
-    Py_XDECREF(e);
-    Py_XDECREF(sum);
-    Py_XDECREF(scaled);
-    float step = (float)(-1.0 / (double)rows);
-    PyObject *minus = w ? nd_full_like_shape(st, w, 2, (int64_t[]){lr.chunk, 1}, step) : NULL;
-    Py_XDECREF(shift);
-    Py_XDECREF(centred);
-    if (minus == NULL) Py_CLEAR(w);
-    for (int64_t r0 = 0; w != NULL && r0 < rows; r0 += lr.chunk) {
-        int64_t n = rows - r0 < lr.chunk ? rows - r0 : lr.chunk;
-        PyObject *idx = chunk_indices(st, &lr, labels, r0, n);
-        if (idx == NULL) {
-            Py_CLEAR(w);
-            break;
-        }
-        nd_array table = chunk_table(w, r0, n, classes), src = NDArray_CAST(minus)->array;
-        nd_layout_slice(&src.layout, 0, 0, 1, n);
-        nd_status status = nd_array_scatter_add_rows_into(&table, &src, &NDArray_CAST(idx)->array);
-        Py_DECREF(idx);
-        if (status != ND_OK) {
-            Py_CLEAR(w);
-            raise_status(st, status);
-        }
+/* out_grad * (softmax(z) - one_hot(y)) / N as one constant, from the fused
+ * kernel: loss is the node's data (its statistics are used when they are
+ * this node's), g the out_grad's. */
+static PyObject *xent_grad_fused(grad_scope *s, PyObject *z, PyObject *y, PyObject *loss,
+                                 PyObject *g) {
+    if (s->failed || loss == NULL || g == NULL) return NULL;
+    if (!ndarray_check(s->st, g)) {
+        PyErr_Format(PyExc_TypeError, "SoftmaxCrossEntropy needs an out_grad holding an NDArray");
+        return scope_fail(s);
     }
-    Py_XDECREF(minus);
-    Py_XDECREF(lr.offsets);
-    return w;
+    nd_array out;
+    nd_status status =
+        nd_array_softmax_xent_grad(&NDArray_CAST(z)->array, &NDArray_CAST(y)->array,
+                                   ndarray_check(s->st, loss) ? &NDArray_CAST(loss)->array : NULL,
+                                   &NDArray_CAST(g)->array, &out);
+    return g_const(s, scope_keep(s, engine_result(s->st, status, &out)));
 }
 
 static PyObject *xent_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    UNUSED(node);
-    /* (broadcast(g) * (softmax(z) - one_hot(y)) / N, zeros for the labels) */
-    PyObject *labels = g_input(s, 1);
-    PyObject *z = g_data(s, g_input(s, 0)), *y = g_data(s, labels);
+    /* (out_grad * (softmax(z) - one_hot(y)) / N, zeros for the labels). Not
+     * recorded (a cycle_free backward): one constant from the fused kernel.
+     * Recorded ("needle" mode, create_graph): broadcast(g) times a
+     * SoftmaxCrossEntropyGrad node, the course's two (N, C) arrays, which can
+     * be differentiated again. */
+    PyObject *logits = g_input(s, 0), *labels = g_input(s, 1);
+    PyObject *z = g_data(s, logits), *y = g_data(s, labels);
     if (z == NULL || y == NULL) return NULL;
     if (!ndarray_check(s->st, z) || !ndarray_check(s->st, y)) {
         PyErr_SetString(PyExc_TypeError, "SoftmaxCrossEntropy needs Tensors holding NDArrays");
-        return NULL;
+        return scope_fail(s);
     }
-    if (xent_shapes(array_layout(z), array_layout(y)) < 0) return NULL;
-    PyObject *weights = g_const(s, scope_keep(s, xent_weights(s->st, z, y)));
-    const nd_layout *l = array_layout(z);
-    int64_t shape[2] = {l->shape[0], l->shape[1]}, one[2] = {1, 1};
-    PyObject *gz = g_mul(s, g_broadcast(s, g_reshape(s, g, 2, one), 2, shape), weights);
+    PyObject *gz;
+    if (is_recording()) {
+        const nd_layout *l = array_layout(z);
+        if (l->ndim != 2) {
+            PyErr_SetString(PyExc_ValueError, "SoftmaxCrossEntropy needs logits (N, C)");
+            return scope_fail(s);
+        }
+        int64_t shape[2] = {l->shape[0], l->shape[1]}, one[2] = {1, 1};
+        PyObject *w = g_apply2(s, OP_SOFTMAX_XENT_GRAD, &no_params, logits, labels);
+        gz = g_mul(s, g_broadcast(s, g_reshape(s, g, 2, one), 2, shape), w);
+    } else {
+        gz = xent_grad_fused(s, z, y, g_data(s, node), g_data(s, g));
+    }
     return grads2(s, gz, g_zeros_like(s, labels));
+}
+
+/* SoftmaxCrossEntropyGrad(z, y) = (softmax(z) - one_hot(y)) / N, the
+ * cross-entropy's gradient as an op of its own (the fused kernel, its
+ * statistics recomputed), so that a recorded gradient stays differentiable. */
+static PyObject *xent_grad_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                   Py_ssize_t n) {
+    UNUSED(p);
+    UNUSED(n);
+    nd_array out;
+    nd_status status = nd_array_softmax_xent_grad(&NDArray_CAST(a[0])->array,
+                                                  &NDArray_CAST(a[1])->array, NULL, NULL, &out);
+    return engine_result(st, status, &out);
+}
+
+static PyObject *xent_grad_gradient(grad_scope *s, const op_params *p, PyObject *g,
+                                    PyObject *node) {
+    UNUSED(p);
+    UNUSED(node);
+    /* d/dz of sum(g * W): P * (g - broadcast(sum(g * P, axis 1))) / N with P =
+     * softmax(z); the labels get zeros */
+    PyObject *z = g_input(s, 0);
+    int ndim;
+    int64_t shape[ND_MAX_DIMS];
+    if (g_shape(s, z, &ndim, shape) < 0) return NULL;
+    if (ndim != 2) {
+        PyErr_SetString(PyExc_ValueError, "SoftmaxCrossEntropyGrad needs logits (N, C)");
+        return scope_fail(s);
+    }
+    PyObject *prob = g_softmax(s, z, 2, shape, 1u << 1);
+    PyObject *row_sums =
+        g_expand(s, g_sum_mask(s, g_mul(s, g, prob), 2, 1u << 1), 2, shape, 1u << 1);
+    PyObject *dz =
+        g_scalar(s, OP_DIV_SCALAR, g_mul(s, prob, g_sub(s, g, row_sums)), (double)shape[0]);
+    return grads2(s, dz, g_zeros_like(s, g_input(s, 1)));
 }
 
 void ops_nn_register(op_impl *t) {
@@ -654,4 +585,5 @@ void ops_nn_register(op_impl *t) {
     t[OP_GATHER_ROWS] = (op_impl){gather_rows_compute, gather_rows_gradient};
     t[OP_SCATTER_ADD_ROWS] = (op_impl){scatter_add_rows_compute, scatter_add_rows_gradient};
     t[OP_SOFTMAX_XENT] = (op_impl){xent_compute, xent_gradient};
+    t[OP_SOFTMAX_XENT_GRAD] = (op_impl){xent_grad_compute, xent_grad_gradient};
 }

@@ -5,7 +5,8 @@ the course's parameters and masks).
 
 Differences from the course code that keep its numbers: q @ k^T is one batched
 ``ops.matmul`` (needle's MatMul broadcasts batch dims) instead of a broadcast multiply and
-sum, and the softmax subtracts the row max (a constant taken from the raw data).
+sum, and the softmax is exp(logsoftmax) over the rows (the engine's row kernel) instead of
+exp(x - max) / sum.
 """
 
 import numpy as np
@@ -59,18 +60,13 @@ class MultiHeadAttention(Module):
         return ops.matmul(a, ops.transpose(b_transpose))
 
     def softmax(self, logit):
-        """Softmax over the last axis; the subtracted row max is a constant (no grad)."""
-        data = logit.realize_cached_data()
-        max_val = Tensor(
-            data.max(axis=len(logit.shape) - 1, keepdims=True),
-            device=logit.device,
-            dtype=logit.dtype,
-            requires_grad=False,
-        )
-        probs = ops.exp(logit - max_val.broadcast_to(logit.shape))
-        denom = probs.sum(axes=(len(logit.shape) - 1,))
-        denom = denom.reshape((*logit.shape[:-1], 1)).broadcast_to(logit.shape)
-        return probs / denom
+        """Softmax over the last axis, as exp(logsoftmax) of the rows: LogSoftmax runs the
+        engine's row kernel (each row's max and sum of exponentials in one read) where the
+        course's max, subtract, exp, sum and divide took five passes, and its gradient is
+        softmax's. The graph ("needle" mode) is Reshape, LogSoftmax, Exp, Reshape."""
+        shape = tuple(logit.shape)
+        rows = logit.reshape((int(np.prod(shape[:-1])), shape[-1]))
+        return ops.exp(ops.logsoftmax(rows)).reshape(shape)
 
     def forward(self, q, k, v):
         """q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv).

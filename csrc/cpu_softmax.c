@@ -1,0 +1,51 @@
+/* cpu_softmax.c: the host's softmax row operations (see nd_rows_desc in
+ * internal.h): each row's statistics and the passes that use them, split by
+ * rows over threads (cpu_parallel.c) and run by the current ISA's kernels
+ * (cpu_softmax_rows.inc, in cpu_loops.h's table), and the cross-entropy loss
+ * from the statistics.
+ */
+#include "cpu_loops.h"
+
+#include <math.h>
+
+/* Fewer elements than this per thread are not worth a thread. */
+#define GRAIN_ELEMENTS ((int64_t)1 << 16)
+
+/* The grain of a parallel loop over rows of cols elements. */
+static int64_t row_grain(int64_t cols) {
+    return cols >= GRAIN_ELEMENTS ? 1 : GRAIN_ELEMENTS / (cols > 0 ? cols : 1);
+}
+
+nd_status nd_cpu_row_stats(const nd_rows_desc *d) {
+    nd_cpu_parallel_for(d->rows, row_grain(d->cols), nd_cpu_loops_current()->row_stats, (void *)d);
+    return ND_OK;
+}
+
+nd_status nd_cpu_row_apply(const nd_rows_desc *d) {
+    nd_row_apply_ctx c = {d, 0.0f};
+    if (d->mode == ND_ROW_XENT_GRAD) {
+        double g = d->scale != NULL ? (double)d->scale[0] : 1.0;
+        c.k = (float)(g / (double)(d->rows > 0 ? d->rows : 1));
+    }
+    nd_cpu_parallel_for(d->rows, row_grain(d->cols), nd_cpu_loops_current()->row_apply, &c);
+    return ND_OK;
+}
+
+/* ------------------------------------------------------------------ loss */
+
+/* One thread, rows in order: the sum is the same bits every time, which
+ * nd_array_softmax_xent_grad relies on to recognise a loss's statistics. */
+nd_status nd_cpu_xent_loss(const nd_rows_desc *d) {
+    if (d->rows == 0) {
+        d->out[0] = NAN;
+        return ND_OK;
+    }
+    double total = 0.0;
+    for (int64_t r = 0; r < d->rows; r++) {
+        const int64_t y = (int64_t)d->labels[r * d->label_stride];
+        const double m = d->stats[2 * r], s = d->stats[2 * r + 1];
+        total += (m - (double)d->x[r * d->ldx + y]) + log(s);
+    }
+    d->out[0] = (float)(total / (double)d->rows);
+    return ND_OK;
+}

@@ -1,0 +1,196 @@
+/* cuda_softmax.cu: the CUDA backend's softmax row kernels (nd_rows_desc in
+ * internal.h): each row's statistics by an online max and sum of
+ * exponentials (one read of the row), the elementwise passes that use them
+ * (softmax, log-softmax, the cross-entropy gradient) and the cross-entropy
+ * loss.
+ *
+ * A short row (at most WARP_ROW_MAX elements) goes to a warp, a longer one
+ * to a whole block; blocks stride over the rows. Each thread keeps its own
+ * (max, sum) and the pairs are merged through shuffles and shared memory.
+ * The max is clamped to finite values, as on the CPU, so a row of -inf gives
+ * -inf and a +inf gives +inf; a NaN reaches the sum. The loss is summed in
+ * double by one block in a fixed order, so it gives the same bits every
+ * time: nd_array_softmax_xent_grad recognises a loss's statistics that way.
+ * Labels arrive checked (softmax.c, through check_indices).
+ */
+#include "cuda_common.cuh"
+
+#include <float.h>
+#include <math.h>
+
+#define WARP_ROW_MAX 1024
+#define FULL_MASK 0xffffffffu
+
+/* Adds v to a running (max m, sum s of exp(x - m)). */
+__device__ __forceinline__ void stat_add(float &m, float &s, float v) {
+    if (v > m) { /* a NaN compares false and goes into the sum */
+        const float mn = fminf(v, FLT_MAX);
+        s = s * expf(m - mn) + expf(v - mn);
+        m = mn;
+    } else {
+        s += expf(v - m);
+    }
+}
+
+/* Merges (m2, s2) into (m, s); symmetric, so every lane of a butterfly ends
+ * with the same bits. */
+__device__ __forceinline__ void stat_merge(float &m, float &s, float m2, float s2) {
+    const float mn = fmaxf(m, m2);
+    s = s * expf(m - mn) + s2 * expf(m2 - mn);
+    m = mn;
+}
+
+/* Merges the pairs of the G threads of a group (a warp, or the block); every
+ * thread of the group gets the result. The block-wide version synchronises,
+ * so every thread of the block must call it. */
+template <int G>
+__device__ __forceinline__ void group_stat(float &m, float &s, float *shared_m, float *shared_s) {
+#pragma unroll
+    for (int delta = 16; delta > 0; delta /= 2) {
+        const float m2 = __shfl_xor_sync(FULL_MASK, m, delta);
+        const float s2 = __shfl_xor_sync(FULL_MASK, s, delta);
+        stat_merge(m, s, m2, s2);
+    }
+    if constexpr (G > 32) {
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        if (lane == 0) {
+            shared_m[warp] = m;
+            shared_s[warp] = s;
+        }
+        __syncthreads();
+        if (warp == 0) {
+            m = lane < G / 32 ? shared_m[lane] : -FLT_MAX;
+            s = lane < G / 32 ? shared_s[lane] : 0.0f;
+#pragma unroll
+            for (int delta = 16; delta > 0; delta /= 2) {
+                const float m2 = __shfl_xor_sync(FULL_MASK, m, delta);
+                const float s2 = __shfl_xor_sync(FULL_MASK, s, delta);
+                stat_merge(m, s, m2, s2);
+            }
+            if (lane == 0) {
+                shared_m[0] = m;
+                shared_s[0] = s;
+            }
+        }
+        __syncthreads();
+        m = shared_m[0];
+        s = shared_s[0];
+        __syncthreads(); /* shared is reused by the next row */
+    } else {
+        (void)shared_m;
+        (void)shared_s;
+    }
+}
+
+/* G threads per row, ND_CUDA_THREADS / G rows per block at a time. The loop
+ * bound is uniform over a group, so a group's threads reach group_stat
+ * together. */
+template <int G> __global__ void row_stats_kernel(nd_rows_desc d) {
+    __shared__ float shared_m[ND_CUDA_THREADS / 32], shared_s[ND_CUDA_THREADS / 32];
+    const int groups = ND_CUDA_THREADS / G, lane = threadIdx.x % G;
+    for (int64_t r = (int64_t)blockIdx.x * groups + threadIdx.x / G; r < d.rows;
+         r += (int64_t)gridDim.x * groups) {
+        const float *x = d.x + r * d.ldx; /* (cols,) */
+        float m = -FLT_MAX, s = 0.0f;
+        for (int64_t j = lane; j < d.cols; j += G) stat_add(m, s, x[j]);
+        group_stat<G>(m, s, shared_m, shared_s);
+        if (lane == 0) {
+            if (d.stats != NULL) {
+                d.stats[2 * r] = m;
+                d.stats[2 * r + 1] = s;
+            }
+            if (d.out != NULL) d.out[r * d.ldo] = (float)((double)m + log((double)s));
+        }
+    }
+}
+
+template <int G> __global__ void row_apply_kernel(nd_rows_desc d) {
+    const int groups = ND_CUDA_THREADS / G, lane = threadIdx.x % G;
+    /* ND_ROW_XENT_GRAD: out_grad / rows, the out_grad read here, on the device */
+    const float k = d.mode == ND_ROW_XENT_GRAD
+                        ? (float)((d.scale != NULL ? (double)d.scale[0] : 1.0) /
+                                  (double)(d.rows > 0 ? d.rows : 1))
+                        : 0.0f;
+    for (int64_t r = (int64_t)blockIdx.x * groups + threadIdx.x / G; r < d.rows;
+         r += (int64_t)gridDim.x * groups) {
+        float *o = d.out + r * d.ldo;     /* (cols,) */
+        const float *x = d.x + r * d.ldx; /* (cols,) */
+        const int64_t y = d.labels != NULL ? (int64_t)d.labels[r * d.label_stride] : -1;
+        const float m = d.stats[2 * r], s = d.stats[2 * r + 1];
+        switch (d.mode) {
+        case ND_ROW_SOFTMAX: {
+            const float inv = 1.0f / s;
+            for (int64_t j = lane; j < d.cols; j += G) o[j] = expf(x[j] - m) * inv;
+            break;
+        }
+        case ND_ROW_LOG_SOFTMAX: {
+            const float ls = (float)log((double)s);
+            for (int64_t j = lane; j < d.cols; j += G) o[j] = (x[j] - m) - ls;
+            break;
+        }
+        default: { /* ND_ROW_XENT_GRAD; the label's element as (p - 1) * k, as on the CPU */
+            const float w = k / s;
+            for (int64_t j = lane; j < d.cols; j += G) {
+                const float e = expf(x[j] - m);
+                o[j] = j == y ? (e / s - 1.0f) * k : e * w;
+            }
+            break;
+        }
+        }
+    }
+}
+
+/* One block: thread t sums rows t, t + ND_CUDA_THREADS, ... in double, then a
+ * fixed tree adds the partial sums. */
+__global__ void xent_loss_kernel(nd_rows_desc d) {
+    __shared__ double partial[ND_CUDA_THREADS];
+    double acc = 0.0;
+    for (int64_t r = threadIdx.x; r < d.rows; r += ND_CUDA_THREADS) {
+        const int64_t y = (int64_t)d.labels[r * d.label_stride];
+        const double m = d.stats[2 * r], s = d.stats[2 * r + 1];
+        acc += (m - (double)d.x[r * d.ldx + y]) + log(s);
+    }
+    partial[threadIdx.x] = acc;
+    __syncthreads();
+    for (int w = ND_CUDA_THREADS / 2; w > 0; w /= 2) {
+        if ((int)threadIdx.x < w) partial[threadIdx.x] += partial[threadIdx.x + w];
+        __syncthreads();
+    }
+    /* no rows: 0 / 0, nan, as on the CPU */
+    if (threadIdx.x == 0) d.out[0] = (float)(partial[0] / (double)d.rows);
+}
+
+/* A warp per short row, a block per long one. */
+static int row_group(int64_t cols) { return cols <= WARP_ROW_MAX ? 32 : ND_CUDA_THREADS; }
+
+nd_status nd_cuda_row_stats(const nd_rows_desc *d) {
+    if (d->rows == 0) return ND_OK;
+    ND_TRY(nd_cuda_activate(d->x, NULL));
+    cudaStream_t stream = 0;
+    const int group = row_group(d->cols);
+    const unsigned int blocks = nd_cuda_blocks(d->rows, ND_CUDA_THREADS / group);
+    if (group == 32) row_stats_kernel<32><<<blocks, ND_CUDA_THREADS, 0, stream>>>(*d);
+    else row_stats_kernel<ND_CUDA_THREADS><<<blocks, ND_CUDA_THREADS, 0, stream>>>(*d);
+    ND_CUDA_CHECK(cudaGetLastError());
+    return ND_OK;
+}
+
+nd_status nd_cuda_row_apply(const nd_rows_desc *d) {
+    if (d->rows == 0 || d->cols == 0) return ND_OK;
+    ND_TRY(nd_cuda_activate(d->out, NULL));
+    cudaStream_t stream = 0;
+    const int group = row_group(d->cols);
+    const unsigned int blocks = nd_cuda_blocks(d->rows, ND_CUDA_THREADS / group);
+    if (group == 32) row_apply_kernel<32><<<blocks, ND_CUDA_THREADS, 0, stream>>>(*d);
+    else row_apply_kernel<ND_CUDA_THREADS><<<blocks, ND_CUDA_THREADS, 0, stream>>>(*d);
+    ND_CUDA_CHECK(cudaGetLastError());
+    return ND_OK;
+}
+
+nd_status nd_cuda_xent_loss(const nd_rows_desc *d) {
+    ND_TRY(nd_cuda_activate(d->out, NULL));
+    cudaStream_t stream = 0;
+    xent_loss_kernel<<<1, ND_CUDA_THREADS, 0, stream>>>(*d);
+    ND_CUDA_CHECK(cudaGetLastError());
+    return ND_OK;
+}

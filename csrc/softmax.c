@@ -1,0 +1,241 @@
+/* softmax.c: the device-independent front end of the softmax row kernels:
+ * log-sum-exp, softmax and log-softmax over the last axis, the fused softmax
+ * cross-entropy (loss and gradient).
+ *
+ * Checks shapes, devices and labels, sees the input as rows (compacting it
+ * when its rows are not contiguous), allocates the results (the one place
+ * these operations can trigger a collection) and hands an nd_rows_desc to
+ * the device's backend (internal.h). Labels are checked before any kernel
+ * runs, so a bad one leaves nothing half computed.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+/* An array seen as rows of its last axis: row r is cols contiguous floats at
+ * x + r*ld; tmp holds the compact copy made when the layout allows no such
+ * view (released by rows_release). */
+typedef struct rows_view {
+    const float *x;
+    int64_t rows, cols, ld;
+    nd_array tmp;
+} rows_view;
+
+static nd_status as_rows(const nd_array *a, rows_view *v) {
+    memset(v, 0, sizeof *v);
+    const nd_layout *l = &a->layout;
+    if (l->ndim < 1)
+        return nd_fail(ND_ERR_SHAPE, "softmax rows need an array of at least one dimension");
+    v->cols = l->shape[l->ndim - 1];
+    v->rows = 1;
+    for (int i = 0; i < l->ndim - 1; i++) v->rows *= l->shape[i];
+    v->ld = v->cols;
+    if (v->rows == 0 || v->cols == 0) return ND_OK; /* nothing to read */
+    nd_layout view;
+    nd_status status = nd_layout_reshape(l, 2, (int64_t[]){v->rows, v->cols}, &view);
+    if (status == ND_OK && (v->cols == 1 || view.strides[1] == 1)) {
+        v->x = nd_storage_data(a->storage) + view.offset;
+        v->ld = view.strides[0];
+        return ND_OK;
+    }
+    if (status != ND_OK && status != ND_ERR_NOT_VIEWABLE) return status;
+    if ((status = nd_array_compact_copy(a, NULL, &v->tmp)) != ND_OK) return status;
+    v->x = nd_storage_data(v->tmp.storage) + v->tmp.layout.offset;
+    return ND_OK;
+}
+
+static void rows_release(rows_view *v) {
+    if (v->tmp.storage != NULL) nd_array_release(&v->tmp);
+}
+
+static const nd_backend *backend_of(const nd_array *a) { return a->storage->device->backend; }
+
+static nd_rows_desc rows_desc(const rows_view *v) {
+    nd_rows_desc d;
+    memset(&d, 0, sizeof d);
+    d.rows = v->rows;
+    d.cols = v->cols;
+    d.x = v->x;
+    d.ldx = v->ld;
+    return d;
+}
+
+/* ------------------------------------------------------------- last axis */
+
+nd_status nd_array_logsumexp_last(const nd_array *a, int keepdims, nd_array *out) {
+    memset(out, 0, sizeof *out);
+    rows_view v;
+    nd_status status = as_rows(a, &v);
+    if (status != ND_OK) return status;
+    int ndim = a->layout.ndim;
+    int64_t shape[ND_MAX_DIMS];
+    memcpy(shape, a->layout.shape, sizeof(int64_t) * (size_t)ndim);
+    if (keepdims) shape[ndim - 1] = 1;
+    else ndim--;
+    status = nd_array_empty(a->storage->device, ndim, shape, out);
+    if (status == ND_OK && v.rows > 0) {
+        if (v.cols == 0) {
+            status = nd_array_fill(out, -__builtin_inff()); /* log(0) */
+        } else {
+            nd_rows_desc d = rows_desc(&v);
+            d.out = nd_storage_data(out->storage) + out->layout.offset;
+            d.ldo = 1;
+            status = backend_of(a)->row_stats(&d);
+        }
+        if (status != ND_OK) nd_array_release(out);
+    }
+    rows_release(&v);
+    return status;
+}
+
+nd_status nd_array_softmax_last(const nd_array *a, int log, nd_array *out) {
+    memset(out, 0, sizeof *out);
+    rows_view v;
+    nd_status status = as_rows(a, &v);
+    if (status != ND_OK) return status;
+    nd_device *dev = a->storage->device;
+    status = nd_array_empty(dev, a->layout.ndim, a->layout.shape, out);
+    if (status == ND_OK && v.rows > 0 && v.cols > 0) {
+        nd_array stats;
+        status = nd_array_empty(dev, 2, (int64_t[]){v.rows, 2}, &stats);
+        if (status == ND_OK) {
+            nd_rows_desc d = rows_desc(&v);
+            d.stats = nd_storage_data(stats.storage);
+            status = backend_of(a)->row_stats(&d);
+            d.mode = log ? ND_ROW_LOG_SOFTMAX : ND_ROW_SOFTMAX;
+            d.out = nd_storage_data(out->storage);
+            d.ldo = v.cols;
+            if (status == ND_OK) status = backend_of(a)->row_apply(&d);
+            nd_array_release(&stats);
+        }
+        if (status != ND_OK) nd_array_release(out);
+    }
+    rows_release(&v);
+    return status;
+}
+
+/* ------------------------------------------------ softmax cross-entropy */
+
+/* ND_ERR_INDEX (nd_index_error) unless every label is an integer in
+ * [0, classes). */
+static nd_status check_labels(const nd_array *labels, int64_t classes) {
+    return backend_of(labels)->check_indices(&labels->layout, nd_storage_data(labels->storage),
+                                             classes, "label", "classes");
+}
+
+/* Devices and shapes, then the labels. */
+static nd_status xent_check(const nd_array *logits, const nd_array *labels) {
+    nd_status status = nd_same_device(logits, labels);
+    if (status != ND_OK) return status;
+    const nd_layout *z = &logits->layout, *y = &labels->layout;
+    if (z->ndim != 2 || y->ndim != 1 || y->shape[0] != z->shape[0])
+        return nd_fail(ND_ERR_SHAPE,
+                       "softmax cross-entropy needs logits (N, C) and labels (N,), got %d-D "
+                       "logits and %d-D labels with %lld rows against %lld",
+                       z->ndim, y->ndim, y->ndim >= 1 ? (long long)y->shape[0] : 0LL,
+                       z->ndim >= 1 ? (long long)z->shape[0] : 0LL);
+    return check_labels(labels, z->shape[1]);
+}
+
+static void set_labels(nd_rows_desc *d, const nd_array *labels) {
+    d->labels = nd_storage_data(labels->storage) + labels->layout.offset;
+    d->label_stride = labels->layout.strides[0];
+}
+
+/* The loss sits after the statistics in one storage: (N, 2) stats, then the
+ * loss element, so the stats start aligned and the loss keeps them alive. */
+nd_status nd_array_softmax_xent(const nd_array *logits, const nd_array *labels, nd_array *loss) {
+    memset(loss, 0, sizeof *loss);
+    nd_status status = xent_check(logits, labels);
+    rows_view v;
+    if (status != ND_OK || (status = as_rows(logits, &v)) != ND_OK) return status;
+    int64_t n = v.rows;
+    nd_array buf;
+    status = nd_array_empty(logits->storage->device, 1, (int64_t[]){2 * n + 1}, &buf);
+    if (status == ND_OK) {
+        nd_rows_desc d = rows_desc(&v);
+        set_labels(&d, labels);
+        d.stats = nd_storage_data(buf.storage);
+        d.out = d.stats + 2 * n;
+        if (n > 0) status = backend_of(logits)->row_stats(&d);
+        if (status == ND_OK) status = backend_of(logits)->xent_loss(&d);
+        if (status != ND_OK) {
+            nd_array_release(&buf);
+        } else {
+            *loss = buf;
+            nd_layout_contiguous(1, (int64_t[]){1}, &loss->layout);
+            loss->layout.offset = 2 * n;
+        }
+    }
+    rows_release(&v);
+    return status;
+}
+
+/* 1 when loss holds the statistics of these rows: laid out as
+ * nd_array_softmax_xent makes it, and its statistics give back its value bit
+ * for bit (so a loss of other logits, or one written over, is not used). */
+static nd_status stats_match(const nd_array *loss, const rows_view *v, const nd_array *labels,
+                             int *match) {
+    *match = 0;
+    int64_t n = v->rows;
+    if (loss->storage->device != labels->storage->device ||
+        nd_storage_numel(loss->storage) != 2 * n + 1 || loss->layout.offset != 2 * n ||
+        nd_layout_numel(&loss->layout) != 1)
+        return ND_OK;
+    nd_array again;
+    nd_status status = nd_array_empty(loss->storage->device, 1, (int64_t[]){1}, &again);
+    if (status != ND_OK) return status;
+    nd_rows_desc d = rows_desc(v);
+    set_labels(&d, labels);
+    d.stats = nd_storage_data(loss->storage);
+    d.out = nd_storage_data(again.storage);
+    status = backend_of(labels)->xent_loss(&d);
+    float kept = 0.0f, recomputed = 0.0f;
+    if (status == ND_OK) status = nd_array_to_host(loss, &kept);
+    if (status == ND_OK) status = nd_array_to_host(&again, &recomputed);
+    nd_array_release(&again);
+    *match = status == ND_OK && memcmp(&kept, &recomputed, sizeof kept) == 0;
+    return status;
+}
+
+nd_status nd_array_softmax_xent_grad(const nd_array *logits, const nd_array *labels,
+                                     const nd_array *loss, const nd_array *out_grad,
+                                     nd_array *grad) {
+    memset(grad, 0, sizeof *grad);
+    nd_status status = xent_check(logits, labels);
+    if (status == ND_OK && out_grad != NULL) {
+        if ((status = nd_same_device(logits, out_grad)) != ND_OK) return status;
+        if (nd_layout_numel(&out_grad->layout) != 1)
+            return nd_fail(ND_ERR_SHAPE,
+                           "softmax cross-entropy's out_grad must have one element, got %lld",
+                           (long long)nd_layout_numel(&out_grad->layout));
+    }
+    rows_view v;
+    if (status != ND_OK || (status = as_rows(logits, &v)) != ND_OK) return status;
+    nd_device *dev = logits->storage->device;
+    status = nd_array_empty(dev, 2, (int64_t[]){v.rows, v.cols}, grad);
+    int match = 0;
+    if (status == ND_OK && v.rows > 0 && v.cols > 0 && loss != NULL)
+        status = stats_match(loss, &v, labels, &match);
+    nd_array fresh = {0};
+    if (status == ND_OK && v.rows > 0 && v.cols > 0) {
+        nd_rows_desc d = rows_desc(&v);
+        set_labels(&d, labels);
+        if (match) {
+            d.stats = nd_storage_data(loss->storage);
+        } else if ((status = nd_array_empty(dev, 2, (int64_t[]){v.rows, 2}, &fresh)) == ND_OK) {
+            d.stats = nd_storage_data(fresh.storage);
+            status = backend_of(logits)->row_stats(&d);
+        }
+        d.mode = ND_ROW_XENT_GRAD;
+        d.scale =
+            out_grad != NULL ? nd_storage_data(out_grad->storage) + out_grad->layout.offset : NULL;
+        d.out = nd_storage_data(grad->storage);
+        d.ldo = v.cols;
+        if (status == ND_OK) status = backend_of(logits)->row_apply(&d);
+    }
+    if (fresh.storage != NULL) nd_array_release(&fresh);
+    if (status != ND_OK && grad->storage != NULL) nd_array_release(grad);
+    rows_release(&v);
+    return status;
+}
