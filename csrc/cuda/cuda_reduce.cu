@@ -133,8 +133,8 @@ static nd_status reduce_split(nd_device *dev, const nd_cuda_iter &kept, const nd
     nd_status status = nd_cuda_raw_alloc(dev, count * (int64_t)sizeof(float), &scratch);
     if (status != ND_OK) return status;
     float *partial = (float *)scratch;
-    reduce_partial_kernel<R><<<nd_cuda_blocks(count, 1), ND_CUDA_THREADS, 0, stream>>>(
-        kept, reduced, chunk, parts, partial, a);
+    ND_LAUNCH(reduce_partial_kernel<R>, nd_cuda_blocks(count, 1), ND_CUDA_THREADS, 0, stream, kept,
+              reduced, chunk, parts, partial, a);
     cudaError_t err = cudaGetLastError();
     if (err == cudaSuccess) {
         /* Second pass: the partials of output o are partial[o * parts + q]. */
@@ -162,12 +162,13 @@ static nd_status reduce(const nd_cuda_iter &kept, const nd_cuda_iter &reduced, i
     const int64_t groups_per_block = ND_CUDA_THREADS / group;
     unsigned int blocks = nd_cuda_blocks(kept.numel, groups_per_block);
     if (group == 1)
-        reduce_kernel<R, 1><<<blocks, ND_CUDA_THREADS, 0, stream>>>(kept, reduced, out, a);
+        ND_LAUNCH((reduce_kernel<R, 1>), blocks, ND_CUDA_THREADS, 0, stream, kept, reduced, out, a);
     else if (group == 32)
-        reduce_kernel<R, 32><<<blocks, ND_CUDA_THREADS, 0, stream>>>(kept, reduced, out, a);
+        ND_LAUNCH((reduce_kernel<R, 32>), blocks, ND_CUDA_THREADS, 0, stream, kept, reduced, out,
+                  a);
     else
-        reduce_kernel<R, ND_CUDA_THREADS>
-            <<<blocks, ND_CUDA_THREADS, 0, stream>>>(kept, reduced, out, a);
+        ND_LAUNCH((reduce_kernel<R, ND_CUDA_THREADS>), blocks, ND_CUDA_THREADS, 0, stream, kept,
+                  reduced, out, a);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }
