@@ -27,6 +27,14 @@ nd_status nd_cuda_mem_get_info(int ordinal, int64_t *free_bytes, int64_t *total_
  * use; never fails. */
 const char *nd_cuda_gemm_description(void);
 
+/* 1 when the backend runs on the CUDA simulator (a NEEDLE_CUDA=sim build:
+ * csrc/cuda/sim), 0 on a real GPU runtime. */
+int nd_cuda_simulated(void);
+
+/* The name of GPU `ordinal` (cudaDeviceProp.name) into buf (NUL-terminated,
+ * cut to size). ND_ERR_DEVICE when there is no such registered GPU. */
+nd_status nd_cuda_device_name(int ordinal, char *buf, size_t size);
+
 #ifdef __cplusplus
 }
 #endif
