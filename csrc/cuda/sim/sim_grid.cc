@@ -38,7 +38,11 @@
 #include <mutex>
 #include <new>
 
-#if !defined(__x86_64__)
+/* The x86-64 switch below, or ucontext (other machines, or forced with
+ * -DND_SIM_UCONTEXT so that the self-test covers it here too). */
+#if defined(__x86_64__) && !defined(ND_SIM_UCONTEXT)
+#define ND_SIM_ASM_SWITCH 1
+#else
 #include <ucontext.h>
 #endif
 
@@ -58,7 +62,7 @@ constexpr size_t kStackBytes = 64 * 1024;
 constexpr size_t kMaxDynamicShared = 48 * 1024; /* without an opt-in, as on a GPU */
 
 /* A suspended execution: a stack pointer (x86-64) or a ucontext. */
-#if defined(__x86_64__)
+#if defined(ND_SIM_ASM_SWITCH)
 typedef void *context;
 #else
 typedef ucontext_t context;
@@ -127,7 +131,7 @@ struct grid_run {
     int free_stacks[kStacks];
     int nfree;
     int loop_stack; /* the pool stack the running code is on */
-#if !defined(__x86_64__)
+#if !defined(ND_SIM_ASM_SWITCH)
     context loop_start[kStacks];
 #endif
     int failed;
@@ -143,7 +147,7 @@ grid_run *run_state = nullptr; /* allocated at the first launch, kept */
 
 /* --------------------------------------------------------- context switch */
 
-#if defined(__x86_64__)
+#if defined(ND_SIM_ASM_SWITCH)
 extern "C" void nd_sim_switch_context(void **save_sp, void *load_sp);
 /* Saves the callee-saved registers on the current stack, stores the stack
  * pointer in *save_sp, loads load_sp and restores the registers saved there;
@@ -175,7 +179,7 @@ __asm__(".text\n"
 
 /* Saves the running execution in *save and continues `to`. */
 void switch_to(context *save, context *to) {
-#if defined(__x86_64__)
+#if defined(ND_SIM_ASM_SWITCH)
     nd_sim_switch_context(save, *to);
 #else
     swapcontext(save, to);
@@ -191,7 +195,7 @@ void start_loop(context *save) {
     grid_run &g = *run_state;
     const int s = g.free_stacks[--g.nfree]; /* never empty: see kStacks */
     g.loop_stack = s;
-#if defined(__x86_64__)
+#if defined(ND_SIM_ASM_SWITCH)
     /* Six zeroed registers for the pops, then the loop as the `ret` target;
      * it is entered with rsp = top - 8, as after a call. */
     void **sp = (void **)(g.stack_base[s] + kStackBytes);
