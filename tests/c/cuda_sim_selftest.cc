@@ -353,6 +353,14 @@ static void test_failures() {
     ND_LAUNCH(shuffle_after_return_kernel, 1, 64, 0, 0, out);
     CHECK(launched("__shfl_down_sync") == cudaErrorLaunchFailure);
     CHECK(strcmp(cudaGetErrorName(cudaErrorLaunchFailure), "cudaErrorLaunchFailure") == 0);
+    /* CUDA's own names and strings */
+    CHECK(strcmp(cudaGetErrorString(cudaSuccess), "no error") == 0);
+    CHECK(strcmp(cudaGetErrorName(cudaErrorInsufficientDriver), "cudaErrorInsufficientDriver") ==
+          0);
+    CHECK(strcmp(cudaGetErrorString(cudaErrorInsufficientDriver),
+                 "CUDA driver version is insufficient for CUDA runtime version") == 0);
+    CHECK(strcmp(cudaGetErrorName((cudaError_t)12345), "unrecognized error code") == 0);
+    CHECK(strcmp(cudaGetErrorString((cudaError_t)12345), "unrecognized error code") == 0);
 
     ND_LAUNCH(nothing_kernel, 1, 2048, 0, 0, out);
     CHECK(launched(nullptr) == cudaErrorInvalidConfiguration);

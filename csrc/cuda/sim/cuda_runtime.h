@@ -34,23 +34,34 @@
 
 /* ------------------------------------------------------------------ types */
 
-/* The values are CUDA's (driver_types.h); only the codes the simulator can
- * return are listed. */
+/* The values are CUDA's (driver_types.h): the codes the simulator returns and
+ * those host code commonly tests for. */
 typedef enum cudaError {
     cudaSuccess = 0,
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
     cudaErrorInitializationError = 3,
+    cudaErrorCudartUnloading = 4,
     cudaErrorInvalidConfiguration = 9,
     cudaErrorInvalidDevicePointer = 17,
     cudaErrorInvalidMemcpyDirection = 21,
+    cudaErrorStubLibrary = 34,
+    cudaErrorInsufficientDriver = 35,
     cudaErrorInvalidDeviceFunction = 98,
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
+    cudaErrorNoKernelImageForDevice = 209,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
+    cudaErrorIllegalAddress = 700,
+    cudaErrorLaunchOutOfResources = 701,
+    cudaErrorLaunchTimeout = 702,
+    cudaErrorAssert = 710,
+    cudaErrorMisalignedAddress = 716,
     cudaErrorLaunchFailure = 719,
+    cudaErrorNotPermitted = 800,
     cudaErrorNotSupported = 801,
+    cudaErrorSystemDriverMismatch = 803,
     cudaErrorUnknown = 999
 } cudaError_t;
 

@@ -111,18 +111,34 @@ const error_entry kErrors[] = {
     {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
     {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
     {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
+    {cudaErrorCudartUnloading, "cudaErrorCudartUnloading", "driver shutting down"},
     {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
      "invalid configuration argument"},
     {cudaErrorInvalidDevicePointer, "cudaErrorInvalidDevicePointer", "invalid device pointer"},
     {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection",
      "invalid copy direction for memcpy"},
+    {cudaErrorStubLibrary, "cudaErrorStubLibrary", "CUDA driver is a stub library"},
+    {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver",
+     "CUDA driver version is insufficient for CUDA runtime version"},
     {cudaErrorInvalidDeviceFunction, "cudaErrorInvalidDeviceFunction", "invalid device function"},
     {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
     {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorNoKernelImageForDevice, "cudaErrorNoKernelImageForDevice",
+     "no kernel image is available for execution on the device"},
     {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
     {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
+     "an illegal memory access was encountered"},
+    {cudaErrorLaunchOutOfResources, "cudaErrorLaunchOutOfResources",
+     "too many resources requested for launch"},
+    {cudaErrorLaunchTimeout, "cudaErrorLaunchTimeout", "the launch timed out and was terminated"},
+    {cudaErrorAssert, "cudaErrorAssert", "device-side assert triggered"},
+    {cudaErrorMisalignedAddress, "cudaErrorMisalignedAddress", "misaligned address"},
     {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+    {cudaErrorNotPermitted, "cudaErrorNotPermitted", "operation not permitted"},
     {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorSystemDriverMismatch, "cudaErrorSystemDriverMismatch",
+     "system has unsupported display driver / cuda driver combination"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
 
@@ -232,7 +248,7 @@ cudaError_t cudaPeekAtLastError(void) { return last_error; }
 
 const char *cudaGetErrorName(cudaError_t error) {
     const error_entry *e = find_error(error);
-    return e != nullptr ? e->name : "cudaErrorUnknown";
+    return e != nullptr ? e->name : "unrecognized error code";
 }
 
 const char *cudaGetErrorString(cudaError_t error) {
