@@ -16,7 +16,8 @@ NEEDLE_CUDA=sim NEEDLE_STRICT=1 python setup.py -q build_ext --build-temp "$out/
     --build-lib "$out/lib" >/dev/null
 echo "cuda_sim: build took $((SECONDS - start)) s"
 export PYTHONPATH="$out/lib:$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
-# A CUDA test fails rather than skips when the device is missing.
+# The device must be there (checked below); where the suite reads NEEDLE_REQUIRE_CUDA, a CUDA
+# test case also fails rather than skips without it.
 export NEEDLE_REQUIRE_CUDA=1
 unset NEEDLE_SIM_MEMORY NEEDLE_SIM_MAX_BLOCKS NEEDLE_SIM_PERTURB
 python - <<'PY'
