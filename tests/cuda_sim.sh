@@ -6,7 +6,9 @@
 # this checkout's python/ on the path: plainly, then with every grid capped at
 # a few blocks and one warp per block held back (NEEDLE_SIM_MAX_BLOCKS,
 # NEEDLE_SIM_PERTURB), which turns a missing barrier or a kernel that is not
-# grid-stride into wrong results. Prints how long each step took.
+# grid-stride into wrong results. The two runs go side by side (one core each;
+# no cuda-marked test is timing-sensitive) and their logs are printed after;
+# either failing fails the script. Prints how long each step took.
 #   bash tests/cuda_sim.sh [pytest args...]     (default: every cuda-marked test in tests/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,14 +33,24 @@ PY
 if [ "$#" -eq 0 ]; then
     set -- tests
 fi
-run() {
-    local name=$1
-    shift
-    local t0=$SECONDS
-    env "$@" python -m pytest -q -p no:cacheprovider -m cuda "${args[@]}"
-    echo "cuda_sim: $name run took $((SECONDS - t0)) s"
-}
 args=("$@")
-run plain NEEDLE_SIM_PERTURB=0
-run "capped and perturbed" NEEDLE_SIM_MAX_BLOCKS=3 NEEDLE_SIM_PERTURB=1
-echo "cuda_sim: $((SECONDS - start)) s in all"
+# run NAME LOG VAR=VALUE...: one pytest run of the cuda-marked tests with the switches given.
+run() {
+    local name=$1 log=$2 t0=$SECONDS
+    shift 2
+    local status=0
+    env "$@" python -m pytest -q -p no:cacheprovider -m cuda "${args[@]}" >"$log" 2>&1 || status=$?
+    echo "cuda_sim: $name run took $((SECONDS - t0)) s (exit $status)" >>"$log"
+    return "$status"
+}
+t0=$SECONDS
+run plain "$out/plain.log" NEEDLE_SIM_PERTURB=0 &
+plain=$!
+run "capped and perturbed" "$out/perturbed.log" NEEDLE_SIM_MAX_BLOCKS=3 NEEDLE_SIM_PERTURB=1 &
+perturbed=$!
+status=0
+wait "$plain" || status=1
+wait "$perturbed" || status=1
+cat "$out/plain.log" "$out/perturbed.log"
+echo "cuda_sim: both runs took $((SECONDS - t0)) s; $((SECONDS - start)) s in all"
+exit "$status"
