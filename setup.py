@@ -7,7 +7,21 @@ Environment:
   NEEDLE_DEBUG=1    -O0 -g, for debugging the C code (nvcc: -g -lineinfo)
   NEEDLE_CUDA=auto  build the CUDA backend when nvcc is found (the default);
                     1: it must be built (the build fails loudly if it cannot);
-                    0: never
+                    0: never;
+                    sim: build it for needle's CUDA simulator instead of a GPU:
+                    csrc/cuda/*.cu compiled by the C++ compiler ($CXX, else
+                    g++; -x c++ -std=c++17 -DNEEDLE_CUDA_SIM) against the
+                    stand-in runtime in csrc/cuda/sim, which runs every kernel
+                    on the CPU (each CUDA thread a fiber, so barriers and warp
+                    shuffles are real) with simulated device memory. No
+                    toolkit, cudart or cuBLAS (the SGEMM kernel always runs);
+                    needle_c._cuda_simulated() is True and
+                    ndl.cuda.get_device_name() says "needle CUDA simulator
+                    (CPU)". For testing the CUDA code in CI (tests/cuda_sim.sh),
+                    not for speed: it sees no streams, asynchrony, timing,
+                    cuBLAS or GPU arithmetic. Run-time switches:
+                    NEEDLE_SIM_MEMORY, NEEDLE_SIM_MAX_BLOCKS, NEEDLE_SIM_PERTURB
+                    (csrc/cuda/sim/sim_internal.h, README.md)
   NEEDLE_SANITIZE=1 build needle_c with AddressSanitizer and UBSan
                     (-fsanitize=address,undefined, no recovery, -O1 -g) and
                     without CUDA; run Python with the sanitizer runtime
@@ -80,6 +94,8 @@ sources = sorted(glob.glob("needle_c/**/*.c", recursive=True)) + sorted(glob.glo
 
 CUDA_SOURCES = sorted(glob.glob("csrc/cuda/*.cu"))
 CUDA_HEADERS = sorted(glob.glob("csrc/cuda/*.cuh") + glob.glob("csrc/cuda/*.h"))
+SIM_SOURCES = sorted(glob.glob("csrc/cuda/sim/*.cc"))
+SIM_HEADERS = sorted(glob.glob("csrc/cuda/sim/*.h"))
 DEFAULT_ARCHS = ["75", "80", "86", "89", "90"]
 
 
@@ -184,19 +200,50 @@ def nvcc_flags(archs, cublas):
     return flags
 
 
+def sim_flags():
+    """C++ compiler flags for the simulated build (the .cu files and csrc/cuda/sim)."""
+    flags = [
+        "-std=c++17",
+        "-O0" if debug else "-O2",
+        "-g" if debug else "-g0",
+        "-fPIC",
+        "-fvisibility=hidden",
+        "-Wall",
+        "-Wextra",
+        # The kernels' `#pragma unroll` is for nvcc; g++ does not know it.
+        "-Wno-unknown-pragmas",
+        "-Icsrc/cuda/sim",  # its cuda_runtime.h stands in for the toolkit's
+        "-Icsrc",
+        "-DNEEDLE_WITH_CUDA",
+        "-DNEEDLE_CUDA_SIM",
+    ]
+    if strict:
+        flags.append("-Werror")
+    return flags
+
+
 def cuda_plan():
     """What to do about CUDA: None (skip, with one printed line) or a dict."""
     mode = os.environ.get("NEEDLE_CUDA", "auto").strip().lower() or "auto"
-    if mode not in ("auto", "0", "1"):
-        raise SystemExit(f"needle: NEEDLE_CUDA={mode!r}: expected auto, 0 or 1")
+    if mode not in ("auto", "0", "1", "sim"):
+        raise SystemExit(f"needle: NEEDLE_CUDA={mode!r}: expected auto, 0, 1 or sim")
     if sanitize:
-        if mode == "1":
-            raise SystemExit("needle: NEEDLE_SANITIZE=1 builds without CUDA; unset NEEDLE_CUDA=1")
+        if mode in ("1", "sim"):
+            raise SystemExit(
+                f"needle: NEEDLE_SANITIZE=1 builds without CUDA; unset NEEDLE_CUDA={mode}"
+            )
         print("needle: building without CUDA (NEEDLE_SANITIZE=1)")
         return None
     if mode == "0":
         print("needle: building without CUDA (NEEDLE_CUDA=0)")
         return None
+    if mode == "sim":
+        cxx = os.environ.get("CXX") or "g++"
+        if shutil.which(cxx) is None:
+            raise SystemExit(f"needle: NEEDLE_CUDA=sim needs a C++17 compiler; {cxx!r} not found")
+        if not CUDA_SOURCES or not SIM_SOURCES:
+            raise SystemExit("needle: csrc/cuda not found; run setup.py from the repository root")
+        return {"sim": True, "cxx": cxx}
     found, looked = find_cuda()
     if found is None:
         where = ", ".join(looked)
@@ -228,15 +275,16 @@ class BuildExt(build_ext):
 
     def _compile_cuda(self):
         plan = self.cuda
-        out_dir = os.path.join(self.build_temp, "cuda")
+        sim = plan.get("sim", False)
+        out_dir = os.path.join(self.build_temp, "cuda-sim" if sim else "cuda")
         os.makedirs(out_dir, exist_ok=True)
-        flags = nvcc_flags(plan["archs"], plan["cublas"])
-        deps = CUDA_HEADERS + sorted(glob.glob("csrc/*.h"))
+        flags = sim_flags() if sim else nvcc_flags(plan["archs"], plan["cublas"])
+        deps = CUDA_HEADERS + sorted(glob.glob("csrc/*.h")) + (SIM_HEADERS if sim else [])
         newest_dep = max((os.path.getmtime(p) for p in deps), default=0.0)
         stamp = os.path.join(out_dir, "flags.txt")
         old_flags = open(stamp).read() if os.path.exists(stamp) else None
         jobs = []
-        for src in CUDA_SOURCES:
+        for src in CUDA_SOURCES + (SIM_SOURCES if sim else []):
             obj = os.path.join(out_dir, os.path.splitext(os.path.basename(src))[0] + ".o")
             fresh = (
                 os.path.exists(obj)
@@ -247,32 +295,36 @@ class BuildExt(build_ext):
             jobs.append((src, obj, fresh))
         todo = [(src, obj) for src, obj, fresh in jobs if not fresh]
         if todo:
+            compiler = plan["cxx"] if sim else plan["nvcc"]
+            target = "the CUDA simulator" if sim else "sm_" + ", sm_".join(plan["archs"])
             print(
-                f"needle: compiling {len(todo)} CUDA file(s) with {plan['nvcc']} for sm_"
-                + ", sm_".join(plan["archs"]),
+                f"needle: compiling {len(todo)} CUDA file(s) with {compiler} for {target}",
                 flush=True,
             )
             start = time.perf_counter()
             workers = max(1, min(len(todo), os.cpu_count() or 1))
             with ThreadPoolExecutor(max_workers=workers) as pool:
-                list(pool.map(lambda job: self._nvcc(plan["nvcc"], flags, *job), todo))
+                list(pool.map(lambda job: self._compile_one(compiler, flags, *job), todo))
             with open(stamp, "w") as f:
                 f.write(" ".join(flags))
             print(
                 f"needle: CUDA compile took {time.perf_counter() - start:.1f} s "
-                f"({workers} parallel nvcc)",
+                f"({workers} parallel {os.path.basename(compiler)})",
                 flush=True,
             )
         return [obj for _, obj, _ in jobs]
 
-    def _nvcc(self, nvcc, flags, src, obj):
+    def _compile_one(self, compiler, flags, src, obj):
+        """nvcc, or for the simulator the C++ compiler (a .cu is read as C++)."""
         import subprocess
 
-        cmd = [nvcc, *flags, "-c", src, "-o", obj]
+        lang = ["-x", "c++"] if src.endswith(".cu") and self.cuda.get("sim") else []
+        cmd = [compiler, *flags, *lang, "-c", src, "-o", obj]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         output = (proc.stdout + proc.stderr).strip()
         if proc.returncode != 0:
-            raise SystemExit(f"needle: nvcc failed on {src}:\n{' '.join(cmd)}\n{output}")
+            name = os.path.basename(compiler)
+            raise SystemExit(f"needle: {name} failed on {src}:\n{' '.join(cmd)}\n{output}")
         if output:
             print(output, file=sys.stderr)
 
@@ -284,7 +336,16 @@ define_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 libraries = ["m", "dl"]
 library_dirs = []
 depends = sorted(glob.glob("csrc/*.h") + glob.glob("needle_c/**/*.h", recursive=True))
-if cuda is not None:
+if cuda is not None and cuda.get("sim"):
+    define_macros.append(("NEEDLE_WITH_CUDA", "1"))
+    # No CUDA runtime: the simulator is C++ (its runtime needs libstdc++ and threads).
+    libraries = ["m", "pthread", "dl", "stdc++"]
+    depends += CUDA_SOURCES + CUDA_HEADERS + SIM_SOURCES + SIM_HEADERS
+    print(
+        f"needle: building the CUDA backend for needle's CUDA simulator with {cuda['cxx']} "
+        "(NEEDLE_CUDA=sim: kernels run on the CPU; no cudart, no cuBLAS)"
+    )
+elif cuda is not None:
     define_macros.append(("NEEDLE_WITH_CUDA", "1"))
     # The static runtime needs librt, libpthread and libdl, and nvcc's host code the
     # C++ runtime (exception personality, static-init guards); cuBLAS is dlopen'ed.

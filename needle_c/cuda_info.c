@@ -1,7 +1,8 @@
 /* cuda_info.c: what needle.cuda asks of the CUDA backend beyond the
  * engine's memory accounting: whether CUDA was compiled in, why it is
- * unavailable, the driver's free/total bytes of a GPU, and which GEMM the
- * backend runs.
+ * unavailable, the driver's free/total bytes of a GPU, its name, which GEMM
+ * the backend runs, and whether the backend is the CPU simulator
+ * (NEEDLE_CUDA=sim).
  *
  * Built with and without NEEDLE_WITH_CUDA; without it every function answers
  * "unavailable" (False, None, the reason) instead of failing, so callers need
@@ -38,6 +39,31 @@ static PyObject *cuda_init_error(PyObject *module, PyObject *Py_UNUSED(ignored))
     const char *reason = cuda_unavailable_reason();
     if (reason[0] == '\0') Py_RETURN_NONE;
     return PyUnicode_FromString(reason);
+}
+
+static PyObject *cuda_simulated(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    (void)module;
+#ifdef NEEDLE_WITH_CUDA
+    return PyBool_FromLong(nd_cuda_simulated());
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
+static PyObject *cuda_device_name(PyObject *module, PyObject *arg) {
+    long ordinal = PyLong_AsLong(arg);
+    if (ordinal == -1 && PyErr_Occurred()) return NULL;
+#ifdef NEEDLE_WITH_CUDA
+    if (ordinal < 0 || ordinal > INT_MAX) Py_RETURN_NONE;
+    char name[256];
+    nd_status status = nd_cuda_device_name((int)ordinal, name, sizeof name);
+    if (status == ND_ERR_DEVICE) Py_RETURN_NONE; /* no such GPU */
+    if (status != ND_OK) return raise_status(state_of_module(module), status);
+    return PyUnicode_DecodeUTF8(name, (Py_ssize_t)strlen(name), "replace");
+#else
+    (void)module;
+    Py_RETURN_NONE;
+#endif
 }
 
 static PyObject *cuda_mem_get_info(PyObject *module, PyObject *arg) {
@@ -139,6 +165,12 @@ PyMethodDef cuda_info_module_functions[] = {
      "_cuda_init_error()\n--\n\nWhy needle cannot use CUDA (the CUDA error of device discovery "
      "with the driver's and runtime's CUDA versions, or that CUDA was not built), or None when a "
      "GPU is usable."},
+    {"_cuda_simulated", cuda_simulated, METH_NOARGS,
+     "_cuda_simulated()\n--\n\nTrue when the CUDA backend of this build runs on needle's CPU "
+     "simulator (NEEDLE_CUDA=sim), False for a real CUDA runtime or no CUDA backend."},
+    {"_cuda_device_name", cuda_device_name, METH_O,
+     "_cuda_device_name(ordinal, /)\n--\n\nThe name of GPU `ordinal` (cudaDeviceProp.name), or "
+     "None when there is no such GPU or no CUDA backend."},
     {"_cuda_mem_get_info", cuda_mem_get_info, METH_O,
      "_cuda_mem_get_info(ordinal, /)\n--\n\n(free, total) bytes of GPU `ordinal` as the driver "
      "reports them (cudaMemGetInfo), or None when there is no such GPU or no CUDA backend."},

@@ -724,3 +724,119 @@ def test_needle_cuda_is_the_device_function_and_the_memory_api():
     if not ndl.cuda().enabled():
         assert ndl.cuda.memory_allocated() == 0 and ndl.cuda.memory_stats() == {}
         assert ndl.cuda.mem_get_info() == (0, 0) and ndl.cuda.device_count() == 0
+
+
+# ------------------------------------------------- names, and the simulator
+
+
+SIMULATED = needle_c._cuda_simulated()
+
+
+def sim_test(fn):
+    """Marks a test of the CUDA simulator (a NEEDLE_CUDA=sim build, tests/cuda_sim.sh)."""
+    fn = pytest.mark.skipif(not SIMULATED, reason="needs the CUDA simulator (NEEDLE_CUDA=sim)")(fn)
+    return pytest.mark.cuda(fn)
+
+
+def test_device_name_and_whether_simulated():
+    assert isinstance(SIMULATED, bool)
+    if not needle_c._cuda_compiled():
+        assert SIMULATED is False
+    if HAS_CUDA:
+        name = cm.get_device_name()
+        assert isinstance(name, str) and name
+        assert cm.get_device_name(0) == cm.get_device_name("cuda") == name
+        assert ("simulator" in name) == SIMULATED
+        if SIMULATED:
+            assert name == "needle CUDA simulator (CPU)"
+            assert "kernel" in cm.gemm_backend() and "no cuBLAS" in cm.gemm_backend()
+    else:
+        with pytest.raises(ndl.DeviceError, match="not available"):
+            cm.get_device_name()
+    assert needle_c._cuda_device_name(7) is None  # no such GPU, never an error
+    with pytest.raises(ndl.DeviceError):
+        cm.get_device_name(3)
+    with pytest.raises(ValueError):
+        cm.get_device_name("cpu")
+    with pytest.raises(TypeError):
+        cm.get_device_name(True)
+    with pytest.raises(TypeError):
+        needle_c._cuda_device_name("0")
+
+
+def _sim_subprocess(code, **switches):
+    """Runs code in a fresh interpreter with the simulator's switches set; returns its last
+    line of output as JSON."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEEDLE_SIM_")}
+    env.update(switches)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@sim_test
+def test_simulated_gpu_memory_runs_out_for_real():
+    """NEEDLE_SIM_MEMORY is the GPU's capacity: cudaMalloc itself fails past it (no needle
+    limit set), and the out-of-memory ladder (release the cache, collect, retry) runs."""
+    out = _sim_subprocess(
+        """
+        import json
+        import needle as ndl, needle.cuda as cm
+        from needle import backend_ndarray as nd
+        MiB = 2**20
+        gpu = ndl.cuda()
+        out = {"info": list(cm.mem_get_info()),
+               "capacity": cm.memory_stats()["device_capacity_bytes"]}
+        a = nd.empty((40 * MiB // 4,), device=gpu)
+        try:
+            nd.empty((40 * MiB // 4,), device=gpu)
+            out["second"] = "allocated"
+        except ndl.OutOfMemoryError as err:
+            out["second"] = [err.requested, err.limit]
+        out["ooms"] = cm.memory_stats()["num_ooms"]
+        del a
+        # garbage that only a collection can free: a cycle holding 40 MiB (gc off: the
+        # out-of-memory path collects anyway)
+        import gc
+        gc.disable()
+        class Holder:
+            pass
+        h = Holder()
+        h.me, h.array = h, nd.empty((40 * MiB // 4,), device=gpu)
+        del h
+        b = nd.empty((40 * MiB // 4,), device=gpu)
+        out["after"] = [b.shape[0] * 4, cm.memory_stats()["num_oom_collections"]]
+        print(json.dumps(out))
+        """,
+        NEEDLE_SIM_MEMORY="64MiB",
+    )
+    assert out["info"][1] == 64 * MiB and out["capacity"] == 64 * MiB
+    assert 0 < out["info"][0] <= 64 * MiB
+    assert out["second"][0] == 40 * MiB and out["second"][1] is None  # the driver's refusal
+    assert out["ooms"] >= 1
+    assert out["after"][0] == 40 * MiB and out["after"][1] >= 1
+
+
+@sim_test
+def test_malformed_simulator_switch_means_no_gpu():
+    out = _sim_subprocess(
+        """
+        import json
+        import needle as ndl
+        from needle import backend_ndarray as nd
+        try:
+            nd.empty((3,), device=ndl.cuda())
+            err = None
+        except ndl.DeviceError as e:
+            err = str(e)
+        print(json.dumps([ndl.cuda.is_available(), ndl.cuda.device_count(), err]))
+        """,
+        NEEDLE_SIM_MEMORY="lots",
+    )
+    assert out[0] is False and out[1] == 0 and out[2]

@@ -54,6 +54,14 @@ int nd_cuda_cublas_dirs(const char **out, int max);
 nd_status nd_cuda_export_to_stream(int ordinal, intptr_t stream);
 nd_status nd_cuda_release_from_stream(int ordinal, intptr_t stream);
 
+/* 1 when the backend runs on the CUDA simulator (a NEEDLE_CUDA=sim build:
+ * csrc/cuda/sim), 0 on a real GPU runtime. */
+int nd_cuda_simulated(void);
+
+/* The name of GPU `ordinal` (cudaDeviceProp.name) into buf (NUL-terminated,
+ * cut to size). ND_ERR_DEVICE when there is no such registered GPU. */
+nd_status nd_cuda_device_name(int ordinal, char *buf, size_t size);
+
 #ifdef __cplusplus
 }
 #endif

@@ -144,3 +144,21 @@ void nd_cuda_iter_make(nd_cuda_iter *it, int ndim, const int64_t *shape, int nop
     /* Row-major order is kept (order_by -1): outputs stay coalesced. */
     it->ndim = nd_coalesce(ndim, shape, nops, layouts, -1, it->shape, it->strides);
 }
+
+extern "C" int nd_cuda_simulated(void) {
+#ifdef NEEDLE_CUDA_SIM
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+extern "C" nd_status nd_cuda_device_name(int ordinal, char *buf, size_t size) {
+    if (size > 0) buf[0] = '\0';
+    if (ordinal < 0 || ordinal >= ND_CUDA_MAX_DEVICES || cuda_devices[ordinal] == NULL)
+        return nd_fail(ND_ERR_DEVICE, "there is no CUDA device %d", ordinal);
+    cudaDeviceProp prop;
+    ND_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+    if (size > 0) snprintf(buf, size, "%s", prop.name);
+    return ND_OK;
+}

@@ -1,6 +1,7 @@
 /* cuda_common.cuh: what the CUDA backend's files share: the engine's private
- * header (C linkage), the check macros, the strided iteration space that
- * kernels receive by value, launch geometry, and the internal entry points
+ * header (C linkage), the check macros, the launch macro (cuda_launch.cuh),
+ * the strided iteration space that kernels receive by value, launch
+ * geometry, and the internal entry points
  * that one file implements and another calls.
  *
  * No Python.h; nothing here prints, exits or aborts: every failure becomes
@@ -16,6 +17,7 @@ extern "C" {
 #include "../internal.h"
 }
 #include "cuda_api.h"
+#include "cuda_launch.cuh"
 
 /* The most GPUs the backend registers: engine.h's ND_MAX_CUDA_DEVICES. */
 #define ND_CUDA_MAX_DEVICES ND_MAX_CUDA_DEVICES

@@ -166,12 +166,12 @@ static nd_status binary(const nd_cuda_iter &it, float *out, const float *a, floa
                         const float *b, float b_scalar, Op op, cudaStream_t stream) {
     unsigned int blocks = nd_cuda_blocks(it.numel, ND_CUDA_THREADS);
     if (it.ndim == 1)
-        binary_flat_kernel<Op><<<blocks, ND_CUDA_THREADS, 0, stream>>>(
-            it.numel, out, it.strides[0][0], a, it.strides[1][0], a_scalar, b, it.strides[2][0],
-            b_scalar, op);
+        ND_LAUNCH(binary_flat_kernel<Op>, blocks, ND_CUDA_THREADS, 0, stream, it.numel, out,
+                  it.strides[0][0], a, it.strides[1][0], a_scalar, b, it.strides[2][0], b_scalar,
+                  op);
     else
-        binary_kernel<Op>
-            <<<blocks, ND_CUDA_THREADS, 0, stream>>>(it, out, a, a_scalar, b, b_scalar, op);
+        ND_LAUNCH(binary_kernel<Op>, blocks, ND_CUDA_THREADS, 0, stream, it, out, a, a_scalar, b,
+                  b_scalar, op);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }
@@ -181,9 +181,9 @@ static nd_status unary(const nd_cuda_iter &it, float *out, const float *a, Op op
                        cudaStream_t stream) {
     unsigned int blocks = nd_cuda_blocks(it.numel, ND_CUDA_THREADS);
     if (it.ndim == 1)
-        unary_flat_kernel<Op><<<blocks, ND_CUDA_THREADS, 0, stream>>>(
-            it.numel, out, it.strides[0][0], a, it.strides[1][0], op);
-    else unary_kernel<Op><<<blocks, ND_CUDA_THREADS, 0, stream>>>(it, out, a, op);
+        ND_LAUNCH(unary_flat_kernel<Op>, blocks, ND_CUDA_THREADS, 0, stream, it.numel, out,
+                  it.strides[0][0], a, it.strides[1][0], op);
+    else ND_LAUNCH(unary_kernel<Op>, blocks, ND_CUDA_THREADS, 0, stream, it, out, a, op);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }
@@ -195,8 +195,8 @@ static nd_status fill(const nd_cuda_iter &it, float *dst, float value, cudaStrea
         ND_CUDA_CHECK(cudaMemsetAsync(dst, 0, (size_t)it.numel * sizeof(float), stream));
         return ND_OK;
     }
-    fill_kernel<<<nd_cuda_blocks(it.numel, ND_CUDA_THREADS), ND_CUDA_THREADS, 0, stream>>>(it, dst,
-                                                                                           value);
+    ND_LAUNCH(fill_kernel, nd_cuda_blocks(it.numel, ND_CUDA_THREADS), ND_CUDA_THREADS, 0, stream,
+              it, dst, value);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }

@@ -70,8 +70,8 @@ static nd_status check_indices(nd_device *dev, const nd_layout *idx_layout, cons
         ND_CUDA_CHECK(cudaMalloc((void **)&flags[ordinal], sizeof(unsigned long long)));
     unsigned long long *flag = flags[ordinal];
     ND_CUDA_CHECK(cudaMemsetAsync(flag, 0xFF, sizeof *flag, stream));
-    check_indices_kernel<<<nd_cuda_blocks(n, ND_CUDA_THREADS), ND_CUDA_THREADS, 0, stream>>>(
-        n, idx, is, rows, flag);
+    ND_LAUNCH(check_indices_kernel, nd_cuda_blocks(n, ND_CUDA_THREADS), ND_CUDA_THREADS, 0, stream,
+              n, idx, is, rows, flag);
     ND_CUDA_CHECK(cudaGetLastError());
     unsigned long long first_bad = NO_BAD_INDEX;
     ND_CUDA_CHECK(cudaMemcpy(&first_bad, flag, sizeof first_bad, cudaMemcpyDeviceToHost));
@@ -101,10 +101,10 @@ nd_status nd_cuda_gather_rows(const nd_layout *out_layout, float *out,
     ND_TRY(check_indices(dev, idx_layout, ip, table_layout->shape[0], "index", "rows", stream));
     /* Zero-width rows: the buffers may be NULL, and there is nothing to copy. */
     if (d == 0) return ND_OK;
-    gather_rows_kernel<<<nd_cuda_blocks(n * d, ND_CUDA_THREADS), ND_CUDA_THREADS, 0, stream>>>(
-        n, d, out + out_layout->offset, out_layout->strides[0], out_layout->strides[1],
-        table + table_layout->offset, table_layout->strides[0], table_layout->strides[1], ip,
-        idx_layout->strides[0]);
+    ND_LAUNCH(gather_rows_kernel, nd_cuda_blocks(n * d, ND_CUDA_THREADS), ND_CUDA_THREADS, 0,
+              stream, n, d, out + out_layout->offset, out_layout->strides[0],
+              out_layout->strides[1], table + table_layout->offset, table_layout->strides[0],
+              table_layout->strides[1], ip, idx_layout->strides[0]);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }
@@ -120,10 +120,10 @@ nd_status nd_cuda_scatter_add_rows(const nd_layout *out_layout, float *out,
     const float *ip = idx + idx_layout->offset;
     ND_TRY(check_indices(dev, idx_layout, ip, out_layout->shape[0], "index", "rows", stream));
     if (d == 0) return ND_OK;
-    scatter_add_rows_kernel<<<nd_cuda_blocks(n * d, ND_CUDA_THREADS), ND_CUDA_THREADS, 0, stream>>>(
-        n, d, out + out_layout->offset, out_layout->strides[0], out_layout->strides[1],
-        src + src_layout->offset, src_layout->strides[0], src_layout->strides[1], ip,
-        idx_layout->strides[0]);
+    ND_LAUNCH(scatter_add_rows_kernel, nd_cuda_blocks(n * d, ND_CUDA_THREADS), ND_CUDA_THREADS, 0,
+              stream, n, d, out + out_layout->offset, out_layout->strides[0],
+              out_layout->strides[1], src + src_layout->offset, src_layout->strides[0],
+              src_layout->strides[1], ip, idx_layout->strides[0]);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }

@@ -126,8 +126,8 @@ __global__ void __launch_bounds__(256)
 static nd_status sgemm(const nd_matmul_desc *d, const gemm_batch &g, cudaStream_t stream) {
     int64_t tiles = ((d->m + TILE_M - 1) / TILE_M) * ((d->n + TILE_N - 1) / TILE_N);
     dim3 grid(nd_cuda_blocks(tiles, 1), 1, nd_cuda_blocks(g.count, 1));
-    sgemm_kernel<<<grid, 256, 0, stream>>>(d->m, d->n, d->k, d->a, d->a_row_stride, d->a_col_stride,
-                                           d->b, d->b_row_stride, d->b_col_stride, d->out, g);
+    ND_LAUNCH(sgemm_kernel, grid, 256, 0, stream, d->m, d->n, d->k, d->a, d->a_row_stride,
+              d->a_col_stride, d->b, d->b_row_stride, d->b_col_stride, d->out, g);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }

@@ -186,7 +186,7 @@ static nd_status outer_pass(const nd_cuda_iter &kept, const nd_cuda_iter &red, i
                             float *out, float *w, const float *a, cudaStream_t s) {
     const int64_t tiles = (kept.numel + OUTER_LANES - 1) / OUTER_LANES;
     dim3 grid(nd_cuda_blocks(tiles, 1), nd_cuda_blocks(p, 1));
-    reduce_outer_kernel<R><<<grid, ND_CUDA_THREADS, 0, s>>>(kept, red, p, out, w, a);
+    ND_LAUNCH(reduce_outer_kernel<R>, grid, ND_CUDA_THREADS, 0, s, kept, red, p, out, w, a);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }
@@ -259,8 +259,8 @@ static nd_status reduce_split(nd_device *dev, const nd_cuda_iter &kept, const nd
     nd_status status = nd_cuda_raw_alloc(dev, count * (int64_t)sizeof(float), &scratch);
     if (status != ND_OK) return status;
     float *partial = (float *)scratch;
-    reduce_partial_kernel<R><<<nd_cuda_blocks(count, 1), ND_CUDA_THREADS, 0, stream>>>(
-        kept, reduced, chunk, parts, partial, a);
+    ND_LAUNCH(reduce_partial_kernel<R>, nd_cuda_blocks(count, 1), ND_CUDA_THREADS, 0, stream, kept,
+              reduced, chunk, parts, partial, a);
     cudaError_t err = cudaGetLastError();
     if (err == cudaSuccess) {
         /* Second pass: the partials of output o are partial[o * parts + q]. */
@@ -288,12 +288,13 @@ static nd_status reduce(const nd_cuda_iter &kept, const nd_cuda_iter &reduced, i
     const int64_t groups_per_block = ND_CUDA_THREADS / group;
     unsigned int blocks = nd_cuda_blocks(kept.numel, groups_per_block);
     if (group == 1)
-        reduce_kernel<R, 1><<<blocks, ND_CUDA_THREADS, 0, stream>>>(kept, reduced, out, a);
+        ND_LAUNCH((reduce_kernel<R, 1>), blocks, ND_CUDA_THREADS, 0, stream, kept, reduced, out, a);
     else if (group == 32)
-        reduce_kernel<R, 32><<<blocks, ND_CUDA_THREADS, 0, stream>>>(kept, reduced, out, a);
+        ND_LAUNCH((reduce_kernel<R, 32>), blocks, ND_CUDA_THREADS, 0, stream, kept, reduced, out,
+                  a);
     else
-        reduce_kernel<R, ND_CUDA_THREADS>
-            <<<blocks, ND_CUDA_THREADS, 0, stream>>>(kept, reduced, out, a);
+        ND_LAUNCH((reduce_kernel<R, ND_CUDA_THREADS>), blocks, ND_CUDA_THREADS, 0, stream, kept,
+                  reduced, out, a);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }

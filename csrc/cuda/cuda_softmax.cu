@@ -169,8 +169,8 @@ nd_status nd_cuda_row_stats(const nd_rows_desc *d) {
     cudaStream_t stream = 0;
     const int group = row_group(d->cols);
     const unsigned int blocks = nd_cuda_blocks(d->rows, ND_CUDA_THREADS / group);
-    if (group == 32) row_stats_kernel<32><<<blocks, ND_CUDA_THREADS, 0, stream>>>(*d);
-    else row_stats_kernel<ND_CUDA_THREADS><<<blocks, ND_CUDA_THREADS, 0, stream>>>(*d);
+    if (group == 32) ND_LAUNCH(row_stats_kernel<32>, blocks, ND_CUDA_THREADS, 0, stream, *d);
+    else ND_LAUNCH(row_stats_kernel<ND_CUDA_THREADS>, blocks, ND_CUDA_THREADS, 0, stream, *d);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }
@@ -181,8 +181,8 @@ nd_status nd_cuda_row_apply(const nd_rows_desc *d) {
     cudaStream_t stream = 0;
     const int group = row_group(d->cols);
     const unsigned int blocks = nd_cuda_blocks(d->rows, ND_CUDA_THREADS / group);
-    if (group == 32) row_apply_kernel<32><<<blocks, ND_CUDA_THREADS, 0, stream>>>(*d);
-    else row_apply_kernel<ND_CUDA_THREADS><<<blocks, ND_CUDA_THREADS, 0, stream>>>(*d);
+    if (group == 32) ND_LAUNCH(row_apply_kernel<32>, blocks, ND_CUDA_THREADS, 0, stream, *d);
+    else ND_LAUNCH(row_apply_kernel<ND_CUDA_THREADS>, blocks, ND_CUDA_THREADS, 0, stream, *d);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }
@@ -190,7 +190,7 @@ nd_status nd_cuda_row_apply(const nd_rows_desc *d) {
 nd_status nd_cuda_xent_loss(const nd_rows_desc *d) {
     ND_TRY(nd_cuda_activate(d->out, NULL));
     cudaStream_t stream = 0;
-    xent_loss_kernel<<<1, ND_CUDA_THREADS, 0, stream>>>(*d);
+    ND_LAUNCH(xent_loss_kernel, 1, ND_CUDA_THREADS, 0, stream, *d);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }

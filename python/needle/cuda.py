@@ -5,7 +5,8 @@ functions below work like ``torch.cuda``'s; the module is made callable so that 
 share the one name::
 
     import needle as ndl
-    ndl.cuda.is_available(), ndl.cuda.unavailable_reason(), ndl.cuda.device_count()
+    ndl.cuda.is_available(), ndl.cuda.unavailable_reason(), ndl.cuda.device_count(),
+    ndl.cuda.get_device_name()
     ndl.cuda.memory_allocated(), ndl.cuda.max_memory_allocated(), ndl.cuda.memory_reserved()
     ndl.cuda.max_memory_reserved(), ndl.cuda.memory_stats(), ndl.cuda.reset_peak_memory_stats()
     ndl.cuda.empty_cache(), ndl.cuda.mem_get_info(), ndl.cuda.memory_summary()
@@ -37,6 +38,7 @@ __all__ = [
     "is_compiled",
     "unavailable_reason",
     "device_count",
+    "get_device_name",
     "memory_allocated",
     "max_memory_allocated",
     "memory_reserved",
@@ -91,6 +93,17 @@ def unavailable_reason():
 def device_count():
     """The number of usable CUDA devices (0 without CUDA)."""
     return sum(1 for i in range(_c.MAX_CUDA_DEVICES) if _c.cuda(i).enabled())
+
+
+def get_device_name(device=None):
+    """The GPU's name as the CUDA runtime reports it (``cudaDeviceProp.name``); a build
+    with ``NEEDLE_CUDA=sim`` answers ``"needle CUDA simulator (CPU)"``. Raises
+    ``needle.DeviceError`` when the device is not available."""
+    dev = _device(device)
+    name = _c._cuda_device_name(dev.index) if dev.enabled() else None
+    if name is None:
+        raise _c.DeviceError(f"{dev!r} is not available, so it has no name")
+    return name
 
 
 def memory_allocated(device=None):

@@ -1,0 +1,45 @@
+/* sim_internal.h: what the CUDA simulator's two sources share (sim_runtime.cc,
+ * sim_grid.cc) and its self-test reads: the switches read from the
+ * environment, the recording of an error with the simulator's detail, and
+ * the check of a stream handle. Not seen by the backend's .cu files.
+ *
+ * Switches (read once, at the first CUDA call; a malformed value makes device
+ * discovery fail with cudaErrorInvalidValue, naming the variable):
+ *   NEEDLE_SIM_MEMORY=<bytes>  the simulated GPU's memory (default 4GiB; a
+ *       number with an optional KiB/MiB/GiB suffix): cudaMalloc fails with
+ *       cudaErrorMemoryAllocation past it, and cudaMemGetInfo and
+ *       cudaDeviceProp.totalGlobalMem report it
+ *   NEEDLE_SIM_MAX_BLOCKS=<n>  runs every grid with at most n blocks (gridDim
+ *       shrinks; valid because every kernel loops grid-stride); 0: no cap
+ *   NEEDLE_SIM_PERTURB=1       at the start of every block and after every
+ *       barrier, holds back one warp (drawn afresh each time) until every
+ *       other thread has blocked or returned, and runs the others first to
+ *       last or last to first (drawn too), so that a missing __syncthreads
+ *       shows as a wrong result; plainly, threads run in thread order
+ */
+#ifndef NEEDLE_SIM_INTERNAL_H
+#define NEEDLE_SIM_INTERNAL_H
+
+#include "cuda_runtime.h"
+
+typedef struct nd_sim_options {
+    int valid; /* 0: a switch is malformed; error says which */
+    char error[256];
+    int64_t memory;     /* bytes of simulated device memory */
+    int64_t max_blocks; /* 0: no cap */
+    int perturb;
+} nd_sim_options;
+
+/* The switches, parsed once (thread-safe). */
+const nd_sim_options *nd_sim_get_options(void);
+
+/* Records code as the calling thread's last error, with a detail that
+ * cudaGetErrorString(code) appends to CUDA's text until the next failure;
+ * returns code. */
+cudaError_t nd_sim_fail(cudaError_t code, const char *format, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* 1 for the default streams and streams made by cudaStreamCreate*. */
+int nd_sim_stream_valid(cudaStream_t stream);
+
+#endif /* NEEDLE_SIM_INTERNAL_H */
