@@ -19,8 +19,9 @@ One more mode runs only when asked for (``--modes hook_frozen``): ``hook`` plus 
 ``needle.memory.freeze_heap()`` after setup, so each collection scans only what training
 creates (a collection's cost is set by every object in the process, not by needle's garbage).
 
-On the CPU the limit emulates a GPU's capacity; by default it is set from a short
-calibration run so that ``leak`` runs out within about 20 steps while the fixes do not.
+On the CPU the limit emulates a GPU's capacity; by default it is 1.3x the peak of a short
+calibration run of ``manual`` (two steps), so that ``leak`` runs out within a few steps while
+the fixes do not.
 Prints a table, writes ``repro.json`` and a PNG timeline of allocated bytes to ``--out``.
 """
 
@@ -319,13 +320,14 @@ def main(argv=None):
             limit_bytes = parse_size(args.limit)
             print(f"limit: {args.limit} as given")
         else:
-            # The leak-free peak of one step, measured; the emulated device gets 2.5x that:
-            # room for the course's own workaround (which keeps one step's graph alive
-            # through the parameters' .grad), not for garbage that piles up.
-            calibration = _spawn("cycle_free", args, corpus_dir, None, 2)
-            limit_bytes = int(calibration["peak_allocated_bytes"] * 2.5)
+            # What the course's own workaround needs, measured: two steps of the `manual`
+            # mode peak with the previous step's graph still alive through the parameters'
+            # .grad (until reset_grad) beside the new forward pass. The emulated device gets
+            # 1.3x that: room for the workaround and the hook, not for garbage that piles up.
+            calibration = _spawn("manual", args, corpus_dir, None, 2)
+            limit_bytes = int(calibration["peak_allocated_bytes"] * 1.3)
             print(
-                "calibration: one cycle-free step peaks at "
+                "calibration: two steps of the course's workaround peak at "
                 f"{_mib(calibration['peak_allocated_bytes'])} MiB; "
                 f"emulated device limit {_mib(limit_bytes)} MiB"
             )
