@@ -4,6 +4,7 @@ cuBLAS's handle or workspace still multiplies correctly (the out-of-memory ladde
 needle's kernel for that call) without raising and without giving cuBLAS up for good.
 GPU only; the loader's search path is tested without a GPU in test_cuda_setup.py."""
 
+import gc
 import json
 import os
 import subprocess
@@ -31,6 +32,7 @@ def test_workspace_is_reserved_not_allocated():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((256, 128)).astype(np.float32)
     a = nd.array(x, device=ndl.cuda())
+    gc.collect()  # earlier tests' garbage must not be freed in between
     before = ndl.cuda.memory_allocated()
     c = a @ a.permute((1, 0))
     np.testing.assert_allclose(c.numpy(), x @ x.T, rtol=1e-4, atol=1e-3)

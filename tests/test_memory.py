@@ -352,6 +352,7 @@ def test_reserved_equals_allocated_on_host(device):
 @pytest.mark.parametrize("device", ALL_DEVICES)
 def test_empty_cache(device):
     a = nd.array(np.arange(10, dtype=np.float32), device=device)
+    gc.collect()  # earlier tests' garbage must not be freed in between
     before = mem.memory_allocated(device)
     del_me = nd.empty((1000,), device=device)
     del del_me
