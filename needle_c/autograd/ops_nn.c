@@ -14,6 +14,11 @@
 
 #define UNUSED(x) (void)(x)
 
+/* An engine call's result array as an NDArray, or its status raised. */
+static PyObject *engine_result(needle_state *st, nd_status status, nd_array *out) {
+    return status == ND_OK ? ndarray_wrap(st, out) : raise_status(st, status);
+}
+
 static const op_params no_params;
 
 /* ----------------------------------------------- Tensor building blocks */
@@ -205,7 +210,7 @@ static PyObject *conv_compute(needle_state *st, const op_params *p, PyObject *co
         nd_array prod;
         nd_status status =
             nd_array_matmul(&NDArray_CAST(cols)->array, &NDArray_CAST(wm)->array, &prod);
-        PyObject *flat = status == ND_OK ? ndarray_wrap(st, &prod) : raise_status(st, status);
+        PyObject *flat = engine_result(st, status, &prod);
         if (flat != NULL) out = nd_reshape_array(st, flat, 4, (int64_t[]){batch, oh, ow, cout});
         Py_XDECREF(flat);
     }
@@ -309,10 +314,6 @@ static PyObject *lse_keepdims(needle_state *st, PyObject *a, uint32_t mask) {
  * what lse_keepdims does in six passes. */
 static int last_axis_only(int ndim, const int64_t *shape, uint32_t mask) {
     return ndim >= 1 && mask == 1u << (ndim - 1) && shape[ndim - 1] > 0;
-}
-
-static PyObject *engine_result(needle_state *st, nd_status status, nd_array *out) {
-    return status == ND_OK ? ndarray_wrap(st, out) : raise_status(st, status);
 }
 
 static PyObject *logsumexp_compute(needle_state *st, const op_params *p, PyObject *const *a,
@@ -438,7 +439,7 @@ static PyObject *gather_rows_compute(needle_state *st, const op_params *p, PyObj
     nd_array out;
     nd_status status =
         nd_array_gather_rows(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array, &out);
-    return status == ND_OK ? ndarray_wrap(st, &out) : raise_status(st, status);
+    return engine_result(st, status, &out);
 }
 
 static PyObject *gather_rows_gradient(grad_scope *s, const op_params *p, PyObject *g,
@@ -462,7 +463,7 @@ static PyObject *scatter_add_rows_compute(needle_state *st, const op_params *p, 
     nd_array out;
     nd_status status = nd_array_scatter_add_rows(
         &NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array, (int64_t)p->index, &out);
-    return status == ND_OK ? ndarray_wrap(st, &out) : raise_status(st, status);
+    return engine_result(st, status, &out);
 }
 
 static PyObject *scatter_add_rows_gradient(grad_scope *s, const op_params *p, PyObject *g,
