@@ -13,6 +13,7 @@ import weakref
 
 import numpy as np
 import pytest
+from garbage import needle_cycle
 
 import needle as ndl
 import needle_c as _c
@@ -408,10 +409,10 @@ def test_course_loop_in_needle_mode_with_the_hook_matches_cycle_free():
     fallbacks = stats["num_full_fallbacks"] - start["num_full_fallbacks"]
     full = stats["num_full_collections"] - start["num_full_collections"]
     assert fallbacks <= full and fallbacks < scoped  # the graph's garbage is needle-only
-    # In a training loop (the cycle_free run before was one) a forward pass climbing past the
-    # trigger is no reason for a full collection below high_water * budget; the one fallback
-    # allowed is at the first safe point, where the new model's larger live set shows.
-    assert fallbacks <= 1
+    # Below high_water * budget the trigger and the safe points run the scoped step alone: a
+    # forward pass climbing past the trigger, or a new model's larger live set at the first
+    # safe point, is no reason for a full collection.
+    assert fallbacks == 0 and full == 0
     assert stats["num_ooms"] == start["num_ooms"]
     assert "ladder: scoped" in memory.memory_summary("cpu")
 
@@ -444,21 +445,13 @@ def test_ladder_falls_back_to_a_full_collection_when_scoped_frees_too_little():
     assert stats["num_fallbacks_skipped"] == start["num_fallbacks_skipped"]
 
 
-def _needle_garbage(nbytes):
-    """A needle-only garbage cycle holding nbytes (a graph-mode "needle" backward)."""
-    with ndl.autograd.graph_mode("needle"):
-        a = ndl.Tensor(np.ones((nbytes // 4,), dtype=np.float32))
-        (a * a).sum().backward()
-    return weakref.ref(a)
-
-
 def _drive_ladders(count):
     """Makes 1 MiB of needle garbage at a time until `count` more ladders ran, waiting after each
     collection as long as it took (the pacer's rule at max_gc_fraction 0.5)."""
     first = memory.memory_stats()["num_scoped_collections"]
     for _ in range(50 * count):
         before = memory.memory_stats()
-        _needle_garbage(MiB)
+        needle_cycle(MiB)
         after = memory.memory_stats()
         if after["num_scoped_collections"] - first >= count:
             return
@@ -508,7 +501,7 @@ def test_fallbacks_that_free_nothing_back_off_and_useful_ones_end_it():
 def test_frozen_garbage_is_left_alone_as_gc_collect_leaves_it():
     """gc.freeze()'s objects are never examined by the collector; the scoped collection keeps
     them too (they are roots), and frees garbage made after the freeze."""
-    frozen = _needle_garbage(4096)
+    frozen = needle_cycle(4096)
     gc.freeze()  # needle's wrapper of the gc module's own
     try:
         assert gc.get_freeze_count() > 0 and "needle" in gc.freeze.__doc__
@@ -516,7 +509,7 @@ def test_frozen_garbage_is_left_alone_as_gc_collect_leaves_it():
         assert frozen() is not None
         gc.collect()
         assert frozen() is not None  # what gc.collect() does with it
-        later = _needle_garbage(4096)
+        later = needle_cycle(4096)
         assert memory.collect("needle")["objects"] > 0
         assert later() is None and frozen() is not None
     finally:

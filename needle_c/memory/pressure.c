@@ -29,29 +29,34 @@
  * one). So while safe points keep coming (within twice their usual
  * interval) and the last collection at one was not useless, the allocation
  * path defers until high_water * budget; when they stop (an evaluation
- * loop, a loop without backward) the plain trigger applies again.
+ * loop, a loop without backward) the plain trigger applies again. A useful
+ * collection on the allocation path re-arms them: the first safe points of
+ * a run come before any graph is garbage, and their useless collections
+ * must not leave the garbage of every later step to the allocation path.
  * The soft path honours gc.disable(); the out-of-memory path does not.
  * enabled=False turns both off (how the course's leak is reproduced).
  *
  * The ladder (every collection above): a scoped collection first
  * (scoped.c: needle's own objects, cost proportional to the graph); a full
  * collection only when the scoped one freed less than the pressure asked
- * for: at a safe point, the bytes above the trigger (the graph is garbage
- * there and a forward pass's transients are gone); on the allocation path,
- * the bytes that bring allocated + requested back to the trigger, except in
- * a training loop (safe points keep coming, no fixed watermark), where a
- * forward or backward pass climbs past the trigger holding no garbage: there
- * the bytes above high_water * budget, so that the trigger only paces the
- * cheap scoped step and a full collection, which costs the whole heap (30-140
- * ms in a Jupyter kernel, several GPU steps), waits for a safe point or real
- * pressure; on the out-of-memory path, the requested bytes (then the
- * allocation fits under a limit). A full fallback that frees almost nothing (under 1% of what is
- * allocated: the garbage was not there, e.g. a forward pass's collection)
- * makes the next soft fallbacks wait: the next 1, 2, 4, ... up to 64 soft
- * ladders run the scoped step alone, so a heap where a full collection costs
- * 100 ms does not pay it at every step; a useful fallback ends the back-off,
+ * for. On the soft path (allocation path and safe points) that is the bytes
+ * above high_water * budget, or above the fixed watermark when one is set:
+ * the computed trigger only paces the cheap scoped step. A full collection
+ * costs the whole heap (30-140 ms in a Jupyter kernel, several GPU steps),
+ * and below high water nothing says it would free anything: a forward pass
+ * climbs past the trigger holding no garbage, a first step's live set grows
+ * with no garbage at all, and a training step's garbage (the previous graph)
+ * is needle's own, which the scoped step frees. Garbage held by cycles
+ * through other objects waits for real pressure (high water), the
+ * out-of-memory path or Python's own collections. On the out-of-memory
+ * path, the ladder asks for the requested bytes (then the allocation fits
+ * under a limit). A full fallback that frees almost nothing (under 1% of
+ * what is allocated: the garbage was not there) makes the next soft
+ * fallbacks wait: the next 1, 2, 4, ... up to 64 soft ladders run the
+ * scoped step alone, so that a live set held above high water does not pay
+ * a full collection at every ladder; a useful fallback ends the back-off,
  * and the one fallback in every 64 that still runs is the backstop for
- * cycles through other objects (Python's own collections remain the other).
+ * cycles through other objects.
  * The out-of-memory path always falls back. A scoped collection that cannot
  * run (a free-threaded build) means a full one; one refused because a
  * collection is already running means none. The full collection on the out-of-memory path runs after
@@ -77,6 +82,8 @@ typedef struct device_pressure {
     double cooldown_seconds, cooldown_until;
     double last_end, last_duration;
     int last_freed_little;
+    /* Whether the last collection's ladder ran a full collection. */
+    int last_ran_full;
     /* Safe points: when the last one came, the usual gap between them, and
      * whether the last collection at one freed almost nothing. */
     double last_safe_point, safe_point_interval;
@@ -269,6 +276,7 @@ static void run_ladder(nd_device *dev, device_pressure *ps, nd_collect_reason re
         int64_t after = allocated_of(dev);
         if (fallback) note_fallback(ps, mid > after ? mid - after : 0, mid);
     }
+    ps->last_ran_full = full;
     collector_thread = previous;
     /* A finalizer's exception must not surface inside an unrelated op. */
     if (PyErr_Occurred()) PyErr_WriteUnraisable(NULL);
@@ -282,22 +290,11 @@ static int safe_points_active(const device_pressure *ps, double now) {
            now - ps->last_safe_point <= 2.0 * ps->safe_point_interval + 0.01;
 }
 
-/* A training loop is running: a safe point has come, and the next is not
- * overdue (a second's grace for the first steps, whose interval is not
- * known yet). Looser than safe_points_active: that one steers the trigger,
- * this one only tells a forward pass's climb from garbage piling up. */
-static int in_training_loop(const device_pressure *ps, double now) {
-    return ps->last_safe_point > 0.0 &&
-           now - ps->last_safe_point <= 2.0 * ps->safe_point_interval + 1.0;
-}
-
-/* What a collection on the allocation path at `level` bytes (the request
- * included) asks its ladder for (the header): the bytes above the trigger,
- * or in a training loop the bytes above high_water * budget. */
-static int64_t allocation_path_asked(const nd_device *dev, const device_pressure *ps, int64_t level,
-                                     int64_t trigger, double now) {
-    int64_t mark = trigger;
-    if (!watermark_set() && in_training_loop(ps, now)) mark = cap_of(dev);
+/* What a soft collection at `level` bytes (a request included) asks its
+ * ladder for (the header): the bytes above the fixed watermark, or else
+ * above high_water * budget. */
+static int64_t soft_path_asked(const nd_device *dev, int64_t level) {
+    int64_t mark = watermark_set() ? watermark_of(dev) : cap_of(dev);
     return mark < 0 ? 0 : level - mark;
 }
 
@@ -305,14 +302,19 @@ static int64_t allocation_path_asked(const nd_device *dev, const device_pressure
  * A safe point is not held back by useless collections before it (neither
  * their back-off nor their pacing): garbage is likeliest there, and a
  * useless collection at a safe point raises its trigger to the live set,
- * which stops the next ones. */
+ * which stops the next ones. Nor is the first ladder that would run a full
+ * collection (asked > 0, no back-off left) after ladders that did not: the
+ * cooldown they earned says nothing about garbage that only a full
+ * collection frees (cycles through other objects, piling up to high water). */
 static int soft_collection_allowed(const nd_device *dev, device_pressure *ps, int64_t before,
-                                   int64_t requested, double now, int at_safe_point) {
+                                   int64_t requested, double now, int at_safe_point,
+                                   int64_t asked) {
     if (!PyGC_IsEnabled()) return 0;
     int64_t budget = budget_of(dev);
     double fraction = policy.max_gc_fraction;
     if (budget > 0 && (double)(before + requested) > 0.9 * (double)budget) fraction = 0.5;
     if (at_safe_point && ps->last_freed_little) return 1;
+    if (asked > 0 && !ps->last_ran_full && ps->fallback_skips_left == 0) return 1;
     if (ps->last_duration > 0.0 && now - ps->last_end < ps->last_duration * (1.0 / fraction - 1.0))
         return 0;
     return at_safe_point || now >= ps->cooldown_until;
@@ -363,21 +365,22 @@ static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested,
     int64_t before = allocated_of(dev);
     int64_t asked = requested;
     if (reason == ND_COLLECT_PRESSURE) {
-        nd_memory_stats s;
-        nd_memory_get_stats(dev, &s);
-        asked = allocation_path_asked(dev, ps, before + requested, s.trigger, start);
+        asked = soft_path_asked(dev, before + requested);
         int64_t cap = cap_of(dev);
         if (!watermark_set() && safe_points_active(ps, start) && cap >= 0 &&
             before + requested <= cap) {
             ps->deferred++;
             return;
         }
-        if (!soft_collection_allowed(dev, ps, before, requested, start, 0)) {
+        if (!soft_collection_allowed(dev, ps, before, requested, start, 0, asked)) {
             ps->skipped++;
             return;
         }
     }
     collect_and_account(dev, ps, reason, start, before, asked);
+    /* Garbage found between safe points (the first ones, with no graph yet
+     * to free, were useless): hand the next collections back to them. */
+    if (reason == ND_COLLECT_PRESSURE && !ps->last_freed_little) ps->safe_point_useless = 0;
 }
 
 void pressure_safe_point(void) {
@@ -401,11 +404,12 @@ void pressure_safe_point(void) {
         if (before < ps->safe_baseline) ps->safe_baseline = before;
         int64_t trigger = next_trigger(dev, ps->safe_baseline);
         if (trigger < 0 || before <= trigger) continue;
-        if (!soft_collection_allowed(dev, ps, before, 0, now, 1)) {
+        int64_t asked = soft_path_asked(dev, before);
+        if (!soft_collection_allowed(dev, ps, before, 0, now, 1, asked)) {
             ps->skipped++;
             continue;
         }
-        collect_and_account(dev, ps, ND_COLLECT_PRESSURE, now, before, before - trigger);
+        collect_and_account(dev, ps, ND_COLLECT_PRESSURE, now, before, asked);
         ps->safe_point_collections++;
         ps->safe_point_useless = ps->last_freed_little;
         ps->safe_baseline = ps->survivors;
