@@ -75,6 +75,7 @@ print(json.dumps({{"part": "collections", "tracked_objects": tracked,
 
 HOOK = """
 def run_mode(mode, steps, limit):
+    opt.reset_grad()  # the gradients pin the last mode's graph: no mode's peak includes it
     gc.collect()
     ndl.autograd.set_graph_mode("cycle_free" if mode == "cycle_free" else "needle")
     memory.set_gc_policy(enabled=mode != "manual")

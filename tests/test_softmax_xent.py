@@ -333,28 +333,49 @@ def test_second_derivative(device, mode):
 @pytest.mark.parametrize("n,c", [(3, 4), (2, 70)])
 @dev
 def test_gradient_op_matches_finite_differences(device, n, c):
-    # the recorded gradient's own op: its value is (softmax - one_hot) / N, and its gradient
-    # (the second derivative of the loss) matches finite differences of that value
+    # the recorded gradient's own op: its value is g * (softmax - one_hot) / N, and its
+    # gradient (the loss's second derivative, and the derivative in g) matches finite
+    # differences of that value
     rng = np.random.default_rng(c)
     logits = rng.normal(size=(n, c)).astype(np.float32)
     labels = rng.integers(0, c, size=n).astype(np.float32)
+    scale = np.array([0.75], dtype=np.float32)
     check_op(
-        lambda z, y: needle_c.SoftmaxCrossEntropyGrad()(z, y),
+        lambda z, y, g: needle_c.SoftmaxCrossEntropyGrad()(z, y, g),
         logits,
         labels,
+        scale,
         device=device,
-        reference=lambda z, y: xent_ref(z, y)[1],
-        wrt=(0,),
+        reference=lambda z, y, g: g[0] * xent_ref(z, y)[1],
+        wrt=(0, 2),
         rtol=1e-5,
         atol=1e-6,
     )
 
 
+@dev
+def test_gradient_op_refuses_bad_inputs(device):
+    z = ndl.Tensor(np.zeros((3, 4), dtype=np.float32), device=device)
+    y = ndl.Tensor(np.zeros((3,), dtype=np.float32), device=device, requires_grad=False)
+    g2 = ndl.Tensor(np.ones((2,), dtype=np.float32), device=device)
+    op = needle_c.SoftmaxCrossEntropyGrad()
+    with pytest.raises(ValueError, match="one element"):
+        op(z, y, g2)
+    with pytest.raises(TypeError):
+        op(z, y)
+    bad_label = ndl.Tensor(np.array([0, 1, 4], dtype=np.float32), device=device)
+    with pytest.raises(IndexError):
+        op(z, bad_label, ndl.Tensor(np.ones((1,), dtype=np.float32), device=device))
+    g = ndl.Tensor(np.ones((1,), dtype=np.float32), device=device)
+    np.testing.assert_allclose(op(z, y, g).numpy(), xent_ref(z.numpy(), y.numpy())[1], rtol=1e-6)
+
+
 @pytest.mark.parametrize("mode", MODES)
 @dev
-def test_recorded_gradient_keeps_two_arrays(device, mode):
-    # needle mode records the gradient as broadcast(g) * SoftmaxCrossEntropyGrad(z, y): two
-    # (N, C) arrays, as the course's graph had; cycle_free keeps the one gradient
+def test_recorded_gradient_keeps_one_array(device, mode):
+    # both modes hold one (N, C) array for the logits' gradient: cycle_free a constant,
+    # needle the node SoftmaxCrossEntropyGrad(z, y, out_grad) (the course's graph held two
+    # and a one-hot matrix)
     n, c = 128, 1000
     rng = np.random.default_rng(1)
     with graph_mode(mode):
@@ -366,12 +387,13 @@ def test_recorded_gradient_keeps_two_arrays(device, mode):
         before = ndl.memory.memory_allocated(device)
         loss.backward()
         held = ndl.memory.memory_allocated(device) - before
-        arrays = 2 if mode == "needle" else 1
-        assert arrays * n * c * 4 <= held < (arrays * n * c * 4) + 64 * 1024
+        assert n * c * 4 <= held < n * c * 4 + 64 * 1024
+        np.testing.assert_allclose(
+            z.grad.numpy(), xent_ref(z.numpy(), y.numpy())[1], rtol=1e-5, atol=1e-7
+        )
         if mode == "needle":
-            assert z.grad.op is not None
-            ops = {type(x.op).__name__ for x in z.grad.inputs if x.op is not None}
-            assert "SoftmaxCrossEntropyGrad" in ops
+            assert type(z.grad.op).__name__ == "SoftmaxCrossEntropyGrad"
+            assert z.grad.inputs[0] is z and z.grad.inputs[1] is y
 
 
 # --------------------------------------------------------------------------

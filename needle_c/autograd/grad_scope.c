@@ -78,6 +78,13 @@ PyObject *g_apply2(grad_scope *s, op_kind kind, const op_params *p, PyObject *a,
     return s->failed || a == NULL || b == NULL ? NULL : scope_keep(s, apply2(s->st, kind, p, a, b));
 }
 
+PyObject *g_apply3(grad_scope *s, op_kind kind, const op_params *p, PyObject *a, PyObject *b,
+                   PyObject *c) {
+    if (s->failed || a == NULL || b == NULL || c == NULL) return NULL;
+    PyObject *inputs = scope_keep(s, PyTuple_Pack(3, a, b, c));
+    return inputs == NULL ? NULL : scope_keep(s, apply_op(s->st, kind, p, inputs));
+}
+
 PyObject *g_add(grad_scope *s, PyObject *a, PyObject *b) {
     return g_apply2(s, OP_EWISE_ADD, &no_params, a, b);
 }

@@ -53,6 +53,8 @@ int g_shape(grad_scope *s, PyObject *value, int *ndim, int64_t *shape);
 /* Built-in ops on Tensors. */
 PyObject *g_apply1(grad_scope *s, op_kind kind, const op_params *p, PyObject *a);
 PyObject *g_apply2(grad_scope *s, op_kind kind, const op_params *p, PyObject *a, PyObject *b);
+PyObject *g_apply3(grad_scope *s, op_kind kind, const op_params *p, PyObject *a, PyObject *b,
+                   PyObject *c);
 PyObject *g_add(grad_scope *s, PyObject *a, PyObject *b);
 PyObject *g_sub(grad_scope *s, PyObject *a, PyObject *b); /* a + (-b), as the course */
 PyObject *g_mul(grad_scope *s, PyObject *a, PyObject *b);

@@ -513,11 +513,11 @@ static PyObject *xent_grad_fused(grad_scope *s, PyObject *z, PyObject *y, PyObje
 
 static PyObject *xent_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
-    /* (out_grad * (softmax(z) - one_hot(y)) / N, zeros for the labels). Not
-     * recorded (a cycle_free backward): one constant from the fused kernel.
-     * Recorded ("needle" mode, create_graph): broadcast(g) times a
-     * SoftmaxCrossEntropyGrad node, the course's two (N, C) arrays, which can
-     * be differentiated again. */
+    /* (out_grad * (softmax(z) - one_hot(y)) / N, zeros for the labels), one
+     * (N, C) array from the fused kernel. Not recorded (a cycle_free
+     * backward): a constant. Recorded ("needle" mode, create_graph): the op
+     * SoftmaxCrossEntropyGrad(z, y, out_grad), which can be differentiated
+     * again; the course's graph held two (N, C) arrays here (and a one-hot). */
     PyObject *logits = g_input(s, 0), *labels = g_input(s, 1);
     PyObject *z = g_data(s, logits), *y = g_data(s, labels);
     if (z == NULL || y == NULL) return NULL;
@@ -525,55 +525,56 @@ static PyObject *xent_gradient(grad_scope *s, const op_params *p, PyObject *g, P
         PyErr_SetString(PyExc_TypeError, "SoftmaxCrossEntropy needs Tensors holding NDArrays");
         return scope_fail(s);
     }
-    PyObject *gz;
-    if (is_recording()) {
-        const nd_layout *l = array_layout(z);
-        if (l->ndim != 2) {
-            PyErr_SetString(PyExc_ValueError, "SoftmaxCrossEntropy needs logits (N, C)");
-            return scope_fail(s);
-        }
-        int64_t shape[2] = {l->shape[0], l->shape[1]}, one[2] = {1, 1};
-        PyObject *w = g_apply2(s, OP_SOFTMAX_XENT_GRAD, &no_params, logits, labels);
-        gz = g_mul(s, g_broadcast(s, g_reshape(s, g, 2, one), 2, shape), w);
-    } else {
-        gz = xent_grad_fused(s, z, y, g_data(s, node), g_data(s, g));
-    }
+    PyObject *gz = is_recording() ? g_apply3(s, OP_SOFTMAX_XENT_GRAD, &no_params, logits, labels, g)
+                                  : xent_grad_fused(s, z, y, g_data(s, node), g_data(s, g));
     return grads2(s, gz, g_zeros_like(s, labels));
 }
 
-/* SoftmaxCrossEntropyGrad(z, y) = (softmax(z) - one_hot(y)) / N, the
- * cross-entropy's gradient as an op of its own (the fused kernel, its
- * statistics recomputed), so that a recorded gradient stays differentiable. */
+/* SoftmaxCrossEntropyGrad(z, y, g) = g * (softmax(z) - one_hot(y)) / N, g
+ * the loss's out_grad (one element): the cross-entropy's gradient as an op
+ * of its own (the fused kernel, its statistics recomputed), so that a
+ * recorded gradient stays differentiable. */
 static PyObject *xent_grad_compute(needle_state *st, const op_params *p, PyObject *const *a,
                                    Py_ssize_t n) {
     UNUSED(p);
     UNUSED(n);
     nd_array out;
-    nd_status status = nd_array_softmax_xent_grad(&NDArray_CAST(a[0])->array,
-                                                  &NDArray_CAST(a[1])->array, NULL, NULL, &out);
+    nd_status status =
+        nd_array_softmax_xent_grad(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array, NULL,
+                                   &NDArray_CAST(a[2])->array, &out);
     return engine_result(st, status, &out);
 }
 
-static PyObject *xent_grad_gradient(grad_scope *s, const op_params *p, PyObject *g,
+static PyObject *xent_grad_gradient(grad_scope *s, const op_params *p, PyObject *adj,
                                     PyObject *node) {
     UNUSED(p);
     UNUSED(node);
-    /* d/dz of sum(g * W): P * (g - broadcast(sum(g * P, axis 1))) / N with P =
-     * softmax(z); the labels get zeros */
-    PyObject *z = g_input(s, 0);
-    int ndim;
-    int64_t shape[ND_MAX_DIMS];
-    if (g_shape(s, z, &ndim, shape) < 0) return NULL;
+    /* With P = softmax(z) and G = adj * g: d/dz of sum(adj * out) is
+     * P * (G - broadcast(sum(G * P, axis 1))) / N; d/dg is
+     * sum(adj * (P - one_hot(y))) / N, the op itself at g = 1; the labels get
+     * zeros. */
+    PyObject *z = g_input(s, 0), *labels = g_input(s, 1), *scale = g_input(s, 2);
+    int ndim, scale_ndim;
+    int64_t shape[ND_MAX_DIMS], scale_shape[ND_MAX_DIMS];
+    if (g_shape(s, z, &ndim, shape) < 0 || g_shape(s, scale, &scale_ndim, scale_shape) < 0)
+        return NULL;
     if (ndim != 2) {
         PyErr_SetString(PyExc_ValueError, "SoftmaxCrossEntropyGrad needs logits (N, C)");
         return scope_fail(s);
     }
+    int64_t one[2] = {1, 1};
+    PyObject *g = g_mul(s, adj, g_broadcast(s, g_reshape(s, scale, 2, one), 2, shape));
     PyObject *prob = g_softmax(s, z, 2, shape, 1u << 1);
     PyObject *row_sums =
         g_expand(s, g_sum_mask(s, g_mul(s, g, prob), 2, 1u << 1), 2, shape, 1u << 1);
     PyObject *dz =
         g_scalar(s, OP_DIV_SCALAR, g_mul(s, prob, g_sub(s, g, row_sums)), (double)shape[0]);
-    return grads2(s, dz, g_zeros_like(s, g_input(s, 1)));
+    PyObject *unit = g_scalar(s, OP_ADD_SCALAR, g_zeros_like(s, scale), 1.0);
+    PyObject *per_unit = g_apply3(s, OP_SOFTMAX_XENT_GRAD, &no_params, z, labels, unit);
+    PyObject *dscale =
+        g_reshape(s, g_sum_mask(s, g_mul(s, adj, per_unit), 2, 3u), scale_ndim, scale_shape);
+    PyObject *items[3] = {dz, g_zeros_like(s, labels), dscale};
+    return grads_n(s, items, 3);
 }
 
 void ops_nn_register(op_impl *t) {

@@ -62,7 +62,7 @@ typedef enum op_input_kind {
     X(OP_GATHER_ROWS, "GatherRows", SIG_NONE, 2, IN_ARRAYS, 0)                   \
     X(OP_SCATTER_ADD_ROWS, "ScatterAddRows", SIG_ROWS, 2, IN_ARRAYS, 0)          \
     X(OP_SOFTMAX_XENT, "SoftmaxCrossEntropy", SIG_NONE, 2, IN_ARRAYS, 0)         \
-    X(OP_SOFTMAX_XENT_GRAD, "SoftmaxCrossEntropyGrad", SIG_NONE, 2, IN_ARRAYS, 0)
+    X(OP_SOFTMAX_XENT_GRAD, "SoftmaxCrossEntropyGrad", SIG_NONE, 3, IN_ARRAYS, 0)
 
 typedef enum op_kind {
     OP_PYTHON = 0, /* a TensorOp/TensorTupleOp subclass written in Python */
