@@ -540,8 +540,9 @@ def test_repro_modes(tmp_path):
     assert "leak" in proc.stdout and "out of memory" in proc.stdout
 
 
-def test_repro_hook_frozen_mode(tmp_path):
-    """The opt-in mode: hook after freeze_heap() trains exactly like hook, within the limit."""
+def test_repro_extra_modes(tmp_path):
+    """The opt-in modes: hook after freeze_heap() trains exactly like hook, within the limit;
+    floor (a collection at each reset_grad) trains the same and peaks no higher than hook."""
     out = tmp_path / "out"
     cmd = [
         sys.executable,
@@ -556,17 +557,20 @@ def test_repro_hook_frozen_mode(tmp_path):
         "--words",
         "20000",
         "--modes",
-        "hook,hook_frozen",
+        "hook,hook_frozen,floor",
         "--out",
         str(out),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = {r["mode"]: r for r in json.loads((out / "repro.json").read_text())}
-    assert set(report) == {"hook", "hook_frozen"}
-    frozen, hook = report["hook_frozen"], report["hook"]
+    assert set(report) == {"hook", "hook_frozen", "floor"}
+    frozen, hook, floor = report["hook_frozen"], report["hook"], report["floor"]
     assert not frozen["oom"] and frozen["steps"] == 6
     assert frozen["last_loss"] == hook["last_loss"]  # same training, same numbers
+    assert not floor["oom"] and floor["steps"] == 6 and floor["last_loss"] == hook["last_loss"]
+    assert floor["pressure_collections"] == 6  # its own, one a step
+    assert floor["peak_allocated_bytes"] <= hook["peak_allocated_bytes"]
     # Frozen objects were not the graphs: the pressure collections still free them.
     assert frozen["final_allocated_bytes"] <= hook["final_allocated_bytes"] * 1.05
 

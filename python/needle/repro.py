@@ -15,9 +15,12 @@ modes, each in a fresh process, on a device with a memory limit:
 - ``gc_blind``: "needle" mode with tensors invisible to the collector (what a C extension
   without tp_traverse gives): the cycles can never be freed.
 
-One more mode runs only when asked for (``--modes hook_frozen``): ``hook`` plus one call to
-``needle.memory.freeze_heap()`` after setup, so each collection scans only what training
-creates (a collection's cost is set by every object in the process, not by needle's garbage).
+Two more modes run only when asked for (``--modes hook_frozen,floor``): ``hook_frozen`` is
+``hook`` plus one call to ``needle.memory.freeze_heap()`` after setup, so each collection scans
+only what training creates (a collection's cost is set by every object in the process, not by
+needle's garbage); ``floor`` is the course's graph with a ``gc.collect()`` right after each
+``reset_grad()``, the first moment the previous step's graph is garbage: its peak is the least
+any collector can give the "needle" graph mode (the graph's own working set).
 
 On the CPU the limit emulates a GPU's capacity; by default it is 1.3x the peak of a short
 calibration run of ``manual`` (two steps), so that ``leak`` runs out within a few steps while
@@ -36,7 +39,7 @@ import tempfile
 import time
 
 MODES = ("leak", "manual", "hook", "cycle_free", "gc_blind")
-EXTRA_MODES = ("hook_frozen",)
+EXTRA_MODES = ("hook_frozen", "floor")
 DEFAULT_STEPS = 15
 
 
@@ -94,8 +97,8 @@ def _configure(mode, device, limit):
 
     graph = "cycle_free" if mode == "cycle_free" else "needle"
     ndl.autograd.set_graph_mode(graph)
-    # leak/manual: the course has no device-memory collections at all.
-    memory.set_gc_policy(enabled=mode not in ("leak", "manual"))
+    # leak/manual: the course has no device-memory collections at all; floor collects by hand.
+    memory.set_gc_policy(enabled=mode not in ("leak", "manual", "floor"))
     memory.set_gc_visible(mode != "gc_blind")
     if limit is not None:
         memory.set_memory_limit(device, limit)
@@ -159,6 +162,10 @@ def _run_worker(args):
             logits, _ = model(X)
             loss = loss_fn(logits, y)
             opt.reset_grad()
+            if mode == "floor":
+                t_gc = time.perf_counter()
+                gc.collect()
+                manual_gc_seconds += time.perf_counter() - t_gc
             loss.backward()
             opt.step()
             last_loss = float(loss.numpy().reshape(-1)[0])
@@ -194,8 +201,8 @@ def _run_worker(args):
         "limit_bytes": args.limit_bytes,
         "samples": samples,
     }
-    if mode == "manual":
-        # The course's hand-written collections: the cost to compare with the hook's.
+    if mode in ("manual", "floor"):
+        # The hand-written collections: the cost to compare with the hook's.
         result["gc_seconds"] = manual_gc_seconds
         result["pressure_collections"] = steps
     print(json.dumps(result))
