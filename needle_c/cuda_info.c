@@ -1,8 +1,8 @@
 /* cuda_info.c: what needle.cuda asks of the CUDA backend beyond the
  * engine's memory accounting: whether CUDA was compiled in, why it is
  * unavailable, the driver's free/total bytes of a GPU, its name, which GEMM
- * the backend runs, and whether the backend is the CPU simulator
- * (NEEDLE_CUDA=sim).
+ * the backend runs, whether the backend is the CPU simulator
+ * (NEEDLE_CUDA=sim), and the census of the work it asked of each GPU.
  *
  * Built with and without NEEDLE_WITH_CUDA; without it every function answers
  * "unavailable" (False, None, the reason) instead of failing, so callers need
@@ -75,6 +75,39 @@ static PyObject *cuda_mem_get_info(PyObject *module, PyObject *arg) {
     if (status == ND_ERR_DEVICE) Py_RETURN_NONE; /* no such GPU */
     if (status != ND_OK) return raise_status(state_of_module(module), status);
     return Py_BuildValue("(LL)", (long long)free_bytes, (long long)total_bytes);
+#else
+    (void)module;
+    Py_RETURN_NONE;
+#endif
+}
+
+/* GPU `ordinal`'s census as a dict of counts (bytes for *_bytes), or None
+ * when there is no such GPU; with reset true, zeroes it after reading. */
+static PyObject *cuda_work(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_cuda_work() takes exactly two arguments");
+        return NULL;
+    }
+    long ordinal = PyLong_AsLong(args[0]);
+    if (ordinal == -1 && PyErr_Occurred()) return NULL;
+    int reset = PyObject_IsTrue(args[1]);
+    if (reset < 0) return NULL;
+#ifdef NEEDLE_WITH_CUDA
+    if (ordinal < 0 || ordinal > INT_MAX) Py_RETURN_NONE;
+    nd_cuda_work w;
+    nd_status status = nd_cuda_work_get((int)ordinal, &w);
+    if (status == ND_ERR_DEVICE) Py_RETURN_NONE; /* no such GPU */
+    if (status != ND_OK) return raise_status(state_of_module(module), status);
+    if (reset && (status = nd_cuda_work_reset((int)ordinal)) != ND_OK)
+        return raise_status(state_of_module(module), status);
+    return Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L}", "kernel_launches",
+                         (long long)w.kernel_launches, "memsets", (long long)w.memsets,
+                         "d2d_copies", (long long)w.d2d_copies, "blas_calls",
+                         (long long)w.blas_calls, "host_syncs", (long long)w.host_syncs,
+                         "device_mallocs", (long long)w.device_mallocs, "device_frees",
+                         (long long)w.device_frees, "h2d_copies", (long long)w.h2d_copies,
+                         "h2d_bytes", (long long)w.h2d_bytes, "d2h_copies", (long long)w.d2h_copies,
+                         "d2h_bytes", (long long)w.d2h_bytes);
 #else
     (void)module;
     Py_RETURN_NONE;
@@ -174,6 +207,11 @@ PyMethodDef cuda_info_module_functions[] = {
     {"_cuda_mem_get_info", cuda_mem_get_info, METH_O,
      "_cuda_mem_get_info(ordinal, /)\n--\n\n(free, total) bytes of GPU `ordinal` as the driver "
      "reports them (cudaMemGetInfo), or None when there is no such GPU or no CUDA backend."},
+    {"_cuda_work", (PyCFunction)(void (*)(void))cuda_work, METH_FASTCALL,
+     "_cuda_work(ordinal, reset, /)\n--\n\nThe census of the work the CUDA backend asked of GPU "
+     "`ordinal` (kernel launches, memsets, device-to-device copies, cuBLAS calls, host syncs, "
+     "device mallocs and frees, copies and bytes each way) as a dict, zeroed after reading when "
+     "`reset` is true; None when there is no such GPU or no CUDA backend."},
     {"_cuda_gemm", cuda_gemm, METH_NOARGS,
      "_cuda_gemm()\n--\n\nWhich GEMM the CUDA backend runs (cuBLAS or needle's kernel); None "
      "without a CUDA backend."},

@@ -148,7 +148,7 @@ static nd_status new_segment(nd_device *dev, int pool, int64_t seg_size, cuda_bl
         return status;
     }
     void *ptr = NULL;
-    cudaError_t err = cudaMalloc(&ptr, (size_t)seg_size);
+    cudaError_t err = nd_cuda_malloc(&ptr, (size_t)seg_size);
     if (err != cudaSuccess) {
         (void)cudaGetLastError();
         nd_memory_unreserve(dev, seg_size);
@@ -162,7 +162,7 @@ static nd_status new_segment(nd_device *dev, int pool, int64_t seg_size, cuda_bl
     }
     cuda_block *b = (cuda_block *)malloc(sizeof *b);
     if (b == NULL) {
-        cudaFree(ptr);
+        nd_cuda_free(ptr);
         (void)cudaGetLastError();
         nd_memory_unreserve(dev, seg_size);
         return nd_fail(ND_ERR_BACKEND, "out of host memory for the CUDA allocator's bookkeeping");
@@ -260,7 +260,7 @@ int64_t nd_cuda_release_cache(nd_device *dev) {
                 continue;
             }
             /* cudaFree waits for the kernels that may still use the block. */
-            if (cudaFree(b->ptr) != cudaSuccess) {
+            if (nd_cuda_free(b->ptr) != cudaSuccess) {
                 (void)cudaGetLastError();
                 v->items[kept++] = b; /* keep it reserved: the driver still has it */
                 continue;

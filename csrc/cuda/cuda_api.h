@@ -54,6 +54,29 @@ int nd_cuda_cublas_dirs(const char **out, int max);
 nd_status nd_cuda_export_to_stream(int ordinal, intptr_t stream);
 nd_status nd_cuda_release_from_stream(int ordinal, intptr_t stream);
 
+/* The census of the work the backend asked of one GPU since the last reset:
+ * what decides a step's speed on a GPU besides the kernels' own time (how
+ * many launches, whether the host waits, whether the driver allocates). The
+ * same calls are counted on a real GPU and on the simulator. */
+typedef struct nd_cuda_work {
+    int64_t kernel_launches; /* needle's kernels (ND_LAUNCH) */
+    int64_t memsets;         /* cudaMemsetAsync */
+    int64_t d2d_copies;      /* device-to-device cudaMemcpyAsync */
+    int64_t blas_calls;      /* cuBLAS GEMM calls (each launches cuBLAS's own kernels) */
+    int64_t host_syncs;      /* the host waited for the GPU: a device-to-host copy, a
+                              * synchronous host-to-device copy, a synchronize call, a wait
+                              * on an unfinished event, cudaFree */
+    int64_t device_mallocs;  /* cudaMalloc (the caching allocator's segments, scratch) */
+    int64_t device_frees;    /* cudaFree */
+    int64_t h2d_copies, h2d_bytes;
+    int64_t d2h_copies, d2h_bytes;
+} nd_cuda_work;
+
+/* GPU `ordinal`'s census into *out, or zeroes it; ND_ERR_DEVICE when there
+ * is no such registered GPU. */
+nd_status nd_cuda_work_get(int ordinal, nd_cuda_work *out);
+nd_status nd_cuda_work_reset(int ordinal);
+
 /* 1 when the backend runs on the CUDA simulator (a NEEDLE_CUDA=sim build:
  * csrc/cuda/sim), 0 on a real GPU runtime. */
 int nd_cuda_simulated(void);

@@ -97,7 +97,12 @@ extern "C" int nd_cuda_register_devices(void) {
     return cuda_device_count;
 }
 
+int nd_cuda_registered(int ordinal) {
+    return ordinal >= 0 && ordinal < ND_CUDA_MAX_DEVICES && cuda_devices[ordinal] != NULL;
+}
+
 nd_status nd_cuda_set_device(int ordinal) {
+    nd_cuda_census_set_current(ordinal);
     int current = -1;
     ND_CUDA_CHECK(cudaGetDevice(&current));
     if (current != ordinal) ND_CUDA_CHECK(cudaSetDevice(ordinal));

@@ -119,6 +119,31 @@ nd_status nd_cuda_activate(const void *ptr, nd_device **dev);
 /* Makes GPU `ordinal` current. */
 nd_status nd_cuda_set_device(int ordinal);
 
+/* 1 when `ordinal` is a registered GPU (cuda_backend.cu). */
+int nd_cuda_registered(int ordinal);
+
+/* ---------------------------------------------------------------- census */
+
+/* cuda_census.cu: the runtime calls the backend makes for memory, copies and
+ * waits, each counted in the census of the current GPU (see cuda_api.h's
+ * nd_cuda_work). The backend calls the CUDA runtime for these through here
+ * only (tests/test_cuda_census.py checks the sources). */
+void nd_cuda_census_set_current(int ordinal);
+void nd_cuda_count_blas(void);
+cudaError_t nd_cuda_malloc(void **ptr, size_t bytes);
+cudaError_t nd_cuda_free(void *ptr);
+/* Synchronous copies: the host waits (a host sync each). */
+cudaError_t nd_cuda_copy_to_host(void *host, const void *device, size_t bytes);
+cudaError_t nd_cuda_copy_from_host(void *device, const void *host, size_t bytes);
+/* An asynchronous copy from page-locked host memory: no wait. */
+cudaError_t nd_cuda_copy_from_pinned(void *device, const void *pinned, size_t bytes,
+                                     cudaStream_t stream);
+cudaError_t nd_cuda_copy_on_device(void *dst, const void *src, size_t bytes, cudaStream_t stream);
+cudaError_t nd_cuda_memset(void *ptr, int value, size_t bytes, cudaStream_t stream);
+cudaError_t nd_cuda_synchronize(void);
+/* Waits for event; a host sync only when it had not completed yet. */
+cudaError_t nd_cuda_event_wait(cudaEvent_t event);
+
 /* ------------------------------------------------- backend entry points */
 
 /* cuda_allocator.cu */
@@ -160,6 +185,11 @@ nd_status nd_cublas_sgemm_strided(nd_cublas_handle h, int transa, int transb, in
                                   const float *a, int lda, long long stride_a, const float *b,
                                   int ldb, long long stride_b, float *c, int ldc,
                                   long long stride_c, int batch_count);
+/* c[z] = a[z] b[z] for each z through cublasSgemmBatched: the arrays of
+ * pointers live in device memory. Same conventions and failures. */
+nd_status nd_cublas_sgemm_batched(nd_cublas_handle h, int transa, int transb, int m, int n, int k,
+                                  const float *const a[], int lda, const float *const b[], int ldb,
+                                  float *const c[], int ldc, int batch_count);
 
 /* cuda_gather.cu */
 nd_status nd_cuda_gather_rows(const nd_layout *out_layout, float *out,

@@ -1,7 +1,14 @@
 /* cuda_cublas.cu: cuBLAS for the CUDA backend's matmul: finds and loads the
  * library at run time, keeps one handle per GPU whose workspace comes from
- * needle's caching allocator, and runs cublasSgemmStridedBatched, turning
- * cuBLAS's allocation failures into the engine's out-of-memory status.
+ * needle's caching allocator, and runs cublasSgemmStridedBatched and
+ * cublasSgemmBatched (arrays of pointers), turning cuBLAS's allocation
+ * failures into the engine's out-of-memory status. Each GEMM call is counted
+ * in the census (cuda_census.cu).
+ *
+ * A NEEDLE_CUDA=sim build uses the simulator's cuBLAS stand-in
+ * (sim/sim_cublas.h, computed on the CPU) in place of the library, so that
+ * CI runs this file's handle, workspace, batching and ladder code as a GPU
+ * does; NEEDLE_CUBLAS=0 still selects needle's kernel there.
  *
  * cuBLAS is loaded with dlopen rather than linked, so that the extension
  * imports (and the rest of the backend runs) where cuBLAS is not installed.
@@ -39,7 +46,15 @@ typedef int (*cublas_sgemm_strided_fn)(nd_cublas_handle handle, int transa, int 
                                        long long stride_a, const float *b, int ldb,
                                        long long stride_b, const float *beta, float *c, int ldc,
                                        long long stride_c, int batch_count);
+typedef int (*cublas_sgemm_batched_fn)(nd_cublas_handle handle, int transa, int transb, int m,
+                                       int n, int k, const float *alpha, const float *const a[],
+                                       int lda, const float *const b[], int ldb, const float *beta,
+                                       float *const c[], int ldc, int batch_count);
 typedef const char *(*cublas_status_string_fn)(int status);
+
+#ifdef NEEDLE_CUDA_SIM
+#include "sim/sim_cublas.h"
+#endif
 
 #define CUBLAS_OK 0
 #define CUBLAS_ALLOC_FAILED 3
@@ -56,6 +71,7 @@ static struct {
     cublas_set_stream_fn set_stream;
     cublas_set_workspace_fn set_workspace; /* optional: older cuBLAS lacks it */
     cublas_sgemm_strided_fn sgemm_strided;
+    cublas_sgemm_batched_fn sgemm_batched;
     cublas_status_string_fn status_string; /* optional */
     char description[4096];
 } cublas;
@@ -88,8 +104,12 @@ static int try_open(const char *path) {
     cublas.set_stream = (cublas_set_stream_fn)dlsym(lib, "cublasSetStream_v2");
     cublas.set_workspace = (cublas_set_workspace_fn)dlsym(lib, "cublasSetWorkspace_v2");
     cublas.sgemm_strided = (cublas_sgemm_strided_fn)dlsym(lib, "cublasSgemmStridedBatched");
+    cublas.sgemm_batched = (cublas_sgemm_batched_fn)dlsym(lib, "cublasSgemmBatched_v2");
+    if (cublas.sgemm_batched == NULL)
+        cublas.sgemm_batched = (cublas_sgemm_batched_fn)dlsym(lib, "cublasSgemmBatched");
     cublas.status_string = (cublas_status_string_fn)dlsym(lib, "cublasGetStatusString");
-    if (cublas.create == NULL || cublas.set_stream == NULL || cublas.sgemm_strided == NULL) {
+    if (cublas.create == NULL || cublas.set_stream == NULL || cublas.sgemm_strided == NULL ||
+        cublas.sgemm_batched == NULL) {
         dlclose(lib);
         return 0;
     }
@@ -107,13 +127,6 @@ static const char *const SONAMES[] = {"libcublas.so.13", "libcublas.so.12", "lib
 static int load_cublas(void) {
     if (cublas.tried) return cublas.library != NULL;
     cublas.tried = 1;
-#ifdef NEEDLE_CUDA_SIM
-    /* The CUDA simulator has no cuBLAS to run: needle's kernel always serves. */
-    cublas.disabled = 1;
-    snprintf(cublas.description, sizeof cublas.description, "%s (simulated CUDA: no cuBLAS)",
-             KERNEL_NAME);
-    return 0;
-#endif
     const char *env = getenv("NEEDLE_CUBLAS");
     if (env != NULL && strcmp(env, "0") == 0) {
         cublas.disabled = 1;
@@ -121,6 +134,18 @@ static int load_cublas(void) {
                  KERNEL_NAME);
         return 0;
     }
+#ifdef NEEDLE_CUDA_SIM
+    cublas.create = nd_sim_cublas_create;
+    cublas.set_stream = nd_sim_cublas_set_stream;
+    cublas.set_workspace = nd_sim_cublas_set_workspace;
+    cublas.sgemm_strided = nd_sim_cublas_sgemm_strided;
+    cublas.sgemm_batched = nd_sim_cublas_sgemm_batched;
+    cublas.status_string = nd_sim_cublas_status_string;
+    cublas.library = (void *)&cublas; /* loaded: nothing to dlclose */
+    snprintf(cublas.description, sizeof cublas.description,
+             "cublas (the CUDA simulator's stand-in, computed on the CPU)");
+    return 1;
+#endif
     if (env != NULL && env[0] != '\0' && strcmp(env, "1") != 0) {
         if (try_open(env)) return 1;
         cublas.disabled = 1;
@@ -322,21 +347,33 @@ nd_cublas_handle nd_cublas_handle_for(nd_device *dev) {
 
 /* ------------------------------------------------------------------- GEMM */
 
+/* A GEMM call's cuBLAS status as the engine's. */
+static nd_status gemm_status(int status, const char *call, int m, int n, int k, int batch_count) {
+    if (status == CUBLAS_OK) return ND_OK;
+    if (status == CUBLAS_ALLOC_FAILED)
+        return nd_fail(ND_ERR_OOM, "%s could not allocate GPU memory (m=%d, n=%d, k=%d, batch %d)",
+                       call, m, n, k, batch_count);
+    return nd_fail(ND_ERR_BACKEND, "cuBLAS error %d (%s): %s (m=%d, n=%d, k=%d, batch %d)", status,
+                   status_text(status), call, m, n, k, batch_count);
+}
+
 nd_status nd_cublas_sgemm_strided(nd_cublas_handle h, int transa, int transb, int m, int n, int k,
                                   const float *a, int lda, long long stride_a, const float *b,
                                   int ldb, long long stride_b, float *c, int ldc,
                                   long long stride_c, int batch_count) {
     const float one = 1.0f, zero = 0.0f;
+    nd_cuda_count_blas();
     int status = cublas.sgemm_strided(h, transa, transb, m, n, k, &one, a, lda, stride_a, b, ldb,
                                       stride_b, &zero, c, ldc, stride_c, batch_count);
-    if (status == CUBLAS_OK) return ND_OK;
-    if (status == CUBLAS_ALLOC_FAILED)
-        return nd_fail(ND_ERR_OOM,
-                       "cublasSgemmStridedBatched could not allocate GPU memory (m=%d, n=%d, "
-                       "k=%d, batch %d)",
-                       m, n, k, batch_count);
-    return nd_fail(ND_ERR_BACKEND,
-                   "cuBLAS error %d (%s) at %s:%d: cublasSgemmStridedBatched (m=%d, n=%d, k=%d, "
-                   "batch %d)",
-                   status, status_text(status), __FILE__, __LINE__, m, n, k, batch_count);
+    return gemm_status(status, "cublasSgemmStridedBatched", m, n, k, batch_count);
+}
+
+nd_status nd_cublas_sgemm_batched(nd_cublas_handle h, int transa, int transb, int m, int n, int k,
+                                  const float *const a[], int lda, const float *const b[], int ldb,
+                                  float *const c[], int ldc, int batch_count) {
+    const float one = 1.0f, zero = 0.0f;
+    nd_cuda_count_blas();
+    int status = cublas.sgemm_batched(h, transa, transb, m, n, k, &one, a, lda, b, ldb, &zero, c,
+                                      ldc, batch_count);
+    return gemm_status(status, "cublasSgemmBatched", m, n, k, batch_count);
 }

@@ -192,7 +192,7 @@ static nd_status fill(const nd_cuda_iter &it, float *dst, float value, cudaStrea
     uint32_t bits;
     memcpy(&bits, &value, sizeof bits);
     if (it.ndim == 1 && it.strides[0][0] == 1 && bits == 0u) { /* +0.0f: all bytes zero */
-        ND_CUDA_CHECK(cudaMemsetAsync(dst, 0, (size_t)it.numel * sizeof(float), stream));
+        ND_CUDA_CHECK(nd_cuda_memset(dst, 0, (size_t)it.numel * sizeof(float), stream));
         return ND_OK;
     }
     ND_LAUNCH(fill_kernel, nd_cuda_blocks(it.numel, ND_CUDA_THREADS), ND_CUDA_THREADS, 0, stream,
@@ -215,8 +215,7 @@ nd_status nd_cuda_copy(const nd_layout *dst_layout, float *dst, nd_kernel_operan
     const float *s = src.data + src.layout->offset;
     if (it.ndim == 1 && it.strides[0][0] == 1 && it.strides[1][0] == 1) {
         /* The front end never passes overlapping source and destination. */
-        ND_CUDA_CHECK(cudaMemcpyAsync(d, s, (size_t)it.numel * sizeof(float),
-                                      cudaMemcpyDeviceToDevice, stream));
+        ND_CUDA_CHECK(nd_cuda_copy_on_device(d, s, (size_t)it.numel * sizeof(float), stream));
         return ND_OK;
     }
     return unary(it, d, s, op_identity{}, stream);

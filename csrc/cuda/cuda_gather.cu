@@ -67,17 +67,17 @@ static nd_status check_indices(nd_device *dev, const nd_layout *idx_layout, cons
     int64_t n = idx_layout->shape[0], is = idx_layout->strides[0];
     int ordinal = dev != NULL ? dev->ordinal : 0;
     if (flags[ordinal] == NULL)
-        ND_CUDA_CHECK(cudaMalloc((void **)&flags[ordinal], sizeof(unsigned long long)));
+        ND_CUDA_CHECK(nd_cuda_malloc((void **)&flags[ordinal], sizeof(unsigned long long)));
     unsigned long long *flag = flags[ordinal];
-    ND_CUDA_CHECK(cudaMemsetAsync(flag, 0xFF, sizeof *flag, stream));
+    ND_CUDA_CHECK(nd_cuda_memset(flag, 0xFF, sizeof *flag, stream));
     ND_LAUNCH(check_indices_kernel, nd_cuda_blocks(n, ND_CUDA_THREADS), ND_CUDA_THREADS, 0, stream,
               n, idx, is, rows, flag);
     ND_CUDA_CHECK(cudaGetLastError());
     unsigned long long first_bad = NO_BAD_INDEX;
-    ND_CUDA_CHECK(cudaMemcpy(&first_bad, flag, sizeof first_bad, cudaMemcpyDeviceToHost));
+    ND_CUDA_CHECK(nd_cuda_copy_to_host(&first_bad, flag, sizeof first_bad));
     if (first_bad == NO_BAD_INDEX) return ND_OK;
     float v = 0.0f;
-    ND_CUDA_CHECK(cudaMemcpy(&v, idx + (int64_t)first_bad * is, sizeof v, cudaMemcpyDeviceToHost));
+    ND_CUDA_CHECK(nd_cuda_copy_to_host(&v, idx + (int64_t)first_bad * is, sizeof v));
     return nd_index_error(what, v, rows, unit);
 }
 

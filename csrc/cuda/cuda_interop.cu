@@ -55,7 +55,9 @@ extern "C" nd_status nd_cuda_release_from_stream(int ordinal, intptr_t stream) {
          * GPU's work instead, so that the block is still safe to reuse. */
         int previous = -1;
         if (cudaGetDevice(&previous) == cudaSuccess && cudaSetDevice(ordinal) == cudaSuccess) {
-            (void)cudaDeviceSynchronize();
+            nd_cuda_census_set_current(ordinal);
+            (void)nd_cuda_synchronize();
+            nd_cuda_census_set_current(previous);
             (void)cudaSetDevice(previous);
         }
         (void)cudaGetLastError();

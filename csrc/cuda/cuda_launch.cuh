@@ -9,6 +9,8 @@
  * cudaGetLastError afterwards. A template kernel whose arguments contain a
  * comma goes in parentheses: ND_LAUNCH((reduce_kernel<R, 32>), ...).
  *
+ * Every launch is counted in the census of the current GPU (cuda_census.cu).
+ *
  * ND_DYNAMIC_SHARED(type, name) declares a kernel's dynamic shared memory
  * (the launch's shared_bytes), which is `extern __shared__ type name[]` under
  * nvcc; the simulator needs a different spelling.
@@ -16,14 +18,19 @@
 #ifndef NEEDLE_CUDA_LAUNCH_CUH
 #define NEEDLE_CUDA_LAUNCH_CUH
 
+void nd_cuda_count_launch(void);
+
 #ifdef NEEDLE_CUDA_SIM
-#define ND_LAUNCH(kernel, grid, block, shared_bytes, stream, ...)                        \
-    ((void)nd_sim_launch(#kernel, __FILE__, __LINE__, kernel, grid, block, shared_bytes, \
-                         stream, ##__VA_ARGS__))
+#define ND_LAUNCH(kernel, grid, block, shared_bytes, stream, ...)                                  \
+    (nd_cuda_count_launch(), (void)nd_sim_launch(#kernel, __FILE__, __LINE__, kernel, grid, block, \
+                                                 shared_bytes, stream, ##__VA_ARGS__))
 #define ND_DYNAMIC_SHARED(type, name) type *const name = (type *)nd_sim_dynamic_shared()
 #else
-#define ND_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
-    kernel<<<grid, block, shared_bytes, stream>>>(__VA_ARGS__)
+#define ND_LAUNCH(kernel, grid, block, shared_bytes, stream, ...)   \
+    do {                                                            \
+        nd_cuda_count_launch();                                     \
+        kernel<<<grid, block, shared_bytes, stream>>>(__VA_ARGS__); \
+    } while (0)
 #define ND_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
 #endif
 

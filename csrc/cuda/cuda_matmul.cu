@@ -5,8 +5,13 @@
  * Row-major C (m x n) = A B is computed as the column-major C^T = B^T A^T; a
  * transposed operand (unit row stride) becomes CUBLAS_OP_T, never a copy.
  * Batches whose strides collapse to one dim run as one
- * cublasSgemmStridedBatched (stride 0 broadcasts an operand), others as a
- * loop of those. A cuBLAS call that fails for want of memory goes through
+ * cublasSgemmStridedBatched (stride 0 broadcasts an operand). Others (the
+ * attention's matmuls over (batch, heads) views of a (batch, seq, heads,
+ * dim) array, say) run as one cublasSgemmBatched whose arrays of pointers a
+ * small kernel writes into a scratch block: two launches whatever the batch,
+ * no copy of the operands, where a loop of strided calls was one call per
+ * index of the outer batch dims (256 for the course's transformer), and a
+ * compaction would copy both operands first. A cuBLAS call that fails for want of memory goes through
  * the engine's out-of-memory ladder (release the cache, collect, retry) and,
  * if memory is still short, the kernel (which needs none) computes the
  * product; other cuBLAS failures are ND_ERR_BACKEND with the call site.
@@ -139,8 +144,54 @@ static int fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 #define CUBLAS_OP_N_ 0
 #define CUBLAS_OP_T_ 1
 
-/* One cublasSgemmStridedBatched per index of the outer batch dims. */
-static nd_status cublas_matmul(nd_cublas_handle h, const nd_matmul_desc *d, const gemm_batch &g) {
+/* The (a, b, out) pointers of each matrix of the batch, for cublasSgemmBatched. */
+__global__ void gemm_pointers_kernel(int64_t m_n, const float *a, const float *b, float *out,
+                                     gemm_batch batch, const float **a_ptrs, const float **b_ptrs,
+                                     float **out_ptrs) {
+    for (int64_t z = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; z < batch.count;
+         z += (int64_t)gridDim.x * blockDim.x) {
+        int64_t a_off = 0, b_off = 0, rest = z;
+        for (int d = batch.ndim - 1; d >= 0; d--) {
+            int64_t c = rest % batch.shape[d];
+            rest /= batch.shape[d];
+            a_off += c * batch.a[d];
+            b_off += c * batch.b[d];
+        }
+        a_ptrs[z] = a + a_off;
+        b_ptrs[z] = b + b_off;
+        out_ptrs[z] = out + z * m_n;
+    }
+}
+
+/* One cublasSgemmBatched over the whole batch; the pointer arrays live in a
+ * scratch block that goes back to the cache at once (later work on the
+ * stream runs after the GEMM has read them). */
+static nd_status cublas_matmul_pointers(nd_cublas_handle h, nd_device *dev, const nd_matmul_desc *d,
+                                        const gemm_batch &g, int op_a, int64_t lda, int op_b,
+                                        int64_t ldb) {
+    const int64_t bytes = 3 * g.count * (int64_t)sizeof(float *);
+    void *scratch = NULL;
+    ND_TRY(nd_cuda_raw_alloc(dev, bytes, &scratch));
+    const float **a_ptrs = (const float **)scratch;
+    const float **b_ptrs = a_ptrs + g.count;
+    float **out_ptrs = (float **)(b_ptrs + g.count);
+    cudaStream_t stream = 0;
+    ND_LAUNCH(gemm_pointers_kernel, nd_cuda_blocks(g.count, ND_CUDA_THREADS), ND_CUDA_THREADS, 0,
+              stream, d->m * d->n, d->a, d->b, d->out, g, a_ptrs, b_ptrs, out_ptrs);
+    nd_status status = ND_OK;
+    cudaError_t err = cudaGetLastError();
+    if (err == cudaSuccess)
+        status =
+            nd_cublas_sgemm_batched(h, op_b, op_a, (int)d->n, (int)d->m, (int)d->k, b_ptrs,
+                                    (int)ldb, a_ptrs, (int)lda, out_ptrs, (int)d->n, (int)g.count);
+    nd_cuda_raw_free(dev, scratch, bytes);
+    ND_CUDA_CHECK(err);
+    return status;
+}
+
+/* The whole batched product in one cuBLAS call. */
+static nd_status cublas_matmul(nd_cublas_handle h, nd_device *dev, const nd_matmul_desc *d,
+                               const gemm_batch &g) {
     /* Column-major: C^T (n x m, ld n) = op(B^T) (n x k) op(A^T) (k x m). A
      * row-major operand (unit column stride) read column-major is already
      * its transpose: CUBLAS_OP_N with ld = row stride; a transposed one is
@@ -149,41 +200,25 @@ static nd_status cublas_matmul(nd_cublas_handle h, const nd_matmul_desc *d, cons
     int64_t ldb = d->b_col_stride == 1 ? d->b_row_stride : d->b_col_stride;
     int op_a = d->a_col_stride == 1 ? CUBLAS_OP_N_ : CUBLAS_OP_T_;
     int64_t lda = d->a_col_stride == 1 ? d->a_row_stride : d->a_col_stride;
-    int inner = g.ndim - 1;
-    int64_t count = inner >= 0 ? g.shape[inner] : 1;
-    long long stride_a = inner >= 0 ? g.a[inner] : 0, stride_b = inner >= 0 ? g.b[inner] : 0;
-    long long stride_c = (long long)(d->m * d->n);
-    int64_t outer = count > 0 ? g.count / count : 0;
-    int64_t index[ND_MAX_DIMS] = {0};
-    for (int64_t o = 0; o < outer; o++) {
-        int64_t a_off = 0, b_off = 0;
-        for (int i = 0; i < inner; i++) {
-            a_off += index[i] * g.a[i];
-            b_off += index[i] * g.b[i];
-        }
-        ND_TRY(nd_cublas_sgemm_strided(h, op_b, op_a, (int)d->n, (int)d->m, (int)d->k, d->b + b_off,
-                                       (int)ldb, stride_b, d->a + a_off, (int)lda, stride_a,
-                                       d->out + o * count * stride_c, (int)d->n, stride_c,
-                                       (int)count));
-        for (int i = inner - 1; i >= 0; i--) {
-            if (++index[i] < g.shape[i]) break;
-            index[i] = 0;
-        }
-    }
-    return ND_OK;
+    if (g.ndim > 1) return cublas_matmul_pointers(h, dev, d, g, op_a, lda, op_b, ldb);
+    long long stride_a = g.ndim == 1 ? g.a[0] : 0, stride_b = g.ndim == 1 ? g.b[0] : 0;
+    return nd_cublas_sgemm_strided(h, op_b, op_a, (int)d->n, (int)d->m, (int)d->k, d->b, (int)ldb,
+                                   stride_b, d->a, (int)lda, stride_a, d->out, (int)d->n,
+                                   (long long)(d->m * d->n), (int)g.count);
 }
 
 /* One try of the whole product through cuBLAS, for the out-of-memory ladder
  * (a retry recomputes every output: out is fresh and never an operand). */
 typedef struct cublas_attempt {
     nd_cublas_handle h;
+    nd_device *dev;
     const nd_matmul_desc *d;
     const gemm_batch *g;
 } cublas_attempt;
 
 static nd_status try_cublas(void *ctx) {
     const cublas_attempt *at = (const cublas_attempt *)ctx;
-    return cublas_matmul(at->h, at->d, *at->g);
+    return cublas_matmul(at->h, at->dev, at->d, *at->g);
 }
 
 nd_status nd_cuda_matmul(const nd_matmul_desc *d) {
@@ -195,17 +230,16 @@ nd_status nd_cuda_matmul(const nd_matmul_desc *d) {
     cudaStream_t stream = 0;
     if (d->k == 0) {
         ND_CUDA_CHECK(
-            cudaMemsetAsync(d->out, 0, (size_t)(g.count * d->m * d->n) * sizeof(float), stream));
+            nd_cuda_memset(d->out, 0, (size_t)(g.count * d->m * d->n) * sizeof(float), stream));
         return ND_OK;
     }
     int64_t lda = d->a_col_stride == 1 ? d->a_row_stride : d->a_col_stride;
     int64_t ldb = d->b_col_stride == 1 ? d->b_row_stride : d->b_col_stride;
-    int64_t inner_count = g.ndim > 0 ? g.shape[g.ndim - 1] : 1;
     int cublas_ok = fits_int(d->m) && fits_int(d->n) && fits_int(d->k) && fits_int(lda) &&
-                    fits_int(ldb) && fits_int(inner_count);
+                    fits_int(ldb) && fits_int(g.count);
     nd_cublas_handle h = cublas_ok ? nd_cublas_handle_for(dev) : NULL;
     if (h != NULL) {
-        cublas_attempt at = {h, d, &g};
+        cublas_attempt at = {h, dev, d, &g};
         nd_status status = nd_memory_retry(dev, nd_cublas_workspace_bytes(dev), try_cublas, &at);
         /* Still short of memory after the ladder: the kernel needs none. */
         if (status != ND_ERR_OOM) return status;

@@ -6,12 +6,22 @@
  * never counted as allocated) and then copied; when the view touches a range
  * of memory not much larger than itself (or no scratch can be had under the
  * memory limit), the touched range is copied instead and gathered or
- * scattered on the host. cudaMemcpy from and to pageable memory is
- * synchronous, so to_host returns with the data in place.
+ * scattered on the host. A device-to-host cudaMemcpy is synchronous, so
+ * to_host returns with the data in place.
+ *
+ * from_host does not make the host wait for the GPU when it can help it: a
+ * cudaMemcpy from pageable memory first synchronises the stream (CUDA's API
+ * synchronisation rules), which in a training step would stall the host once
+ * per batch uploaded. Uploads up to STAGE_BYTES are copied into a ring of
+ * page-locked staging buffers instead and sent with cudaMemcpyAsync; a slot
+ * is reused once the event recorded after its copy has completed (by then,
+ * normally, long ago). Larger uploads, or any when page-locked memory cannot
+ * be had, fall back to the synchronous copy.
  */
 #include "cuda_common.cuh"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* Views whose touched range is at most this many elements beyond twice
  * their size go through the host. */
@@ -58,6 +68,62 @@ static void scratch_free(nd_device *dev, float *p, int64_t numel) {
     nd_cuda_raw_free(dev, p, numel * (int64_t)sizeof(float));
 }
 
+/* ------------------------------------------------------ the staging ring */
+
+#define STAGE_SLOTS 4
+#define STAGE_BYTES ((size_t)1 << 20)
+
+typedef struct stage_slot {
+    void *pinned; /* STAGE_BYTES of page-locked host memory */
+    cudaEvent_t done;
+} stage_slot;
+
+typedef struct stage_ring {
+    stage_slot slots[STAGE_SLOTS];
+    int next;
+    int broken; /* page-locked memory or an event could not be had: copy synchronously */
+} stage_ring;
+
+static stage_ring rings[ND_CUDA_MAX_DEVICES];
+
+/* The next slot of dev's ring, ready to be written, or NULL. */
+static stage_slot *stage_take(nd_device *dev) {
+    stage_ring *r = &rings[dev->ordinal];
+    if (r->broken) return NULL;
+    stage_slot *s = &r->slots[r->next];
+    if (s->pinned == NULL) {
+        if (cudaMallocHost(&s->pinned, STAGE_BYTES) != cudaSuccess) {
+            (void)cudaGetLastError();
+            s->pinned = NULL;
+            r->broken = 1;
+            return NULL;
+        }
+        if (cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming) != cudaSuccess) {
+            (void)cudaGetLastError();
+            (void)cudaFreeHost(s->pinned);
+            s->pinned = NULL;
+            r->broken = 1;
+            return NULL;
+        }
+    } else if (nd_cuda_event_wait(s->done) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    r->next = (r->next + 1) % STAGE_SLOTS;
+    return s;
+}
+
+/* bytes from host to device memory at dst, without a host sync when staged. */
+static cudaError_t upload(nd_device *dev, void *dst, const void *host, size_t bytes) {
+    stage_slot *s = bytes <= STAGE_BYTES && dev != NULL ? stage_take(dev) : NULL;
+    if (s == NULL) return nd_cuda_copy_from_host(dst, host, bytes);
+    memcpy(s->pinned, host, bytes);
+    cudaStream_t stream = 0;
+    cudaError_t err = nd_cuda_copy_from_pinned(dst, s->pinned, bytes, stream);
+    if (err != cudaSuccess) return err;
+    return cudaEventRecord(s->done, stream);
+}
+
 /* The touched range of the view, copied to a host buffer, gathered. */
 static nd_status to_host_through_range(const nd_layout *l, const nd_cuda_iter *it, const float *src,
                                        float *host) {
@@ -65,8 +131,7 @@ static nd_status to_host_through_range(const nd_layout *l, const nd_cuda_iter *i
     nd_layout_extent(l, &lo, &hi);
     float *range = (float *)malloc((size_t)(hi - lo) * sizeof(float));
     if (range == NULL) return nd_fail(ND_ERR_OOM, "out of host memory for a device transfer");
-    cudaError_t err =
-        cudaMemcpy(range, src + lo, (size_t)(hi - lo) * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaError_t err = nd_cuda_copy_to_host(range, src + lo, (size_t)(hi - lo) * sizeof(float));
     if (err == cudaSuccess) host_gather(it, range + (l->offset - lo), host);
     free(range);
     ND_CUDA_CHECK(err);
@@ -82,8 +147,7 @@ nd_status nd_cuda_to_host(const nd_layout *src_layout, const float *src, float *
     ND_TRY(nd_cuda_activate(src, &dev));
     const float *first = src + src_layout->offset;
     if (it.ndim == 1 && it.strides[0][0] == 1) {
-        ND_CUDA_CHECK(
-            cudaMemcpy(host, first, (size_t)it.numel * sizeof(float), cudaMemcpyDeviceToHost));
+        ND_CUDA_CHECK(nd_cuda_copy_to_host(host, first, (size_t)it.numel * sizeof(float)));
         return ND_OK;
     }
     int64_t lo, hi;
@@ -97,7 +161,7 @@ nd_status nd_cuda_to_host(const nd_layout *src_layout, const float *src, float *
     nd_status status = nd_cuda_copy(&packed, scratch, view);
     cudaError_t err = cudaSuccess;
     if (status == ND_OK)
-        err = cudaMemcpy(host, scratch, (size_t)it.numel * sizeof(float), cudaMemcpyDeviceToHost);
+        err = nd_cuda_copy_to_host(host, scratch, (size_t)it.numel * sizeof(float));
     scratch_free(dev, scratch, it.numel);
     ND_TRY(status);
     ND_CUDA_CHECK(err);
@@ -113,10 +177,10 @@ static nd_status from_host_through_range(const nd_layout *l, const nd_cuda_iter 
     size_t bytes = (size_t)(hi - lo) * sizeof(float);
     float *range = (float *)malloc(bytes);
     if (range == NULL) return nd_fail(ND_ERR_OOM, "out of host memory for a device transfer");
-    cudaError_t err = cudaMemcpy(range, dst + lo, bytes, cudaMemcpyDeviceToHost);
+    cudaError_t err = nd_cuda_copy_to_host(range, dst + lo, bytes);
     if (err == cudaSuccess) {
         host_scatter(it, range + (l->offset - lo), host);
-        err = cudaMemcpy(dst + lo, range, bytes, cudaMemcpyHostToDevice);
+        err = nd_cuda_copy_from_host(dst + lo, range, bytes);
     }
     free(range);
     ND_CUDA_CHECK(err);
@@ -132,8 +196,7 @@ nd_status nd_cuda_from_host(const nd_layout *dst_layout, float *dst, const float
     ND_TRY(nd_cuda_activate(dst, &dev));
     float *first = dst + dst_layout->offset;
     if (it.ndim == 1 && it.strides[0][0] == 1) {
-        ND_CUDA_CHECK(
-            cudaMemcpy(first, host, (size_t)it.numel * sizeof(float), cudaMemcpyHostToDevice));
+        ND_CUDA_CHECK(upload(dev, first, host, (size_t)it.numel * sizeof(float)));
         return ND_OK;
     }
     float *scratch = scratch_alloc(dev, it.numel);
@@ -142,8 +205,7 @@ nd_status nd_cuda_from_host(const nd_layout *dst_layout, float *dst, const float
      * goes back to the cache at once: later kernels on the stream run after
      * this one. */
     nd_status status = ND_OK;
-    cudaError_t err =
-        cudaMemcpy(scratch, host, (size_t)it.numel * sizeof(float), cudaMemcpyHostToDevice);
+    cudaError_t err = upload(dev, scratch, host, (size_t)it.numel * sizeof(float));
     if (err == cudaSuccess) {
         nd_layout packed;
         nd_layout_contiguous(dst_layout->ndim, dst_layout->shape, &packed);

@@ -10,6 +10,7 @@ share the one name::
     ndl.cuda.memory_allocated(), ndl.cuda.max_memory_allocated(), ndl.cuda.memory_reserved()
     ndl.cuda.max_memory_reserved(), ndl.cuda.memory_stats(), ndl.cuda.reset_peak_memory_stats()
     ndl.cuda.empty_cache(), ndl.cuda.mem_get_info(), ndl.cuda.memory_summary()
+    ndl.cuda.work_counters(), ndl.cuda.reset_work_counters()
 
 Every function takes ``device=None`` (meaning ``cuda(0)``), a device index, a CUDA
 device object or a name such as ``"cuda"`` / ``"cuda:1"``, and counts bytes. They are
@@ -50,7 +51,25 @@ __all__ = [
     "memory_summary",
     "set_per_process_memory_fraction",
     "gemm_backend",
+    "work_counters",
+    "reset_work_counters",
+    "WORK_COUNTERS",
 ]
+
+# The census keys of work_counters(), in the engine's order (csrc/cuda/cuda_api.h).
+WORK_COUNTERS = (
+    "kernel_launches",
+    "memsets",
+    "d2d_copies",
+    "blas_calls",
+    "host_syncs",
+    "device_mallocs",
+    "device_frees",
+    "h2d_copies",
+    "h2d_bytes",
+    "d2h_copies",
+    "d2h_bytes",
+)
 
 
 def _device(device=None):
@@ -176,6 +195,26 @@ def gemm_backend():
     a cuBLAS call short of memory goes through the out-of-memory ladder and, if memory
     stays short, that one product runs on needle's kernel."""
     return _c._cuda_gemm()
+
+
+def work_counters(device=None, reset=False):
+    """The census of the work needle asked of the GPU since the last reset: a dict with
+    the keys of :data:`WORK_COUNTERS`: ``kernel_launches`` (needle's kernels), ``memsets``,
+    ``d2d_copies``, ``blas_calls`` (cuBLAS GEMMs), ``host_syncs`` (each time the host
+    waited for the GPU: a device-to-host copy, a synchronous host-to-device copy, a
+    synchronize, ``cudaFree``), ``device_mallocs`` and ``device_frees`` (``cudaMalloc`` /
+    ``cudaFree``: the caching allocator's segments), ``h2d_copies``/``h2d_bytes`` and
+    ``d2h_copies``/``d2h_bytes``. They count the same calls on a GPU and on the CUDA
+    simulator (``NEEDLE_CUDA=sim``). ``reset=True`` zeroes them after reading. Every
+    count is 0 without CUDA."""
+    dev = _device(device)
+    counts = _c._cuda_work(dev.index, bool(reset)) if dev.enabled() else None
+    return dict(counts) if counts is not None else dict.fromkeys(WORK_COUNTERS, 0)
+
+
+def reset_work_counters(device=None):
+    """Zeroes the GPU's :func:`work_counters`."""
+    work_counters(device, reset=True)
 
 
 def _cublas_wheel_dirs():
