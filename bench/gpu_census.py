@@ -82,6 +82,7 @@ def needle_census(name, cfg, vocab, batch, steps, warmup):
         losses.append(float(loss.numpy().reshape(-1)[0]))
     work = ndl.cuda.work_counters(device)
     per_step = {k: v / steps for k, v in work.items()}
+    by_kernel = {k: v / steps for k, v in ndl.cuda.launches_by_kernel(device).items()}
     launches = sum(per_step[k] for k in ("kernel_launches", "memsets", "d2d_copies"))
     return dict(
         config=name,
@@ -96,6 +97,7 @@ def needle_census(name, cfg, vocab, batch, steps, warmup):
         launches_per_step=launches + per_step["blas_calls"],
         **{f"{k}_per_step": v for k, v in per_step.items()},
         last_loss=losses[-1],
+        kernels_per_step=by_kernel,
     )
 
 
@@ -219,6 +221,11 @@ def main(argv=None):
             f"{r['host_syncs_per_step']:>6.2f} {r['device_mallocs_per_step']:>8.2f} "
             f"{r['h2d_bytes_per_step']:>8.0f} {r['d2h_bytes_per_step']:>7.0f}"
         )
+    for r in rows:
+        top = list(r["kernels_per_step"].items())[:12]
+        print(f"\n{r['config']}: launches per step by kernel (call site)")
+        for site, count in top:
+            print(f"  {count:>7.1f}  {site}")
     if args.check and failed:
         print("gpu_census: targets missed: " + "; ".join(failed), file=sys.stderr)
         return 1

@@ -114,6 +114,31 @@ static PyObject *cuda_work(PyObject *module, PyObject *const *args, Py_ssize_t n
 #endif
 }
 
+/* GPU `ordinal`'s launches by call site: {"kernel file:line": count}. */
+static PyObject *cuda_work_sites(PyObject *module, PyObject *arg) {
+    long ordinal = PyLong_AsLong(arg);
+    if (ordinal == -1 && PyErr_Occurred()) return NULL;
+    (void)module;
+    PyObject *out = PyDict_New();
+    if (out == NULL) return NULL;
+#ifdef NEEDLE_WITH_CUDA
+    if (ordinal < 0 || ordinal > INT_MAX) return out;
+    const char *names[256];
+    int64_t counts[256];
+    int n = nd_cuda_work_sites((int)ordinal, names, counts, 256);
+    for (int i = 0; i < n; i++) {
+        PyObject *count = PyLong_FromLongLong((long long)counts[i]);
+        if (count == NULL || PyDict_SetItemString(out, names[i], count) < 0) {
+            Py_XDECREF(count);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(count);
+    }
+#endif
+    return out;
+}
+
 static PyObject *cuda_gemm(PyObject *module, PyObject *Py_UNUSED(ignored)) {
     (void)module;
 #ifdef NEEDLE_WITH_CUDA
@@ -212,6 +237,9 @@ PyMethodDef cuda_info_module_functions[] = {
      "`ordinal` (kernel launches, memsets, device-to-device copies, cuBLAS calls, host syncs, "
      "device mallocs and frees, copies and bytes each way) as a dict, zeroed after reading when "
      "`reset` is true; None when there is no such GPU or no CUDA backend."},
+    {"_cuda_work_sites", cuda_work_sites, METH_O,
+     "_cuda_work_sites(ordinal, /)\n--\n\nGPU `ordinal`'s kernel launches since the census's "
+     "reset by call site, {'kernel file:line': count}; {} without such a GPU."},
     {"_cuda_gemm", cuda_gemm, METH_NOARGS,
      "_cuda_gemm()\n--\n\nWhich GEMM the CUDA backend runs (cuBLAS or needle's kernel); None "
      "without a CUDA backend."},

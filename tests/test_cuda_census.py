@@ -90,6 +90,11 @@ def test_counts_of_single_operations(gpu):
     assert _nonzero(counts) == {"h2d_copies": 1, "h2d_bytes": 48}
     _, counts = _delta(lambda: a + a)
     assert _nonzero(counts) == {"kernel_launches": 1}
+    ndl.cuda.reset_work_counters()
+    a * a, a * a, a.exp()  # noqa: B018
+    sites = ndl.cuda.launches_by_kernel()
+    assert sorted(sites.values()) == [1, 2], sites  # the binary kernel's site, the unary's
+    assert all("cuda_ewise.cu:" in site for site in sites), sites
     _, counts = _delta(lambda: a.numpy())
     assert _nonzero(counts) == {"d2h_copies": 1, "d2h_bytes": 48, "host_syncs": 1}
     _, counts = _delta(lambda: a.sum(axis=1))

@@ -76,6 +76,9 @@ typedef struct nd_cuda_work {
  * is no such registered GPU. */
 nd_status nd_cuda_work_get(int ordinal, nd_cuda_work *out);
 nd_status nd_cuda_work_reset(int ordinal);
+/* GPU `ordinal`'s kernel launches by call site since the reset: up to max
+ * ("kernel file:line", count) pairs, in no order; returns how many. */
+int nd_cuda_work_sites(int ordinal, const char **names, int64_t *counts, int max);
 
 /* 1 when the backend runs on the CUDA simulator (a NEEDLE_CUDA=sim build:
  * csrc/cuda/sim), 0 on a real GPU runtime. */

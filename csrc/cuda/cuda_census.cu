@@ -4,7 +4,8 @@
  *
  * Counted per GPU (the one current on the calling thread, which the backend
  * sets with nd_cuda_set_device before it works on a GPU): kernel launches
- * (ND_LAUNCH calls nd_cuda_count_launch), memsets, device-to-device copies,
+ * (ND_LAUNCH calls nd_cuda_count_launch, with its call site, so that the
+ * launches can also be told apart by kernel), memsets, device-to-device copies,
  * cuBLAS calls, host synchronisations, device mallocs and frees, and the
  * copies and bytes in each direction. The same calls are counted on a real
  * GPU and on the simulator, so CI sees a step's GPU work without a GPU.
@@ -24,6 +25,16 @@
 #include <string.h>
 
 static nd_cuda_work census[ND_CUDA_MAX_DEVICES];
+
+/* Launches by call site: an open-addressed table keyed by the site's string
+ * literal (one per ND_LAUNCH, so the pointer is the key). Sites past its
+ * size are counted in the totals only. */
+#define SITE_SLOTS 256
+typedef struct site_count {
+    const char *site;
+    int64_t count;
+} site_count;
+static site_count sites[ND_CUDA_MAX_DEVICES][SITE_SLOTS];
 /* The GPU the calling thread works on: CUDA's current device is per thread. */
 static thread_local int current_ordinal = 0;
 
@@ -33,7 +44,31 @@ void nd_cuda_census_set_current(int ordinal) {
 
 static nd_cuda_work *here(void) { return &census[current_ordinal]; }
 
-void nd_cuda_count_launch(void) { here()->kernel_launches++; }
+void nd_cuda_count_launch(const char *site) {
+    here()->kernel_launches++;
+    site_count *table = sites[current_ordinal];
+    uintptr_t h = ((uintptr_t)site >> 3) * (uintptr_t)0x9E3779B97F4A7C15ull;
+    for (int probe = 0; probe < SITE_SLOTS; probe++) {
+        site_count *s = &table[(h + (uintptr_t)probe) % SITE_SLOTS];
+        if (s->site == site || s->site == NULL) {
+            s->site = site;
+            s->count++;
+            return;
+        }
+    }
+}
+
+extern "C" int nd_cuda_work_sites(int ordinal, const char **names, int64_t *counts, int max) {
+    if (!nd_cuda_registered(ordinal)) return 0;
+    int n = 0;
+    for (int i = 0; i < SITE_SLOTS && n < max; i++)
+        if (sites[ordinal][i].site != NULL && sites[ordinal][i].count > 0) {
+            names[n] = sites[ordinal][i].site;
+            counts[n] = sites[ordinal][i].count;
+            n++;
+        }
+    return n;
+}
 
 void nd_cuda_count_blas(void) { here()->blas_calls++; }
 
@@ -49,6 +84,7 @@ extern "C" nd_status nd_cuda_work_reset(int ordinal) {
     if (!nd_cuda_registered(ordinal))
         return nd_fail(ND_ERR_DEVICE, "there is no CUDA device %d", ordinal);
     memset(&census[ordinal], 0, sizeof census[ordinal]);
+    for (int i = 0; i < SITE_SLOTS; i++) sites[ordinal][i].count = 0;
     return ND_OK;
 }
 

@@ -10,7 +10,7 @@ share the one name::
     ndl.cuda.memory_allocated(), ndl.cuda.max_memory_allocated(), ndl.cuda.memory_reserved()
     ndl.cuda.max_memory_reserved(), ndl.cuda.memory_stats(), ndl.cuda.reset_peak_memory_stats()
     ndl.cuda.empty_cache(), ndl.cuda.mem_get_info(), ndl.cuda.memory_summary()
-    ndl.cuda.work_counters(), ndl.cuda.reset_work_counters()
+    ndl.cuda.work_counters(), ndl.cuda.reset_work_counters(), ndl.cuda.launches_by_kernel()
 
 Every function takes ``device=None`` (meaning ``cuda(0)``), a device index, a CUDA
 device object or a name such as ``"cuda"`` / ``"cuda:1"``, and counts bytes. They are
@@ -53,6 +53,7 @@ __all__ = [
     "gemm_backend",
     "work_counters",
     "reset_work_counters",
+    "launches_by_kernel",
     "WORK_COUNTERS",
 ]
 
@@ -210,6 +211,15 @@ def work_counters(device=None, reset=False):
     dev = _device(device)
     counts = _c._cuda_work(dev.index, bool(reset)) if dev.enabled() else None
     return dict(counts) if counts is not None else dict.fromkeys(WORK_COUNTERS, 0)
+
+
+def launches_by_kernel(device=None):
+    """The kernel launches counted by :func:`work_counters`, by call site:
+    ``{"kernel_name file:line": count}`` (a template kernel shows its parameter names),
+    largest first; ``{}`` without CUDA."""
+    dev = _device(device)
+    sites = _c._cuda_work_sites(dev.index) if dev.enabled() else {}
+    return dict(sorted(sites.items(), key=lambda kv: -kv[1]))
 
 
 def reset_work_counters(device=None):
