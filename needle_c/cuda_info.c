@@ -114,6 +114,21 @@ static PyObject *cuda_work(PyObject *module, PyObject *const *args, Py_ssize_t n
 #endif
 }
 
+/* Waits for GPU `ordinal` and raises what its kernels found (a bad index). */
+static PyObject *cuda_synchronize(PyObject *module, PyObject *arg) {
+    long ordinal = PyLong_AsLong(arg);
+    if (ordinal == -1 && PyErr_Occurred()) return NULL;
+#ifdef NEEDLE_WITH_CUDA
+    nd_status status =
+        nd_cuda_synchronize_device(ordinal < 0 || ordinal > INT_MAX ? -1 : (int)ordinal);
+    if (status != ND_OK) return raise_status(state_of_module(module), status);
+    Py_RETURN_NONE;
+#else
+    (void)module;
+    Py_RETURN_NONE;
+#endif
+}
+
 /* GPU `ordinal`'s launches by call site: {"kernel file:line": count}. */
 static PyObject *cuda_work_sites(PyObject *module, PyObject *arg) {
     long ordinal = PyLong_AsLong(arg);
@@ -237,6 +252,10 @@ PyMethodDef cuda_info_module_functions[] = {
      "`ordinal` (kernel launches, memsets, device-to-device copies, cuBLAS calls, host syncs, "
      "device mallocs and frees, copies and bytes each way) as a dict, zeroed after reading when "
      "`reset` is true; None when there is no such GPU or no CUDA backend."},
+    {"_cuda_synchronize", cuda_synchronize, METH_O,
+     "_cuda_synchronize(ordinal, /)\n--\n\nWaits for all work on GPU `ordinal`, then raises the "
+     "IndexError of the first bad index or label its kernels met since the last synchronisation "
+     "(they report asynchronously)."},
     {"_cuda_work_sites", cuda_work_sites, METH_O,
      "_cuda_work_sites(ordinal, /)\n--\n\nGPU `ordinal`'s kernel launches since the census's "
      "reset by call site, {'kernel file:line': count}; {} without such a GPU."},

@@ -5,7 +5,9 @@ area's subject (an object built on the device under test), ``exc`` is the docume
 it must raise (design.md "errors": ValueError, TypeError, IndexError, needle.DeviceError,
 needle.OutOfMemoryError, BufferError) and ``match`` an optional regex its message must match.
 
-``run_case`` checks that the call raises ``exc`` (never SystemError, never nothing), then makes
+``run_case`` checks that the call raises ``exc`` (never SystemError, never nothing; on a GPU an
+error its kernels find, a bad index, is raised at the next synchronisation, so the call is
+followed by one there), then makes
 one normal call on the same subject and checks that the device's allocated bytes are what they
 were before the malformed call: bad input raises and leaves state intact.
 """
@@ -28,10 +30,14 @@ def _allocated(device):
     return ndl.memory.memory_allocated(device)
 
 
-def expect_raises(bad, subject, exc, match):
-    """Runs ``bad(subject)``; fails unless it raises ``exc`` (with ``match`` in its message)."""
+def expect_raises(bad, subject, exc, match, device=None):
+    """Runs ``bad(subject)`` (then, on a CUDA ``device``, ``ndl.cuda.synchronize()``, where
+    the GPU reports what its kernels found); fails unless it raises ``exc`` (with ``match``
+    in its message)."""
     try:
         bad(subject)
+        if device is not None and device.name == "cuda":
+            ndl.cuda.synchronize(device)
     except SystemError as err:  # a C function returned NULL without an exception, or vice versa
         pytest.fail(f"SystemError instead of {exc.__name__}: {err!r}")
     except exc as err:
@@ -48,6 +54,6 @@ def run_case(bad, exc, match, subject, normal, device):
     ``normal(subject)`` works and the device's allocated bytes are unchanged."""
     normal(subject)  # first use (lazy state, caches) before the baseline
     before = _allocated(device)
-    expect_raises(bad, subject, exc, match)
+    expect_raises(bad, subject, exc, match, device)
     normal(subject)
     assert _allocated(device) == before, "the malformed call changed the allocated bytes"

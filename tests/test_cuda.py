@@ -524,23 +524,69 @@ def test_gather_and_scatter_rows_match_cpu():
 
 @cuda_test
 @pytest.mark.parametrize("bad", [10.0, 17.0, -1.0, 2.5, float("nan"), float("inf")])
-def test_bad_indices_raise_index_error_and_leave_state_intact(bad):
+def test_bad_indices_raise_index_error_at_the_next_sync_and_leave_state_intact(bad):
+    """The GPU checks indices as it reads them and reports the first bad one at the next
+    synchronisation (here the copy to the host), with the CPU's message; the bad row
+    reads as zeros, a bad scatter adds nothing, and once reported the error is gone."""
     table = ndl.Tensor(_rand((10, 4), 17), device=CUDA)
     idx = ndl.Tensor(np.array([0, 3, bad, 1], np.float32), device=CUDA, requires_grad=False)
+    ndl.cuda.reset_work_counters()
+    out = ndl.gather_rows(table, idx)
+    counts = ndl.cuda.work_counters(reset=True)
+    assert counts["host_syncs"] == 0 and counts["kernel_launches"] == 1
     with pytest.raises(IndexError) as info:
-        ndl.gather_rows(table, idx)
+        out.numpy()
     cpu_idx = ndl.Tensor(
         np.array([0, 3, bad, 1], np.float32), device=ndl.cpu(), requires_grad=False
     )
     with pytest.raises(IndexError) as cpu_info:
         ndl.gather_rows(ndl.Tensor(table.numpy(), device=ndl.cpu()), cpu_idx)
     assert str(info.value) == str(cpu_info.value)
+    want = table.numpy()[[0, 3, 0, 1]]
+    want[2] = 0.0
+    np.testing.assert_array_equal(out.numpy(), want)  # reported once: this copy is clean
+    target = ndl.Tensor(_rand((4, 4), 18), device=CUDA)
+    summed = ndl.ops.scatter_add_rows(target, idx, 10)
     with pytest.raises(IndexError):
-        ndl.ops.scatter_add_rows(ndl.Tensor(_rand((4, 4), 18), device=CUDA), idx, 10)
+        ndl.cuda.synchronize()
+    ndl.cuda.synchronize()
+    ok_rows = summed.numpy()
+    np.testing.assert_array_equal(ok_rows[[0, 3, 1]], target.numpy()[[0, 1, 3]])
     ok = ndl.gather_rows(
         table, ndl.Tensor(np.array([9.0, 0.0], np.float32), device=CUDA, requires_grad=False)
     )
     np.testing.assert_array_equal(ok.numpy(), table.numpy()[[9, 0]])
+
+
+@cuda_test
+def test_the_earliest_bad_index_is_the_one_reported():
+    table = ndl.Tensor(_rand((10, 4), 19), device=CUDA)
+
+    def idx(values):
+        return ndl.Tensor(np.array(values, np.float32), device=CUDA, requires_grad=False)
+
+    ndl.gather_rows(table, idx([0.0, 11.0, 12.0]))  # position 1 is the first bad one
+    ndl.gather_rows(table, idx([-3.0]))
+    with pytest.raises(IndexError, match="index 11 is out of range for 10 rows"):
+        ndl.cuda.synchronize()
+    # More checked launches than the ring holds between two synchronisations: drained.
+    for _ in range(70):
+        ndl.gather_rows(table, idx([1.0, 2.0]))
+    ndl.gather_rows(table, idx([2.5]))
+    with pytest.raises(IndexError, match="index 2.5 is not an integer"):
+        ndl.cuda.synchronize()
+
+
+@cuda_test
+def test_a_bad_label_is_reported_at_the_loss_read():
+    logits = ndl.Tensor(_rand((3, 5), 20), device=CUDA)
+    labels = ndl.Tensor(np.array([0.0, 7.0, 1.0], np.float32), device=CUDA, requires_grad=False)
+    ndl.cuda.reset_work_counters()
+    loss = ndl.ops.softmax_cross_entropy(logits, labels)
+    assert ndl.cuda.work_counters(reset=True)["host_syncs"] == 0
+    with pytest.raises(IndexError, match="label 7 is out of range for 5 classes"):
+        loss.numpy()
+    assert np.isnan(loss.numpy()).all()  # the row with the bad label made no finite loss
 
 
 @cuda_test

@@ -80,6 +80,12 @@ nd_status nd_cuda_work_reset(int ordinal);
  * ("kernel file:line", count) pairs, in no order; returns how many. */
 int nd_cuda_work_sites(int ordinal, const char **names, int64_t *counts, int max);
 
+/* Waits for all of GPU `ordinal`'s work (cudaDeviceSynchronize, a host sync
+ * in the census), then reports what its kernels found: the IndexError of
+ * the earliest bad index or label since the last synchronisation (the GPU's
+ * index checks report asynchronously). ND_ERR_DEVICE for no such GPU. */
+nd_status nd_cuda_synchronize_device(int ordinal);
+
 /* 1 when the backend runs on the CUDA simulator (a NEEDLE_CUDA=sim build:
  * csrc/cuda/sim), 0 on a real GPU runtime. */
 int nd_cuda_simulated(void);

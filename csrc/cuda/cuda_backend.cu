@@ -127,6 +127,14 @@ nd_status nd_cuda_activate(const void *ptr, nd_device **dev) {
     return nd_cuda_set_device(attr.device);
 }
 
+extern "C" nd_status nd_cuda_synchronize_device(int ordinal) {
+    if (!nd_cuda_registered(ordinal))
+        return nd_fail(ND_ERR_DEVICE, "there is no CUDA device %d", ordinal);
+    ND_TRY(nd_cuda_set_device(ordinal));
+    ND_CUDA_CHECK(nd_cuda_synchronize());
+    return nd_cuda_index_errors(cuda_devices[ordinal]);
+}
+
 extern "C" nd_status nd_cuda_mem_get_info(int ordinal, int64_t *free_bytes, int64_t *total_bytes) {
     *free_bytes = 0;
     *total_bytes = 0;

@@ -200,6 +200,10 @@ nd_status nd_cuda_scatter_add_rows(const nd_layout *out_layout, float *out,
                                    const nd_layout *idx_layout, const float *idx);
 nd_status nd_cuda_check_indices(const nd_layout *idx_layout, const float *idx, int64_t count,
                                 const char *what, const char *unit);
+/* The IndexError of the earliest checked launch of dev that met a bad index
+ * since the last report, or ND_OK. Call only once the GPU has finished them
+ * (after a synchronisation): the checks report asynchronously. */
+nd_status nd_cuda_index_errors(nd_device *dev);
 
 /* cuda_softmax.cu */
 nd_status nd_cuda_row_stats(const nd_rows_desc *d);

@@ -104,6 +104,16 @@ template <int G> __global__ void row_stats_kernel(nd_rows_desc d) {
     }
 }
 
+/* Row r's label, or -1 when it is not a class: the labels were checked
+ * (check_indices), but on the GPU that check reports at the next
+ * synchronisation, after these kernels ran, so they must not read past the
+ * row with a bad one. */
+__device__ __forceinline__ int64_t label_of(const nd_rows_desc &d, int64_t r) {
+    const float v = d.labels[r * d.label_stride];
+    const bool ok = (double)v >= 0.0 && (double)v < (double)d.cols && (float)(long long)v == v;
+    return ok ? (int64_t)v : -1;
+}
+
 template <int G> __global__ void row_apply_kernel(nd_rows_desc d) {
     const int groups = ND_CUDA_THREADS / G, lane = threadIdx.x % G;
     /* ND_ROW_XENT_GRAD: out_grad / rows, the out_grad read here, on the device */
@@ -115,7 +125,7 @@ template <int G> __global__ void row_apply_kernel(nd_rows_desc d) {
          r += (int64_t)gridDim.x * groups) {
         float *o = d.out + r * d.ldo;     /* (cols,) */
         const float *x = d.x + r * d.ldx; /* (cols,) */
-        const int64_t y = d.labels != NULL ? (int64_t)d.labels[r * d.label_stride] : -1;
+        const int64_t y = d.labels != NULL ? label_of(d, r) : -1;
         const float m = d.stats[2 * r], s = d.stats[2 * r + 1];
         switch (d.mode) {
         case ND_ROW_SOFTMAX: {
@@ -146,9 +156,9 @@ __global__ void xent_loss_kernel(nd_rows_desc d) {
     __shared__ double partial[ND_CUDA_THREADS];
     double acc = 0.0;
     for (int64_t r = threadIdx.x; r < d.rows; r += ND_CUDA_THREADS) {
-        const int64_t y = (int64_t)d.labels[r * d.label_stride];
+        const int64_t y = label_of(d, r);
         const double m = d.stats[2 * r], s = d.stats[2 * r + 1];
-        acc += (m - (double)d.x[r * d.ldx + y]) + log(s);
+        acc += y >= 0 ? (m - (double)d.x[r * d.ldx + y]) + log(s) : (double)NAN;
     }
     partial[threadIdx.x] = acc;
     __syncthreads();

@@ -7,7 +7,8 @@
  * of memory not much larger than itself (or no scratch can be had under the
  * memory limit), the touched range is copied instead and gathered or
  * scattered on the host. A device-to-host cudaMemcpy is synchronous, so
- * to_host returns with the data in place.
+ * to_host returns with the data in place; it then reports the bad indices
+ * the GPU's kernels found since the last synchronisation (cuda_gather.cu).
  *
  * from_host does not make the host wait for the GPU when it can help it: a
  * cudaMemcpy from pageable memory first synchronises the stream (CUDA's API
@@ -138,13 +139,9 @@ static nd_status to_host_through_range(const nd_layout *l, const nd_cuda_iter *i
     return ND_OK;
 }
 
-nd_status nd_cuda_to_host(const nd_layout *src_layout, const float *src, float *host) {
-    const nd_layout *layouts[1] = {src_layout};
-    nd_cuda_iter it;
-    nd_cuda_iter_make(&it, src_layout->ndim, src_layout->shape, 1, layouts);
-    if (it.numel == 0) return ND_OK;
-    nd_device *dev = NULL;
-    ND_TRY(nd_cuda_activate(src, &dev));
+/* The view into host; dev's GPU is current. */
+static nd_status view_to_host(nd_device *dev, const nd_layout *src_layout, const nd_cuda_iter &it,
+                              const float *src, float *host) {
     const float *first = src + src_layout->offset;
     if (it.ndim == 1 && it.strides[0][0] == 1) {
         ND_CUDA_CHECK(nd_cuda_copy_to_host(host, first, (size_t)it.numel * sizeof(float)));
@@ -166,6 +163,18 @@ nd_status nd_cuda_to_host(const nd_layout *src_layout, const float *src, float *
     ND_TRY(status);
     ND_CUDA_CHECK(err);
     return ND_OK;
+}
+
+nd_status nd_cuda_to_host(const nd_layout *src_layout, const float *src, float *host) {
+    const nd_layout *layouts[1] = {src_layout};
+    nd_cuda_iter it;
+    nd_cuda_iter_make(&it, src_layout->ndim, src_layout->shape, 1, layouts);
+    if (it.numel == 0) return ND_OK;
+    nd_device *dev = NULL;
+    ND_TRY(nd_cuda_activate(src, &dev));
+    ND_TRY(view_to_host(dev, src_layout, it, src, host));
+    /* The copy waited for the GPU: errors its kernels found are reported now. */
+    return nd_cuda_index_errors(dev);
 }
 
 /* The touched range read, patched on the host, written back (synchronous,

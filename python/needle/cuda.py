@@ -10,7 +10,8 @@ share the one name::
     ndl.cuda.memory_allocated(), ndl.cuda.max_memory_allocated(), ndl.cuda.memory_reserved()
     ndl.cuda.max_memory_reserved(), ndl.cuda.memory_stats(), ndl.cuda.reset_peak_memory_stats()
     ndl.cuda.empty_cache(), ndl.cuda.mem_get_info(), ndl.cuda.memory_summary()
-    ndl.cuda.work_counters(), ndl.cuda.reset_work_counters(), ndl.cuda.launches_by_kernel()
+    ndl.cuda.synchronize(), ndl.cuda.work_counters(), ndl.cuda.reset_work_counters(),
+    ndl.cuda.launches_by_kernel()
 
 Every function takes ``device=None`` (meaning ``cuda(0)``), a device index, a CUDA
 device object or a name such as ``"cuda"`` / ``"cuda:1"``, and counts bytes. They are
@@ -51,6 +52,7 @@ __all__ = [
     "memory_summary",
     "set_per_process_memory_fraction",
     "gemm_backend",
+    "synchronize",
     "work_counters",
     "reset_work_counters",
     "launches_by_kernel",
@@ -196,6 +198,17 @@ def gemm_backend():
     a cuBLAS call short of memory goes through the out-of-memory ladder and, if memory
     stays short, that one product runs on needle's kernel."""
     return _c._cuda_gemm()
+
+
+def synchronize(device=None):
+    """Waits for all of needle's work on the GPU (``torch.cuda.synchronize``), then raises
+    what its kernels found since the last synchronisation: a GPU does not stop the host to
+    report a bad index (an embedding lookup, a cross-entropy label), so the ``IndexError``
+    the CPU raises at the call comes at the next synchronisation instead, which this is,
+    as is any copy to the host (``.numpy()``, reading a loss). Does nothing without CUDA."""
+    dev = _device(device)
+    if dev.enabled():
+        _c._cuda_synchronize(dev.index)
 
 
 def work_counters(device=None, reset=False):
