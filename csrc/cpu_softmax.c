@@ -7,6 +7,8 @@
 #include "cpu_loops.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* Fewer elements than this per thread are not worth a thread. */
 #define GRAIN_ELEMENTS ((int64_t)1 << 16)
@@ -22,6 +24,19 @@ nd_status nd_cpu_row_stats(const nd_rows_desc *d) {
 }
 
 nd_status nd_cpu_row_apply(const nd_rows_desc *d) {
+    if (d->kept_loss != NULL && memcmp(d->kept_loss, d->again_loss, sizeof(float)) != 0) {
+        /* The kept statistics are not these logits': this call's own. */
+        nd_rows_desc own = *d;
+        own.kept_loss = own.again_loss = NULL;
+        own.out = NULL;
+        own.stats = malloc((size_t)(d->rows > 0 ? d->rows : 1) * 2 * sizeof(float));
+        if (own.stats == NULL) return nd_fail(ND_ERR_OOM, "out of host memory for row statistics");
+        nd_cpu_row_stats(&own);
+        own.out = d->out;
+        nd_status status = nd_cpu_row_apply(&own);
+        free(own.stats);
+        return status;
+    }
     nd_row_apply_ctx c = {d, 0.0f};
     if (d->mode == ND_ROW_XENT_GRAD) {
         double g = d->scale != NULL ? (double)d->scale[0] : 1.0;

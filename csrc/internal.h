@@ -61,6 +61,12 @@ typedef struct nd_rows_desc {
     const float *labels; /* (rows,) class ids as floats, stride label_stride */
     int64_t label_stride;
     const float *scale; /* ND_ROW_XENT_GRAD: one element (the out_grad), or NULL */
+    /* ND_ROW_XENT_GRAD with stats taken from a kept loss: that loss's value and
+     * the loss recomputed from stats, one element each (device memory). Where
+     * the two differ in any bit the stats do not belong to these logits and
+     * the backend computes each row's own; NULL: stats are trusted. Checked on
+     * the device so that a GPU backward never waits to read them. */
+    const float *kept_loss, *again_loss;
 } nd_rows_desc;
 
 /* Indices and labels are float32 holding integers: v is one when it is an

@@ -171,30 +171,29 @@ nd_status nd_array_softmax_xent(const nd_array *logits, const nd_array *labels, 
     return status;
 }
 
-/* 1 when loss holds the statistics of these rows: laid out as
- * nd_array_softmax_xent makes it, and its statistics give back its value bit
- * for bit (so a loss of other logits, or one written over, is not used). */
-static nd_status stats_match(const nd_array *loss, const rows_view *v, const nd_array *labels,
-                             int *match) {
-    *match = 0;
+/* 1 when loss is laid out as nd_array_softmax_xent makes it for these rows:
+ * then its statistics may be these logits'. */
+static int stats_fit(const nd_array *loss, const rows_view *v, const nd_array *labels) {
     int64_t n = v->rows;
-    if (loss->storage->device != labels->storage->device ||
-        nd_storage_numel(loss->storage) != 2 * n + 1 || loss->layout.offset != 2 * n ||
-        nd_layout_numel(&loss->layout) != 1)
-        return ND_OK;
-    nd_array again;
-    nd_status status = nd_array_empty(loss->storage->device, 1, (int64_t[]){1}, &again);
+    return loss->storage->device == labels->storage->device &&
+           nd_storage_numel(loss->storage) == 2 * n + 1 && loss->layout.offset == 2 * n &&
+           nd_layout_numel(&loss->layout) == 1;
+}
+
+/* The loss recomputed from loss's kept statistics into *again, for row_apply
+ * to compare with loss's value bit for bit (a loss of other logits, or one
+ * written over, gives other bits, and row_apply then uses the rows' own
+ * statistics). Compared where the data is, so a GPU never waits here. */
+static nd_status recompute_kept_loss(const nd_array *loss, const rows_view *v,
+                                     const nd_array *labels, nd_array *again) {
+    nd_status status = nd_array_empty(loss->storage->device, 1, (int64_t[]){1}, again);
     if (status != ND_OK) return status;
     nd_rows_desc d = rows_desc(v);
     set_labels(&d, labels);
     d.stats = nd_storage_data(loss->storage);
-    d.out = nd_storage_data(again.storage);
+    d.out = nd_storage_data(again->storage);
     status = backend_of(labels)->xent_loss(&d);
-    float kept = 0.0f, recomputed = 0.0f;
-    if (status == ND_OK) status = nd_array_to_host(loss, &kept);
-    if (status == ND_OK) status = nd_array_to_host(&again, &recomputed);
-    nd_array_release(&again);
-    *match = status == ND_OK && memcmp(&kept, &recomputed, sizeof kept) == 0;
+    if (status != ND_OK) nd_array_release(again);
     return status;
 }
 
@@ -214,15 +213,18 @@ nd_status nd_array_softmax_xent_grad(const nd_array *logits, const nd_array *lab
     if (status != ND_OK || (status = as_rows(logits, &v)) != ND_OK) return status;
     nd_device *dev = logits->storage->device;
     status = nd_array_empty(dev, 2, (int64_t[]){v.rows, v.cols}, grad);
-    int match = 0;
-    if (status == ND_OK && v.rows > 0 && v.cols > 0 && loss != NULL)
-        status = stats_match(loss, &v, labels, &match);
+    const int kept =
+        status == ND_OK && v.rows > 0 && v.cols > 0 && loss != NULL && stats_fit(loss, &v, labels);
+    nd_array again = {0};
+    if (kept) status = recompute_kept_loss(loss, &v, labels, &again);
     nd_array fresh = {0};
     if (status == ND_OK && v.rows > 0 && v.cols > 0) {
         nd_rows_desc d = rows_desc(&v);
         set_labels(&d, labels);
-        if (match) {
+        if (kept) {
             d.stats = nd_storage_data(loss->storage);
+            d.kept_loss = nd_storage_data(loss->storage) + loss->layout.offset;
+            d.again_loss = nd_storage_data(again.storage);
         } else if ((status = nd_array_empty(dev, 2, (int64_t[]){v.rows, 2}, &fresh)) == ND_OK) {
             d.stats = nd_storage_data(fresh.storage);
             status = backend_of(logits)->row_stats(&d);
@@ -235,6 +237,7 @@ nd_status nd_array_softmax_xent_grad(const nd_array *logits, const nd_array *lab
         if (status == ND_OK) status = backend_of(logits)->row_apply(&d);
     }
     if (fresh.storage != NULL) nd_array_release(&fresh);
+    if (again.storage != NULL) nd_array_release(&again);
     if (status != ND_OK && grad->storage != NULL) nd_array_release(grad);
     rows_release(&v);
     return status;

@@ -192,13 +192,15 @@ def test_bad_logits_raise(device, shape):
 @dev
 def test_labels_changed_before_backward_are_checked(device):
     # The gradient reads labels again: a node whose labels were replaced by bad ones raises
-    # instead of writing outside the gradient.
+    # instead of writing outside the gradient (on a GPU at the next synchronisation, here
+    # the read of the gradient).
     z = ndl.Tensor(np.zeros((2, 3), dtype=np.float32), device=device)
     y = ndl.Tensor(np.array([0, 1], dtype=np.float32), device=device, requires_grad=False)
     loss = ndl.softmax_cross_entropy(z, y)
     y.cached_data = ndl.Tensor(np.array([0, 7], dtype=np.float32), device=device).cached_data
     with pytest.raises(IndexError, match="label 7"):
         loss.backward()
+        z.grad.numpy()
 
 
 # --------------------------------------------------------------------------

@@ -115,7 +115,13 @@ __device__ __forceinline__ int64_t label_of(const nd_rows_desc &d, int64_t r) {
 }
 
 template <int G> __global__ void row_apply_kernel(nd_rows_desc d) {
+    __shared__ float shared_m[ND_CUDA_THREADS / 32], shared_s[ND_CUDA_THREADS / 32];
     const int groups = ND_CUDA_THREADS / G, lane = threadIdx.x % G;
+    /* Kept statistics that are not these logits' (see nd_rows_desc): each row
+     * computes its own. The same for every thread, so the groups' barriers
+     * stay uniform. */
+    const bool own_stats =
+        d.kept_loss != NULL && __float_as_uint(*d.kept_loss) != __float_as_uint(*d.again_loss);
     /* ND_ROW_XENT_GRAD: out_grad / rows, the out_grad read here, on the device */
     const float k = d.mode == ND_ROW_XENT_GRAD
                         ? (float)((d.scale != NULL ? (double)d.scale[0] : 1.0) /
@@ -126,7 +132,16 @@ template <int G> __global__ void row_apply_kernel(nd_rows_desc d) {
         float *o = d.out + r * d.ldo;     /* (cols,) */
         const float *x = d.x + r * d.ldx; /* (cols,) */
         const int64_t y = d.labels != NULL ? label_of(d, r) : -1;
-        const float m = d.stats[2 * r], s = d.stats[2 * r + 1];
+        float m, s;
+        if (own_stats) {
+            m = -FLT_MAX;
+            s = 0.0f;
+            for (int64_t j = lane; j < d.cols; j += G) stat_add(m, s, x[j]);
+            group_stat<G>(m, s, shared_m, shared_s);
+        } else {
+            m = d.stats[2 * r];
+            s = d.stats[2 * r + 1];
+        }
         switch (d.mode) {
         case ND_ROW_SOFTMAX: {
             const float inv = 1.0f / s;
