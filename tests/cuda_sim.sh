@@ -8,7 +8,8 @@
 # NEEDLE_SIM_PERTURB), which turns a missing barrier or a kernel that is not
 # grid-stride into wrong results. The two runs go side by side (one core each;
 # no cuda-marked test is timing-sensitive) and their logs are printed after;
-# either failing fails the script. Prints how long each step took.
+# either failing fails the script. Then prints the census of the course's PTB training steps
+# on the simulated GPU (bench/gpu_census.py). Prints how long each step took.
 #   bash tests/cuda_sim.sh [pytest args...]     (default: every cuda-marked test in tests/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,5 +53,10 @@ status=0
 wait "$plain" || status=1
 wait "$perturbed" || status=1
 cat "$out/plain.log" "$out/perturbed.log"
-echo "cuda_sim: both runs took $((SECONDS - t0)) s; $((SECONDS - start)) s in all"
+echo "cuda_sim: both runs took $((SECONDS - t0)) s"
+# The census of the course's training steps on the simulated GPU: what every change does to
+# the step's launches, syncs, mallocs and bytes shows in CI's log.
+t0=$SECONDS
+python bench/gpu_census.py --small --steps 2 --warmup 2 || status=1
+echo "cuda_sim: the census took $((SECONDS - t0)) s; $((SECONDS - start)) s in all"
 exit "$status"
