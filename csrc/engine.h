@@ -390,6 +390,31 @@ nd_status nd_array_softmax_xent_grad(const nd_array *logits, const nd_array *lab
                                      const nd_array *loss, const nd_array *out_grad,
                                      nd_array *grad);
 
+/* ---------------------------------------------------------- random numbers */
+
+/* The engine's generator: Philox4x32-10 (philox.h), counter based, so
+ * element i of a fill is a pure function of (key, stream, i), the same on
+ * every backend and whatever the launch geometry. Draws under one key with
+ * different streams are independent. */
+typedef enum nd_random_kind {
+    ND_RANDOM_UNIFORM,   /* [0, 1), multiples of 2^-24          */
+    ND_RANDOM_NORMAL,    /* standard normal (Box-Muller)         */
+    ND_RANDOM_BERNOULLI, /* 1.0 where the uniform is <= p, else 0.0 */
+    ND_RANDOM_KIND_COUNT
+} nd_random_kind;
+
+typedef struct nd_random_params {
+    nd_random_kind kind;
+    uint64_t key;
+    uint64_t stream;
+    float p; /* ND_RANDOM_BERNOULLI: in [0, 1] */
+} nd_random_params;
+
+/* Fills dst (contiguous; row-major element i gets value i) in one kernel.
+ * ND_ERR_VALUE for an unknown kind, a p outside [0, 1] (or NaN) or a view
+ * that is not contiguous. */
+nd_status nd_array_fill_random(const nd_array *dst, const nd_random_params *params);
+
 #ifdef __cplusplus
 }
 #endif

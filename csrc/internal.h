@@ -125,6 +125,9 @@ typedef struct nd_backend {
      * nd_index_error of the first that is not. */
     nd_status (*check_indices)(const nd_layout *idx_layout, const float *idx, int64_t count,
                                const char *what, const char *unit);
+    /* out (n,) contiguous = elements 0..n-1 of a draw (philox.h); params
+     * already checked by the front end (random.c); n > 0. */
+    nd_status (*random)(const nd_random_params *params, int64_t n, float *out);
 } nd_backend;
 
 typedef struct nd_allocator {
@@ -223,6 +226,9 @@ nd_status nd_cpu_scatter_add_rows(const nd_layout *out_layout, float *out,
 nd_status nd_cpu_row_stats(const nd_rows_desc *d);
 nd_status nd_cpu_row_apply(const nd_rows_desc *d);
 nd_status nd_cpu_xent_loss(const nd_rows_desc *d);
+
+/* The CPU's random fill (cpu_random.c), an entry of nd_cpu_backend. */
+nd_status nd_cpu_random(const nd_random_params *params, int64_t n, float *out);
 
 /* Runs fn(ctx, begin, end) over [0, n) split into contiguous ranges, one per
  * thread (cpu_parallel.c), when each of them gets at least `grain` items;

@@ -1,8 +1,9 @@
 /* device.c: the Device type (needle_c.Device), the array factories it
- * carries (empty, full, rand, randn, one_hot), the module functions that
- * return devices (cpu, cpu_numpy, cuda) or count them, and the one parser
- * that turns a user's device argument (None, a Device, "cpu", "cuda:1") into
- * an engine device (Python reaches it through _device).
+ * carries (empty, full, one_hot here; rand, randn, randb in random.c), the
+ * module functions that return devices (cpu, cpu_numpy, cuda) or count
+ * them, and the one parser that turns a user's device argument (None, a
+ * Device, "cpu", "cuda:1") into an engine device (Python reaches it through
+ * _device).
  *
  * Device objects are made once at module init, one per engine device, and
  * kept in the module state; a CUDA device the engine lacks gets a
@@ -151,7 +152,7 @@ static PyObject *device_get_id(PyObject *op, void *Py_UNUSED(closure)) {
 
 /* ---------------------------------------------------------- factories */
 
-static int check_dtype(PyObject *dtype) {
+int check_dtype(PyObject *dtype) {
     if (dtype == NULL || dtype == Py_None) return 0;
     PyObject *text = PyObject_Str(dtype);
     if (text == NULL) return -1;
@@ -166,44 +167,11 @@ static int check_dtype(PyObject *dtype) {
 }
 
 /* Shapes from varargs: rand(2, 3) or rand((2, 3)). */
-static PyObject *shape_from_args(PyObject *args) {
+PyObject *shape_from_args(PyObject *args) {
     if (PyTuple_GET_SIZE(args) == 1 &&
         (PyTuple_Check(PyTuple_GET_ITEM(args, 0)) || PyList_Check(PyTuple_GET_ITEM(args, 0))))
         return PySequence_Tuple(PyTuple_GET_ITEM(args, 0));
     return Py_NewRef(args);
-}
-
-/* rand and randn: numpy.random.<draw>(*shape), one draw of prod(shape)
- * values from NumPy's global RNG as in the course, copied onto the device. */
-static PyObject *device_random(PyObject *op, PyObject *args, PyObject *kwargs, const char *draw) {
-    needle_state *st = state_of_type(Py_TYPE(op));
-    if (st == NULL) return NULL;
-    PyObject *dtype = kwargs ? PyDict_GetItemString(kwargs, "dtype") : NULL;
-    if (kwargs && PyDict_GET_SIZE(kwargs) > (dtype ? 1 : 0)) {
-        PyErr_Format(PyExc_TypeError, "%s() takes only the keyword argument dtype", draw);
-        return NULL;
-    }
-    if (check_dtype(dtype) < 0) return NULL;
-    nd_device *dev = device_from_object(st, op);
-    if (dev == NULL) return NULL;
-    PyObject *shape = shape_from_args(args);
-    if (shape == NULL) return NULL;
-    PyObject *callable = PyObject_GetAttrString(st->numpy_random, draw);
-    PyObject *values = callable ? PyObject_Call(callable, shape, NULL) : NULL;
-    Py_XDECREF(callable);
-    Py_DECREF(shape);
-    if (values == NULL) return NULL;
-    PyObject *result = ndarray_from_object(st, values, dev);
-    Py_DECREF(values);
-    return result;
-}
-
-static PyObject *device_rand(PyObject *op, PyObject *args, PyObject *kwargs) {
-    return device_random(op, args, kwargs, "rand");
-}
-
-static PyObject *device_randn(PyObject *op, PyObject *args, PyObject *kwargs) {
-    return device_random(op, args, kwargs, "randn");
 }
 
 static PyObject *device_one_hot(PyObject *op, PyObject *args, PyObject *kwargs) {
@@ -270,11 +238,16 @@ static PyMethodDef device_methods[] = {
     {"full", (PyCFunction)(void (*)(void))device_full, METH_VARARGS | METH_KEYWORDS,
      "full($self, /, shape, fill_value, dtype='float32')\n--\n\nAn array filled with fill_value."},
     {"rand", (PyCFunction)(void (*)(void))device_rand, METH_VARARGS | METH_KEYWORDS,
-     "rand($self, /, *shape, dtype='float32')\n--\n\nUniform [0, 1) values drawn with "
-     "numpy.random.rand(*shape) (NumPy's global RNG), then copied here."},
+     "rand($self, /, *shape, dtype='float32')\n--\n\nUniform [0, 1) values: "
+     "numpy.random.rand(*shape) copied here, or the device generator (one kernel keyed by one "
+     "draw from NumPy's global RNG) where needle.random's mode says so (CUDA by default)."},
     {"randn", (PyCFunction)(void (*)(void))device_randn, METH_VARARGS | METH_KEYWORDS,
-     "randn($self, /, *shape, dtype='float32')\n--\n\nStandard normal values drawn with "
-     "numpy.random.randn(*shape), then copied here."},
+     "randn($self, /, *shape, dtype='float32')\n--\n\nStandard normal values: "
+     "numpy.random.randn(*shape) copied here, or the device generator (see rand)."},
+    {"randb", (PyCFunction)(void (*)(void))device_randb, METH_VARARGS | METH_KEYWORDS,
+     "randb($self, /, *shape, p=0.5, dtype='float32')\n--\n\n1.0 where a uniform value is "
+     "<= p, else 0.0: rand(*shape) <= p from NumPy's draws, or one bernoulli kernel of the "
+     "device generator (see rand). p must be in [0, 1]."},
     {"one_hot", (PyCFunction)(void (*)(void))device_one_hot, METH_VARARGS | METH_KEYWORDS,
      "one_hot($self, /, n, i, dtype='float32')\n--\n\nRows i of the n x n identity matrix."},
     {NULL, NULL, 0, NULL},

@@ -55,6 +55,7 @@ static int needle_c_exec(PyObject *module) {
         return -1;
 
     if (device_module_init(module, st) < 0) return -1;
+    if (random_module_init(module, st) < 0) return -1;
 
     if (add_function_table(module, blas_module_functions) < 0 ||
         add_function_table(module, cpu_threads_module_functions) < 0 ||

@@ -26,7 +26,8 @@ typedef struct {
     PyObject *devices[ND_MAX_DEVICES];
     PyObject *cuda_placeholder;
     int cpu_numpy_id;                /* the engine id of the binding's cpu_numpy device */
-    PyObject *numpy_random;          /* numpy.random, for Device.rand/randn */
+    PyObject *numpy_random;          /* numpy.random, for Device.rand/randn/randb */
+    int rng_mode;                    /* random.c: where Device.rand/randn/randb draw */
     struct autograd_state *autograd; /* tensor.h: Tensor/Op types, graph mode */
 } needle_state;
 
@@ -62,6 +63,18 @@ nd_device *device_from_object(needle_state *st, PyObject *obj);
 /* Module init: the Device type, one Device per engine device, the device
  * functions (cpu, cpu_numpy, cuda, _device) and MAX_DEVICES. */
 int device_module_init(PyObject *module, needle_state *st);
+/* A factory's dtype argument: 0 for None or float32, else -1 with TypeError. */
+int check_dtype(PyObject *dtype);
+/* A factory's shape from its varargs: f(2, 3) or f((2, 3)); a new tuple. */
+PyObject *shape_from_args(PyObject *args);
+
+/* Random arrays (random.c): Device.rand/randn/randb from NumPy's global RNG
+ * or the engine's generator, as the RNG mode says; module init reads
+ * NEEDLE_RNG (a bad value fails the import) and adds the mode functions. */
+PyObject *device_rand(PyObject *op, PyObject *args, PyObject *kwargs);
+PyObject *device_randn(PyObject *op, PyObject *args, PyObject *kwargs);
+PyObject *device_randb(PyObject *op, PyObject *args, PyObject *kwargs);
+int random_module_init(PyObject *module, needle_state *st);
 
 /* Why needle cannot use CUDA ("" when a GPU was registered): device
  * discovery's CUDA error with the driver's and runtime's versions, or that

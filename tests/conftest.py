@@ -2,9 +2,9 @@
 
 Deliberately light: it registers the markers the suite uses and, with
 ``NEEDLE_REQUIRE_CUDA=1``, fails every test marked ``cuda`` when CUDA is unavailable
-(instead of letting it skip), with needle's reason in the message. Shared parametrisation
-lives in ``devices.py`` (importable because pytest puts this directory on ``sys.path``;
-``tests/`` has no ``__init__.py``).
+(instead of letting it skip), with needle's reason in the message; and it holds the
+``host_rng`` fixture. Shared parametrisation lives in ``devices.py`` (importable because
+pytest puts this directory on ``sys.path``; ``tests/`` has no ``__init__.py``).
 """
 
 import os
@@ -36,3 +36,14 @@ def pytest_runtest_setup(item):
     reason = ndl.cuda.unavailable_reason()
     if reason is not None:
         pytest.fail(f"NEEDLE_REQUIRE_CUDA=1 but CUDA is unavailable: {reason}", pytrace=False)
+
+
+@pytest.fixture
+def host_rng():
+    """Runs the test with NumPy's draws on every device (needle.random's "host" mode),
+    for tests that compare values with the course's after seeding NumPy: on CUDA devices
+    the default is the device generator, whose values are not NumPy's."""
+    import needle as ndl
+
+    with ndl.random.rng_mode("host"):
+        yield

@@ -102,6 +102,7 @@ def test_rand_defaults_and_single_draw():
 
 
 @dev
+@pytest.mark.usefixtures("host_rng")
 def test_rand_device_and_requires_grad(device):
     np.random.seed(1)
     t = init.rand(3, device=device, requires_grad=True)
@@ -128,6 +129,7 @@ def test_randn_single_draw():
 
 
 @dev
+@pytest.mark.usefixtures("host_rng")
 def test_randn_device(device):
     np.random.seed(2)
     t = init.randn(4, device=device)
@@ -269,6 +271,7 @@ def test_kaiming_uniform_with_shape_exact_value():
 
 
 @dev
+@pytest.mark.usefixtures("host_rng")
 def test_kaiming_uniform_with_shape_device(device):
     np.random.seed(1)
     t = init.kaiming_uniform(2 * 2 * 3, 5, shape=(2, 2, 3, 5), device=device, requires_grad=True)

@@ -61,6 +61,7 @@ def test_device_empty_full(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.usefixtures("host_rng")
 def test_device_rand_randn(device):
     np.random.seed(0)
     exp = np.random.rand(3, 4).astype(np.float32)

@@ -109,6 +109,7 @@ def test_mha_causal_mask(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("p", [0.0, 0.4])
+@pytest.mark.usefixtures("host_rng")
 def test_mha_dropout_draws(device, p):
     np.random.seed(72)
     q, k, v = (np.random.randn(2, 2, 3, 4) for _ in range(3))
@@ -264,6 +265,7 @@ def test_transformer_init_draws():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("training", [False, True])
+@pytest.mark.usefixtures("host_rng")
 def test_transformer_layer_forward(device, training):
     np.random.seed(92)
     layer = nn.TransformerLayer(6, 2, 3, 10, dropout=0.3, device=device)
@@ -301,6 +303,7 @@ def test_transformer_layer_gradient(device):
         (True, True, True),
     ],
 )
+@pytest.mark.usefixtures("host_rng")
 def test_transformer_forward(device, batch_first, training, causal):
     np.random.seed(95)
     model = nn.Transformer(

@@ -261,6 +261,7 @@ def test_layernorm1d_bad_shape(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("p", [0.0, 0.3, 0.5, 0.9])
+@pytest.mark.usefixtures("host_rng")
 def test_dropout_mask_matches_numpy(device, p):
     x = np.random.randn(6, 7).astype(np.float32)
     np.random.seed(11)

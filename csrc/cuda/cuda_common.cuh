@@ -210,4 +210,7 @@ nd_status nd_cuda_row_stats(const nd_rows_desc *d);
 nd_status nd_cuda_row_apply(const nd_rows_desc *d);
 nd_status nd_cuda_xent_loss(const nd_rows_desc *d);
 
+/* cuda_random.cu */
+nd_status nd_cuda_random(const nd_random_params *params, int64_t n, float *out);
+
 #endif /* NEEDLE_CUDA_COMMON_CUH */

@@ -8,7 +8,7 @@ README.md for the state of each layer.
 import needle_c as _c
 from needle_c import DeviceError, OutOfMemoryError
 
-from . import autograd, backend_ndarray, data, init, memory, nn, ops, optim
+from . import autograd, backend_ndarray, data, init, memory, nn, ops, optim, random
 from . import backend_ndarray as array_api
 from .autograd import Tensor, TensorTuple, no_grad
 from .backend_ndarray import (
@@ -21,6 +21,7 @@ from .backend_ndarray import (
     default_device,
 )
 from .init import ones, ones_like, zeros, zeros_like
+from .random import manual_seed
 from .ops import *  # noqa: F403
 
 # ndl.cuda() is the course's device function and ndl.cuda.memory_allocated() etc. the

@@ -1,6 +1,8 @@
 """Basic initializers with the course's RNG semantics: each call makes exactly one
 NumPy global-RNG draw (np.random.rand / randn) of prod(shape) values, then does its
-arithmetic on the device in float32, so seeding NumPy reproduces the course's values."""
+arithmetic on the device in float32, so seeding NumPy reproduces the course's values.
+On CUDA devices (by default; see needle.random) the values come from the device
+generator instead, keyed by one NumPy draw per call: seeding NumPy still reproduces them."""
 
 import math  # noqa: F401
 
@@ -44,9 +46,10 @@ def zeros(*shape, device=None, dtype="float32", requires_grad=False):
 
 
 def randb(*shape, p=0.5, device=None, dtype="float32", requires_grad=False):
-    """1.0 where a uniform draw is <= p, else 0.0."""
+    """1.0 where a uniform draw is <= p, else 0.0 (p in [0, 1]): with NumPy's draws
+    ``rand(*shape) <= p`` as in the course, with the device generator one kernel."""
     device = _device(device)
-    array = device.rand(*shape) <= p
+    array = device.randb(*shape, p=p)
     return ndl.Tensor(array, device=device, dtype=dtype, requires_grad=requires_grad)
 
 

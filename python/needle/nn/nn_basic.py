@@ -4,6 +4,7 @@ parameter creation order (so a seeded NumPy RNG gives the course's parameters)."
 import math
 
 from needle import init, ops
+from needle import random as _random
 from needle.autograd import Tensor
 
 
@@ -235,8 +236,11 @@ class LayerNorm1d(Module):
 
 
 class Dropout(Module):
-    """Training: zero each element with probability p and scale by 1/(1-p), drawing one
-    np.random.rand(*x.shape) per call (also when p == 0). Evaluation: identity."""
+    """Training: zero each element with probability p and scale by 1/(1-p). Evaluation:
+    identity. Where draws are NumPy's (the CPU by default; see needle.random) each call
+    draws one np.random.rand(*x.shape), also when p == 0, as in the course. Where they
+    come from the device generator (CUDA by default) the mask is one bernoulli kernel, and
+    p == 0 returns x (no draw, no kernel) and p == 1 returns x * 0 (no draw)."""
 
     def __init__(self, p=0.5):
         super().__init__()
@@ -247,6 +251,8 @@ class Dropout(Module):
     def forward(self, x):
         if not self.training:
             return x
+        if self.p in (0.0, 1.0) and _random.uses_device_generator(x.device):
+            return x if self.p == 0.0 else x * 0.0
         mask = init.randb(*x.shape, p=1 - self.p, device=x.device, dtype=x.dtype)
         if self.p == 1.0:
             return x * mask

@@ -36,7 +36,9 @@ class MultiHeadAttention(Module):
     """Scaled dot-product attention over heads, with dropout on the probabilities.
 
     No parameters; ``self.dropout`` is a Dropout(dropout) that, in training mode, draws
-    one ``np.random.rand(B, H, Lq, Lk)`` per call (also when dropout == 0).
+    one ``np.random.rand(B, H, Lq, Lk)`` per call (also when dropout == 0) where draws are
+    NumPy's, and one bernoulli kernel (none when dropout == 0) where they come from the
+    device generator (see needle.random).
     """
 
     def __init__(self, *, dropout=0.0, causal=False, device=None, dtype="float32"):
