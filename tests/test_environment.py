@@ -322,3 +322,54 @@ def test_require_cuda_bad_value_stops_pytest(tmp_path):
     )
     assert proc.returncode == 4, proc.stdout + proc.stderr  # pytest's usage error
     assert "NEEDLE_REQUIRE_CUDA='yes please'" in proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------------ the build's
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_setup(**variables):
+    """``setup.py --name`` (reads every build variable, builds nothing) with these set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEEDLE_")}
+    env.update(variables)
+    return subprocess.run(
+        [sys.executable, "setup.py", "--name"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.parametrize(
+    "variables",
+    [
+        {"NEEDLE_CUDA": "0", "NEEDLE_STRICT": "1", "NEEDLE_DEBUG": "0", "NEEDLE_SANITIZE": ""},
+        {"NEEDLE_CUDA": "0", "NEEDLE_CUDA_ARCH": "9.0"},
+        {"NEEDLE_CUDA": "sim", "NEEDLE_CUDA_ARCH": "80;90a"},
+    ],
+)
+def test_build_variables_accepted(variables):
+    proc = run_setup(**variables)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "needle"
+
+
+@pytest.mark.parametrize(
+    "name, value, accepted",
+    [
+        ("NEEDLE_STRICT", "yes", "expected 1 (on) or 0"),
+        ("NEEDLE_DEBUG", "2", "expected 1 (on) or 0"),
+        ("NEEDLE_SANITIZE", "true", "expected 1 (on) or 0"),
+        ("NEEDLE_CUDA", "maybe", "expected auto, 0, 1 or sim"),
+        ("NEEDLE_CUDA_ARCH", "sm90", "expected compute capabilities"),
+        ("NEEDLE_CUDA_ARCH", ";", "expected compute capabilities"),
+    ],
+)
+def test_build_variables_refused(name, value, accepted):
+    variables = {"NEEDLE_CUDA": "0", name: value}
+    proc = run_setup(**variables)
+    assert proc.returncode != 0
+    assert f"needle: {name}={value!r}: {accepted}" in proc.stderr, proc.stderr[-2000:]
