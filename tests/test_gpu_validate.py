@@ -170,6 +170,92 @@ def test_build_step_gets_the_exported_compiler(tmp_path):
     assert proc.returncode == 0, text + proc.stderr
 
 
+# A Python that answers for the GPU steps' programs with made-up outputs of their real kinds
+# (JSON lines, repro.json, summary lines), and is the real interpreter for everything else
+# (bench/gpu_report.py included): the GPU path's plumbing, run without a GPU.
+CANNED_PYTHON = """#!/bin/sh
+case "$1" in
+bench/real_oom.py) cat "$CANNED/real_oom.log"; exit 0 ;;
+bench/gpu_census.py) cat "$CANNED/census.log"; exit 0 ;;
+bench/ncu_steps.py) echo '{{"steps": 2}}'; exit 0 ;;
+-m)
+    out=""; prev=""
+    for a in "$@"; do if [ "$prev" = --out ]; then out="$a"; fi; prev="$a"; done
+    mkdir -p "$out" && cp "$CANNED/repro.json" "$out/repro.json"
+    echo "$@" >> "$CANNED/repro.argv"; exit 0 ;;
+esac
+exec {python} "$@"
+"""
+# ncu: prints the made-up CSV after what it was asked to run, as the real one does.
+CANNED_NCU = """#!/bin/sh
+echo "$@" > "$CANNED/ncu.argv"
+cat "$CANNED/ncu.csv"
+"""
+
+
+def test_gpu_steps_report_what_their_programs_printed(tmp_path):
+    env = machine(tmp_path)
+    canned = tmp_path / "canned"
+    canned.mkdir()
+    MiB = 2**20
+    sample = {"step": 1, "allocated": 510 * MiB, "reserved": 600 * MiB, "free": 70000 * MiB}
+    repro_rows = [
+        {"mode": m, "steps": 200, "oom": False, "oom_step": None, "gc_share": share,
+         "tracked_objects": 170000, "samples": [sample]}
+        for m, share in (("hook", 0.009), ("manual", 0.33))
+    ]  # fmt: skip
+    (canned / "repro.json").write_text(json.dumps(repro_rows))
+    (canned / "real_oom.log").write_text(
+        '{"phase": "summary", "ok": true, "failures": []}\n'
+        "leak: out of memory at step 150 on cuda(): requested 195.3 MiB\n"
+        "recover: 512.0 MiB allocated after cleanup; losses 9.1, 9.0, 8.9\n"
+        "hook: 225 of 225 steps, 0 pressure and 12 out-of-memory collections\n"
+        "real_oom: PASS\n"
+    )
+    census = {"config": "transformer", "kernel_launches_per_step": 210, "blas_calls_per_step": 30,
+              "host_syncs_per_step": 1, "device_mallocs_per_step": 0}  # fmt: skip
+    (canned / "census.log").write_text(json.dumps(census) + "\n")
+    (canned / "ncu.csv").write_text(ncu_output())
+    bin_dir = tmp_path / "bin"
+    for name, text in (("python-canned", CANNED_PYTHON.format(python=sys.executable)),
+                       ("ncu", CANNED_NCU)):  # fmt: skip
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env.update(PYTHON=str(bin_dir / "python-canned"), CANNED=str(canned))
+    steps = "census,real_oom,repro_real,repro_heap,ncu"
+    report = tmp_path / "gpu.md"
+    proc = run_script("--only", steps, "--out", str(report), env=env, cwd=tmp_path)
+    text = report.read_text()
+    rows = rows_of(text)
+    assert list(rows) == steps.split(","), text
+    if (ROOT / "bench" / "gpu_census.py").exists():
+        assert rows["census"][0] == "passed"
+        assert (
+            rows["census"][1] == "transformer: 210 launches + 30 BLAS, 1 syncs, 0 mallocs per step"
+        )
+    else:
+        assert rows["census"] == ("skipped: bench/gpu_census.py missing", "-")
+    assert rows["real_oom"] == ("passed", "PASS")
+    assert "    leak: out of memory at step 150 on cuda()" in text
+    assert "    hook: 225 of 225 steps" in text
+    repro_figures = "hook ok, gc 0.9%, max 510 MiB; manual ok, gc 33.0%, max 510 MiB"
+    assert rows["repro_real"] == ("passed", repro_figures)
+    assert rows["repro_heap"] == ("passed", repro_figures)
+    assert "| manual | 200 | no | 33.0% | 510-510 | 600 | 70,000 | 170000 |" in text
+    logs = report.parent / "gpu_validate_logs"
+    assert (logs / "repro_real" / "repro.json").exists()  # the per-step record comes back
+    repro_argv = (canned / "repro.argv").read_text().splitlines()
+    assert "--limit none --steps 200" in repro_argv[0]
+    assert "--extra-objects 150000 --modes hook,manual,hook_full" in repro_argv[1]
+    assert rows["ncu"][0] == "passed"
+    assert rows["ncu"][1].startswith("2 launches, 0.56 ms kernel time per step; top: reduce_kernel")
+    assert "| `gemm_kernel` | 1.0 | 6.0 |" in text
+    ncu_argv = (canned / "ncu.argv").read_text()
+    assert "--nvtx --nvtx-include needle_steps/ --metrics gpu__time_duration.sum" in ncu_argv
+    assert "bench/ncu_steps.py --warmup 3 --steps 2" in ncu_argv
+    assert proc.returncode == 0, text + proc.stderr
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
