@@ -35,6 +35,8 @@
 #   memcheck    compute-sanitizer --tool memcheck over the CUDA tests of test_cuda.py and
 #               test_cuda_cublas.py
 #   racecheck   compute-sanitizer --tool racecheck over the reduction tests
+# Within the default budget the sanitizers, last, may be cut short or skipped ("skipped: out of
+# time"); `--only memcheck,racecheck` runs them in a call of their own.
 # --only runs the steps named (build them first unless needle is already built in place).
 # The report goes to --out, else $OUT/gpu_validate.md when $OUT is set, else
 # ./gpu_validate.md; each step's full log (and repro's JSON) goes beside it (gpu_validate_logs/).
@@ -483,7 +485,7 @@ assert ndl.cuda.is_available(), ndl.cuda.unavailable_reason()
             run suite 300 "$PY" -m pytest -q -rfE -p no:cacheprovider \
                 --junitxml="$LOGS/suite.xml" $NEEDLE_VALIDATE_SUITE
         else
-            run suite 150 "$PY" -m pytest -q -rfE -p no:cacheprovider --durations=10 \
+            run suite 180 "$PY" -m pytest -q -rfE -p no:cacheprovider --durations=10 \
                 --junitxml="$LOGS/suite.xml" -m cuda tests
         fi
         SUMMARY="$(pytest_summary "$LOG")"
