@@ -59,9 +59,19 @@ import numpy
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-strict = os.environ.get("NEEDLE_STRICT", "0") == "1"
-debug = os.environ.get("NEEDLE_DEBUG", "0") == "1"
-sanitize = os.environ.get("NEEDLE_SANITIZE", "0") == "1"
+
+def build_switch(name):
+    """A build switch: 1 (on), 0 or unset/empty (off); the build stops for anything else,
+    so that NEEDLE_STRICT=yes does not build quietly without -Werror."""
+    text = os.environ.get(name, "").strip()
+    if text not in ("", "0", "1"):
+        raise SystemExit(f"needle: {name}={text!r}: expected 1 (on) or 0 (off, the default)")
+    return text == "1"
+
+
+strict = build_switch("NEEDLE_STRICT")
+debug = build_switch("NEEDLE_DEBUG")
+sanitize = build_switch("NEEDLE_SANITIZE")
 SANITIZE_FLAGS = [
     "-fsanitize=address,undefined",
     "-fno-sanitize-recover=all",
@@ -161,6 +171,8 @@ def find_cublas(cuda_home, lib_dir):
 
 
 def cuda_archs():
+    """The architectures NEEDLE_CUDA_ARCH names (the defaults when unset); the build stops
+    for a malformed value, whether or not CUDA is built this time."""
     text = os.environ.get("NEEDLE_CUDA_ARCH", "").strip()
     if not text:
         return DEFAULT_ARCHS
@@ -168,7 +180,8 @@ def cuda_archs():
     bad = [a for a in archs if not re.fullmatch(r"\d{2,3}[af]?", a)]
     if bad or not archs:
         raise SystemExit(
-            f"needle: NEEDLE_CUDA_ARCH={text!r}: expected compute capabilities such as '80;90'"
+            f"needle: NEEDLE_CUDA_ARCH={text!r}: expected compute capabilities such as '80;90' "
+            "or '9.0' (sm_XX numbers, optionally with an a or f suffix)"
         )
     return archs
 
@@ -227,6 +240,7 @@ def cuda_plan():
     mode = os.environ.get("NEEDLE_CUDA", "auto").strip().lower() or "auto"
     if mode not in ("auto", "0", "1", "sim"):
         raise SystemExit(f"needle: NEEDLE_CUDA={mode!r}: expected auto, 0, 1 or sim")
+    archs = cuda_archs()
     if sanitize:
         if mode in ("1", "sim"):
             raise SystemExit(
@@ -259,7 +273,7 @@ def cuda_plan():
     if not CUDA_SOURCES:
         raise SystemExit("needle: csrc/cuda/*.cu not found; run setup.py from the repository root")
     cublas = find_cublas(home, lib_dir)
-    return {"home": home, "nvcc": nvcc, "lib_dir": lib_dir, "archs": cuda_archs(), "cublas": cublas}
+    return {"home": home, "nvcc": nvcc, "lib_dir": lib_dir, "archs": archs, "cublas": cublas}
 
 
 class BuildExt(build_ext):

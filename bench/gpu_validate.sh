@@ -1,40 +1,60 @@
 #!/usr/bin/env bash
-# gpu_validate.sh: everything needle can check on a GPU machine, in one command of under ten
-# minutes, written up as one markdown report ready to paste into docs/benchmarks.md.
+# gpu_validate.sh: everything needle can check on a GPU machine, in one command of under nine
+# minutes (build included), written up as one markdown report ready to paste into
+# docs/benchmarks.md.
 #
-#   bash bench/gpu_validate.sh [--out REPORT.md] [--budget SECONDS] [--dry-run]
+#   bash bench/gpu_validate.sh [--out REPORT.md] [--budget SECONDS] [--only STEP,...] [--dry-run]
 #
-# Steps, each under its own timeout (a hang costs that step, not the run), each recorded as
-# passed / failed / timed out / skipped with its time and key figures; a failing step does not
-# stop the next ones:
-#   build      needle in place for this GPU (NEEDLE_CUDA=1, NEEDLE_CUDA_ARCH from nvidia-smi's
-#              compute capability, NEEDLE_STRICT=1); no pip, no network
-#   cuda       ndl.cuda.is_available(), the GEMM backend, or why CUDA is unavailable
-#   suite      the whole test suite with NEEDLE_REQUIRE_CUDA=1 (CUDA tests fail, not skip,
-#              when the GPU cannot be used): the CPU tests in parallel pytest processes over
-#              disjoint files (half the cores, at most 8), then the CUDA and timing-sensitive
-#              (paced) tests in one process; junit XML kept (NEEDLE_VALIDATE_SUITE: pytest
-#              arguments for one plain run instead)
-#   memcheck   compute-sanitizer --tool memcheck over the CUDA tests (-m cuda) of the backend's
-#              files
-#   racecheck  compute-sanitizer --tool racecheck over the reduction tests
-#   repro      python -m needle.repro --device cuda (its calibrated memory limit)
-#   ptb        bench/ptb_train.py --device cuda: needle against PyTorch on the GPU
-#   reduce     bench/cuda_reduce_bench.py: reductions against PyTorch
+# Steps, in this order (the most wanted first: when the budget runs short the last ones go
+# short or are skipped), each under its own timeout (a hang costs that step, not the run), each
+# recorded as passed / failed / timed out / skipped with its time and key figures; a failing
+# step does not stop the next ones:
+#   build       needle in place for this GPU (NEEDLE_CUDA=1, NEEDLE_CUDA_ARCH from nvidia-smi's
+#               compute capability, NEEDLE_STRICT=1, given to setup.py alone); the compilers
+#               (CC, CXX, CFLAGS) are the environment's, untouched; no pip, no network
+#   cuda        ndl.cuda.is_available(), the GEMM backend, or why CUDA is unavailable
+#   suite       the CUDA tests (-m cuda) with NEEDLE_REQUIRE_CUDA=1 (they fail, not skip, when
+#               the GPU cannot be used), junit XML kept; NEEDLE_VALIDATE_SUITE=all runs the whole
+#               suite instead (the CPU tests in parallel pytest processes over disjoint files,
+#               then the CUDA and paced ones: several minutes), any other value is a list of
+#               pytest arguments for one plain run
+#   census      bench/gpu_census.py --device cuda --torch: the step's kernel launches, BLAS
+#               calls, host syncs, device mallocs and copies, beside PyTorch's profiler's
+#   ptb         bench/ptb_train.py --device cuda: needle against PyTorch on the GPU
+#   real_oom    bench/real_oom.py --device cuda: the leak with gc.disable() and no limit fills
+#               the GPU (OutOfMemoryError with the device's figures), the process trains again
+#               after cleanup, and with the hook the same loop never runs out
+#   repro_real  needle.repro with no emulated limit (--limit none), every mode, 200 steps,
+#               allocated / reserved / the driver's free memory per step (repro.json kept)
+#   repro_heap  needle.repro with a notebook-sized heap (--extra-objects 150000): hook,
+#               manual and hook_full, the collector's share of the time
+#   ncu         Nsight Compute's per-kernel times of two training steps (bench/ncu_steps.py
+#               marks them with NVTX) when ncu is installed
+#   reduce      bench/cuda_reduce_bench.py: reductions against PyTorch
+#   repro       python -m needle.repro --device cuda (its calibrated memory limit)
+#   memcheck    compute-sanitizer --tool memcheck over the CUDA tests of test_cuda.py and
+#               test_cuda_cublas.py
+#   racecheck   compute-sanitizer --tool racecheck over the reduction tests
+# Within the default budget the sanitizers, last, may be cut short or skipped ("skipped: out of
+# time"); `--only memcheck,racecheck` runs them in a call of their own.
+# --only runs the steps named (build them first unless needle is already built in place).
 # The report goes to --out, else $OUT/gpu_validate.md when $OUT is set, else
-# ./gpu_validate.md; each step's full log goes beside it (gpu_validate_logs/).
+# ./gpu_validate.md; each step's full log (and repro's JSON) goes beside it (gpu_validate_logs/).
 #
 # Without a GPU (or with --dry-run) nothing is built or run: each step checks that its tools,
-# files and options exist and is reported "skipped: no GPU", so a typo shows before the first
-# real run.
+# files and options exist (the build: that setup.py accepts the exact build environment) and is
+# reported "skipped: no GPU", so a typo shows before the first real run.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 2
 
+ALL_STEPS=(build cuda suite census ptb real_oom repro_real repro_heap ncu reduce repro memcheck
+    racecheck)
 REPORT=""
-BUDGET=540
+BUDGET=520
 DRY_RUN=0
+ONLY=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --out)
@@ -45,12 +65,16 @@ while [ $# -gt 0 ]; do
         BUDGET="${2:?--budget needs seconds}"
         shift 2
         ;;
+    --only)
+        ONLY="${2:?--only needs step names}"
+        shift 2
+        ;;
     --dry-run)
         DRY_RUN=1
         shift
         ;;
     -h | --help)
-        sed -n '2,29p' "$0"
+        sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d'
         exit 0
         ;;
     *)
@@ -59,6 +83,23 @@ while [ $# -gt 0 ]; do
         ;;
     esac
 done
+case "$BUDGET" in
+'' | *[!0-9]*)
+    echo "gpu_validate: --budget $BUDGET: expected whole seconds" >&2
+    exit 2
+    ;;
+esac
+if [ -n "$ONLY" ]; then
+    for name in ${ONLY//,/ }; do
+        if [[ " ${ALL_STEPS[*]} " != *" $name "* ]]; then
+            echo "gpu_validate: --only: unknown step $name (steps: ${ALL_STEPS[*]})" >&2
+            exit 2
+        fi
+    done
+fi
+# wanted STEP: whether this run does STEP (all of them unless --only names some).
+wanted() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
+
 if [ -z "$REPORT" ]; then
     if [ -n "${OUT:-}" ]; then REPORT="$OUT/gpu_validate.md"; else REPORT="$ROOT/gpu_validate.md"; fi
 fi
@@ -71,32 +112,48 @@ trap 'rm -rf "$WORK"' EXIT
 PY="${PYTHON:-python3}"
 START=$(date +%s)
 DEADLINE=$((START + BUDGET))
-export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
+# The root holds needle_c built in place; python/ holds needle.
+export PYTHONPATH="$ROOT:$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 
 # ------------------------------------------------------------------- the machine
 
 have() { command -v "$1" >/dev/null 2>&1; }
 
+# The compute capability is COMPUTE_CAP, never CC: CC is the C compiler setuptools runs, and
+# an exported CC (CC=/opt/gcc/bin/gcc) must reach the build as it is.
 GPU_NAME="none"
 DRIVER="none"
-CC=""
+COMPUTE_CAP=""
 if have nvidia-smi; then
     q="$(nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2>/dev/null |
         head -n 1)"
     if [ -n "$q" ]; then
         GPU_NAME="$(echo "$q" | cut -d, -f1 | sed 's/^ *//;s/ *$//')"
         DRIVER="$(echo "$q" | cut -d, -f2 | sed 's/^ *//;s/ *$//')"
-        CC="$(echo "$q" | cut -d, -f3 | tr -d ' .')"
+        COMPUTE_CAP="$(echo "$q" | cut -d, -f3 | tr -d ' .')"
     fi
 fi
 HAS_GPU=0
-if [ -n "$CC" ] && [ "$DRY_RUN" = 0 ]; then HAS_GPU=1; fi
+if [ -n "$COMPUTE_CAP" ] && [ "$DRY_RUN" = 0 ]; then HAS_GPU=1; fi
+
+# The build's own variables, given to setup.py alone (the steps after it do not see them).
+BUILD_ENV=(NEEDLE_CUDA=1 "NEEDLE_CUDA_ARCH=${COMPUTE_CAP:-90}" NEEDLE_STRICT=1)
+BUILD_CMD=("$PY" setup.py build_ext --inplace -q)
+COMPILERS="CC=${CC-(unset)}, CXX=${CXX-(unset)}, CFLAGS=${CFLAGS-(unset)}"
 
 NVCC="nvcc"
 if ! have nvcc && [ -x /usr/local/cuda/bin/nvcc ]; then NVCC=/usr/local/cuda/bin/nvcc; fi
 SANITIZER="compute-sanitizer"
 if ! have compute-sanitizer && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
     SANITIZER=/usr/local/cuda/bin/compute-sanitizer
+fi
+NCU=""
+if have ncu; then
+    NCU=ncu
+else
+    for candidate in /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
+        if [ -x "$candidate" ]; then NCU="$candidate"; fi
+    done
 fi
 version_of() { # a command's first line that names a version, or "absent"
     if have "$1" || [ -x "$1" ]; then
@@ -107,6 +164,8 @@ version_of() { # a command's first line that names a version, or "absent"
 }
 NVCC_VERSION="$(version_of "$NVCC" --version)"
 SANITIZER_VERSION="$(version_of "$SANITIZER" --version)"
+NCU_VERSION="absent"
+if [ -n "$NCU" ]; then NCU_VERSION="$(version_of "$NCU" --version)"; fi
 PY_VERSIONS="$("$PY" - <<'EOF' 2>/dev/null
 import platform
 parts = [f"Python {platform.python_version()}"]
@@ -129,7 +188,8 @@ CPUS="$(nproc 2>/dev/null || echo '?')"
 
 ROWS=()    # "| step | status | seconds | figures |" lines
 DETAILS=() # markdown sections, one per step that has something to show
-STEPS_LEFT=8
+STEPS_LEFT=0
+for name in "${ALL_STEPS[@]}"; do if wanted "$name"; then STEPS_LEFT=$((STEPS_LEFT + 1)); fi; done
 
 # record NAME STATUS SECONDS FIGURES [DETAIL]
 record() {
@@ -177,9 +237,11 @@ run() {
     return "$rc"
 }
 
-# Dry run of a step: checks each "what:thing" (cmd:, file:, module:, help:SCRIPT:OPTION).
+# Dry run of a step: checks each "what:thing" (cmd:, file:, module:, option:TOOL:OPTION,
+# help:SCRIPT:OPTION, collect:PYTEST-ARGS, build: setup.py accepts BUILD_ENV) and notes each
+# note:TEXT in the report.
 check() {
-    local name=$1 problems=() item kind what
+    local name=$1 problems=() notes=() item kind what
     shift
     for item in "$@"; do
         kind=${item%%:*}
@@ -187,13 +249,19 @@ check() {
         case "$kind" in
         cmd) have "$what" || [ -x "$what" ] || problems+=("command $what not found") ;;
         file) [ -e "$ROOT/$what" ] || problems+=("file $what missing") ;;
+        note) notes+=("$what") ;;
+        build)
+            env "${BUILD_ENV[@]}" "$PY" setup.py --name >"$WORK/build.log" 2>&1 ||
+                problems+=("setup.py refuses the build environment: $(tail -n 1 "$WORK/build.log")")
+            ;;
         module) "$PY" -c "import $what" >/dev/null 2>&1 || problems+=("Python module $what missing") ;;
         option)
-            # a sanitizer option ("option:--target-processes"); a missing sanitizer is
-            # reported by its cmd: check
-            if have "$SANITIZER" || [ -x "$SANITIZER" ]; then
-                "$SANITIZER" --help 2>/dev/null | grep -q -- "$what" ||
-                    problems+=("$SANITIZER has no $what option")
+            # a tool's option ("option:TOOL:--flag"); a missing tool is reported by its cmd:
+            # check
+            local tool=${what%%:*} flag=${what#*:}
+            if have "$tool" || [ -x "$tool" ]; then
+                "$tool" --help 2>/dev/null | grep -q -- "$flag" ||
+                    problems+=("$tool has no $flag option")
             fi
             ;;
         help)
@@ -210,11 +278,28 @@ check() {
         esac
     done
     if [ ${#problems[@]} -eq 0 ]; then
-        record "$name" "skipped: no GPU" 0 "checked: ready to run"
+        local remark=""
+        if [ ${#notes[@]} -gt 0 ]; then remark=" ($(printf '%s; ' "${notes[@]}" | sed 's/; $//'))"; fi
+        record "$name" "skipped: no GPU" 0 "checked: ready to run$remark" "${CHECK_DETAIL:-}"
     else
         local joined
         joined=$(printf '%s; ' "${problems[@]}")
-        record "$name" "skipped: no GPU" 0 "problems: ${joined%; }"
+        record "$name" "skipped: no GPU" 0 "problems: ${joined%; }" "${CHECK_DETAIL:-}"
+    fi
+    CHECK_DETAIL=""
+}
+CHECK_DETAIL="" # a check's markdown detail for the report, set just before it
+
+# piece KIND FILE [ARGS]: bench/gpu_report.py's summary of a step's output, into PIECE (one
+# line) and PIECE_DETAIL (markdown); both empty when it found nothing.
+piece() {
+    local out
+    if out="$("$PY" "$ROOT/bench/gpu_report.py" "$@" 2>>"$LOG")"; then
+        PIECE="$(echo "$out" | head -n 1)"
+        PIECE_DETAIL="$(echo "$out" | tail -n +2)"
+    else
+        PIECE=""
+        PIECE_DETAIL=""
     fi
 }
 
@@ -293,28 +378,86 @@ sys.exit(1 if bad else 0)
 PYEOF
 }
 
-CUDA_TESTS=(tests/test_cuda.py tests/test_cuda_cublas.py tests/test_reduce_outer.py
-    tests/test_interop.py tests/test_sum_accuracy.py)
+MEMCHECK_TESTS=(tests/test_cuda.py tests/test_cuda_cublas.py)
 RACE_TESTS=(tests/test_reduce_outer.py tests/test_sum_accuracy.py)
+CENSUS_SCRIPT=bench/gpu_census.py
+NCU_STEPS=(bench/ncu_steps.py --warmup 3 --steps 2)
+NCU_ARGS=(--nvtx --nvtx-include "needle_steps/" --metrics gpu__time_duration.sum
+    --clock-control none --csv)
+REPRO_REAL=(-m needle.repro --device cuda --limit none --steps 200)
+REPRO_HEAP=(-m needle.repro --device cuda --limit none --extra-objects 150000
+    --modes "hook,manual,hook_full" --steps 100)
+# The command line a step runs, for the dry run's report.
+quoted() { printf '%q ' "$@" | sed 's/ $//'; }
 
 if [ "$HAS_GPU" = 0 ]; then
-    check build "cmd:$NVCC" "file:setup.py" "module:setuptools" "module:numpy"
-    check cuda "module:needle"
-    check suite "module:pytest" "collect:tests"
-    check memcheck "cmd:$SANITIZER" "option:--target-processes" "collect:-m cuda ${CUDA_TESTS[*]}"
-    check racecheck "cmd:$SANITIZER" "option:--print-limit" "collect:-m cuda ${RACE_TESTS[*]}"
-    check repro "help:-m needle.repro:--device" "help:-m needle.repro:--out"
-    check ptb "file:bench/ptb_train.py" "help:bench/ptb_train.py:--device" "module:torch"
-    check reduce "file:bench/cuda_reduce_bench.py" "help:bench/cuda_reduce_bench.py:--quick"
+    if wanted build; then
+        CHECK_DETAIL="Would run: \`env $(quoted "${BUILD_ENV[@]}" "${BUILD_CMD[@]}")\`; compilers from
+the environment: ${COMPILERS}$(if [ -z "$COMPUTE_CAP" ]; then
+            echo " (NEEDLE_CUDA_ARCH from nvidia-smi on the GPU machine; 90 checked here)"
+        fi)."
+        check build "cmd:$NVCC" "file:setup.py" "module:setuptools" "module:numpy" "build:"
+    fi
+    if wanted cuda; then check cuda "module:needle"; fi
+    if wanted suite; then check suite "module:pytest" "collect:-m cuda tests"; fi
+    if wanted census; then
+        if [ -e "$ROOT/$CENSUS_SCRIPT" ]; then
+            check census "help:$CENSUS_SCRIPT:--torch" "help:$CENSUS_SCRIPT:--device" \
+                "module:torch"
+        else
+            check census "note:$CENSUS_SCRIPT not there yet: the step will say so and be skipped"
+        fi
+    fi
+    if wanted ptb; then
+        check ptb "file:bench/ptb_train.py" "help:bench/ptb_train.py:--device" "module:torch"
+    fi
+    if wanted real_oom; then
+        check real_oom "help:bench/real_oom.py:--max-steps" "help:bench/real_oom.py:--device"
+    fi
+    if wanted repro_real; then
+        check repro_real "help:-m needle.repro:--limit" "help:-m needle.repro:--out"
+    fi
+    if wanted repro_heap; then
+        check repro_heap "help:-m needle.repro:--extra-objects" "help:-m needle.repro:hook_full"
+    fi
+    if wanted ncu; then
+        if [ -n "$NCU" ]; then
+            check ncu "cmd:$NCU" "option:$NCU:--nvtx-include" "option:$NCU:--clock-control" \
+                "help:${NCU_STEPS[0]}:--warmup" "file:bench/gpu_report.py" "module:torch"
+        else
+            check ncu "help:${NCU_STEPS[0]}:--warmup" "file:bench/gpu_report.py" \
+                "note:ncu not found here: the step is skipped where it is missing"
+        fi
+    fi
+    if wanted reduce; then
+        check reduce "file:bench/cuda_reduce_bench.py" "help:bench/cuda_reduce_bench.py:--quick"
+    fi
+    if wanted repro; then
+        check repro "help:-m needle.repro:--device" "help:-m needle.repro:--out"
+    fi
+    if wanted memcheck; then
+        check memcheck "cmd:$SANITIZER" "option:$SANITIZER:--target-processes" \
+            "collect:-m cuda ${MEMCHECK_TESTS[*]}"
+    fi
+    if wanted racecheck; then
+        check racecheck "cmd:$SANITIZER" "option:$SANITIZER:--print-limit" \
+            "collect:-m cuda ${RACE_TESTS[*]}"
+    fi
 else
-    # build: for this GPU only (one architecture: fast), strict, in place.
-    export NEEDLE_CUDA=1 NEEDLE_CUDA_ARCH="$CC" NEEDLE_STRICT=1
-    run build 240 "$PY" setup.py build_ext --inplace -q
-    record build "$STATUS" "$SECS" "sm_$CC, $(grep -m 1 -o 'CUDA compile took [0-9.]* s' "$LOG" ||
-        echo 'no CUDA compile line')" "$(if [ "$STATUS" != passed ]; then tail_of "$LOG" 30; fi)"
+    if wanted build; then
+        # For this GPU only (one architecture: fast), strict, in place; the build variables go
+        # to setup.py alone and the compilers are the environment's.
+        run build 240 env "${BUILD_ENV[@]}" "${BUILD_CMD[@]}"
+        record build "$STATUS" "$SECS" "sm_$COMPUTE_CAP, $(grep -m 1 -o 'CUDA compile took [0-9.]* s' "$LOG" ||
+            echo 'no CUDA compile line')" "Compilers: ${COMPILERS}.$(if [ "$STATUS" != passed ]; then
+            echo
+            tail_of "$LOG" 30
+        fi)"
+    fi
 
-    # cuda: is the GPU usable, and which GEMM runs.
-    run cuda 60 "$PY" -c '
+    if wanted cuda; then
+        # cuda: is the GPU usable, and which GEMM runs.
+        run cuda 30 "$PY" -c '
 import needle as ndl
 print("available:", ndl.cuda.is_available())
 print("reason:", ndl.cuda.unavailable_reason())
@@ -323,63 +466,129 @@ print("gemm:", ndl.cuda.gemm_backend())
 print("mem_get_info:", ndl.cuda.mem_get_info())
 assert ndl.cuda.is_available(), ndl.cuda.unavailable_reason()
 '
-    record cuda "$STATUS" "$SECS" "$(grep -m 1 '^gemm:' "$LOG" | cut -c7- || echo '-')" \
-        "$(tail_of "$LOG" 8)"
+        record cuda "$STATUS" "$SECS" "$(grep -m 1 '^gemm:' "$LOG" | cut -c7- || echo '-')" \
+            "$(tail_of "$LOG" 8)"
+    fi
 
     export NEEDLE_REQUIRE_CUDA=1
 
-    # suite: everything, CUDA tests failing (not skipping) without a usable GPU.
-    if [ -n "${NEEDLE_VALIDATE_SUITE:-}" ]; then
-        # shellcheck disable=SC2086  # NEEDLE_VALIDATE_SUITE is a list of pytest arguments
-        run suite 300 "$PY" -m pytest -q -rfE -p no:cacheprovider \
-            --junitxml="$LOGS/suite.xml" $NEEDLE_VALIDATE_SUITE
-    else
-        write_suite_runner "$WORK/suite.py"
-        JOBS=$((CPUS / 2))
-        if [ "$JOBS" -gt 8 ]; then JOBS=8; fi
-        if [ "$JOBS" -lt 1 ]; then JOBS=1; fi
-        run suite 300 "$PY" "$WORK/suite.py" "$LOGS" "$JOBS"
+    if wanted suite; then
+        # suite: the CUDA tests, failing (not skipping) without a usable GPU; the slowest listed.
+        if [ "${NEEDLE_VALIDATE_SUITE:-}" = all ]; then
+            write_suite_runner "$WORK/suite.py"
+            JOBS=$((CPUS / 2))
+            if [ "$JOBS" -gt 8 ]; then JOBS=8; fi
+            if [ "$JOBS" -lt 1 ]; then JOBS=1; fi
+            run suite 400 "$PY" "$WORK/suite.py" "$LOGS" "$JOBS"
+        elif [ -n "${NEEDLE_VALIDATE_SUITE:-}" ]; then
+            # shellcheck disable=SC2086  # NEEDLE_VALIDATE_SUITE is a list of pytest arguments
+            run suite 300 "$PY" -m pytest -q -rfE -p no:cacheprovider \
+                --junitxml="$LOGS/suite.xml" $NEEDLE_VALIDATE_SUITE
+        else
+            run suite 180 "$PY" -m pytest -q -rfE -p no:cacheprovider --durations=10 \
+                --junitxml="$LOGS/suite.xml" -m cuda tests
+        fi
+        SUMMARY="$(pytest_summary "$LOG")"
+        record suite "$STATUS" "$SECS" "${SUMMARY:-no summary line}" \
+            "$(grep -E '^(FAILED|ERROR) ' "$LOG" | head -n 40 | sed 's/^/    /')"
     fi
-    SUMMARY="$(pytest_summary "$LOG")"
-    record suite "$STATUS" "$SECS" "${SUMMARY:-no summary line}" \
-        "$(grep -E '^(FAILED|ERROR) ' "$LOG" | head -n 40 | sed 's/^/    /')"
 
-    # memcheck: out-of-bounds and misaligned accesses, leaks off (Python owns the heap).
-    # Only the pytest process is instrumented: tests that start their own Python (the
-    # repro, NEEDLE_CUBLAS on and off) run at full speed.
-    run memcheck 150 "$SANITIZER" --tool memcheck --target-processes application-only \
-        --error-exitcode 99 --print-limit 20 \
-        "$PY" -m pytest -q -x -p no:cacheprovider -m cuda "${CUDA_TESTS[@]}"
-    ERRORS="$(grep -m 1 -o 'ERROR SUMMARY: [0-9]* errors\?' "$LOG" || echo 'no summary')"
-    record memcheck "$STATUS" "$SECS" "$ERRORS; $(pytest_summary "$LOG")" \
-        "$(if [ "$STATUS" != passed ]; then tail_of "$LOG" 30; fi)"
+    if wanted census; then
+        # census: the step's GPU work, needle's counters beside PyTorch's profiler.
+        if [ -e "$ROOT/$CENSUS_SCRIPT" ]; then
+            run census 60 "$PY" "$CENSUS_SCRIPT" --device cuda --torch
+            piece census "$LOG"
+            record census "$STATUS" "$SECS" "${PIECE:-no JSON lines}" \
+                "${PIECE_DETAIL:-$(tail_of "$LOG" 20)}"
+        else
+            echo "$CENSUS_SCRIPT missing" >"$LOGS/census.log"
+            record census "skipped: $CENSUS_SCRIPT missing" 0 "-"
+        fi
+    fi
 
-    # racecheck: shared-memory hazards of the reduction kernels.
-    run racecheck 90 "$SANITIZER" --tool racecheck --target-processes application-only \
-        --error-exitcode 99 --print-limit 20 \
-        "$PY" -m pytest -q -x -p no:cacheprovider -m cuda -k "not long" "${RACE_TESTS[@]}"
-    ERRORS="$(grep -m 1 -o 'RACECHECK SUMMARY: [0-9]* hazards\? displayed.*' "$LOG" ||
-        grep -m 1 -o 'ERROR SUMMARY: [0-9]* errors\?' "$LOG" || echo 'no summary')"
-    record racecheck "$STATUS" "$SECS" "$ERRORS; $(pytest_summary "$LOG")" \
-        "$(if [ "$STATUS" != passed ]; then tail_of "$LOG" 30; fi)"
+    if wanted ptb; then
+        # ptb: a training step, needle against PyTorch, both on the GPU.
+        run ptb 120 "$PY" bench/ptb_train.py --device cuda --steps 20 --warmup 3
+        TABLE="$(sed -n '/^device: cuda/,$p' "$LOG" | sed 's/^/    /')"
+        RATIO="$(awk '$2 == "needle" { print $1 " " $NF }' "$LOG" | tr '\n' ' ')"
+        record ptb "$STATUS" "$SECS" "needle/torch step time: ${RATIO:--}" \
+            "${TABLE:-$(tail_of "$LOG" 20)}"
+    fi
 
-    # repro: the leak and its fixes on the GPU, under the calibrated memory limit.
-    run repro 120 "$PY" -m needle.repro --device cuda --steps 30 --out "$WORK/repro"
-    LIMIT_LINE="$(grep -m 1 -E '^(calibration|limit):' "$LOG" || echo 'limit: ?')"
-    TABLE="$(sed -n '/^limit: /,/^$/p' "$LOG" | sed 's/^/    /')"
-    record repro "$STATUS" "$SECS" "$LIMIT_LINE" "${TABLE:-$(tail_of "$LOG" 20)}"
+    if wanted real_oom; then
+        # real_oom: the GPU's own memory runs out; recovery; the hook.
+        run real_oom 90 "$PY" bench/real_oom.py --device cuda
+        VERDICT="$(grep -m 1 '^real_oom: ' "$LOG" | cut -c11- || true)"
+        record real_oom "$STATUS" "$SECS" "${VERDICT:-no verdict}" \
+            "$(grep -E '^(leak|recover|hook): ' "$LOG" | sed 's/^/    /' || tail_of "$LOG" 20)"
+    fi
 
-    # ptb: a training step, needle against PyTorch, both on the GPU.
-    run ptb 150 "$PY" bench/ptb_train.py --device cuda --steps 20 --warmup 3
-    TABLE="$(sed -n '/^device: cuda/,$p' "$LOG" | sed 's/^/    /')"
-    RATIO="$(awk '$2 == "needle" { print $1 " " $NF }' "$LOG" | tr '\n' ' ')"
-    record ptb "$STATUS" "$SECS" "needle/torch step time: ${RATIO:--}" \
-        "${TABLE:-$(tail_of "$LOG" 20)}"
+    if wanted repro_real; then
+        # repro_real: every mode on the GPU's own memory, its state after every step.
+        run repro_real 120 "$PY" "${REPRO_REAL[@]}" --out "$LOGS/repro_real"
+        piece repro "$LOGS/repro_real/repro.json"
+        record repro_real "$STATUS" "$SECS" "${PIECE:-no repro.json}" \
+            "${PIECE_DETAIL:-$(tail_of "$LOG" 20)}"
+    fi
 
-    # reduce: the outer-axis kernel against PyTorch.
-    run reduce 60 "$PY" bench/cuda_reduce_bench.py
-    TABLE="$(sed -n '/^GPU reductions/,$p' "$LOG" | sed 's/^/    /')"
-    record reduce "$STATUS" "$SECS" "see table" "${TABLE:-$(tail_of "$LOG" 20)}"
+    if wanted repro_heap; then
+        # repro_heap: a notebook's heap; what each collector costs.
+        run repro_heap 90 "$PY" "${REPRO_HEAP[@]}" --out "$LOGS/repro_heap"
+        piece repro "$LOGS/repro_heap/repro.json"
+        record repro_heap "$STATUS" "$SECS" "${PIECE:-no repro.json}" \
+            "${PIECE_DETAIL:-$(tail_of "$LOG" 20)}"
+    fi
+
+    if wanted ncu; then
+        # ncu: the kernels of two steps, by time.
+        if [ -n "$NCU" ]; then
+            run ncu 120 "$NCU" "${NCU_ARGS[@]}" "$PY" "${NCU_STEPS[@]}"
+            piece ncu "$LOG" --steps 2
+            record ncu "$STATUS" "$SECS" "${PIECE:-no kernel rows}" \
+                "${PIECE_DETAIL:-$(tail_of "$LOG" 20)}"
+        else
+            echo "ncu not found (PATH, /usr/local/cuda/bin, /opt/nvidia)" >"$LOGS/ncu.log"
+            record ncu "skipped: ncu not found" 0 "-"
+        fi
+    fi
+
+    if wanted reduce; then
+        # reduce: the outer-axis kernel against PyTorch.
+        run reduce 45 "$PY" bench/cuda_reduce_bench.py
+        TABLE="$(sed -n '/^GPU reductions/,$p' "$LOG" | sed 's/^/    /')"
+        record reduce "$STATUS" "$SECS" "see table" "${TABLE:-$(tail_of "$LOG" 20)}"
+    fi
+
+    if wanted repro; then
+        # repro: the leak and its fixes on the GPU, under the calibrated memory limit.
+        run repro 60 "$PY" -m needle.repro --device cuda --steps 15 --out "$LOGS/repro"
+        LIMIT_LINE="$(grep -m 1 -E '^(calibration|limit):' "$LOG" || echo 'limit: ?')"
+        TABLE="$(sed -n '/^limit: /,/^$/p' "$LOG" | sed 's/^/    /')"
+        record repro "$STATUS" "$SECS" "$LIMIT_LINE" "${TABLE:-$(tail_of "$LOG" 20)}"
+    fi
+
+    if wanted memcheck; then
+        # memcheck: out-of-bounds and misaligned accesses, leaks off (Python owns the heap).
+        # Only the pytest process is instrumented: tests that start their own Python (the
+        # repro, NEEDLE_CUBLAS on and off) run at full speed.
+        run memcheck 120 "$SANITIZER" --tool memcheck --target-processes application-only \
+            --error-exitcode 99 --print-limit 20 \
+            "$PY" -m pytest -q -x -p no:cacheprovider -m cuda "${MEMCHECK_TESTS[@]}"
+        ERRORS="$(grep -m 1 -o 'ERROR SUMMARY: [0-9]* errors\?' "$LOG" || echo 'no summary')"
+        record memcheck "$STATUS" "$SECS" "$ERRORS; $(pytest_summary "$LOG")" \
+            "$(if [ "$STATUS" != passed ]; then tail_of "$LOG" 30; fi)"
+    fi
+
+    if wanted racecheck; then
+        # racecheck: shared-memory hazards of the reduction kernels.
+        run racecheck 60 "$SANITIZER" --tool racecheck --target-processes application-only \
+            --error-exitcode 99 --print-limit 20 \
+            "$PY" -m pytest -q -x -p no:cacheprovider -m cuda -k "not long" "${RACE_TESTS[@]}"
+        ERRORS="$(grep -m 1 -o 'RACECHECK SUMMARY: [0-9]* hazards\? displayed.*' "$LOG" ||
+            grep -m 1 -o 'ERROR SUMMARY: [0-9]* errors\?' "$LOG" || echo 'no summary')"
+        record racecheck "$STATUS" "$SECS" "$ERRORS; $(pytest_summary "$LOG")" \
+            "$(if [ "$STATUS" != passed ]; then tail_of "$LOG" 30; fi)"
+    fi
 fi
 
 # ------------------------------------------------------------------- the report
@@ -388,12 +597,13 @@ TOTAL=$(($(date +%s) - START))
 {
     echo "## GPU validation: $(date -u +%Y-%m-%d) on ${GPU_NAME}"
     echo
-    echo "Command: \`bash bench/gpu_validate.sh\` (needle ${COMMIT}, $TOTAL s in all$(
+    echo "Command: \`bash bench/gpu_validate.sh${ONLY:+ --only $ONLY}\` (needle ${COMMIT}, $TOTAL s in all$(
         if [ "$HAS_GPU" = 0 ]; then echo ', dry run: no GPU'; fi
     ))."
     echo
-    echo "- GPU: ${GPU_NAME}, compute capability ${CC:-?}, driver ${DRIVER}; ${CPUS} CPUs"
-    echo "- CUDA: nvcc ${NVCC_VERSION}; compute-sanitizer ${SANITIZER_VERSION}"
+    echo "- GPU: ${GPU_NAME}, compute capability ${COMPUTE_CAP:-?}, driver ${DRIVER}; ${CPUS} CPUs"
+    echo "- CUDA: nvcc ${NVCC_VERSION}; compute-sanitizer ${SANITIZER_VERSION}; ncu ${NCU_VERSION}"
+    echo "- Build: compilers from the environment: ${COMPILERS}"
     echo "- ${PY_VERSIONS:-Python unknown}"
     echo
     echo "| step | result | seconds | key figures |"

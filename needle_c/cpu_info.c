@@ -8,19 +8,25 @@
  */
 #include "needle_c.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Applies NEEDLE_CPU_ISA and NEEDLE_GEMM_SPLIT. A bad value is not an import
- * error (the kernels then stay on their defaults) but a RuntimeWarning that
- * says why; -1 only when the warning itself was turned into an error. */
+/* Applies NEEDLE_CPU_ISA and NEEDLE_GEMM_SPLIT at import. A value that names
+ * nothing (an unknown instruction set, a split that is not a count) is a
+ * ValueError, so that `import needle_c` fails with it; an instruction set this
+ * CPU lacks is refused with a RuntimeWarning and the best one it runs is used
+ * (the same setting is right on another machine). -1 with an exception set on
+ * failure. */
 int cpu_settings_install(void) {
     const char *isa_env = getenv("NEEDLE_CPU_ISA");
     if (isa_env != NULL && isa_env[0] != '\0') {
         nd_cpu_isa isa;
-        nd_status status = nd_cpu_isa_from_name(isa_env, &isa);
-        if (status == ND_OK) status = nd_cpu_set_isa(isa);
-        if (status != ND_OK &&
+        if (nd_cpu_isa_from_name(isa_env, &isa) != ND_OK) {
+            PyErr_Format(PyExc_ValueError, "NEEDLE_CPU_ISA='%.40s': %s", isa_env, nd_last_error());
+            return -1;
+        }
+        if (nd_cpu_set_isa(isa) != ND_OK &&
             PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "NEEDLE_CPU_ISA=%.40s ignored: %s; using %s",
                              isa_env, nd_last_error(), nd_cpu_isa_name(nd_cpu_isa_current())) < 0)
             return -1;
@@ -28,16 +34,16 @@ int cpu_settings_install(void) {
     const char *split_env = getenv("NEEDLE_GEMM_SPLIT");
     if (split_env != NULL && split_env[0] != '\0') {
         char *end = NULL;
+        errno = 0;
         long long value = strtoll(split_env, &end, 10);
-        if (end == split_env || *end != '\0' || value < 0) {
-            if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                                 "NEEDLE_GEMM_SPLIT=%.40s ignored: expected a count of "
-                                 "multiply-adds (an integer >= 0); the split is measured",
-                                 split_env) < 0)
-                return -1;
-        } else {
-            nd_cpu_set_gemm_split((int64_t)value);
+        if (end == split_env || *end != '\0' || errno != 0 || value < 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "NEEDLE_GEMM_SPLIT='%.40s': expected a count of multiply-adds (an "
+                         "integer >= 0; unset: measured)",
+                         split_env);
+            return -1;
         }
+        nd_cpu_set_gemm_split((int64_t)value);
     }
     return 0;
 }

@@ -6,6 +6,11 @@
  */
 #include "needle_c.h"
 
+#include <stdlib.h>
+
+/* The most threads a caller may ask for (the engine caps its own choice the same way). */
+#define THREADS_ACCEPTED_MAX 256
+
 static PyObject *num_threads(PyObject *module, PyObject *Py_UNUSED(ignored)) {
     (void)module;
     return PyLong_FromLong(nd_cpu_get_threads());
@@ -20,13 +25,32 @@ static PyObject *set_num_threads(PyObject *module, PyObject *arg) {
     }
     long n = PyLong_AsLong(arg);
     if (n == -1 && PyErr_Occurred()) return NULL;
-    if (n < 0 || n > 256) {
+    if (n < 0 || n > THREADS_ACCEPTED_MAX) {
         PyErr_Format(PyExc_ValueError,
-                     "_set_num_threads: n must be 1 to 256 (0: the default), got %ld", n);
+                     "_set_num_threads: n must be 1 to %d (0: the default), got %ld",
+                     THREADS_ACCEPTED_MAX, n);
         return NULL;
     }
     nd_cpu_set_threads((int)n);
     Py_RETURN_NONE;
+}
+
+/* The engine reads NEEDLE_NUM_THREADS itself, when a kernel first splits rows, and would
+ * quietly use the online processors for a value it cannot use: checked here at import
+ * instead, where the mistake can still be reported. */
+int cpu_threads_check_environment(void) {
+    const char *env = getenv("NEEDLE_NUM_THREADS");
+    if (env == NULL || env[0] == '\0') return 0;
+    char *end = NULL;
+    long n = strtol(env, &end, 10);
+    if (end == env || *end != '\0' || n < 1 || n > THREADS_ACCEPTED_MAX) {
+        PyErr_Format(PyExc_ValueError,
+                     "NEEDLE_NUM_THREADS='%.40s': expected a thread count from 1 to %d (unset: "
+                     "the online processors)",
+                     env, THREADS_ACCEPTED_MAX);
+        return -1;
+    }
+    return 0;
 }
 
 PyMethodDef cpu_threads_module_functions[] = {

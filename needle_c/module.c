@@ -69,8 +69,8 @@ static int needle_c_exec(PyObject *module) {
         return -1;
     if (PyModule_AddIntConstant(module, "MAX_DIMS", ND_MAX_DIMS) < 0) return -1;
     if (autograd_module_init(module, st) < 0) return -1;
-    install_blas();
-    if (cpu_settings_install() < 0) return -1;
+    if (install_blas() < 0 || cpu_settings_install() < 0 || cpu_threads_check_environment() < 0)
+        return -1;
     if (scoped_install(module, st) < 0) return -1;
     pressure_install();
     return 0;

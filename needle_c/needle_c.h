@@ -147,12 +147,15 @@ int scoped_install(PyObject *module, needle_state *st);
 void scoped_forget(needle_state *st);
 extern PyMethodDef scoped_module_functions[];
 
-/* BLAS discovery (blas.c): installs NumPy's OpenBLAS sgemm in the engine. */
-void install_blas(void);
+/* BLAS discovery (blas.c): installs NumPy's OpenBLAS sgemm in the engine; -1 with a
+ * ValueError set when NEEDLE_BLAS is malformed. */
+int install_blas(void);
 const char *blas_description(void);
 extern PyMethodDef blas_module_functions[]; /* _blas() */
-/* _num_threads(), _set_num_threads(n) (cpu_threads.c). */
+/* _num_threads(), _set_num_threads(n) (cpu_threads.c); cpu_threads_check_environment()
+ * refuses a malformed NEEDLE_NUM_THREADS at import (-1, ValueError set). */
 extern PyMethodDef cpu_threads_module_functions[];
+int cpu_threads_check_environment(void);
 
 /* The CPU kernels' settings (cpu_info.c): NEEDLE_CPU_ISA, NEEDLE_GEMM_SPLIT. */
 int cpu_settings_install(void);

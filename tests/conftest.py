@@ -11,10 +11,17 @@ import os
 
 import pytest
 
-REQUIRE_CUDA = os.environ.get("NEEDLE_REQUIRE_CUDA", "0") == "1"
+_REQUIRE_CUDA_TEXT = os.environ.get("NEEDLE_REQUIRE_CUDA", "").strip()
+REQUIRE_CUDA = _REQUIRE_CUDA_TEXT == "1"
 
 
 def pytest_configure(config):
+    if _REQUIRE_CUDA_TEXT not in ("", "0", "1"):
+        # A typo here would quietly turn the GPU run's failures back into skips.
+        raise pytest.UsageError(
+            f"NEEDLE_REQUIRE_CUDA={_REQUIRE_CUDA_TEXT!r}: expected 1 (CUDA tests fail without "
+            "a usable GPU) or 0 (they skip, the default)"
+        )
     config.addinivalue_line(
         "markers", "cuda: test needs the CUDA backend (built and a GPU present)"
     )

@@ -1,8 +1,8 @@
 """The CPU kernels per instruction set: every ISA this CPU runs gives the same matmul,
 elementwise and reduction results (NumPy float64 as the oracle), forced in process
 (needle_c._set_cpu_isa) and through NEEDLE_CPU_ISA in a subprocess; an ISA the CPU lacks
-is refused, never run; the GEMM/BLAS split (measured or NEEDLE_GEMM_SPLIT) sends products to
-either side with the same results; needle_c._cpu_kernels() says what runs.
+is refused with a warning, never run; the GEMM/BLAS split (measured or NEEDLE_GEMM_SPLIT)
+sends products to either side with the same results; needle_c._cpu_kernels() says what runs.
 
 The ISA is a property of the CPU backend, so these tests run on the CPU device only; the
 matmul, ewise and reduction tests of tests/test_ndarray_*.py run every device with the
@@ -311,20 +311,14 @@ def test_env_forces_isa_in_a_fresh_process(isa):
     assert out["err_ewise"] < 1e-5
 
 
-def test_env_unknown_isa_warns_and_keeps_the_best():
-    out = _probe({"NEEDLE_CPU_ISA": "sse9"})
-    assert out["info"]["isa"] == out["info"]["best"]
-    assert any("NEEDLE_CPU_ISA=sse9 ignored" in w for w in out["warnings"]), out["warnings"]
-    assert out["err"] < 1e-4
+# An unknown NEEDLE_CPU_ISA or a malformed NEEDLE_GEMM_SPLIT stops the import with a
+# ValueError: tests/test_environment.py, with every other variable's bad values.
 
 
 def test_env_gemm_split():
     out = _probe({"NEEDLE_GEMM_SPLIT": "123456789"})
     assert out["info"]["gemm_split"] == 123456789
     assert out["warnings"] == []
-    bad = _probe({"NEEDLE_GEMM_SPLIT": "lots"})
-    assert any("NEEDLE_GEMM_SPLIT=lots ignored" in w for w in bad["warnings"]), bad["warnings"]
-    assert bad["err"] < 1e-4
 
 
 LESSER = """

@@ -548,11 +548,20 @@ def test_repro_modes(tmp_path):
         "peak_allocated_bytes",
         "final_allocated_bytes",
         "pressure_collections",
+        "scoped_collections",
+        "full_collections",
         "gc_seconds",
+        "seconds",
+        "gc_share",
         "mean_step_seconds",
         "last_loss",
+        "limit_bytes",
+        "extra_objects",
+        "tracked_objects",
+        "samples",
     }
     assert all(set(r) == keys for r in report.values())
+    assert all(len(r["samples"]) == r["steps"] + r["oom"] for r in report.values())
     png = (out / "repro_timeline.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert "leak" in proc.stdout and "out of memory" in proc.stdout

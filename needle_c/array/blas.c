@@ -3,7 +3,8 @@
  * NumPy wheels ship OpenBLAS (symbols prefixed scipy_, 64-bit ints); using
  * it gives NumPy's matmul speed with no extra dependency. Elsewhere a system
  * OpenBLAS/CBLAS is tried, and without any the engine keeps its own GEMM.
- * NEEDLE_BLAS=0 forces the engine's GEMM.
+ * NEEDLE_BLAS=0 forces the engine's GEMM; any value but 0, 1 or empty is a ValueError at
+ * import.
  */
 #include "needle_c.h"
 
@@ -109,18 +110,26 @@ static int try_numpy_libs(void) {
     return found;
 }
 
-void install_blas(void) {
+int install_blas(void) {
     const char *env = getenv("NEEDLE_BLAS");
+    if (env != NULL && env[0] != '\0' && strcmp(env, "0") != 0 && strcmp(env, "1") != 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "NEEDLE_BLAS='%.40s': expected 0 (needle's own GEMM) or 1 (a BLAS when one "
+                     "is found, the default)",
+                     env);
+        return -1;
+    }
     if (env != NULL && strcmp(env, "0") == 0) {
         nd_cpu_set_sgemm(NULL);
         snprintf(description, sizeof description, "needle's built-in GEMM (NEEDLE_BLAS=0)");
-        return;
+        return 0;
     }
-    if (try_numpy_libs()) return;
+    if (try_numpy_libs()) return 0;
     static const char *candidates[] = {"libopenblas.so.0", "libopenblas.so", "libcblas.so.3",
                                        "libblas.so.3"};
     for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; i++)
-        if (try_library(candidates[i])) return;
+        if (try_library(candidates[i])) return 0;
+    return 0;
 }
 
 const char *blas_description(void) { return description; }

@@ -8,7 +8,7 @@ README.md for the state of each layer.
 import needle_c as _c
 from needle_c import DeviceError, OutOfMemoryError
 
-from . import autograd, backend_ndarray, data, init, memory, nn, ops, optim, random
+from . import _environ, autograd, backend_ndarray, data, init, memory, nn, ops, optim, random
 from . import backend_ndarray as array_api
 from .autograd import Tensor, TensorTuple, no_grad
 from .backend_ndarray import (
@@ -23,6 +23,10 @@ from .backend_ndarray import (
 from .init import ones, ones_like, zeros, zeros_like
 from .random import manual_seed
 from .ops import *  # noqa: F403
+
+# needle_c has checked the variables it reads at its import and needle.memory its own; the
+# CUDA backend's are read in C only at the first CUDA call, so they are checked here.
+_environ.check_cuda_variables()
 
 # ndl.cuda() is the course's device function and ndl.cuda.memory_allocated() etc. the
 # torch.cuda-style API: needle.cuda is a callable module. It is bound by import_module,

@@ -15,17 +15,25 @@ modes, each in a fresh process, on a device with a memory limit:
 - ``gc_blind``: "needle" mode with tensors invisible to the collector (what a C extension
   without tp_traverse gives): the cycles can never be freed.
 
-Two more modes run only when asked for (``--modes hook_frozen,floor``): ``hook_frozen`` is
-``hook`` plus one call to ``needle.memory.freeze_heap()`` after setup, so each collection scans
-only what training creates (a collection's cost is set by every object in the process, not by
-needle's garbage); ``floor`` is the course's graph with a ``gc.collect()`` right after each
-``reset_grad()``, the first moment the previous step's graph is garbage: its peak is the least
-any collector can give the "needle" graph mode (the graph's own working set).
+Three more modes run only when asked for (``--modes hook_frozen,hook_full,floor``):
+``hook_frozen`` is ``hook`` plus one call to ``needle.memory.freeze_heap()`` after setup, so each
+collection scans only what training creates (a collection's cost is set by every object in the
+process, not by needle's garbage); ``hook_full`` is ``hook`` with full collections only (no
+scoped collection of needle's own objects first); ``floor`` is the course's graph with a
+``gc.collect()`` right after each ``reset_grad()``, the first moment the previous step's graph
+is garbage: its peak is the least any collector can give the "needle" graph mode (the graph's
+own working set).
 
 On the CPU the limit emulates a GPU's capacity; by default it is 1.3x the peak of a short
 calibration run of ``manual`` (two steps), so that ``leak`` runs out within a few steps while
-the fixes do not.
-Prints a table, writes ``repro.json`` and a PNG timeline of allocated bytes to ``--out``.
+the fixes do not. ``--limit none`` sets no limit: on a GPU the modes meet its own memory (a
+real out-of-memory error, where one comes). ``--extra-objects N`` keeps N more tracked Python
+objects alive in each mode's process (a Jupyter kernel's heap is about 150k objects more than
+a script's), which every full collection has to scan; the table's "gc %" is the share of the
+loop's time spent in the mode's collections.
+Prints a table and each mode's memory over the steps, writes ``repro.json`` (with a record per
+step: allocated and reserved bytes, and the driver's free bytes on a GPU) and a PNG timeline of
+allocated bytes to ``--out``.
 """
 
 import argparse
@@ -39,7 +47,7 @@ import tempfile
 import time
 
 MODES = ("leak", "manual", "hook", "cycle_free", "gc_blind")
-EXTRA_MODES = ("hook_frozen", "floor")
+EXTRA_MODES = ("hook_frozen", "hook_full", "floor")
 DEFAULT_STEPS = 15
 
 
@@ -55,7 +63,11 @@ def _parse_args(argv):
         default="cuda" if _cuda_enabled() else "cpu",
         help="cpu or cuda (default: cuda when available)",
     )
-    parser.add_argument("--limit", help="device memory limit, e.g. '2GiB' (default: calibrated)")
+    parser.add_argument(
+        "--limit",
+        help="device memory limit: a size ('2GiB'), a fraction of the device ('0.5'), or 'none' "
+        "(the device's own memory); default: calibrated",
+    )
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="training steps per mode")
     parser.add_argument(
         "--modes",
@@ -66,6 +78,13 @@ def _parse_args(argv):
     parser.add_argument("--seq-len", type=int, default=20)
     parser.add_argument("--out", default="repro_out", help="directory for repro.json and the plot")
     parser.add_argument("--words", type=int, default=200_000, help="size of the synthetic corpus")
+    parser.add_argument(
+        "--extra-objects",
+        type=int,
+        default=0,
+        help="extra tracked Python objects kept alive in each mode's process (a Jupyter "
+        "kernel's heap: about 150000)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--corpus-dir", help=argparse.SUPPRESS)
     parser.add_argument("--limit-bytes", type=int, help=argparse.SUPPRESS)
@@ -78,6 +97,13 @@ def _parse_args(argv):
         )
     if args.steps < 1:
         parser.error("--steps must be at least 1")
+    if args.extra_objects < 0:
+        parser.error("--extra-objects must be >= 0")
+    if args.limit is not None and args.limit.strip().lower() == "none":
+        args.limit = "none"
+        if args.device == "cpu" and "gc_blind" in modes:
+            # Nothing ever frees gc_blind's graphs: without a limit they fill the host.
+            parser.error("--limit none on the cpu cannot run gc_blind (it would fill the host)")
     args.modes = modes
     return args
 
@@ -93,6 +119,7 @@ def _cuda_enabled():
 
 def _configure(mode, device, limit):
     import needle as ndl
+    import needle_c as _c
     from needle import memory
 
     graph = "cycle_free" if mode == "cycle_free" else "needle"
@@ -100,6 +127,7 @@ def _configure(mode, device, limit):
     # leak/manual: the course has no device-memory collections at all; floor collects by hand.
     memory.set_gc_policy(enabled=mode not in ("leak", "manual", "floor"))
     memory.set_gc_visible(mode != "gc_blind")
+    _c._set_scoped_enabled(mode != "hook_full")
     if limit is not None:
         memory.set_memory_limit(device, limit)
 
@@ -143,16 +171,21 @@ def _run_worker(args):
     corpus, train, model, opt, loss_fn = course_setup(
         args.corpus_dir, args.batch_size, args.seq_len, device
     )
+    # The heap a notebook adds: small tracked objects that every full collection scans.
+    heap = [[i] for i in range(args.extra_objects)]
     _configure(mode, device, args.limit_bytes)
     if mode == "hook_frozen":
         memory.freeze_heap()  # after setup, before the first graph exists
     memory.reset_peak_memory_stats(device)
     start_allocated = memory.memory_allocated(device)
+    start_stats = memory.memory_stats(device)
+    tracked_objects = len(gc.get_objects())
     samples, step_times = [], []
     oom, oom_step, last_loss, steps = False, None, None, 0
     manual_gc_seconds = 0.0
     nbatch = train.shape[0]
     position = 0
+    loop_start = time.perf_counter()
     for step in range(1, args.steps + 1):
         if position >= nbatch - 1 - args.seq_len:
             position = 0
@@ -178,13 +211,18 @@ def _run_worker(args):
             if not isinstance(err, ndl.OutOfMemoryError):
                 raise
             oom, oom_step = True, step
-            samples.append({"step": step, "allocated": memory.memory_allocated(device)})
+            samples.append(_memory_sample(step, device))
             break
         step_times.append(time.perf_counter() - t0)
         position += args.seq_len
         steps = step
-        samples.append({"step": step, "allocated": memory.memory_allocated(device)})
+        samples.append(_memory_sample(step, device))
+    seconds = time.perf_counter() - loop_start
     stats = memory.memory_stats(device)
+
+    def grown(key):
+        return stats[key] - start_stats[key]
+
     result = {
         "mode": mode,
         "device": str(device),
@@ -193,19 +231,40 @@ def _run_worker(args):
         "oom_step": oom_step,
         "peak_allocated_bytes": stats["allocated_bytes.all.peak"],
         "final_allocated_bytes": stats["allocated_bytes.all.current"],
-        "pressure_collections": stats["num_pressure_collections"] + stats["num_oom_collections"],
-        "gc_seconds": stats["gc_seconds"],
+        "pressure_collections": grown("num_pressure_collections") + grown("num_oom_collections"),
+        "scoped_collections": grown("num_scoped_collections"),
+        "full_collections": grown("num_full_collections"),
+        "gc_seconds": grown("gc_seconds"),
+        "seconds": seconds,
         "mean_step_seconds": sum(step_times) / len(step_times) if step_times else None,
         "last_loss": last_loss,
         "start_allocated_bytes": start_allocated,
         "limit_bytes": args.limit_bytes,
+        "extra_objects": len(heap),
+        "tracked_objects": tracked_objects,
         "samples": samples,
     }
     if mode in ("manual", "floor"):
         # The hand-written collections: the cost to compare with the hook's.
         result["gc_seconds"] = manual_gc_seconds
         result["pressure_collections"] = steps
+    result["gc_share"] = result["gc_seconds"] / seconds if seconds > 0 else None
     print(json.dumps(result))
+
+
+def _memory_sample(step, device):
+    """The device's memory after a step: allocated and reserved bytes (needle's allocator) and,
+    on a GPU, the driver's free bytes (every process and the CUDA context; None on the CPU)."""
+    import needle as ndl
+    from needle import memory
+
+    free = ndl.cuda.mem_get_info(device)[0] if device.name == "cuda" else None
+    return {
+        "step": step,
+        "allocated": memory.memory_allocated(device),
+        "reserved": memory.memory_reserved(device),
+        "free": free,
+    }
 
 
 # ------------------------------------------------------------------ the driver
@@ -228,6 +287,8 @@ def _spawn(mode, args, corpus_dir, limit_bytes, steps):
         str(args.batch_size),
         "--seq-len",
         str(args.seq_len),
+        "--extra-objects",
+        str(args.extra_objects),
     ]
     if limit_bytes is not None:
         cmd += ["--limit-bytes", str(limit_bytes)]
@@ -261,10 +322,10 @@ def _mib(n):
 
 def _print_table(results, limit_bytes):
     print()
-    print(f"limit: {_mib(limit_bytes)} MiB")
+    print(f"limit: {'none' if limit_bytes is None else _mib(limit_bytes) + ' MiB'}")
     header = (
         f"{'mode':<11}{'steps':>6}{'OOM':>10}{'peak MiB':>11}{'final MiB':>11}"
-        f"{'collections':>13}{'gc s':>8}{'step s':>8}{'loss':>8}"
+        f"{'collections':>13}{'gc s':>8}{'gc %':>7}{'step s':>8}{'loss':>8}"
     )
     print(header)
     print("-" * len(header))
@@ -273,10 +334,22 @@ def _print_table(results, limit_bytes):
         gc_s = "-" if r["gc_seconds"] is None else f"{r['gc_seconds']:.2f}"
         step_s = "-" if r["mean_step_seconds"] is None else f"{r['mean_step_seconds']:.3f}"
         loss = "-" if r["last_loss"] is None else f"{r['last_loss']:.3f}"
+        share = "-" if r["gc_share"] is None else f"{100 * r['gc_share']:.1f}"
         print(
             f"{r['mode']:<11}{r['steps']:>6}{oom:>10}{_mib(r['peak_allocated_bytes']):>11}"
             f"{_mib(r['final_allocated_bytes']):>11}{r['pressure_collections']:>13}{gc_s:>8}"
-            f"{step_s:>8}{loss:>8}"
+            f"{share:>7}{step_s:>8}{loss:>8}"
+        )
+    print()
+    print("memory after each step (MiB): allocated min-max, reserved max, driver's free min")
+    for r in results:
+        samples = r["samples"] or [{"allocated": 0, "reserved": 0, "free": None}]
+        allocated = [s["allocated"] for s in samples]
+        free = [s["free"] for s in samples if s["free"] is not None]
+        print(
+            f"{r['mode']:<11}{_mib(min(allocated)):>10} -{_mib(max(allocated)):>10}"
+            f"{_mib(max(s['reserved'] for s in samples)):>11}"
+            f"{_mib(min(free)) if free else '-':>11}"
         )
 
 
@@ -314,7 +387,7 @@ def main(argv=None):
         _run_worker(args)
         return 0
     import needle as ndl
-    from needle.memory import parse_size
+    from needle.memory import memory_stats, parse_size
 
     os.makedirs(args.out, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="needle-repro-") as workdir:
@@ -323,9 +396,17 @@ def main(argv=None):
             f"needle {ndl.__version__} on {args.device} ({platform.machine()}, "
             f"{os.cpu_count()} cpus); data: {corpus_note}"
         )
-        if args.limit:
-            limit_bytes = parse_size(args.limit)
-            print(f"limit: {args.limit} as given")
+        if args.limit == "none":
+            limit_bytes = None
+            print("limit: none (the device's own memory)")
+        elif args.limit:
+            device = ndl.cpu() if args.device == "cpu" else ndl.cuda()
+            capacity = memory_stats(device).get("device_capacity_bytes")
+            try:
+                limit_bytes = parse_size(args.limit, capacity)
+            except (ValueError, TypeError) as err:
+                raise SystemExit(f"needle.repro: --limit {args.limit!r}: {err}") from None
+            print(f"limit: {args.limit} as given ({_mib(limit_bytes)} MiB)")
         else:
             # What the course's own workaround needs, measured: two steps of the `manual`
             # mode peak with the previous step's graph still alive through the parameters'
@@ -368,9 +449,17 @@ def main(argv=None):
                 "peak_allocated_bytes",
                 "final_allocated_bytes",
                 "pressure_collections",
+                "scoped_collections",
+                "full_collections",
                 "gc_seconds",
+                "seconds",
+                "gc_share",
                 "mean_step_seconds",
                 "last_loss",
+                "limit_bytes",
+                "extra_objects",
+                "tracked_objects",
+                "samples",
             )
         }
         for r in results

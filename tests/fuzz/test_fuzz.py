@@ -13,8 +13,17 @@ import pytest
 from .driver import run_seed
 from .hostile import run_hostile
 
-PROGRAMS = int(os.environ.get("NEEDLE_FUZZ_PROGRAMS", "300"))
-FIRST = int(os.environ.get("NEEDLE_FUZZ_SEED", "0"))
+
+def _count(name, default):
+    """A whole-number variable of the fuzzer; a malformed one stops the collection by name."""
+    text = os.environ.get(name, "").strip() or default
+    if not text.isdigit():
+        raise pytest.UsageError(f"{name}={text!r}: expected a whole number >= 0")
+    return int(text)
+
+
+PROGRAMS = _count("NEEDLE_FUZZ_PROGRAMS", "300")
+FIRST = _count("NEEDLE_FUZZ_SEED", "0")
 CHUNK = 25
 CHUNKS = list(range(FIRST, FIRST + PROGRAMS, CHUNK))
 

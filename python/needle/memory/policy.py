@@ -8,11 +8,11 @@ collector's visibility switch, ``freeze_heap`` and the safe point a training loo
 """
 
 import gc
-import os
 import time
 
 import needle_c as _c
 
+from .. import _environ
 from .stats import _size_fraction, parse_size
 
 _DEFAULTS = _c._gc_policy_defaults()
@@ -162,31 +162,40 @@ def collect(scope="needle"):
     return {"scope": scope, "objects": objects, "bytes": freed, "seconds": seconds, "ran": ran}
 
 
+# The policy's numeric variables: (variable, set_gc_policy argument, what it accepts).
+_NUMBER_VARIABLES = (
+    ("NEEDLE_GC_GROWTH", "growth", "a finite number >= 0, e.g. 1.0"),
+    ("NEEDLE_GC_HIGH_WATER", "high_water", "a fraction of the budget in (0, 1], e.g. 0.9"),
+    ("NEEDLE_GC_MAX_FRACTION", "max_gc_fraction", "a share of wall time in (0, 0.5], e.g. 0.05"),
+)
+
+
 def _policy_from_environment():
-    env = os.environ
-    kwargs, sources = {}, {}
-    if "NEEDLE_GC" in env:
-        kwargs["enabled"] = env["NEEDLE_GC"].strip().lower() not in ("0", "false", "off", "no")
-    for key, name in (
-        ("NEEDLE_GC_GROWTH", "growth"),
-        ("NEEDLE_GC_HIGH_WATER", "high_water"),
-        ("NEEDLE_GC_MAX_FRACTION", "max_gc_fraction"),
-    ):
-        if key in env:
-            try:
-                kwargs[name] = float(env[key])
-            except ValueError:
-                raise ValueError(f"{key}={env[key]!r} is not a number") from None
-            sources[name] = key
-    if "NEEDLE_GC_MIN_GROWTH" in env:
-        kwargs["min_growth"] = env["NEEDLE_GC_MIN_GROWTH"]
-        sources["min_growth"] = "NEEDLE_GC_MIN_GROWTH"
-    if env.get("NEEDLE_GC_WATERMARK", "").strip():
-        kwargs["watermark"] = env["NEEDLE_GC_WATERMARK"].strip()
-        sources["watermark"] = "NEEDLE_GC_WATERMARK"
-    if kwargs:
+    """Applies NEEDLE_GC and NEEDLE_GC_*; each variable is applied on its own, so that the
+    error for a bad one names it, its value and what it accepts. Empty means unset."""
+    enabled = _environ.switch("NEEDLE_GC", None)
+    if enabled is not None:
+        set_gc_policy(enabled=enabled)
+    for variable, name, accepted in _NUMBER_VARIABLES:
+        text = _environ.read(variable)
+        if text is None:
+            continue
         try:
-            set_gc_policy(**kwargs)
+            set_gc_policy(**{name: float(text)})
         except (ValueError, TypeError) as err:
-            names = ", ".join(f"{v}={env[v]!r}" for v in sources.values()) or "NEEDLE_GC"
-            raise ValueError(f"needle gc policy from the environment ({names}): {err}") from None
+            raise _environ.invalid(variable, text, accepted, str(err)) from None
+    for variable, name, accepted in (
+        ("NEEDLE_GC_MIN_GROWTH", "min_growth", "a size such as 64MiB or 67108864 (bytes)"),
+        (
+            "NEEDLE_GC_WATERMARK",
+            "watermark",
+            "a size such as 1.5GiB or a fraction of each device's budget such as 50% or 0.5",
+        ),
+    ):
+        text = _environ.read(variable)
+        if text is None:
+            continue
+        try:
+            set_gc_policy(**{name: text})
+        except (ValueError, TypeError) as err:
+            raise _environ.invalid(variable, text, accepted, str(err)) from None

@@ -7,10 +7,11 @@ formatter of the package, ``_format_bytes``. Device arguments are resolved by ne
 own parser (``needle_c._device``), the one every array function uses.
 """
 
-import os
 import re
 
 import needle_c as _c
+
+from .. import _environ
 
 _UNITS = {
     "": 1,
@@ -98,16 +99,35 @@ def empty_cache(device=None):
     return _c._empty_cache(engine_id) if engine_id >= 0 else 0
 
 
+_SIZE_HELP = (
+    "a size is whole bytes ('4096'), a number with a unit ('2GiB', '512 MiB', '1.5GB') or a "
+    "fraction of the device's capacity ('0.5', '50%')"
+)
+
+
 def _size_fraction(value):
-    """The fraction a size stands for (a float in (0, 1], or a string such as ``"50%"``), or
-    None when it is not a fraction."""
+    """The fraction of a capacity that a size stands for, or None when it is not a fraction.
+
+    Fractions are floats, strings ending in ``%`` and unit-less strings with a decimal point
+    (``"0.5"``, read as the float ``0.5`` is); all must be in (0, 1]. A unit-less decimal
+    outside it (``"1.5"``) is an error: it is not whole bytes either."""
     if isinstance(value, float):
         fraction = value
     elif isinstance(value, str) and value.strip().endswith("%"):
         try:
             fraction = float(value.strip()[:-1]) / 100.0
         except ValueError:
-            raise ValueError(f"cannot parse memory size {value!r}") from None
+            raise ValueError(f"cannot parse memory size {value!r}: {_SIZE_HELP}") from None
+    elif isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        if match is None or match.group(2) or "." not in match.group(1):
+            return None
+        fraction = float(match.group(1))
+        if not (0.0 < fraction <= 1.0):
+            raise ValueError(
+                f"memory size {value!r} has no unit and is not whole bytes, nor a fraction in "
+                f"(0, 1]: {_SIZE_HELP}"
+            )
     else:
         return None
     if not (0.0 < fraction <= 1.0):
@@ -116,8 +136,11 @@ def _size_fraction(value):
 
 
 def parse_size(value, capacity=None):
-    """Bytes for a size: an int, a fraction of ``capacity`` (a float in (0, 1]), or a
-    string such as ``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``, ``"4096"`` or ``"50%"``."""
+    """Bytes for a size: an int, a fraction of ``capacity`` (a float in (0, 1], or a string
+    such as ``"0.5"`` or ``"50%"``), or a string with a unit such as ``"2GiB"``, ``"512 MiB"``
+    or ``"1.5GB"``. A string without a unit is whole bytes (``"4096"``) or, with a decimal
+    point, a fraction; ``"1.5"`` is neither and is refused, as are fractional bytes
+    (``"1.5B"``)."""
     if isinstance(value, bool):
         raise TypeError("a memory size cannot be a bool")
     if isinstance(value, int):
@@ -130,12 +153,12 @@ def parse_size(value, capacity=None):
             raise ValueError("a fractional size needs the device's capacity, which is unknown")
         return int(fraction * capacity)
     if isinstance(value, str):
-        match = _SIZE_RE.match(value.strip())
+        match = _SIZE_RE.match(value)
         unit = match.group(2).lower() if match else None
         if match is None or unit not in _UNITS:
-            raise ValueError(
-                f"cannot parse memory size {value!r} (use e.g. '2GiB', '512MiB', '1.5GB', '4096')"
-            )
+            raise ValueError(f"cannot parse memory size {value!r}: {_SIZE_HELP}")
+        if _UNITS[unit] == 1 and "." in match.group(1):
+            raise ValueError(f"memory size {value!r} is not whole bytes: {_SIZE_HELP}")
         return int(float(match.group(1)) * _UNITS[unit])
     raise TypeError(
         f"a memory size must be an int, a float fraction or a string, got {type(value).__name__}"
@@ -177,8 +200,10 @@ def _format_bytes(n, exact=False):
 
 
 def _limits_from_environment():
-    text = os.environ.get("NEEDLE_MEMORY_LIMIT", "").strip()
-    if not text:
+    """Applies NEEDLE_MEMORY_LIMIT: one size for every device this process can use, or
+    ``name=size`` pairs; a device named that cannot be used (no GPU) is skipped."""
+    text = _environ.read("NEEDLE_MEMORY_LIMIT")
+    if text is None:
         return
     try:
         if "=" in text:
@@ -191,5 +216,11 @@ def _limits_from_environment():
             for dev in (_c.cpu(), _c.cpu_numpy(), _c.cuda()):
                 if dev.enabled():
                     set_memory_limit(dev, text)
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"NEEDLE_MEMORY_LIMIT={text!r}: {err}") from None
+    except (ValueError, TypeError, _c.DeviceError) as err:
+        raise _environ.invalid(
+            "NEEDLE_MEMORY_LIMIT",
+            text,
+            "a size for every device such as 2GiB, 4096 (bytes), 0.5 or 50% (of each device's "
+            "capacity), or sizes per device such as cpu=1GiB,cuda=0.5",
+            str(err),
+        ) from None
