@@ -17,7 +17,7 @@ same model in PyTorch with its profiler: CUDA kernels, memsets and copies, and
 synchronisations, so that the two stand side by side.
 
     python bench/gpu_census.py [--configs transformer,lstm] [--steps 3] [--warmup 2] [--small]
-                               [--torch] [--check]
+                               [--torch] [--check] [--device cuda]
 
 ``--check`` exits 1 when a configuration misses issue 20's targets (launches + BLAS calls per
 step: transformer <= 250, lstm <= 200; host syncs <= 1; device mallocs 0; host-to-device bytes
@@ -186,6 +186,9 @@ def misses(row):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", default="transformer,lstm")
+    parser.add_argument(
+        "--device", default="cuda", choices=["cuda"], help="the census is the GPU's (default)"
+    )
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--small", action="store_true", help="vocabulary 1000, batch 16")
