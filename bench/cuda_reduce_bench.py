@@ -1,11 +1,14 @@
 """CUDA reductions: needle against PyTorch on the same GPU, same run.
 
-Sums and maxima over the outer axis (a column reduction of a row-major matrix: needle's outer
-kernel) and the inner axis (rows) of float32 matrices, plus the largest relative error of
-needle's sum against a float64 sum. Each case queues `repeat` reductions and waits for the
-last (needle waits by copying the small result to the host; PyTorch by synchronising), and
-reports the median over a few rounds as time per reduction and effective bandwidth (bytes
-read / time). Prints one JSON line per case, then a table.
+Sums and maxima over the outer axis (a column reduction of a row-major matrix: needle's
+columns kernel), the inner axis (rows: the rows kernel) and all axes of float32 matrices,
+among them the shapes of the PTB transformer's training step (batch 256 x seq 20 = 5120 rows:
+layer norm over 20 features, the bias gradients of a 20-wide layer and of the 10k-word
+output layer), plus the largest relative error of needle's sum against a float64 sum. Each
+case queues `repeat` reductions (more for small arrays, so that the final wait does not
+dominate) and waits for the last (needle waits by copying the small result to the host;
+PyTorch by synchronising), and reports the median over a few rounds as time per reduction
+and effective bandwidth (bytes read / time). Prints one JSON line per case, then a table.
 
     python bench/cuda_reduce_bench.py [--quick]
 """
@@ -22,13 +25,17 @@ import needle as ndl
 from needle import backend_ndarray as nd
 
 CASES = [
-    # (rows, cols, axis)
+    # (rows, cols, axis); axis None: every element to one value
     (8192, 8192, 0),
     (8192, 8192, 1),
+    (8192, 8192, None),
     (100_000, 2048, 0),
     (1_000_000, 64, 0),
     (64, 1_000_000, 1),
     (2048, 2048, 0),
+    (5120, 20, 1),  # the transformer's layer norm: rows of 20 features
+    (5120, 20, 0),  # the bias gradient of a 20-wide layer
+    (5120, 10000, 0),  # the bias gradient of the 10k-word output layer
 ]
 
 
@@ -58,14 +65,15 @@ def main():
     except ImportError:
         torch, has_torch = None, False
     cases = CASES[:2] if args.quick else CASES
-    repeat, rounds = (5, 3) if args.quick else (20, 5)
+    rounds = 3 if args.quick else 5
     rng = np.random.default_rng(0)
     rows_out = []
     for rows, cols, axis in cases:
         x = (100.0 + rng.random((rows, cols))).astype(np.float32)
         a = nd.array(x, device=ndl.cuda())
         nbytes = x.nbytes
-        row = {"shape": [rows, cols], "axis": axis}
+        repeat = 5 if args.quick else int(min(500, max(20, 4e8 // nbytes)))
+        row = {"shape": [rows, cols], "axis": axis, "repeat": repeat}
         for op in ("sum", "max"):
 
             def run_needle(op=op, a=a):
@@ -82,6 +90,8 @@ def main():
                 tx = torch.from_numpy(x).cuda()
 
                 def run_torch(op=op, tx=tx):
+                    if axis is None:
+                        return tx.sum() if op == "sum" else tx.amax()
                     return tx.sum(dim=axis) if op == "sum" else tx.amax(dim=axis)
 
                 def wait_torch(out=None):
@@ -109,7 +119,7 @@ def main():
             t_ms = r.get(f"torch_{op}_ms")
             ratio = f"{r[f'needle_{op}_ms'] / t_ms:.2f}" if t_ms else "-"
             print(
-                f"{'x'.join(map(str, r['shape'])):>16}{r['axis']:>5}{op:>5}"
+                f"{'x'.join(map(str, r['shape'])):>16}{str(r['axis']):>5}{op:>5}"
                 f"{r[f'needle_{op}_ms']:>11.3f}{r[f'needle_{op}_gbps']:>8.0f}"
                 + (f"{t_ms:>10.3f}{r[f'torch_{op}_gbps']:>8.0f}" if t_ms else f"{'-':>10}{'-':>8}")
                 + f"{ratio:>7}{r['sum_max_rel_error'] if op == 'sum' else 0:>13.1e}"

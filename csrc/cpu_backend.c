@@ -184,6 +184,13 @@ static nd_status cpu_reduce(nd_reduce_op op, const nd_layout *out_layout, float 
     /* Walk in the input's memory order; the output is small or contiguous. */
     nd_iter_prepare(&it, a_layout->shape, a_layout->ndim, 2, layouts, 1);
     float *base[2] = {out + out_layout->offset, (float *)a + a_layout->offset};
+    /* The loops combine into out, which the contract does not fill: start
+     * every output (contiguous over the kept axes) at the identity. */
+    int64_t outputs = 1;
+    for (int d = 0; d < out_layout->ndim; d++)
+        if (out_layout->strides[d] != 0) outputs *= out_layout->shape[d];
+    const float identity = nd_reduce_identity(op);
+    for (int64_t i = 0; i < outputs; i++) base[0][i] = identity;
     int64_t shadow_size = op == ND_REDUCE_SUM ? sum_shadow_size(&it) : 0;
     double *shadow = shadow_size > 0 ? calloc((size_t)shadow_size, sizeof(double)) : NULL;
     if (shadow == NULL) { /* one row per output, or no memory for the shadow */

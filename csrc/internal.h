@@ -80,6 +80,11 @@ static inline int nd_index_ok(float v, int64_t count) {
  * ("rows", "classes"). */
 nd_status nd_index_error(const char *what, float v, int64_t count, const char *unit);
 
+/* The value a reduction starts from (and gives over an empty extent). */
+static inline float nd_reduce_identity(nd_reduce_op op) {
+    return op == ND_REDUCE_SUM ? 0.0f : op == ND_REDUCE_MAX ? -__builtin_inff() : __builtin_inff();
+}
+
 /* What a device kind must provide. Every kernel takes layouts in elements and
  * reports a status; none allocates device memory through nd_memory_alloc
  * (scratch comes from the backend's own raw_alloc, reserved but never
@@ -99,7 +104,8 @@ typedef struct nd_backend {
     nd_status (*unary)(nd_unary_op op, const nd_layout *out_layout, float *out,
                        const nd_layout *a_layout, const float *a);
     /* out has a's shape with stride 0 along the reduced axes; out's storage
-     * is contiguous over the kept axes. */
+     * is contiguous over the kept axes. a has at least one element; every
+     * output is written (out's prior contents are not read). */
     nd_status (*reduce)(nd_reduce_op op, const nd_layout *out_layout, float *out,
                         const nd_layout *a_layout, const float *a);
     nd_status (*matmul)(const nd_matmul_desc *desc);

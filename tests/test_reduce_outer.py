@@ -1,10 +1,11 @@
 """Reductions over outer axes (a column sum of a row-major matrix, a middle axis of a 3-D
-array): on CUDA these take the outer kernel (csrc/cuda/cuda_reduce.cu: 32 neighbouring
-outputs per block, 8 rows of threads along the reduced axis, the reduced extent split over
-blocks and reduced again when there are few output tiles). Checked against NumPy on every
-device, at the sizes where the kernel changes its plan (fewer than 32 outputs, one tile
-and a bit, few tiles with a split, many tiles in one pass), on strided and negative-stride
-views, for sum, max and min, with NaN and infinities, and for the accuracy of long sums.
+array): on CUDA these take the columns kernel (csrc/cuda/cuda_reduce.cu: lanes on
+neighbouring outputs, 4 a lane with 16-byte loads where a's layout allows, rows of threads
+along the reduced axis, the reduced extent split over blocks and reduced again when there are
+few output tiles). Checked against NumPy on every device, at sizes where the plan changes
+(under 32 outputs, one tile and a bit, few tiles with a split, many tiles in one pass), on
+strided and negative-stride views, for sum, max and min, with NaN and infinities, and for the
+accuracy of long sums. tests/test_reduce_paths.py covers each plan of both kernels.
 """
 
 import numpy as np
