@@ -74,6 +74,10 @@ static inline int nd_index_ok(float v, int64_t count) {
  * ("rows", "classes"). */
 nd_status nd_index_error(const char *what, float v, int64_t count, const char *unit);
 
+/* The fused optimizer updates' descriptors (optim_update.h). */
+struct nd_adam_desc;
+struct nd_sgd_desc;
+
 /* What a device kind must provide. Every kernel takes layouts in elements and
  * reports a status; none allocates device memory through nd_memory_alloc
  * (scratch comes from the backend's own raw_alloc, reserved but never
@@ -119,6 +123,10 @@ typedef struct nd_backend {
      * nd_index_error of the first that is not. */
     nd_status (*check_indices)(const nd_layout *idx_layout, const float *idx, int64_t count,
                                const char *what, const char *unit);
+    /* The fused optimizer updates (optim_update.h): contiguous operands,
+     * validated by optim_update.c; one kernel launch each on a GPU. */
+    nd_status (*adam_update)(const struct nd_adam_desc *d);
+    nd_status (*sgd_update)(const struct nd_sgd_desc *d);
 } nd_backend;
 
 typedef struct nd_allocator {

@@ -144,4 +144,7 @@ extern PyMethodDef cpu_threads_module_functions[];
 /* The CPU kernels' settings (cpu_info.c): NEEDLE_CPU_ISA, NEEDLE_GEMM_SPLIT. */
 int cpu_settings_install(void);
 
+/* adam_update(), sgd_update(): the fused optimizer updates (optim.c). */
+extern PyMethodDef optim_module_functions[];
+
 #endif /* NEEDLE_C_H */

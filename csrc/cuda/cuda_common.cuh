@@ -206,4 +206,8 @@ nd_status nd_cuda_row_stats(const nd_rows_desc *d);
 nd_status nd_cuda_row_apply(const nd_rows_desc *d);
 nd_status nd_cuda_xent_loss(const nd_rows_desc *d);
 
+/* cuda_optim.cu: the fused optimizer updates (optim_update.h). */
+nd_status nd_cuda_adam_update(const struct nd_adam_desc *d);
+nd_status nd_cuda_sgd_update(const struct nd_sgd_desc *d);
+
 #endif /* NEEDLE_CUDA_COMMON_CUH */
