@@ -5,10 +5,11 @@
 #include "cpu_loops.h"
 #include "optim_update.h"
 
-/* Fewer elements than this per thread are not worth starting a thread: an
- * element is a few nanoseconds of memory traffic, a thread tens of
- * microseconds to start. */
-#define GRAIN_ELEMENTS ((int64_t)1 << 16)
+/* Fewer elements than this per thread are not worth a thread: an element
+ * is about a nanosecond of memory traffic, starting and joining a thread
+ * tens of microseconds (on a loaded 2-core machine one thread ran the
+ * course's parameters, 65k-320k elements each, as fast as two). */
+#define GRAIN_ELEMENTS ((int64_t)1 << 18)
 
 nd_status nd_cpu_adam_update(const nd_adam_desc *d) {
     nd_cpu_parallel_for(d->n, GRAIN_ELEMENTS, nd_cpu_loops_current()->adam_update, (void *)d);
