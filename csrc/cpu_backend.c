@@ -8,6 +8,7 @@
  */
 
 #include "cpu_loops.h"
+#include "optim_update.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -226,4 +227,6 @@ const nd_backend nd_cpu_backend = {
     .xent_loss = nd_cpu_xent_loss,
     .check_indices = nd_cpu_check_indices,
     .random = nd_cpu_random,
+    .adam_update = nd_cpu_adam_update,
+    .sgd_update = nd_cpu_sgd_update,
 };

@@ -29,6 +29,10 @@ typedef struct nd_cpu_loops {
      * bodies: statistics of an nd_rows_desc, the pass of an nd_row_apply_ctx. */
     void (*row_stats)(void *desc, int64_t begin, int64_t end);
     void (*row_apply)(void *ctx, int64_t begin, int64_t end);
+    /* Fused optimizer updates over elements [begin, end) (cpu_optim.inc), as
+     * nd_cpu_parallel_for bodies of an nd_adam_desc / nd_sgd_desc. */
+    void (*adam_update)(void *desc, int64_t begin, int64_t end);
+    void (*sgd_update)(void *desc, int64_t begin, int64_t end);
 } nd_cpu_loops;
 
 extern const nd_cpu_loops nd_cpu_loops_baseline;

@@ -415,6 +415,45 @@ typedef struct nd_random_params {
  * that is not contiguous. */
 nd_status nd_array_fill_random(const nd_array *dst, const nd_random_params *params);
 
+/* ------------------------------------------------------ optimizer updates */
+
+/* One pass per parameter of the course's optimizers (needle.optim), in
+ * float32 in the order its unfused code runs them, with g = grad, plus
+ * param * weight_decay when weight_decay != 0 (L2 decay added to the grad):
+ *
+ *   Adam: m = m * beta1 + g * one_minus_beta1
+ *         v = v * beta2 + (g * g) * one_minus_beta2
+ *         param_out = param - ((m / bias_correction1) * lr)
+ *                             / (sqrt(v / bias_correction2) + eps)
+ *   SGD:  u = u * momentum + g * one_minus_momentum
+ *         param_out = param - u * lr
+ *
+ * The coefficients are the float32 roundings of what the host computed in
+ * double (one_minus_beta1 = (float)(1.0 - beta1), not 1.0f - (float)beta1;
+ * bias_correction1 = (float)(1.0 - pow(beta1, t))), which is what the
+ * unfused code multiplies by. sqrt is correctly rounded where the unfused
+ * code's v**0.5 is a pow within an ulp. */
+typedef struct nd_adam_hyper {
+    float lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay;
+    float bias_correction1, bias_correction2;
+} nd_adam_hyper;
+
+typedef struct nd_sgd_hyper {
+    float lr, momentum, one_minus_momentum, weight_decay;
+} nd_sgd_hyper;
+
+/* param_out (new, contiguous, param's shape) from param and grad, which may
+ * have any strides (a non-contiguous one is compacted first); the moments m
+ * and v (u) are updated IN PLACE: they must be contiguous and must not share
+ * a storage with each other, param or grad (ND_ERR_VALUE). All arrays have
+ * param's shape (ND_ERR_SHAPE) and device (ND_ERR_DEVICE). On a GPU, one
+ * kernel launch for contiguous operands and no host synchronisation; param
+ * and grad are never written. On failure nothing was written. */
+nd_status nd_array_adam_update(const nd_array *param, const nd_array *grad, const nd_array *m,
+                               const nd_array *v, const nd_adam_hyper *hyper, nd_array *param_out);
+nd_status nd_array_sgd_update(const nd_array *param, const nd_array *grad, const nd_array *u,
+                              const nd_sgd_hyper *hyper, nd_array *param_out);
+
 #ifdef __cplusplus
 }
 #endif

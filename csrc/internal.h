@@ -85,6 +85,10 @@ static inline float nd_reduce_identity(nd_reduce_op op) {
     return op == ND_REDUCE_SUM ? 0.0f : op == ND_REDUCE_MAX ? -__builtin_inff() : __builtin_inff();
 }
 
+/* The fused optimizer updates' descriptors (optim_update.h). */
+struct nd_adam_desc;
+struct nd_sgd_desc;
+
 /* What a device kind must provide. Every kernel takes layouts in elements and
  * reports a status; none allocates device memory through nd_memory_alloc
  * (scratch comes from the backend's own raw_alloc, reserved but never
@@ -134,6 +138,10 @@ typedef struct nd_backend {
     /* out (n,) contiguous = elements 0..n-1 of a draw (philox.h); params
      * already checked by the front end (random.c); n > 0. */
     nd_status (*random)(const nd_random_params *params, int64_t n, float *out);
+    /* The fused optimizer updates (optim_update.h): contiguous operands,
+     * validated by optim_update.c; one kernel launch each on a GPU. */
+    nd_status (*adam_update)(const struct nd_adam_desc *d);
+    nd_status (*sgd_update)(const struct nd_sgd_desc *d);
 } nd_backend;
 
 typedef struct nd_allocator {

@@ -65,7 +65,8 @@ static int needle_c_exec(PyObject *module) {
         add_function_table(module, scoped_module_functions) < 0 ||
         add_function_table(module, cuda_info_module_functions) < 0 ||
         add_function_table(module, cpu_info_module_functions) < 0 ||
-        add_function_table(module, interop_module_functions) < 0)
+        add_function_table(module, interop_module_functions) < 0 ||
+        add_function_table(module, optim_module_functions) < 0)
         return -1;
     if (PyModule_AddIntConstant(module, "MAX_DIMS", ND_MAX_DIMS) < 0) return -1;
     if (autograd_module_init(module, st) < 0) return -1;

@@ -213,4 +213,8 @@ nd_status nd_cuda_xent_loss(const nd_rows_desc *d);
 /* cuda_random.cu */
 nd_status nd_cuda_random(const nd_random_params *params, int64_t n, float *out);
 
+/* cuda_optim.cu: the fused optimizer updates (optim_update.h). */
+nd_status nd_cuda_adam_update(const struct nd_adam_desc *d);
+nd_status nd_cuda_sgd_update(const struct nd_sgd_desc *d);
+
 #endif /* NEEDLE_CUDA_COMMON_CUH */

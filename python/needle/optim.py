@@ -1,16 +1,25 @@
 """The course's optimizers (``needle.optim``): Optimizer, SGD and Adam.
 
-Every update runs on detached tensors inside ``needle.no_grad()``, so a step records no
-graph, leaves each parameter a leaf (``op is None``) and keeps no reference to the graph
-that produced the gradients: the state dicts hold plain detached tensors. Parameters
-whose ``grad`` is None are skipped. ``clip_grad_norm`` exists on every optimizer (the
-course has it on SGD only).
+A step updates each parameter with one fused engine call (``needle_c.adam_update`` /
+``needle_c.sgd_update``: one pass over the data, one kernel launch on a GPU, no host
+synchronisation) that computes the course's formulas in float32 in the order of its unfused
+code. The parameter gets a NEW array (``p.data = new`` in the course), so a tensor holding
+the old ``p.data`` keeps the old values; the optimizer's state (``m``, ``v``, ``u``) is
+private and is updated IN PLACE: a tensor taken from ``opt.m[p]`` follows the updates.
+
+A step records no graph, leaves each parameter a leaf (``op is None``) and keeps no
+reference to the graph that produced the gradients: the state dicts hold plain detached
+tensors. Parameters whose ``grad`` is None are skipped. ``clip_grad_norm`` exists on every
+optimizer (the course has it on SGD only).
 """
 
 import math
 import numbers
 
 import numpy as np
+
+from needle_c import adam_update as _adam_update
+from needle_c import sgd_update as _sgd_update
 
 from . import init, memory
 from .autograd import Tensor, no_grad
@@ -71,13 +80,6 @@ class Optimizer:
                     p.grad = p.grad.data * coef
         return norm
 
-    def _grad(self, p, weight_decay):
-        """The detached gradient of ``p`` plus ``weight_decay * p.data``, same shape as p."""
-        grad = p.grad.data
-        if weight_decay != 0:
-            grad = grad + p.data * weight_decay
-        return grad
-
     @staticmethod
     def _zeros_like(p):
         return init.zeros(*p.shape, device=p.device, dtype=p.dtype)
@@ -88,7 +90,7 @@ class SGD(Optimizer):
 
     ``u = momentum * u + (1 - momentum) * (grad + weight_decay * p)``, then
     ``p = p - lr * u``; ``u`` starts at zeros and is kept in ``self.u`` keyed by the
-    parameter object.
+    parameter object (updated in place each step).
     """
 
     def __init__(self, params, lr=0.01, momentum=0.0, weight_decay=0.0):
@@ -102,25 +104,28 @@ class SGD(Optimizer):
         self.weight_decay = weight_decay
 
     def step(self):
-        """Updates every parameter with a gradient in place (``p.data = ...``); returns None."""
-        with no_grad():
-            for p in self.params:
-                if getattr(p, "grad", None) is None:
-                    continue
-                grad = self._grad(p, self.weight_decay)
-                u = self.u.get(p)
-                if u is None:
-                    u = self._zeros_like(p)
-                u = u * self.momentum + grad * (1 - self.momentum)
-                self.u[p] = u
-                p.data = p.data - u * self.lr
+        """Updates every parameter with a gradient: ``p.data`` becomes a new array (the old
+        one is not modified), ``self.u[p]`` is updated in place; returns None."""
+        lr, momentum, wd = self.lr, self.momentum, self.weight_decay
+        states = self.u
+        for p in self.params:
+            grad = getattr(p, "grad", None)
+            if grad is None:
+                continue
+            u = states.get(p)
+            if u is None:
+                u = states[p] = self._zeros_like(p)
+            p.cached_data = _sgd_update(p, grad, u, lr, momentum, wd)
 
 
 class Adam(Optimizer):
     """Adam with L2 weight decay added to the gradient and bias-corrected moments.
 
-    State: step counter ``self.t`` (incremented once per ``step()``) and the moment
-    estimates ``self.m`` / ``self.v`` keyed by the parameter object.
+    ``m = beta1 * m + (1 - beta1) * g`` and ``v = beta2 * v + (1 - beta2) * g * g`` with
+    ``g = grad + weight_decay * p``, then ``p = p - lr * m_hat / (sqrt(v_hat) + eps)`` with
+    ``m_hat = m / (1 - beta1**t)`` and ``v_hat = v / (1 - beta2**t)``. State: step counter
+    ``self.t`` (incremented once per ``step()``) and the moment estimates ``self.m`` /
+    ``self.v`` keyed by the parameter object (updated in place each step).
     """
 
     def __init__(
@@ -149,24 +154,27 @@ class Adam(Optimizer):
         self.v = {}
 
     def step(self):
-        """Updates every parameter with a gradient in place (``p.data = ...``); returns None."""
+        """Updates every parameter with a gradient: ``p.data`` becomes a new array (the old
+        one is not modified), ``self.m[p]`` and ``self.v[p]`` are updated in place; returns
+        None."""
         self.t += 1
-        bias1 = 1 - self.beta1**self.t
-        bias2 = 1 - self.beta2**self.t
-        with no_grad():
-            for p in self.params:
-                if getattr(p, "grad", None) is None:
-                    continue
-                grad = self._grad(p, self.weight_decay)
-                m = self.m.get(p)
-                v = self.v.get(p)
-                if m is None:
-                    m = self._zeros_like(p)
-                    v = self._zeros_like(p)
-                m = m * self.beta1 + grad * (1 - self.beta1)
-                v = v * self.beta2 + (grad * grad) * (1 - self.beta2)
-                self.m[p] = m
-                self.v[p] = v
-                m_hat = m / bias1
-                v_hat = v / bias2
-                p.data = p.data - (m_hat * self.lr) / (v_hat**0.5 + self.eps)
+        lr, beta1, beta2, eps, wd, t = (
+            self.lr,
+            self.beta1,
+            self.beta2,
+            self.eps,
+            self.weight_decay,
+            self.t,
+        )
+        ms, vs = self.m, self.v
+        for p in self.params:
+            grad = getattr(p, "grad", None)
+            if grad is None:
+                continue
+            m = ms.get(p)
+            if m is None:
+                m = ms[p] = self._zeros_like(p)
+            v = vs.get(p)
+            if v is None:
+                v = vs[p] = self._zeros_like(p)
+            p.cached_data = _adam_update(p, grad, m, v, lr, beta1, beta2, eps, wd, t)

@@ -1,0 +1,155 @@
+/* optim_update.c: the device-independent front end of the fused optimizer
+ * updates (engine.h's nd_array_adam_update and nd_array_sgd_update): checks
+ * shapes, devices, the state's layout and aliasing, compacts a strided
+ * parameter or gradient, allocates the new parameter and hands the device's
+ * backend plain contiguous buffers (optim_update.h).
+ *
+ * Everything that can fail runs before the backend writes anything, so a
+ * refused update leaves the optimizer's state as it was.
+ */
+#include "optim_update.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* A shape as Python writes it ("(4, 3)", "(5,)", "()") into buf. */
+enum { SHAPE_TEXT_SIZE = ND_MAX_DIMS * 24 + 8 };
+static const char *shape_text(const nd_layout *l, char *buf) {
+    int used = snprintf(buf, SHAPE_TEXT_SIZE, "(");
+    for (int d = 0; d < l->ndim; d++)
+        used += snprintf(buf + used, (size_t)(SHAPE_TEXT_SIZE - used), d == 0 ? "%lld" : ", %lld",
+                         (long long)l->shape[d]);
+    snprintf(buf + used, (size_t)(SHAPE_TEXT_SIZE - used), l->ndim == 1 ? ",)" : ")");
+    return buf;
+}
+
+/* a must have param's device and shape; `name` says which operand it is. */
+static nd_status check_like_param(const char *op, const nd_array *param, const nd_array *a,
+                                  const char *name) {
+    nd_device *dp = param->storage->device, *da = a->storage->device;
+    if (da != dp)
+        return nd_fail(ND_ERR_DEVICE, "%s: %s is on %s() but the parameter is on %s()", op, name,
+                       da->name, dp->name);
+    if (a->layout.ndim != param->layout.ndim ||
+        memcmp(a->layout.shape, param->layout.shape, sizeof(int64_t) * (size_t)a->layout.ndim)) {
+        char sa[SHAPE_TEXT_SIZE], sp[SHAPE_TEXT_SIZE];
+        return nd_fail(ND_ERR_SHAPE, "%s: %s has shape %s but the parameter has shape %s", op, name,
+                       shape_text(&a->layout, sa), shape_text(&param->layout, sp));
+    }
+    return ND_OK;
+}
+
+/* What both updates share: the checked operands as contiguous buffers, the
+ * new parameter, and the copies made for strided inputs. */
+typedef struct prepared {
+    int64_t n;
+    float *param_out;
+    const float *param, *grad;
+    nd_array param_copy, grad_copy; /* storage NULL when not needed */
+} prepared;
+
+static const float *data_of(const nd_array *a) {
+    return nd_storage_data(a->storage) + a->layout.offset;
+}
+
+/* data_of(a), or of a contiguous copy of a kept in *copy. */
+static nd_status contiguous_input(const nd_array *a, nd_array *copy, const float **out) {
+    if (nd_layout_is_contiguous(&a->layout)) {
+        *out = data_of(a);
+        return ND_OK;
+    }
+    nd_status status = nd_array_compact_copy(a, NULL, copy);
+    if (status == ND_OK) *out = data_of(copy);
+    return status;
+}
+
+static void release_copies(prepared *pr) {
+    if (pr->param_copy.storage != NULL) nd_array_release(&pr->param_copy);
+    if (pr->grad_copy.storage != NULL) nd_array_release(&pr->grad_copy);
+}
+
+/* Checks param, grad and the nstates state arrays (updated in place, so
+ * contiguous and sharing no storage with any other operand), then makes
+ * param_out. On failure nothing is held and nothing was written. */
+static nd_status prepare(const char *op, const nd_array *param, const nd_array *grad, int nstates,
+                         const nd_array *const *states, const char *const *names,
+                         nd_array *param_out, prepared *pr) {
+    memset(param_out, 0, sizeof *param_out);
+    memset(pr, 0, sizeof *pr);
+    nd_status status = check_like_param(op, param, grad, "the gradient");
+    for (int i = 0; i < nstates && status == ND_OK; i++) {
+        const nd_array *s = states[i];
+        if ((status = check_like_param(op, param, s, names[i])) != ND_OK) break;
+        if (!nd_layout_is_contiguous(&s->layout))
+            return nd_fail(ND_ERR_VALUE,
+                           "%s: %s must be a contiguous array (it is updated in place)", op,
+                           names[i]);
+        int shared = s->storage == param->storage || s->storage == grad->storage;
+        for (int j = 0; j < i; j++) shared |= s->storage == states[j]->storage;
+        if (shared)
+            return nd_fail(ND_ERR_VALUE,
+                           "%s: %s shares memory with another operand (it is updated in place)", op,
+                           names[i]);
+    }
+    if (status != ND_OK) return status;
+    nd_device *dev = param->storage->device;
+    pr->n = nd_layout_numel(&param->layout);
+    if (pr->n > 0 && ((status = contiguous_input(param, &pr->param_copy, &pr->param)) != ND_OK ||
+                      (status = contiguous_input(grad, &pr->grad_copy, &pr->grad)) != ND_OK)) {
+        release_copies(pr);
+        return status;
+    }
+    status = nd_array_empty(dev, param->layout.ndim, param->layout.shape, param_out);
+    if (status != ND_OK) {
+        release_copies(pr);
+        return status;
+    }
+    pr->param_out = nd_storage_data(param_out->storage);
+    return ND_OK;
+}
+
+/* Releases what prepare made; param_out too when the backend failed. */
+static nd_status finish(prepared *pr, nd_status status, nd_array *param_out) {
+    release_copies(pr);
+    if (status != ND_OK) nd_array_release(param_out);
+    return status;
+}
+
+static nd_status unsupported(const char *op, const nd_array *param) {
+    return nd_fail(ND_ERR_DEVICE, "%s is not supported on %s()", op, param->storage->device->name);
+}
+
+nd_status nd_array_adam_update(const nd_array *param, const nd_array *grad, const nd_array *m,
+                               const nd_array *v, const nd_adam_hyper *hyper, nd_array *param_out) {
+    static const char *const names[2] = {"the first moment m", "the second moment v"};
+    const nd_array *states[2] = {m, v};
+    prepared pr;
+    nd_status status = prepare("adam_update", param, grad, 2, states, names, param_out, &pr);
+    if (status != ND_OK) return status;
+    const nd_backend *backend = param->storage->device->backend;
+    if (backend->adam_update == NULL) {
+        status = unsupported("adam_update", param);
+    } else if (pr.n > 0) {
+        nd_adam_desc d = {pr.n,    pr.param_out,        pr.param,
+                          pr.grad, (float *)data_of(m), (float *)data_of(v),
+                          *hyper};
+        status = backend->adam_update(&d);
+    }
+    return finish(&pr, status, param_out);
+}
+
+nd_status nd_array_sgd_update(const nd_array *param, const nd_array *grad, const nd_array *u,
+                              const nd_sgd_hyper *hyper, nd_array *param_out) {
+    static const char *const names[1] = {"the momentum u"};
+    prepared pr;
+    nd_status status = prepare("sgd_update", param, grad, 1, &u, names, param_out, &pr);
+    if (status != ND_OK) return status;
+    const nd_backend *backend = param->storage->device->backend;
+    if (backend->sgd_update == NULL) {
+        status = unsupported("sgd_update", param);
+    } else if (pr.n > 0) {
+        nd_sgd_desc d = {pr.n, pr.param_out, pr.param, pr.grad, (float *)data_of(u), *hyper};
+        status = backend->sgd_update(&d);
+    }
+    return finish(&pr, status, param_out);
+}

@@ -1,0 +1,152 @@
+/* optim.c: the module functions adam_update and sgd_update, the binding of
+ * the engine's fused optimizer updates (engine.h) that needle.optim calls
+ * once per parameter.
+ *
+ * They take the course's hyperparameters as Python numbers and round them
+ * as the unfused Python code does (1 - beta1 and 1 - beta1**t in double,
+ * then float32), accept each array as an NDArray or a Tensor (its data), and
+ * return the new parameter as an NDArray: the caller stores it as the
+ * parameter's data, so a user holding the old data keeps the old values,
+ * while the moments are updated in place. Everything a step passes is
+ * positional (METH_FASTCALL): this runs once per parameter per step.
+ */
+#include "autograd/tensor.h"
+
+#include <math.h>
+
+/* The NDArray of obj (an NDArray, or a Tensor's realised data) as a new
+ * reference: held across the update, whose allocation may run the collector
+ * and with it code that replaces a Tensor's data. */
+static PyObject *array_of(needle_state *st, PyObject *obj, const char *fname, const char *name) {
+    if (ndarray_check(st, obj)) return Py_NewRef(obj);
+    if (is_tensor(st, obj)) {
+        PyObject *data = realize(st, obj);
+        if (data != NULL && !ndarray_check(st, data)) {
+            PyErr_Format(PyExc_TypeError, "%s: %s holds a %.100s, not an NDArray", fname, name,
+                         Py_TYPE(data)->tp_name);
+            Py_CLEAR(data);
+        }
+        return data;
+    }
+    PyErr_Format(PyExc_TypeError, "%s: %s must be an NDArray or a Tensor, got %.100s", fname, name,
+                 Py_TYPE(obj)->tp_name);
+    return NULL;
+}
+
+/* The real number obj (a bool is refused: it is a flag, not a rate). */
+static int real_arg(PyObject *obj, const char *fname, const char *name, double *out) {
+    *out = PyBool_Check(obj) ? -1.0 : PyFloat_AsDouble(obj);
+    if (PyBool_Check(obj) || (*out == -1.0 && PyErr_Occurred())) {
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError)) return -1;
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: %s must be a real number, got %.100s", fname, name,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
+enum { MAX_ARRAYS = 4, MAX_NUMBERS = 6 };
+
+/* args: narrays arrays, then nnumbers numbers, all positional. arrays[]
+ * gets new references (released by release_arrays, also on failure). */
+static int parse_update_args(needle_state *st, const char *fname, PyObject *const *args,
+                             Py_ssize_t nargs, int narrays, const char *const *array_names,
+                             int nnumbers, const char *const *number_names, PyObject **arrays,
+                             double *numbers) {
+    for (int i = 0; i < narrays; i++) arrays[i] = NULL;
+    if (nargs != narrays + nnumbers) {
+        PyErr_Format(PyExc_TypeError, "%s() takes %d positional arguments (%zd given)", fname,
+                     narrays + nnumbers, nargs);
+        return -1;
+    }
+    for (int i = 0; i < nnumbers; i++)
+        if (real_arg(args[narrays + i], fname, number_names[i], &numbers[i]) < 0) return -1;
+    for (int i = 0; i < narrays; i++)
+        if ((arrays[i] = array_of(st, args[i], fname, array_names[i])) == NULL) return -1;
+    return 0;
+}
+
+static void release_arrays(PyObject **arrays, int n) {
+    for (int i = 0; i < n; i++) Py_CLEAR(arrays[i]);
+}
+
+#define ARRAY(obj) (&NDArray_CAST(obj)->array)
+
+static PyObject *optim_adam_update(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *const array_names[] = {"param", "grad", "m", "v"};
+    static const char *const number_names[] = {"lr",  "beta1",        "beta2",
+                                               "eps", "weight_decay", "step"};
+    needle_state *st = state_of_module(module);
+    PyObject *arrays[MAX_ARRAYS];
+    double x[MAX_NUMBERS];
+    if (parse_update_args(st, "adam_update", args, nargs, 4, array_names, 6, number_names, arrays,
+                          x) < 0) {
+        release_arrays(arrays, 4);
+        return NULL;
+    }
+    double lr = x[0], beta1 = x[1], beta2 = x[2], eps = x[3], weight_decay = x[4], step = x[5];
+    if (!(step >= 1.0) || step != floor(step)) {
+        release_arrays(arrays, 4);
+        PyErr_Format(PyExc_ValueError, "adam_update: step must be an integer >= 1, got %R",
+                     args[9]);
+        return NULL;
+    }
+    nd_adam_hyper h = {
+        .lr = (float)lr,
+        .beta1 = (float)beta1,
+        .one_minus_beta1 = (float)(1.0 - beta1),
+        .beta2 = (float)beta2,
+        .one_minus_beta2 = (float)(1.0 - beta2),
+        .eps = (float)eps,
+        .weight_decay = (float)weight_decay,
+        .bias_correction1 = (float)(1.0 - pow(beta1, step)),
+        .bias_correction2 = (float)(1.0 - pow(beta2, step)),
+    };
+    nd_array out;
+    nd_status status = nd_array_adam_update(ARRAY(arrays[0]), ARRAY(arrays[1]), ARRAY(arrays[2]),
+                                            ARRAY(arrays[3]), &h, &out);
+    release_arrays(arrays, 4);
+    if (status != ND_OK) return raise_status(st, status);
+    return ndarray_wrap(st, &out);
+}
+
+static PyObject *optim_sgd_update(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *const array_names[] = {"param", "grad", "u"};
+    static const char *const number_names[] = {"lr", "momentum", "weight_decay"};
+    needle_state *st = state_of_module(module);
+    PyObject *arrays[MAX_ARRAYS];
+    double x[MAX_NUMBERS];
+    if (parse_update_args(st, "sgd_update", args, nargs, 3, array_names, 3, number_names, arrays,
+                          x) < 0) {
+        release_arrays(arrays, 3);
+        return NULL;
+    }
+    double lr = x[0], momentum = x[1], weight_decay = x[2];
+    nd_sgd_hyper h = {
+        .lr = (float)lr,
+        .momentum = (float)momentum,
+        .one_minus_momentum = (float)(1.0 - momentum),
+        .weight_decay = (float)weight_decay,
+    };
+    nd_array out;
+    nd_status status =
+        nd_array_sgd_update(ARRAY(arrays[0]), ARRAY(arrays[1]), ARRAY(arrays[2]), &h, &out);
+    release_arrays(arrays, 3);
+    if (status != ND_OK) return raise_status(st, status);
+    return ndarray_wrap(st, &out);
+}
+
+PyMethodDef optim_module_functions[] = {
+    {"adam_update", (PyCFunction)(void (*)(void))optim_adam_update, METH_FASTCALL,
+     "adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step, /)\n--\n\n"
+     "One fused Adam step of needle.optim.Adam for one parameter: returns the new parameter "
+     "(a new NDArray, param's shape) and updates the moments m and v IN PLACE. Arrays are "
+     "NDArrays or Tensors of one shape on one device; m and v contiguous, sharing no memory "
+     "with the others. step (t >= 1) sets the bias corrections 1 - beta**t."},
+    {"sgd_update", (PyCFunction)(void (*)(void))optim_sgd_update, METH_FASTCALL,
+     "sgd_update(param, grad, u, lr, momentum, weight_decay, /)\n--\n\n"
+     "One fused step of needle.optim.SGD (the course's dampened momentum) for one parameter: "
+     "returns the new parameter (a new NDArray) and updates u IN PLACE."},
+    {NULL, NULL, 0, NULL},
+};
