@@ -218,4 +218,6 @@ const nd_backend nd_cpu_backend = {
     .row_apply = nd_cpu_row_apply,
     .xent_loss = nd_cpu_xent_loss,
     .check_indices = nd_cpu_check_indices,
+    .lstm_step = nd_cpu_lstm_step,
+    .lstm_step_grad = nd_cpu_lstm_step_grad,
 };

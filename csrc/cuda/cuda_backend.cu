@@ -37,6 +37,8 @@ static const nd_backend nd_cuda_backend = {
     /* .row_apply = */ nd_cuda_row_apply,
     /* .xent_loss = */ nd_cuda_xent_loss,
     /* .check_indices = */ nd_cuda_check_indices,
+    /* .lstm_step = */ nd_cuda_lstm_step,
+    /* .lstm_step_grad = */ nd_cuda_lstm_step_grad,
 };
 
 /* Why no GPU was registered ("" when one was): the CUDA error of discovery
