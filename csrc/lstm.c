@@ -239,19 +239,24 @@ static int holds_saved(const nd_array *x, const nd_array *y, const lstm_dims *d)
            l->offset == d->y_off && nd_storage_numel(y->storage) == d->total;
 }
 
-/* Both biases' gradient, (2, 4H): the column sums of dgates (T*B, 4H),
- * read twice through a broadcast view, so one reduction writes both. */
+/* Both biases' gradient, (2, 4H): the column sums of dgates (rows, G)
+ * into row 0, then row 0 copied into row 1 (the two are equal, but each
+ * bias gets memory of its own). */
 static nd_status bias_grads(const nd_array *dgates, int64_t rows, int64_t G, nd_array *out) {
-    nd_array twice = *dgates;
-    nd_layout *l = &twice.layout;
-    l->ndim = 3;
-    l->shape[0] = 2;
-    l->shape[1] = rows;
-    l->shape[2] = G;
-    l->strides[0] = 0;
-    l->strides[1] = G;
-    l->strides[2] = 1;
-    return nd_array_reduce(ND_REDUCE_SUM, &twice, 1u << 1, 0, out);
+    const nd_backend *be = backend_of(dgates);
+    nd_status status = nd_array_empty(dgates->storage->device, 2, (int64_t[]){2, G}, out);
+    if (status == ND_OK) status = nd_array_fill(out, 0.0f);
+    float *sums = mutable_data(out);
+    nd_layout row, columns;
+    nd_layout_contiguous(1, &G, &row);
+    nd_layout_contiguous(2, (int64_t[]){rows, G}, &columns);
+    columns.strides[0] = 0; /* every row of dgates adds into the one output row */
+    if (status == ND_OK)
+        status = be->reduce(ND_REDUCE_SUM, &columns, sums, &dgates->layout, data_of(dgates));
+    nd_kernel_operand first = {sums, &row, 0.0f};
+    if (status == ND_OK) status = be->copy(&row, sums + G, first);
+    if (status != ND_OK && out->storage != NULL) nd_array_release(out);
+    return status;
 }
 
 nd_status nd_array_lstm_backward(const nd_array *x, const nd_array *h0, const nd_array *c0,

@@ -183,7 +183,8 @@ class RNN(Module):
 
 
 class LSTMCell(Module):
-    """One LSTM step with the PyTorch gate layout i, f, g, o.
+    """One LSTM step with the PyTorch gate layout i, f, g, o, as one fused op
+    (``ops.lstm_cell``: the two GEMMs, then the gates in one kernel each way).
 
     Parameters, in creation (RNG) order, all uniform in +-1/sqrt(hidden_size):
     ``W_ih`` (input_size, 4*hidden_size), ``W_hh`` (hidden_size, 4*hidden_size), and when
@@ -237,7 +238,9 @@ class LSTM(Module):
     """A multi-layer LSTM, sequence-first.
 
     ``lstm_cells`` is the list of LSTMCell (layer 0: input_size -> hidden_size, then
-    hidden_size -> hidden_size), created (and drawn) in layer order.
+    hidden_size -> hidden_size), created (and drawn) in layer order. Each layer runs as
+    one fused op over the sequence (``ops.lstm``) on its cell's parameters, with the
+    cell's formulas: it does not call the cells' ``forward`` step by step.
     """
 
     def __init__(
