@@ -229,4 +229,6 @@ const nd_backend nd_cpu_backend = {
     .random = nd_cpu_random,
     .adam_update = nd_cpu_adam_update,
     .sgd_update = nd_cpu_sgd_update,
+    .lstm_step = nd_cpu_lstm_step,
+    .lstm_step_grad = nd_cpu_lstm_step_grad,
 };

@@ -453,6 +453,49 @@ nd_status nd_array_adam_update(const nd_array *param, const nd_array *grad, cons
                                const nd_array *v, const nd_adam_hyper *hyper, nd_array *param_out);
 nd_status nd_array_sgd_update(const nd_array *param, const nd_array *grad, const nd_array *u,
                               const nd_sgd_hyper *hyper, nd_array *param_out);
+/* -------------------------------------------------------------------- LSTM */
+
+/* A one-layer LSTM over a sequence (csrc/lstm.c), PyTorch's gate order i, f,
+ * g, o and the course's weight layout: x (T, B, in); h0, c0 (B, H) or NULL
+ * (zeros); w_ih (in, 4H); w_hh (H, 4H); b_ih, b_hh (4H,), both or neither.
+ * gates_t = x_t @ w_ih + h_{t-1} @ w_hh (+ b_ih + b_hh);
+ * c_t = sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(g); h_t = sigmoid(o) * tanh(c_t).
+ * One GEMM for every step's input projection, then per step one GEMM
+ * (h_{t-1} @ w_hh, none for h0 == NULL) and one fused kernel.
+ * y (T, B, H), new: every h_t, in a storage that also holds what
+ * nd_array_lstm_backward reads (the activated gates and tanh(c_t) of every
+ * step, and the cell states); h_n (may be NULL: not wanted) and c_n (B, H),
+ * new: the last step's states. T, B, in and H must be at least 1. */
+nd_status nd_array_lstm(const nd_array *x, const nd_array *h0, const nd_array *c0,
+                        const nd_array *w_ih, const nd_array *w_hh, const nd_array *b_ih,
+                        const nd_array *b_hh, nd_array *y, nd_array *h_n, nd_array *c_n);
+
+/* What nd_array_lstm_backward computes besides the weights' gradients. */
+enum { ND_LSTM_GRAD_X = 1, ND_LSTM_GRAD_STATE = 2, ND_LSTM_GRAD_BIAS = 4 };
+
+/* The gradients of an LSTM layer; an entry not asked for stays empty. */
+typedef struct nd_lstm_grads {
+    nd_array x;          /* (T, B, in)      ND_LSTM_GRAD_X      */
+    nd_array h0, c0;     /* (B, H)          ND_LSTM_GRAD_STATE  */
+    nd_array w_ih, w_hh; /* (in, 4H), (H, 4H), always           */
+    nd_array bias;       /* (2, 4H): row 0 b_ih's, row 1 b_hh's (equal), ND_LSTM_GRAD_BIAS */
+} nd_lstm_grads;
+
+/* The backward of nd_array_lstm: its inputs as given to it, y what it
+ * returned for them (checked to hold its saved values for these shapes; any
+ * other y, or NULL, and the forward runs again first), and the gradients of
+ * its outputs dy (T, B, H), dh_n, dc_n (B, H), any of them NULL for zeros.
+ * Per step, in reverse: one fused kernel (the gates' gradient, the cell
+ * state's) and one GEMM (h_{t-1}'s gradient; none at t = 0 unless the
+ * state's gradient is wanted); then one GEMM each for x's, w_ih's and
+ * w_hh's gradients and one column sum for both biases'. `want` is a mask
+ * of ND_LSTM_GRAD_*; *out is filled (every entry released on failure). */
+nd_status nd_array_lstm_backward(const nd_array *x, const nd_array *h0, const nd_array *c0,
+                                 const nd_array *w_ih, const nd_array *w_hh, const nd_array *b_ih,
+                                 const nd_array *b_hh, const nd_array *y, const nd_array *dy,
+                                 const nd_array *dh_n, const nd_array *dc_n, int want,
+                                 nd_lstm_grads *out);
+void nd_lstm_grads_release(nd_lstm_grads *g);
 
 #ifdef __cplusplus
 }

@@ -89,6 +89,39 @@ static inline float nd_reduce_identity(nd_reduce_op op) {
 struct nd_adam_desc;
 struct nd_sgd_desc;
 
+/* One LSTM time step over a batch for the backends (csrc/lstm.c drives
+ * them), gate order i, f, g, o as PyTorch's. Every buffer is contiguous and
+ * row-major; H is `hidden`, B is `batch`. Forward:
+ *   pre = xw + hw (+ b_ih + b_hh);  i, f, o = sigmoid(pre_i, pre_f, pre_o),
+ *   g = tanh(pre_g);  c' = f*c + i*g;  h' = o*tanh(c')
+ * and saved (B, 5H) = i, f, g, o, tanh(c') for the backward. */
+typedef struct nd_lstm_step_desc {
+    int64_t batch, hidden;
+    const float *xw;          /* (B, 4H): x @ w_ih                       */
+    const float *hw;          /* (B, 4H): h @ w_hh, or NULL (h = 0)      */
+    const float *b_ih, *b_hh; /* (4H,) each, or both NULL                */
+    const float *c;           /* (B, H), or NULL (c = 0)                 */
+    float *h_out, *c_out;     /* (B, H)                                  */
+    float *h_copy;            /* (B, H): h' written again, or NULL       */
+    float *saved;             /* (B, 5H)                                 */
+} nd_lstm_step_desc;
+
+/* The backward of one step: from saved (as the forward wrote it), the
+ * previous cell state c and the gradients of h' (dh + dh2) and of c' (dc),
+ * any of them NULL for zeros, it writes
+ *   dgates (B, 4H) = dL/dpre, and dc_prev (B, H) = dL/dc (when not NULL).
+ * dc_prev may be dc itself (each element is read before it is written). */
+typedef struct nd_lstm_step_grad_desc {
+    int64_t batch, hidden;
+    const float *saved; /* (B, 5H)            */
+    const float *c;     /* (B, H) or NULL     */
+    const float *dh;    /* (B, H) or NULL     */
+    const float *dh2;   /* (B, H) or NULL     */
+    const float *dc;    /* (B, H) or NULL     */
+    float *dgates;      /* (B, 4H)            */
+    float *dc_prev;     /* (B, H) or NULL     */
+} nd_lstm_step_grad_desc;
+
 /* What a device kind must provide. Every kernel takes layouts in elements and
  * reports a status; none allocates device memory through nd_memory_alloc
  * (scratch comes from the backend's own raw_alloc, reserved but never
@@ -142,6 +175,10 @@ typedef struct nd_backend {
      * validated by optim_update.c; one kernel launch each on a GPU. */
     nd_status (*adam_update)(const struct nd_adam_desc *d);
     nd_status (*sgd_update)(const struct nd_sgd_desc *d);
+    /* One LSTM step forward and backward (nd_lstm_step_desc,
+     * nd_lstm_step_grad_desc): one kernel each. */
+    nd_status (*lstm_step)(const nd_lstm_step_desc *d);
+    nd_status (*lstm_step_grad)(const nd_lstm_step_grad_desc *d);
 } nd_backend;
 
 typedef struct nd_allocator {
@@ -250,5 +287,9 @@ nd_status nd_cpu_random(const nd_random_params *params, int64_t n, float *out);
  * state (nd_fail included): it only computes. */
 typedef void (*nd_range_fn)(void *ctx, int64_t begin, int64_t end);
 void nd_cpu_parallel_for(int64_t n, int64_t grain, nd_range_fn fn, void *ctx);
+
+/* The CPU's LSTM step kernels (cpu_lstm.c), entries of nd_cpu_backend. */
+nd_status nd_cpu_lstm_step(const nd_lstm_step_desc *d);
+nd_status nd_cpu_lstm_step_grad(const nd_lstm_step_grad_desc *d);
 
 #endif /* NEEDLE_INTERNAL_H */

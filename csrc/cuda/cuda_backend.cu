@@ -40,6 +40,8 @@ static const nd_backend nd_cuda_backend = {
     /* .random = */ nd_cuda_random,
     /* .adam_update = */ nd_cuda_adam_update,
     /* .sgd_update = */ nd_cuda_sgd_update,
+    /* .lstm_step = */ nd_cuda_lstm_step,
+    /* .lstm_step_grad = */ nd_cuda_lstm_step_grad,
 };
 
 /* Why no GPU was registered ("" when one was): the CUDA error of discovery

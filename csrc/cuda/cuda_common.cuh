@@ -111,6 +111,14 @@ __host__ __device__ __forceinline__ void nd_cuda_offsets(const nd_cuda_iter &it,
     }
 }
 
+/* 1/(1+e^-x) through e = e^-|x| <= 1, so nothing overflows and tiny results
+ * for very negative x survive (e/(1+e)): the Sigmoid op's and the LSTM
+ * cell's, one definition. */
+__device__ __forceinline__ float nd_cuda_sigmoid(float x) {
+    float e = expf(-fabsf(x));
+    return (x < 0.0f ? e : 1.0f) / (1.0f + e);
+}
+
 /* ---------------------------------------------------------------- devices */
 
 /* Makes the GPU that owns ptr current (a no-op with one GPU) and returns its
@@ -216,5 +224,9 @@ nd_status nd_cuda_random(const nd_random_params *params, int64_t n, float *out);
 /* cuda_optim.cu: the fused optimizer updates (optim_update.h). */
 nd_status nd_cuda_adam_update(const struct nd_adam_desc *d);
 nd_status nd_cuda_sgd_update(const struct nd_sgd_desc *d);
+
+/* cuda_lstm.cu */
+nd_status nd_cuda_lstm_step(const nd_lstm_step_desc *d);
+nd_status nd_cuda_lstm_step_grad(const nd_lstm_step_grad_desc *d);
 
 #endif /* NEEDLE_CUDA_COMMON_CUH */

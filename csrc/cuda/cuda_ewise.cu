@@ -82,13 +82,8 @@ struct op_tanh {
 struct op_sqrt {
     __device__ float operator()(float x) const { return sqrtf(x); }
 };
-/* 1/(1+e^-x) through e = e^-|x| <= 1, so nothing overflows and tiny results
- * for very negative x survive (e/(1+e)). */
 struct op_sigmoid {
-    __device__ float operator()(float x) const {
-        float e = expf(-fabsf(x));
-        return (x < 0.0f ? e : 1.0f) / (1.0f + e);
-    }
+    __device__ float operator()(float x) const { return nd_cuda_sigmoid(x); }
 };
 struct op_abs {
     __device__ float operator()(float x) const { return fabsf(x); }

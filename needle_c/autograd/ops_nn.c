@@ -588,4 +588,5 @@ void ops_nn_register(op_impl *t) {
     t[OP_SCATTER_ADD_ROWS] = (op_impl){scatter_add_rows_compute, scatter_add_rows_gradient};
     t[OP_SOFTMAX_XENT] = (op_impl){xent_compute, xent_gradient};
     t[OP_SOFTMAX_XENT_GRAD] = (op_impl){xent_grad_compute, xent_grad_gradient};
+    ops_lstm_register(t);
 }

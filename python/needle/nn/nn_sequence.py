@@ -52,6 +52,21 @@ def _split(x, axis):
     return [parts[i] for i in range(len(parts))]
 
 
+def _layers(state):
+    """A (num_layers, bs, hidden) state as a list of (bs, hidden) tensors: one layer's
+    is a reshape (a view), several are split."""
+    if state.shape[0] == 1:
+        return [state.reshape(tuple(state.shape[1:]))]
+    return _split(state, 0)
+
+
+def _stack_layers(states):
+    """The inverse of _layers: (bs, hidden) tensors stacked to (num_layers, bs, hidden)."""
+    if len(states) == 1:
+        return states[0].reshape((1,) + tuple(states[0].shape))
+    return ops.stack(states, 0)
+
+
 class RNNCell(Module):
     """One Elman RNN step: h' = act(X @ W_ih + bias_ih + h @ W_hh + bias_hh).
 
@@ -168,7 +183,8 @@ class RNN(Module):
 
 
 class LSTMCell(Module):
-    """One LSTM step with the PyTorch gate layout i, f, g, o.
+    """One LSTM step with the PyTorch gate layout i, f, g, o, as one fused op
+    (``ops.lstm_cell``: the two GEMMs, then the gates in one kernel each way).
 
     Parameters, in creation (RNG) order, all uniform in +-1/sqrt(hidden_size):
     ``W_ih`` (input_size, 4*hidden_size), ``W_hh`` (hidden_size, 4*hidden_size), and when
@@ -202,7 +218,6 @@ class LSTMCell(Module):
         _check_input_2d(X, self.input_size, "LSTMCell")
         bs = X.shape[0]
         hidden = self.hidden_size
-        shape = (bs, 4 * hidden)
         if h is None:
             # zeros (as the course does) so that W_hh always gets a gradient
             h0 = init.zeros(bs, hidden, device=X.device, dtype=X.dtype)
@@ -213,22 +228,19 @@ class LSTMCell(Module):
             h0, c0 = h
             _check_shape(h0, (bs, hidden), "LSTMCell", "h0")
             _check_shape(c0, (bs, hidden), "LSTMCell", "c0")
-        gates = X @ self.W_ih + h0 @ self.W_hh
-        if self.bias_ih is not None:
-            gates = gates + self.bias_ih.reshape((1, 4 * hidden)).broadcast_to(shape)
-            gates = gates + self.bias_hh.reshape((1, 4 * hidden)).broadcast_to(shape)
-        i, f, g, o = _split(gates.reshape((bs, 4, hidden)), 1)
-        i, f, g, o = ops.sigmoid(i), ops.sigmoid(f), ops.tanh(g), ops.sigmoid(o)
-        c_out = f * c0 + i * g
-        h_out = o * ops.tanh(c_out)
-        return h_out, c_out
+        # One fused op: the two GEMMs, then the gates in one kernel (and in one kernel
+        # backward); the values are the course's unfused formulas'.
+        out = ops.lstm_cell(X, h0, c0, self.W_ih, self.W_hh, self.bias_ih, self.bias_hh)
+        return out[0], out[1]
 
 
 class LSTM(Module):
     """A multi-layer LSTM, sequence-first.
 
     ``lstm_cells`` is the list of LSTMCell (layer 0: input_size -> hidden_size, then
-    hidden_size -> hidden_size), created (and drawn) in layer order.
+    hidden_size -> hidden_size), created (and drawn) in layer order. Each layer runs as
+    one fused op over the sequence (``ops.lstm``) on its cell's parameters, with the
+    cell's formulas: it does not call the cells' ``forward`` step by step.
     """
 
     def __init__(
@@ -262,26 +274,32 @@ class LSTM(Module):
         each layer's last hidden and cell state."""
         _check_input_3d(X, self.input_size, "LSTM")
         bs = X.shape[1]
+        hidden = self.hidden_size
         if h is None:
-            h0 = [None] * self.num_layers
-            c0 = [None] * self.num_layers
+            # zeros (as the course does) so that W_hh always gets a gradient
+            h0 = [init.zeros(bs, hidden, device=X.device, dtype=X.dtype)]
+            c0 = [init.zeros(bs, hidden, device=X.device, dtype=X.dtype)]
+            h0, c0 = h0 * self.num_layers, c0 * self.num_layers
         else:
             if not isinstance(h, (tuple, list)) or len(h) != 2:
                 raise TypeError("LSTM: h must be a tuple (h0, c0) or None")
-            shape = (self.num_layers, bs, self.hidden_size)
+            shape = (self.num_layers, bs, hidden)
             _check_shape(h[0], shape, "LSTM", "h0")
             _check_shape(h[1], shape, "LSTM", "c0")
-            h0, c0 = _split(h[0], 0), _split(h[1], 0)
-        inputs = _split(X, 0)
+            h0, c0 = _layers(h[0]), _layers(h[1])
+        # Each layer is one fused op over the whole sequence (the cells' parameters, the
+        # cells' formulas): one GEMM for every step's input projection, then per step
+        # one GEMM and one fused kernel, each way.
+        output = X
         h_n, c_n = [], []
         for layer, cell in enumerate(self.lstm_cells):
-            state = None if h0[layer] is None else (h0[layer], c0[layer])
-            for t, x_t in enumerate(inputs):
-                state = cell(x_t, state)
-                inputs[t] = state[0]
-            h_n.append(state[0])
-            c_n.append(state[1])
-        return ops.stack(inputs, 0), (ops.stack(h_n, 0), ops.stack(c_n, 0))
+            out = ops.lstm(
+                output, h0[layer], c0[layer], cell.W_ih, cell.W_hh, cell.bias_ih, cell.bias_hh
+            )
+            output = out[0]
+            h_n.append(out[1])
+            c_n.append(out[2])
+        return output, (_stack_layers(h_n), _stack_layers(c_n))
 
 
 class Embedding(Module):

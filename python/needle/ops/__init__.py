@@ -2,4 +2,5 @@
 
 from .ops_logarithmic import *  # noqa: F401,F403
 from .ops_mathematic import *  # noqa: F401,F403
+from .ops_sequence import *  # noqa: F401,F403
 from .ops_tuple import *  # noqa: F401,F403
