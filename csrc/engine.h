@@ -453,6 +453,7 @@ nd_status nd_array_adam_update(const nd_array *param, const nd_array *grad, cons
                                const nd_array *v, const nd_adam_hyper *hyper, nd_array *param_out);
 nd_status nd_array_sgd_update(const nd_array *param, const nd_array *grad, const nd_array *u,
                               const nd_sgd_hyper *hyper, nd_array *param_out);
+
 /* -------------------------------------------------------------------- LSTM */
 
 /* A one-layer LSTM over a sequence (csrc/lstm.c), PyTorch's gate order i, f,
