@@ -219,4 +219,6 @@ const nd_backend nd_cpu_backend = {
     .xent_loss = nd_cpu_xent_loss,
     .check_indices = nd_cpu_check_indices,
     .random = nd_cpu_random,
+    .layer_norm = nd_cpu_layer_norm,
+    .layer_norm_grad = nd_cpu_layer_norm_grad,
 };

@@ -69,6 +69,27 @@ typedef struct nd_rows_desc {
     const float *kept_loss, *again_loss;
 } nd_rows_desc;
 
+/* Rows for the layer-norm kernels (layer_norm.c validates and allocates):
+ * row r of x is cols contiguous floats at x + r*cols, normalised as the
+ * course's LayerNorm1d: mean and biased variance over the row, y = w * (x -
+ * mean) / sqrt(var + eps) + b. The backward splits the rows into `chunks`
+ * runs of chunk_rows rows (the last may be shorter); chunk k writes its sums
+ * of g * xhat and of g per column into partials[k] (2, cols), and dw, db are
+ * those summed over the chunks in chunk order, so every backend and every
+ * run adds in the same order. */
+typedef struct nd_norm_desc {
+    int64_t rows, cols;
+    float eps;
+    const float *x; /* (rows, cols) */
+    const float *w; /* (cols,) */
+    const float *b; /* (cols,): the forward's bias */
+    const float *g; /* (rows, cols): the backward's out_grad */
+    float *out;     /* (rows, cols): y (forward) or dx (backward) */
+    int64_t chunks, chunk_rows;
+    float *partials; /* (chunks, 2, cols): the backward's per-chunk sums */
+    float *dw, *db;  /* (cols,) each: the backward's weight and bias gradients */
+} nd_norm_desc;
+
 /* Indices and labels are float32 holding integers: v is one when it is an
  * integer in [0, count). Compared in double: (float)count may round up past
  * the last valid one; the cast runs only on values in range. */
@@ -128,6 +149,11 @@ typedef struct nd_backend {
     /* out (n,) contiguous = elements 0..n-1 of a draw (philox.h); params
      * already checked by the front end (random.c); n > 0. */
     nd_status (*random)(const nd_random_params *params, int64_t n, float *out);
+    /* The fused layer norm (see nd_norm_desc): layer_norm writes y into out;
+     * layer_norm_grad writes dx into out, each chunk's column sums into
+     * partials and their totals into dw and db. */
+    nd_status (*layer_norm)(const nd_norm_desc *d);
+    nd_status (*layer_norm_grad)(const nd_norm_desc *d);
 } nd_backend;
 
 typedef struct nd_allocator {
@@ -229,6 +255,10 @@ nd_status nd_cpu_xent_loss(const nd_rows_desc *d);
 
 /* The CPU's random fill (cpu_random.c), an entry of nd_cpu_backend. */
 nd_status nd_cpu_random(const nd_random_params *params, int64_t n, float *out);
+
+/* The CPU's layer-norm kernels (cpu_layer_norm.c), entries of nd_cpu_backend. */
+nd_status nd_cpu_layer_norm(const nd_norm_desc *d);
+nd_status nd_cpu_layer_norm_grad(const nd_norm_desc *d);
 
 /* Runs fn(ctx, begin, end) over [0, n) split into contiguous ranges, one per
  * thread (cpu_parallel.c), when each of them gets at least `grain` items;

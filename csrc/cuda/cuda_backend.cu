@@ -38,6 +38,8 @@ static const nd_backend nd_cuda_backend = {
     /* .xent_loss = */ nd_cuda_xent_loss,
     /* .check_indices = */ nd_cuda_check_indices,
     /* .random = */ nd_cuda_random,
+    /* .layer_norm = */ nd_cuda_layer_norm,
+    /* .layer_norm_grad = */ nd_cuda_layer_norm_grad,
 };
 
 /* Why no GPU was registered ("" when one was): the CUDA error of discovery

@@ -118,6 +118,50 @@ static PyObject *add_gradients(needle_state *st, PyObject *a, PyObject *b) {
     return apply2(st, OP_EWISE_ADD, &no_params, a, b);
 }
 
+/* Whether a running sum of gradient contributions may take the next one in
+ * place: a constant Tensor that only the running sums hold (the dict's one
+ * reference, no weak references), whose data is an NDArray only it holds,
+ * over a storage only that array holds and the engine owns, laid out without
+ * repeats. Anything else may be seen elsewhere (a .grad, another input's
+ * contribution, a node's data, an array the user or another library holds)
+ * and must not change. */
+static int owned_sum(needle_state *st, PyObject *sum) {
+    if (Py_REFCNT(sum) != 1 || !is_tensor(st, sum)) return 0;
+    TensorObject *t = Tensor_CAST(sum);
+    if (t->op != NULL || t->requires_grad || t->weakreflist != NULL) return 0;
+    PyObject *data = t->cached_data;
+    if (data == NULL || Py_REFCNT(data) != 1 || !ndarray_check(st, data) ||
+        NDArray_CAST(data)->weakreflist != NULL)
+        return 0;
+    const nd_array *a = &NDArray_CAST(data)->array;
+    return nd_storage_refcount(a->storage) == 1 && !nd_storage_borrowed(a->storage) &&
+           nd_layout_is_contiguous(&a->layout);
+}
+
+/* sum + partial for a backward that records nothing: added into sum's own
+ * buffer when owned_sum allows (N contributions cost N - 1 adds and at most
+ * one new array), else a new sum. Returns a new reference to the sum. */
+static PyObject *accumulate(needle_state *st, PyObject *sum, PyObject *partial) {
+    PyObject *data = is_tensor(st, partial) ? realize(st, partial) : NULL;
+    if (data == NULL && PyErr_Occurred()) return NULL;
+    if (data != NULL && ndarray_check(st, data) && owned_sum(st, sum)) {
+        const nd_array *dst = &NDArray_CAST(Tensor_CAST(sum)->cached_data)->array;
+        const nd_array *src = &NDArray_CAST(data)->array;
+        if (dst->layout.ndim == src->layout.ndim &&
+            memcmp(dst->layout.shape, src->layout.shape,
+                   sizeof(int64_t) * (size_t)dst->layout.ndim) == 0) {
+            nd_status status = nd_array_add_into(dst, src);
+            Py_DECREF(data);
+            return status == ND_OK ? Py_NewRef(sum) : raise_status(st, status);
+        }
+    }
+    Py_XDECREF(data);
+    Py_INCREF(sum); /* the addition may run the collector */
+    PyObject *total = add_gradients(st, sum, partial);
+    Py_DECREF(sum);
+    return total;
+}
+
 /* The sum of a node's gradient contributions; a snapshot of the list is held
  * across the additions, which may run the collector. */
 static PyObject *sum_contributions(needle_state *st, PyObject *list) {
@@ -277,9 +321,14 @@ static int backward_cycle_free(needle_state *st, PyObject *topo, PyObject *outpu
             PyObject *existing = PyDict_GetItemWithError(grads, input);
             PyObject *value;
             if (existing != NULL) {
-                Py_INCREF(existing); /* the addition may run the collector */
-                value = add_gradients(st, existing, partial);
-                Py_DECREF(existing);
+                /* in place when nothing is recorded and the sum is ours alone */
+                if (is_recording()) {
+                    Py_INCREF(existing); /* the addition may run the collector */
+                    value = add_gradients(st, existing, partial);
+                    Py_DECREF(existing);
+                } else {
+                    value = accumulate(st, existing, partial);
+                }
             } else if (PyErr_Occurred()) {
                 value = NULL;
             } else {
@@ -492,6 +541,7 @@ int autograd_module_init(PyObject *module, needle_state *st) {
     st->autograd->mode = GRAPH_CYCLE_FREE;
     ops_basic_register(op_impls);
     ops_nn_register(op_impls);
+    ops_norm_register(op_impls);
     for (int k = 1; k < OP_KIND_COUNT; k++)
         if (op_impls[k].compute == NULL || op_impls[k].gradient == NULL) {
             PyErr_Format(PyExc_SystemError, "built-in op %s has no implementation",

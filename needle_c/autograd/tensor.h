@@ -62,6 +62,7 @@ typedef enum op_input_kind {
     X(OP_GATHER_ROWS, "GatherRows", SIG_NONE, 2, IN_ARRAYS, 0)                   \
     X(OP_SCATTER_ADD_ROWS, "ScatterAddRows", SIG_ROWS, 2, IN_ARRAYS, 0)          \
     X(OP_SOFTMAX_XENT, "SoftmaxCrossEntropy", SIG_NONE, 2, IN_ARRAYS, 0)         \
+    X(OP_LAYER_NORM, "LayerNorm", SIG_SCALAR, 3, IN_ARRAYS, 0)                   \
     X(OP_SOFTMAX_XENT_GRAD, "SoftmaxCrossEntropyGrad", SIG_NONE, 3, IN_ARRAYS, 0)
 
 typedef enum op_kind {
@@ -279,6 +280,7 @@ typedef struct op_impl {
 extern op_impl op_impls[OP_KIND_COUNT];
 void ops_basic_register(op_impl *table);
 void ops_nn_register(op_impl *table);
+void ops_norm_register(op_impl *table);
 
 /* ---------------------------------------- Tensor methods and slots */
 

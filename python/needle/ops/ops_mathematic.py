@@ -20,6 +20,7 @@ from needle_c import (  # noqa: F401
     Flip,
     GatherRows,
     GetItem,
+    LayerNorm,
     Log,
     MatMul,
     MatMulBias,
@@ -111,6 +112,15 @@ def matmul_bias(x, weight, bias):
     as one op with one output array: the graph keeps that array instead of both the
     product and the sum. Gradients are MatMul's and the bias' (g summed to its shape)."""
     return MatMulBias()(x, weight, bias)
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    """The course's LayerNorm1d over the last axis of x (..., D) as one op: each row
+    normalised by its mean and biased variance, weight * (x - mean) / sqrt(var + eps) +
+    bias, with weight and bias holding D elements each. Returns x's shape. The gradient
+    is the engine's fused backward, or (when recorded: "needle" mode, create_graph) the
+    same values composed from differentiable ops."""
+    return LayerNorm(eps)(x, weight, bias)
 
 
 def negate(a):
