@@ -221,4 +221,6 @@ const nd_backend nd_cpu_backend = {
     .random = nd_cpu_random,
     .layer_norm = nd_cpu_layer_norm,
     .layer_norm_grad = nd_cpu_layer_norm_grad,
+    .attention_softmax = nd_cpu_attention_softmax,
+    .attention_softmax_grad = nd_cpu_attention_softmax_grad,
 };

@@ -431,6 +431,17 @@ nd_status nd_array_layer_norm(const nd_array *x, const nd_array *w, const nd_arr
 nd_status nd_array_layer_norm_grad(const nd_array *x, const nd_array *w, const nd_array *g,
                                    float eps, nd_array *dx, nd_array *dw, nd_array *db);
 
+/* Attention's softmax over the last axis, fused: out (x's shape, new) =
+ * softmax(x / divisor + mask), where mask, when causal, is the course's
+ * create_causal_mask over the last two axes (Lq, Lk): -FLT_MAX where key j >
+ * query i + Lk - Lq, 0 elsewhere; x needs 2 dims then. ND_ERR_VALUE for a
+ * divisor that is zero or not finite. */
+nd_status nd_array_attention_softmax(const nd_array *x, float divisor, int causal, nd_array *out);
+/* Its gradient from the forward's output y and the out_grad g (y's shape):
+ * dx (new) = y * (g - sum(g * y)) / divisor, the sum over the last axis. */
+nd_status nd_array_attention_softmax_grad(const nd_array *y, const nd_array *g, float divisor,
+                                          nd_array *dx);
+
 /* dst += src in place, src broadcast to dst's shape (gradient accumulation).
  * dst must not overlap itself (no stride-0 dims of extent > 1). */
 nd_status nd_array_add_into(const nd_array *dst, const nd_array *src);

@@ -40,6 +40,8 @@ static const nd_backend nd_cuda_backend = {
     /* .random = */ nd_cuda_random,
     /* .layer_norm = */ nd_cuda_layer_norm,
     /* .layer_norm_grad = */ nd_cuda_layer_norm_grad,
+    /* .attention_softmax = */ nd_cuda_attention_softmax,
+    /* .attention_softmax_grad = */ nd_cuda_attention_softmax_grad,
 };
 
 /* Why no GPU was registered ("" when one was): the CUDA error of discovery

@@ -213,8 +213,10 @@ nd_status nd_cuda_xent_loss(const nd_rows_desc *d);
 /* cuda_random.cu */
 nd_status nd_cuda_random(const nd_random_params *params, int64_t n, float *out);
 
-/* cuda_layer_norm.cu */
+/* cuda_fused_rows.cu */
 nd_status nd_cuda_layer_norm(const nd_norm_desc *d);
 nd_status nd_cuda_layer_norm_grad(const nd_norm_desc *d);
+nd_status nd_cuda_attention_softmax(const nd_attn_desc *d);
+nd_status nd_cuda_attention_softmax_grad(const nd_attn_desc *d);
 
 #endif /* NEEDLE_CUDA_COMMON_CUH */

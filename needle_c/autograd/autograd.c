@@ -175,8 +175,10 @@ static PyObject *sum_contributions(needle_state *st, PyObject *list) {
 }
 
 /* A gradient's partials: one Tensor per input, each of its input's shape;
- * anything else would be stored as a wrong .grad. */
-static int check_partials(needle_state *st, PyObject *op, PyObject *partials, PyObject *inputs) {
+ * anything else would be stored as a wrong .grad. A pruning walk also takes
+ * None for an input that neither requires nor retains grad. */
+static int check_partials(needle_state *st, PyObject *op, PyObject *partials, PyObject *inputs,
+                          int prune) {
     if (partials == NULL) return -1;
     if (PyTuple_GET_SIZE(partials) != PyTuple_GET_SIZE(inputs)) {
         PyErr_Format(PyExc_ValueError, "%R.gradient returned %zd gradients for %zd inputs", op,
@@ -185,6 +187,8 @@ static int check_partials(needle_state *st, PyObject *op, PyObject *partials, Py
     }
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(inputs); k++) {
         PyObject *partial = PyTuple_GET_ITEM(partials, k);
+        TensorObject *input = Tensor_CAST(PyTuple_GET_ITEM(inputs, k));
+        if (prune && partial == Py_None && !input->requires_grad && !input->retains_grad) continue;
         if (!is_value(st, partial)) {
             PyErr_Format(PyExc_TypeError,
                          "%R.gradient returned a %.100s for input %zd, not a Tensor", op,
@@ -205,13 +209,14 @@ static int check_partials(needle_state *st, PyObject *op, PyObject *partials, Py
 
 /* node.op.gradient(adjoint, node), checked, with the inputs it is for (a
  * new reference in *inputs): a gradient may run Python code and the
- * collector, which may change the node's op and inputs, so both are held. */
+ * collector, which may change the node's op and inputs, so both are held.
+ * prune: see run_gradient_for. */
 static PyObject *node_partials(needle_state *st, PyObject *node, PyObject *adjoint,
-                               PyObject **inputs) {
+                               PyObject **inputs, int prune) {
     PyObject *op = Py_NewRef(Tensor_CAST(node)->op);
     *inputs = Py_NewRef(Tensor_CAST(node)->inputs);
-    PyObject *partials = run_gradient(st, op, adjoint, node);
-    if (check_partials(st, op, partials, *inputs) < 0) {
+    PyObject *partials = run_gradient_for(st, op, adjoint, node, prune);
+    if (check_partials(st, op, partials, *inputs, prune) < 0) {
         Py_XDECREF(partials);
         Py_CLEAR(*inputs);
         partials = NULL;
@@ -240,7 +245,7 @@ static int backward_needle(needle_state *st, PyObject *topo, PyObject *output, P
         Py_XSETREF(Tensor_CAST(node)->grad, adjoint);
         if (Tensor_CAST(node)->op == NULL) continue;
         PyObject *inputs;
-        PyObject *partials = node_partials(st, node, adjoint, &inputs);
+        PyObject *partials = node_partials(st, node, adjoint, &inputs, 0);
         if (partials == NULL) goto fail;
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(inputs); k++) {
             PyObject *input = PyTuple_GET_ITEM(inputs, k);
@@ -311,13 +316,16 @@ static int backward_cycle_free(needle_state *st, PyObject *topo, PyObject *outpu
             continue;
         }
         PyObject *inputs;
-        PyObject *partials = node_partials(st, node, adjoint, &inputs);
+        PyObject *partials = node_partials(st, node, adjoint, &inputs, 1);
         Py_DECREF(adjoint);
         if (partials == NULL) goto fail;
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(inputs); k++) {
             PyObject *input = PyTuple_GET_ITEM(inputs, k);
-            if (!Tensor_CAST(input)->requires_grad && !Tensor_CAST(input)->retains_grad) continue;
             PyObject *partial = PyTuple_GET_ITEM(partials, k);
+            /* a pruned input, or one whose flags a finalizer changed meanwhile */
+            if ((!Tensor_CAST(input)->requires_grad && !Tensor_CAST(input)->retains_grad) ||
+                partial == Py_None)
+                continue;
             PyObject *existing = PyDict_GetItemWithError(grads, input);
             PyObject *value;
             if (existing != NULL) {
@@ -541,7 +549,7 @@ int autograd_module_init(PyObject *module, needle_state *st) {
     st->autograd->mode = GRAPH_CYCLE_FREE;
     ops_basic_register(op_impls);
     ops_nn_register(op_impls);
-    ops_norm_register(op_impls);
+    ops_fused_register(op_impls);
     for (int k = 1; k < OP_KIND_COUNT; k++)
         if (op_impls[k].compute == NULL || op_impls[k].gradient == NULL) {
             PyErr_Format(PyExc_SystemError, "built-in op %s has no implementation",

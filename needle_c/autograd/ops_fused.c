@@ -1,18 +1,23 @@
-/* ops_norm.c: compute (NDArrays) and gradient (Tensors) of the fused
- * normalisation ops: LayerNorm(eps)(x, w, b), the course's LayerNorm1d over
- * the last axis as one engine call (csrc/layer_norm.c) where the course
- * composes about fourteen ops.
+/* ops_fused.c: compute (NDArrays) and gradient (Tensors) of the fused ops of
+ * the course's transformer, each one engine call (csrc/fused_rows.c) where
+ * the course composes many ops:
+ * - LayerNorm(eps)(x, w, b): LayerNorm1d over the last axis;
+ * - AttentionSoftmax(divisor, causal)(logits): softmax(logits / divisor +
+ *   the causal mask when causal is nonzero) over the last axis, what
+ *   MultiHeadAttention computes from q @ k^T.
  *
- * Its gradient, not recorded (a cycle_free backward), is the engine's fused
- * backward: three constants. Recorded ("needle" mode, create_graph), it is
- * composed from differentiable ops, the row statistics recomputed from x, so
- * that the gradient can itself be differentiated; both give the same values
- * to rounding (tests/test_layer_norm.py).
+ * A gradient not recorded (a cycle_free backward) is the engine's fused
+ * backward, as constants. Recorded ("needle" mode, create_graph), it is
+ * composed from differentiable ops, so that the gradient can itself be
+ * differentiated; both give the same values to rounding
+ * (tests/test_fused_ops.py).
  */
 #include "grad_scope.h"
 #include "ops_util.h"
 
 #define UNUSED(x) (void)(x)
+
+/* ------------------------------------------------------------- layer norm */
 
 static PyObject *layer_norm_compute(needle_state *st, const op_params *p, PyObject *const *a,
                                     Py_ssize_t n) {
@@ -101,6 +106,47 @@ static PyObject *layer_norm_gradient(grad_scope *s, const op_params *p, PyObject
     return is_recording() ? composed_gradient(s, p, g) : fused_gradient(s, p, g);
 }
 
-void ops_norm_register(op_impl *t) {
+/* ------------------------------------------------------ attention softmax */
+
+static PyObject *attention_softmax_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                                           Py_ssize_t n) {
+    UNUSED(n);
+    nd_array out;
+    nd_status status = nd_array_attention_softmax(&NDArray_CAST(a[0])->array, (float)p->scalar,
+                                                  p->scalar2 != 0.0, &out);
+    return status == ND_OK ? ndarray_wrap(st, &out) : raise_status(st, status);
+}
+
+static PyObject *attention_softmax_gradient(grad_scope *s, const op_params *p, PyObject *g,
+                                            PyObject *node) {
+    if (!is_recording()) {
+        /* the engine's kernel on the output's and the out_grad's data */
+        PyObject *y = g_data(s, node), *gd = g_data(s, g);
+        if (y == NULL || gd == NULL) return NULL;
+        if (!ndarray_check(s->st, y) || !ndarray_check(s->st, gd)) {
+            PyErr_SetString(PyExc_TypeError,
+                            "AttentionSoftmax's gradient needs Tensors holding NDArrays");
+            return scope_fail(s);
+        }
+        nd_array dx;
+        nd_status status = nd_array_attention_softmax_grad(
+            &NDArray_CAST(y)->array, &NDArray_CAST(gd)->array, (float)p->scalar, &dx);
+        if (status != ND_OK) {
+            raise_status(s->st, status);
+            return scope_fail(s);
+        }
+        return grads1(s, g_const(s, scope_keep(s, ndarray_wrap(s->st, &dx))));
+    }
+    /* (y * (g - broadcast(sum(g * y, last axis)))) / divisor, y the node itself */
+    int ndim;
+    int64_t shape[ND_MAX_DIMS];
+    if (g_shape(s, node, &ndim, shape) < 0) return NULL;
+    uint32_t last = 1u << (ndim - 1);
+    PyObject *dot = g_expand(s, g_sum_mask(s, g_mul(s, g, node), ndim, last), ndim, shape, last);
+    return grads1(s, g_scalar(s, OP_DIV_SCALAR, g_mul(s, node, g_sub(s, g, dot)), p->scalar));
+}
+
+void ops_fused_register(op_impl *t) {
     t[OP_LAYER_NORM] = (op_impl){layer_norm_compute, layer_norm_gradient};
+    t[OP_ATTN_SOFTMAX] = (op_impl){attention_softmax_compute, attention_softmax_gradient};
 }

@@ -1,19 +1,23 @@
-/* cuda_layer_norm.cu: the CUDA backend's fused layer norm (nd_norm_desc in
- * internal.h): the forward in one kernel, the backward in two (dx with each
- * chunk's column sums, then the sums over chunks), where the course's
- * composition of ops takes 14 launches forward and about 25 backward.
+/* cuda_fused_rows.cu: the CUDA backend's fused row operations (nd_norm_desc
+ * and nd_attn_desc in internal.h): the layer norm, forward in one kernel and
+ * backward in two (dx with each chunk's column sums, then the sums over
+ * chunks), where the course's composition of ops takes 14 launches forward
+ * and about 25 backward; and the attention softmax (scale, causal mask,
+ * softmax) in one kernel each way, where the course's ops take six forward
+ * and about a dozen backward.
  *
- * A warp takes a row (the course's rows are short: 20 features); its sums
- * are butterfly shuffles, which leave the same bits in every lane. The
- * backward's blocks stride over chunks of rows; inside a chunk, a tile of
- * one row per warp is normalised, its statistics kept in shared memory, and
- * then the block's threads add the tile's g * xhat and g into the chunk's
- * column sums, one column per thread, rows in order. The sums over chunks
- * run in chunk order, in double: the gradients are the same bits on every
- * run. Grid-stride loops throughout, so any grid is correct.
+ * A warp takes a row (the course's rows are short: 20 features, 20 keys);
+ * its sums are butterfly shuffles, which leave the same bits in every lane.
+ * The layer norm backward's blocks stride over chunks of rows; inside a
+ * chunk, a tile of one row per warp is normalised, its statistics kept in
+ * shared memory, and then the block's threads add the tile's g * xhat and g
+ * into the chunk's column sums, one column per thread, rows in order. The
+ * sums over chunks run in chunk order, in double: the gradients are the same
+ * bits on every run. Grid-stride loops throughout, so any grid is correct.
  */
 #include "cuda_common.cuh"
 
+#include <float.h>
 #include <math.h>
 
 #define FULL_MASK 0xffffffffu
@@ -23,6 +27,13 @@
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int delta = 16; delta > 0; delta /= 2) v += __shfl_xor_sync(FULL_MASK, v, delta);
+    return v;
+}
+
+/* The maximum of v over the warp, in every lane (NaN ignored, as fmaxf). */
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int delta = 16; delta > 0; delta /= 2) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, delta));
     return v;
 }
 
@@ -131,6 +142,69 @@ nd_status nd_cuda_layer_norm_grad(const nd_norm_desc *d) {
     ND_LAUNCH(layer_norm_grad_kernel, nd_cuda_blocks(d->chunks, 1), ND_CUDA_THREADS, 0, stream, *d);
     ND_CUDA_CHECK(cudaGetLastError());
     ND_LAUNCH(layer_norm_grad_sum_kernel, nd_cuda_blocks(2 * d->cols, ND_CUDA_THREADS),
+              ND_CUDA_THREADS, 0, stream, *d);
+    ND_CUDA_CHECK(cudaGetLastError());
+    return ND_OK;
+}
+
+/* ------------------------------------------------------ attention softmax */
+
+/* Element j of a row's masked, scaled logits, as the course computes them:
+ * keys from `visible` on get -FLT_MAX added. */
+__device__ __forceinline__ float masked_logit(const float *x, int64_t j, int64_t visible,
+                                              float divisor) {
+    const float v = x[j] / divisor;
+    return j < visible ? v : v + -FLT_MAX;
+}
+
+/* A warp per row: the max, the sum of exponentials, then the row written. */
+__global__ void attention_softmax_kernel(nd_attn_desc d) {
+    const int lane = threadIdx.x % 32;
+    for (int64_t r = (int64_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32; r < d.rows;
+         r += (int64_t)gridDim.x * WARPS_PER_BLOCK) {
+        const float *x = d.x + r * d.cols; /* (cols,) */
+        float *y = d.out + r * d.cols;     /* (cols,) */
+        const int64_t visible = d.queries > 0 ? r % d.queries + d.cols - d.queries + 1 : d.cols;
+        float m = -FLT_MAX;
+        for (int64_t j = lane; j < d.cols; j += 32)
+            m = fmaxf(m, masked_logit(x, j, visible, d.divisor));
+        m = fminf(warp_max(m), FLT_MAX);
+        float s = 0.0f;
+        for (int64_t j = lane; j < d.cols; j += 32)
+            s += expf(masked_logit(x, j, visible, d.divisor) - m);
+        const float inv = 1.0f / warp_sum(s);
+        for (int64_t j = lane; j < d.cols; j += 32)
+            y[j] = expf(masked_logit(x, j, visible, d.divisor) - m) * inv;
+    }
+}
+
+/* A warp per row: dx = y * (g - sum(g * y)) / divisor. */
+__global__ void attention_softmax_grad_kernel(nd_attn_desc d) {
+    const int lane = threadIdx.x % 32;
+    for (int64_t r = (int64_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32; r < d.rows;
+         r += (int64_t)gridDim.x * WARPS_PER_BLOCK) {
+        const float *y = d.x + r * d.cols, *g = d.g + r * d.cols; /* (cols,) each */
+        float *dx = d.out + r * d.cols;                           /* (cols,) */
+        float dot = 0.0f;
+        for (int64_t j = lane; j < d.cols; j += 32) dot += g[j] * y[j];
+        dot = warp_sum(dot);
+        for (int64_t j = lane; j < d.cols; j += 32) dx[j] = y[j] * (g[j] - dot) / d.divisor;
+    }
+}
+
+nd_status nd_cuda_attention_softmax(const nd_attn_desc *d) {
+    ND_TRY(nd_cuda_activate(d->out, NULL));
+    cudaStream_t stream = 0;
+    ND_LAUNCH(attention_softmax_kernel, nd_cuda_blocks(d->rows, WARPS_PER_BLOCK), ND_CUDA_THREADS,
+              0, stream, *d);
+    ND_CUDA_CHECK(cudaGetLastError());
+    return ND_OK;
+}
+
+nd_status nd_cuda_attention_softmax_grad(const nd_attn_desc *d) {
+    ND_TRY(nd_cuda_activate(d->out, NULL));
+    cudaStream_t stream = 0;
+    ND_LAUNCH(attention_softmax_grad_kernel, nd_cuda_blocks(d->rows, WARPS_PER_BLOCK),
               ND_CUDA_THREADS, 0, stream, *d);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;

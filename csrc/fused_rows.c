@@ -1,13 +1,15 @@
-/* layer_norm.c: the device-independent front end of the fused layer norm,
- * the course's LayerNorm1d over the last axis in one pass forward and one
- * backward (plus the column sums of the weight and bias gradients).
+/* fused_rows.c: the device-independent front end of the transformer's fused
+ * row operations: the layer norm (the course's LayerNorm1d over the last
+ * axis in one pass forward and one backward, plus the column sums of the
+ * weight and bias gradients) and the attention softmax (scale, causal mask
+ * and softmax in one pass forward, one backward).
  *
- * Checks shapes, devices and eps, sees x (and the out_grad) as compact rows
- * (compacting a strided input first), allocates the results and the
- * backward's per-chunk partial sums (the one place these operations can
- * trigger a collection), and hands an nd_norm_desc (internal.h) to the
- * device's backend. The backward recomputes each row's statistics from x,
- * so the forward keeps nothing beside its output.
+ * Checks shapes, devices and scalars, sees the inputs as compact rows
+ * (compacting a strided input first), allocates the results and the layer
+ * norm backward's per-chunk partial sums (the one place these operations
+ * can trigger a collection), and hands a descriptor (internal.h) to the
+ * device's backend. The layer norm backward recomputes each row's
+ * statistics from x, so the forward keeps nothing beside its output.
  */
 #include "internal.h"
 
@@ -152,5 +154,77 @@ nd_status nd_array_layer_norm_grad(const nd_array *x, const nd_array *w, const n
         nd_array_release(dw);
         nd_array_release(db);
     }
+    return status;
+}
+
+/* ------------------------------------------------------ attention softmax */
+
+static nd_status check_divisor(float divisor) {
+    if (!isfinite(divisor) || divisor == 0.0f)
+        return nd_fail(ND_ERR_VALUE,
+                       "attention softmax: the divisor must be finite and nonzero, got %g",
+                       (double)divisor);
+    return ND_OK;
+}
+
+/* The rows and columns of a's last axis (a has at least one dimension). */
+static void rows_of(const nd_array *a, int64_t *rows, int64_t *cols) {
+    const nd_layout *l = &a->layout;
+    *cols = l->shape[l->ndim - 1];
+    *rows = 1;
+    for (int i = 0; i < l->ndim - 1; i++) *rows *= l->shape[i];
+}
+
+nd_status nd_array_attention_softmax(const nd_array *x, float divisor, int causal, nd_array *out) {
+    memset(out, 0, sizeof *out);
+    const nd_layout *l = &x->layout;
+    if (l->ndim < (causal ? 2 : 1))
+        return nd_fail(
+            ND_ERR_SHAPE, "attention softmax needs an input of at least %d dimension%s%s",
+            causal ? 2 : 1, causal ? "s" : "", causal ? " (queries, keys) when causal" : "");
+    nd_status status = check_divisor(divisor);
+    if (status != ND_OK) return status;
+    nd_attn_desc d;
+    memset(&d, 0, sizeof d);
+    rows_of(x, &d.rows, &d.cols);
+    d.queries = causal ? l->shape[l->ndim - 2] : 0;
+    d.divisor = divisor;
+    nd_array tx;
+    if ((status = compact_data(x, &tx, &d.x)) == ND_OK &&
+        (status = nd_array_empty(x->storage->device, l->ndim, l->shape, out)) == ND_OK &&
+        d.rows > 0 && d.cols > 0) {
+        d.out = nd_storage_data(out->storage);
+        if ((status = backend_of(x)->attention_softmax(&d)) != ND_OK) nd_array_release(out);
+    }
+    nd_array_release(&tx);
+    return status;
+}
+
+nd_status nd_array_attention_softmax_grad(const nd_array *y, const nd_array *g, float divisor,
+                                          nd_array *dx) {
+    memset(dx, 0, sizeof *dx);
+    const nd_layout *l = &y->layout;
+    nd_status status = nd_same_device(y, g);
+    if (status != ND_OK || (status = check_divisor(divisor)) != ND_OK) return status;
+    if (l->ndim < 1 || g->layout.ndim != l->ndim ||
+        memcmp(g->layout.shape, l->shape, sizeof(int64_t) * (size_t)l->ndim))
+        return nd_fail(ND_ERR_SHAPE,
+                       "attention softmax gradient: the out_grad must have the output's shape, "
+                       "of at least one dimension");
+    nd_attn_desc d;
+    memset(&d, 0, sizeof d);
+    rows_of(y, &d.rows, &d.cols);
+    d.divisor = divisor;
+    nd_array ty, tg;
+    memset(&tg, 0, sizeof tg);
+    if ((status = compact_data(y, &ty, &d.x)) == ND_OK &&
+        (status = compact_data(g, &tg, &d.g)) == ND_OK &&
+        (status = nd_array_empty(y->storage->device, l->ndim, l->shape, dx)) == ND_OK &&
+        d.rows > 0 && d.cols > 0) {
+        d.out = nd_storage_data(dx->storage);
+        if ((status = backend_of(y)->attention_softmax_grad(&d)) != ND_OK) nd_array_release(dx);
+    }
+    nd_array_release(&ty);
+    nd_array_release(&tg);
     return status;
 }
