@@ -522,6 +522,50 @@ def test_a_retained_grad_passed_on_is_not_written_into(device, mode):
 
 
 # --------------------------------------------------------------------------
+# partials nothing differentiates
+# --------------------------------------------------------------------------
+
+
+@dev
+@pytest.mark.parametrize("mode", MODES)
+def test_a_constant_operand_gets_no_gradient_computed_in_cycle_free_mode(device, mode):
+    # x @ w with x constant: the cycle_free walk computes w's gradient alone (one product);
+    # the course's mode computes both and sets x.grad too.
+    rng = np.random.default_rng(16)
+    x0, w0, g0 = rng.normal(size=(6, 4)), rng.normal(size=(4, 3)), rng.normal(size=(6, 3))
+    with graph_mode(mode):
+        x, w = tensor(x0, device, requires_grad=False), tensor(w0, device)
+        y = x @ w
+        seed = tensor(g0, device, False)
+        before = ndl.memory.memory_stats(device)["allocation.all.allocated"]
+        y.backward(seed)
+        made = ndl.memory.memory_stats(device)["allocation.all.allocated"] - before
+    np.testing.assert_allclose(w.grad.numpy(), x0.T @ g0, rtol=1e-5, atol=1e-6)
+    if mode == "cycle_free":
+        assert x.grad is None and made == 1
+    else:
+        np.testing.assert_allclose(x.grad.numpy(), g0 @ w0.T, rtol=1e-5, atol=1e-6)
+        assert made >= 2
+
+
+@dev
+def test_a_gradient_called_directly_computes_every_partial(device):
+    # op.gradient(out_grad, node) from Python (as the course's tests call it) returns a Tensor
+    # for every input, whether or not it requires grad.
+    a = tensor(np.full((2, 2), 3.0), device, requires_grad=False)
+    b = tensor(np.full((2, 2), 5.0), device)
+    node = a * b
+    g = tensor(np.ones((2, 2)), device, False)
+    ga, gb = node.op.gradient(g, node)
+    np.testing.assert_array_equal(ga.numpy(), np.full((2, 2), 5.0))
+    np.testing.assert_array_equal(gb.numpy(), np.full((2, 2), 3.0))
+    labels = tensor(np.zeros(2), device, requires_grad=False)
+    loss = ndl.softmax_cross_entropy(tensor(np.zeros((2, 3)), device), labels)
+    dz, dy = loss.op.gradient(tensor(np.ones(1), device, False), loss)
+    np.testing.assert_array_equal(dy.numpy(), np.zeros(2))
+
+
+# --------------------------------------------------------------------------
 # launch counts (the census; the simulator in CI)
 # --------------------------------------------------------------------------
 
@@ -581,3 +625,16 @@ def test_n_way_accumulation_is_n_minus_one_adds(n):
     assert counts == {"kernel_launches": n + (n - 1)}
     assert kernels == {"binary_flat_kernel<Op>": n + (n - 1)}
     np.testing.assert_allclose(x.grad.numpy(), np.full((64, 64), n * (n + 1) / 2))
+
+
+@cuda
+def test_a_constant_operand_costs_no_product():
+    gpu = ndl.cuda()
+    rng = np.random.default_rng(17)
+    x = tensor(rng.normal(size=(64, 32)), gpu, requires_grad=False)
+    w = tensor(rng.normal(size=(32, 16)), gpu)
+    seed = tensor(rng.normal(size=(64, 16)), gpu, False)
+    for _ in range(2):
+        y = x @ w
+        counts, _ = _census(lambda: y.backward(seed))
+    assert counts == {"blas_calls": 1}
