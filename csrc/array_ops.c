@@ -315,3 +315,25 @@ nd_status nd_array_linear(const nd_array *x, const nd_array *w, const nd_array *
     if (status != ND_OK) nd_array_release(out);
     return status;
 }
+
+nd_status nd_array_add_into(const nd_array *dst, const nd_array *src) {
+    nd_status status = nd_same_device(dst, src);
+    if (status != ND_OK) return status;
+    const nd_layout *l = &dst->layout;
+    for (int i = 0; i < l->ndim; i++)
+        if (l->strides[i] == 0 && l->shape[i] > 1)
+            return nd_fail(ND_ERR_VALUE, "an in-place add needs a destination without repeats");
+    nd_layout src_layout;
+    status = nd_layout_broadcast_to(&src->layout, l->ndim, l->shape, &src_layout);
+    if (status != ND_OK) return status;
+    if (src->storage == dst->storage) { /* may overlap: add a copy of the source */
+        nd_array tmp;
+        if ((status = nd_array_compact_copy(src, NULL, &tmp)) != ND_OK) return status;
+        status = nd_array_add_into(dst, &tmp);
+        nd_array_release(&tmp);
+        return status;
+    }
+    float *data = nd_storage_data(dst->storage);
+    nd_kernel_operand self = {data, l, 0.0f};
+    return backend_of(dst)->binary(ND_ADD, l, data, self, array_operand(src, &src_layout));
+}

@@ -231,4 +231,8 @@ const nd_backend nd_cpu_backend = {
     .sgd_update = nd_cpu_sgd_update,
     .lstm_step = nd_cpu_lstm_step,
     .lstm_step_grad = nd_cpu_lstm_step_grad,
+    .layer_norm = nd_cpu_layer_norm,
+    .layer_norm_grad = nd_cpu_layer_norm_grad,
+    .attention_softmax = nd_cpu_attention_softmax,
+    .attention_softmax_grad = nd_cpu_attention_softmax_grad,
 };

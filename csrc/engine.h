@@ -133,6 +133,8 @@ float *nd_storage_data(const nd_storage *s);
 int64_t nd_storage_numel(const nd_storage *s);
 nd_device *nd_storage_device(const nd_storage *s);
 int64_t nd_storage_refcount(const nd_storage *s);
+/* 1 for memory another library owns (nd_storage_wrap), 0 for the engine's. */
+int nd_storage_borrowed(const nd_storage *s);
 /* A storage over `numel` float32 at `data` on dev that the engine does not own
  * (another library's buffer, for DLPack). The new storage has one reference;
  * when the last is released it calls release(ctx) (if release is non-NULL)
@@ -497,6 +499,35 @@ nd_status nd_array_lstm_backward(const nd_array *x, const nd_array *h0, const nd
                                  const nd_array *dh_n, const nd_array *dc_n, int want,
                                  nd_lstm_grads *out);
 void nd_lstm_grads_release(nd_lstm_grads *g);
+
+/* -------------------------------------------------------------- layer norm */
+
+/* The course's LayerNorm1d over the last axis, fused: each row of x (..., D)
+ * is normalised by its mean and biased variance, y = w * (x - mean) /
+ * sqrt(var + eps) + b, with w and b holding D elements each (any shape).
+ * out (x's shape, new). ND_ERR_SHAPE for D == 0 or a w or b of another size,
+ * ND_ERR_VALUE for an eps that is negative or not finite. */
+nd_status nd_array_layer_norm(const nd_array *x, const nd_array *w, const nd_array *b, float eps,
+                              nd_array *out);
+/* Its gradients for the out_grad g (x's shape): dx (x's shape), dw and db
+ * (D,) each, all new; the row statistics are recomputed from x. */
+nd_status nd_array_layer_norm_grad(const nd_array *x, const nd_array *w, const nd_array *g,
+                                   float eps, nd_array *dx, nd_array *dw, nd_array *db);
+
+/* Attention's softmax over the last axis, fused: out (x's shape, new) =
+ * softmax(x / divisor + mask), where mask, when causal, is the course's
+ * create_causal_mask over the last two axes (Lq, Lk): -FLT_MAX where key j >
+ * query i + Lk - Lq, 0 elsewhere; x needs 2 dims then. ND_ERR_VALUE for a
+ * divisor that is zero or not finite. */
+nd_status nd_array_attention_softmax(const nd_array *x, float divisor, int causal, nd_array *out);
+/* Its gradient from the forward's output y and the out_grad g (y's shape):
+ * dx (new) = y * (g - sum(g * y)) / divisor, the sum over the last axis. */
+nd_status nd_array_attention_softmax_grad(const nd_array *y, const nd_array *g, float divisor,
+                                          nd_array *dx);
+
+/* dst += src in place, src broadcast to dst's shape (gradient accumulation).
+ * dst must not overlap itself (no stride-0 dims of extent > 1). */
+nd_status nd_array_add_into(const nd_array *dst, const nd_array *src);
 
 #ifdef __cplusplus
 }

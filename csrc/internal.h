@@ -69,6 +69,45 @@ typedef struct nd_rows_desc {
     const float *kept_loss, *again_loss;
 } nd_rows_desc;
 
+/* Rows for the layer-norm kernels (fused_rows.c validates and allocates):
+ * row r of x is cols contiguous floats at x + r*cols, normalised as the
+ * course's LayerNorm1d: mean and biased variance over the row, y = w * (x -
+ * mean) / sqrt(var + eps) + b. The backward splits the rows into `chunks`
+ * runs of chunk_rows rows (the last may be shorter); chunk k writes its sums
+ * of g * xhat and of g per column into partials[k] (2, cols), and dw, db are
+ * those summed over the chunks in chunk order, so every backend and every
+ * run adds in the same order. */
+typedef struct nd_norm_desc {
+    int64_t rows, cols;
+    float eps;
+    const float *x; /* (rows, cols) */
+    const float *w; /* (cols,) */
+    const float *b; /* (cols,): the forward's bias */
+    const float *g; /* (rows, cols): the backward's out_grad */
+    float *out;     /* (rows, cols): y (forward) or dx (backward) */
+    int64_t chunks, chunk_rows;
+    float *partials; /* (chunks, 2, cols): the backward's per-chunk sums */
+    float *dw, *db;  /* (cols,) each: the backward's weight and bias gradients */
+} nd_norm_desc;
+
+/* Rows for the attention softmax kernels (fused_rows.c validates and
+ * allocates); row r of each array is cols contiguous floats at r*cols. The
+ * forward writes out = softmax(x / divisor + mask) over each row, where the
+ * mask, when queries > 0, is the course's causal mask: row r is query
+ * i = r % queries of its (queries, cols) matrix, and keys j > i + cols -
+ * queries get -FLT_MAX added (which leaves a row with no key visible
+ * uniform, as the course's addition does). The backward reads the forward's
+ * output y (in x) and the out_grad g and writes dx = y * (g - sum(g * y)) /
+ * divisor. */
+typedef struct nd_attn_desc {
+    int64_t rows, cols;
+    int64_t queries; /* causal: the query count of each matrix; 0: no mask */
+    float divisor;
+    const float *x; /* (rows, cols): the logits (forward) or the output y (backward) */
+    const float *g; /* (rows, cols): the backward's out_grad */
+    float *out;     /* (rows, cols) */
+} nd_attn_desc;
+
 /* Indices and labels are float32 holding integers: v is one when it is an
  * integer in [0, count). Compared in double: (float)count may round up past
  * the last valid one; the cast runs only on values in range. */
@@ -179,6 +218,14 @@ typedef struct nd_backend {
      * nd_lstm_step_grad_desc): one kernel each. */
     nd_status (*lstm_step)(const nd_lstm_step_desc *d);
     nd_status (*lstm_step_grad)(const nd_lstm_step_grad_desc *d);
+    /* The fused layer norm (see nd_norm_desc): layer_norm writes y into out;
+     * layer_norm_grad writes dx into out, each chunk's column sums into
+     * partials and their totals into dw and db. */
+    nd_status (*layer_norm)(const nd_norm_desc *d);
+    nd_status (*layer_norm_grad)(const nd_norm_desc *d);
+    /* The fused attention softmax (see nd_attn_desc): writes out. */
+    nd_status (*attention_softmax)(const nd_attn_desc *d);
+    nd_status (*attention_softmax_grad)(const nd_attn_desc *d);
 } nd_backend;
 
 typedef struct nd_allocator {
@@ -280,6 +327,12 @@ nd_status nd_cpu_xent_loss(const nd_rows_desc *d);
 
 /* The CPU's random fill (cpu_random.c), an entry of nd_cpu_backend. */
 nd_status nd_cpu_random(const nd_random_params *params, int64_t n, float *out);
+
+/* The CPU's fused row kernels (cpu_fused_rows.c), entries of nd_cpu_backend. */
+nd_status nd_cpu_layer_norm(const nd_norm_desc *d);
+nd_status nd_cpu_layer_norm_grad(const nd_norm_desc *d);
+nd_status nd_cpu_attention_softmax(const nd_attn_desc *d);
+nd_status nd_cpu_attention_softmax_grad(const nd_attn_desc *d);
 
 /* Runs fn(ctx, begin, end) over [0, n) split into contiguous ranges, one per
  * thread (cpu_parallel.c), when each of them gets at least `grain` items;

@@ -66,3 +66,4 @@ float *nd_storage_data(const nd_storage *s) { return s->data; }
 int64_t nd_storage_numel(const nd_storage *s) { return s->numel; }
 nd_device *nd_storage_device(const nd_storage *s) { return s->device; }
 int64_t nd_storage_refcount(const nd_storage *s) { return s->refcount; }
+int nd_storage_borrowed(const nd_storage *s) { return s->release != NULL; }

@@ -42,6 +42,10 @@ static const nd_backend nd_cuda_backend = {
     /* .sgd_update = */ nd_cuda_sgd_update,
     /* .lstm_step = */ nd_cuda_lstm_step,
     /* .lstm_step_grad = */ nd_cuda_lstm_step_grad,
+    /* .layer_norm = */ nd_cuda_layer_norm,
+    /* .layer_norm_grad = */ nd_cuda_layer_norm_grad,
+    /* .attention_softmax = */ nd_cuda_attention_softmax,
+    /* .attention_softmax_grad = */ nd_cuda_attention_softmax_grad,
 };
 
 /* Why no GPU was registered ("" when one was): the CUDA error of discovery

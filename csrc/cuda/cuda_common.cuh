@@ -229,4 +229,10 @@ nd_status nd_cuda_sgd_update(const struct nd_sgd_desc *d);
 nd_status nd_cuda_lstm_step(const nd_lstm_step_desc *d);
 nd_status nd_cuda_lstm_step_grad(const nd_lstm_step_grad_desc *d);
 
+/* cuda_fused_rows.cu */
+nd_status nd_cuda_layer_norm(const nd_norm_desc *d);
+nd_status nd_cuda_layer_norm_grad(const nd_norm_desc *d);
+nd_status nd_cuda_attention_softmax(const nd_attn_desc *d);
+nd_status nd_cuda_attention_softmax_grad(const nd_attn_desc *d);
+
 #endif /* NEEDLE_CUDA_COMMON_CUH */

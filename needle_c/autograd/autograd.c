@@ -118,6 +118,50 @@ static PyObject *add_gradients(needle_state *st, PyObject *a, PyObject *b) {
     return apply2(st, OP_EWISE_ADD, &no_params, a, b);
 }
 
+/* Whether a running sum of gradient contributions may take the next one in
+ * place: a constant Tensor that only the running sums hold (the dict's one
+ * reference, no weak references), whose data is an NDArray only it holds,
+ * over a storage only that array holds and the engine owns, laid out without
+ * repeats. Anything else may be seen elsewhere (a .grad, another input's
+ * contribution, a node's data, an array the user or another library holds)
+ * and must not change. */
+static int owned_sum(needle_state *st, PyObject *sum) {
+    if (Py_REFCNT(sum) != 1 || !is_tensor(st, sum)) return 0;
+    TensorObject *t = Tensor_CAST(sum);
+    if (t->op != NULL || t->requires_grad || t->weakreflist != NULL) return 0;
+    PyObject *data = t->cached_data;
+    if (data == NULL || Py_REFCNT(data) != 1 || !ndarray_check(st, data) ||
+        NDArray_CAST(data)->weakreflist != NULL)
+        return 0;
+    const nd_array *a = &NDArray_CAST(data)->array;
+    return nd_storage_refcount(a->storage) == 1 && !nd_storage_borrowed(a->storage) &&
+           nd_layout_is_contiguous(&a->layout);
+}
+
+/* sum + partial for a backward that records nothing: added into sum's own
+ * buffer when owned_sum allows (N contributions cost N - 1 adds and at most
+ * one new array), else a new sum. Returns a new reference to the sum. */
+static PyObject *accumulate(needle_state *st, PyObject *sum, PyObject *partial) {
+    PyObject *data = is_tensor(st, partial) ? realize(st, partial) : NULL;
+    if (data == NULL && PyErr_Occurred()) return NULL;
+    if (data != NULL && ndarray_check(st, data) && owned_sum(st, sum)) {
+        const nd_array *dst = &NDArray_CAST(Tensor_CAST(sum)->cached_data)->array;
+        const nd_array *src = &NDArray_CAST(data)->array;
+        if (dst->layout.ndim == src->layout.ndim &&
+            memcmp(dst->layout.shape, src->layout.shape,
+                   sizeof(int64_t) * (size_t)dst->layout.ndim) == 0) {
+            nd_status status = nd_array_add_into(dst, src);
+            Py_DECREF(data);
+            return status == ND_OK ? Py_NewRef(sum) : raise_status(st, status);
+        }
+    }
+    Py_XDECREF(data);
+    Py_INCREF(sum); /* the addition may run the collector */
+    PyObject *total = add_gradients(st, sum, partial);
+    Py_DECREF(sum);
+    return total;
+}
+
 /* The sum of a node's gradient contributions; a snapshot of the list is held
  * across the additions, which may run the collector. */
 static PyObject *sum_contributions(needle_state *st, PyObject *list) {
@@ -131,8 +175,10 @@ static PyObject *sum_contributions(needle_state *st, PyObject *list) {
 }
 
 /* A gradient's partials: one Tensor per input, each of its input's shape;
- * anything else would be stored as a wrong .grad. */
-static int check_partials(needle_state *st, PyObject *op, PyObject *partials, PyObject *inputs) {
+ * anything else would be stored as a wrong .grad. A pruning walk also takes
+ * None for an input that neither requires nor retains grad. */
+static int check_partials(needle_state *st, PyObject *op, PyObject *partials, PyObject *inputs,
+                          int prune) {
     if (partials == NULL) return -1;
     if (PyTuple_GET_SIZE(partials) != PyTuple_GET_SIZE(inputs)) {
         PyErr_Format(PyExc_ValueError, "%R.gradient returned %zd gradients for %zd inputs", op,
@@ -141,6 +187,8 @@ static int check_partials(needle_state *st, PyObject *op, PyObject *partials, Py
     }
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(inputs); k++) {
         PyObject *partial = PyTuple_GET_ITEM(partials, k);
+        TensorObject *input = Tensor_CAST(PyTuple_GET_ITEM(inputs, k));
+        if (prune && partial == Py_None && !input->requires_grad && !input->retains_grad) continue;
         if (!is_value(st, partial)) {
             PyErr_Format(PyExc_TypeError,
                          "%R.gradient returned a %.100s for input %zd, not a Tensor", op,
@@ -161,13 +209,14 @@ static int check_partials(needle_state *st, PyObject *op, PyObject *partials, Py
 
 /* node.op.gradient(adjoint, node), checked, with the inputs it is for (a
  * new reference in *inputs): a gradient may run Python code and the
- * collector, which may change the node's op and inputs, so both are held. */
+ * collector, which may change the node's op and inputs, so both are held.
+ * prune: see run_gradient_for. */
 static PyObject *node_partials(needle_state *st, PyObject *node, PyObject *adjoint,
-                               PyObject **inputs) {
+                               PyObject **inputs, int prune) {
     PyObject *op = Py_NewRef(Tensor_CAST(node)->op);
     *inputs = Py_NewRef(Tensor_CAST(node)->inputs);
-    PyObject *partials = run_gradient(st, op, adjoint, node);
-    if (check_partials(st, op, partials, *inputs) < 0) {
+    PyObject *partials = run_gradient_for(st, op, adjoint, node, prune);
+    if (check_partials(st, op, partials, *inputs, prune) < 0) {
         Py_XDECREF(partials);
         Py_CLEAR(*inputs);
         partials = NULL;
@@ -196,7 +245,7 @@ static int backward_needle(needle_state *st, PyObject *topo, PyObject *output, P
         Py_XSETREF(Tensor_CAST(node)->grad, adjoint);
         if (Tensor_CAST(node)->op == NULL) continue;
         PyObject *inputs;
-        PyObject *partials = node_partials(st, node, adjoint, &inputs);
+        PyObject *partials = node_partials(st, node, adjoint, &inputs, 0);
         if (partials == NULL) goto fail;
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(inputs); k++) {
             PyObject *input = PyTuple_GET_ITEM(inputs, k);
@@ -267,19 +316,27 @@ static int backward_cycle_free(needle_state *st, PyObject *topo, PyObject *outpu
             continue;
         }
         PyObject *inputs;
-        PyObject *partials = node_partials(st, node, adjoint, &inputs);
+        PyObject *partials = node_partials(st, node, adjoint, &inputs, 1);
         Py_DECREF(adjoint);
         if (partials == NULL) goto fail;
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(inputs); k++) {
             PyObject *input = PyTuple_GET_ITEM(inputs, k);
-            if (!Tensor_CAST(input)->requires_grad && !Tensor_CAST(input)->retains_grad) continue;
             PyObject *partial = PyTuple_GET_ITEM(partials, k);
+            /* a pruned input, or one whose flags a finalizer changed meanwhile */
+            if ((!Tensor_CAST(input)->requires_grad && !Tensor_CAST(input)->retains_grad) ||
+                partial == Py_None)
+                continue;
             PyObject *existing = PyDict_GetItemWithError(grads, input);
             PyObject *value;
             if (existing != NULL) {
-                Py_INCREF(existing); /* the addition may run the collector */
-                value = add_gradients(st, existing, partial);
-                Py_DECREF(existing);
+                /* in place when nothing is recorded and the sum is ours alone */
+                if (is_recording()) {
+                    Py_INCREF(existing); /* the addition may run the collector */
+                    value = add_gradients(st, existing, partial);
+                    Py_DECREF(existing);
+                } else {
+                    value = accumulate(st, existing, partial);
+                }
             } else if (PyErr_Occurred()) {
                 value = NULL;
             } else {
@@ -492,6 +549,7 @@ int autograd_module_init(PyObject *module, needle_state *st) {
     st->autograd->mode = GRAPH_CYCLE_FREE;
     ops_basic_register(op_impls);
     ops_nn_register(op_impls);
+    ops_fused_register(op_impls);
     for (int k = 1; k < OP_KIND_COUNT; k++)
         if (op_impls[k].compute == NULL || op_impls[k].gradient == NULL) {
             PyErr_Format(PyExc_SystemError, "built-in op %s has no implementation",

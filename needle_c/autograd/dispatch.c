@@ -177,6 +177,11 @@ PyObject *apply2(needle_state *st, op_kind kind, const op_params *p, PyObject *a
 /* ----------------------------------------------------------- gradient */
 
 PyObject *builtin_gradient(needle_state *st, OpObject *op, PyObject *out_grad, PyObject *node) {
+    return builtin_gradient_for(st, op, out_grad, node, 0);
+}
+
+PyObject *builtin_gradient_for(needle_state *st, OpObject *op, PyObject *out_grad, PyObject *node,
+                               int prune) {
     Py_ssize_t arity = op_table[op->kind].arity, n = PyTuple_GET_SIZE(Tensor_CAST(node)->inputs);
     if (arity != ARITY_ANY && n != arity) {
         PyErr_Format(PyExc_ValueError, "%s takes %zd input%s, but the node has %zd",
@@ -185,6 +190,7 @@ PyObject *builtin_gradient(needle_state *st, OpObject *op, PyObject *out_grad, P
     }
     grad_scope s;
     scope_open(&s, st, node);
+    s.prune = prune;
     PyObject *g = scope_keep(&s, Py_NewRef(out_grad));
     PyObject *op_ref = scope_keep(&s, Py_NewRef((PyObject *)op)); /* owns op->p */
     PyObject *result = op_impls[Op_CAST(op_ref)->kind].gradient(&s, &Op_CAST(op_ref)->p, g, s.node);
@@ -204,8 +210,13 @@ static PyObject *python_gradient(PyObject *op, PyObject *out_grad, PyObject *nod
 }
 
 PyObject *run_gradient(needle_state *st, PyObject *op, PyObject *out_grad, PyObject *node) {
+    return run_gradient_for(st, op, out_grad, node, 0);
+}
+
+PyObject *run_gradient_for(needle_state *st, PyObject *op, PyObject *out_grad, PyObject *node,
+                           int prune) {
     PyObject *result = op_dispatches_in_c(st, op)
-                           ? builtin_gradient(st, Op_CAST(op), out_grad, node)
+                           ? builtin_gradient_for(st, Op_CAST(op), out_grad, node, prune)
                            : python_gradient(op, out_grad, node);
     if (result == NULL || PyTuple_CheckExact(result)) return result;
     if (PyList_Check(result) || PyTuple_Check(result)) {

@@ -16,6 +16,7 @@ void scope_open(grad_scope *s, needle_state *st, PyObject *node) {
     s->count = 0;
     s->capacity = GRAD_SCOPE_INLINE;
     s->failed = 0;
+    s->prune = 0;
 }
 
 void scope_close(grad_scope *s) {
@@ -187,6 +188,18 @@ PyObject *g_zeros_like(grad_scope *s, PyObject *value) {
     }
     const nd_layout *l = array_layout(data);
     return g_const(s, scope_keep(s, nd_full_like_shape(s->st, data, l->ndim, l->shape, 0.0f)));
+}
+
+int g_wanted(grad_scope *s, Py_ssize_t i) {
+    if (!s->prune) return 1;
+    TensorObject *t = Tensor_CAST(PyTuple_GET_ITEM(s->inputs, i));
+    return t->requires_grad || t->retains_grad;
+}
+
+PyObject *g_unwanted(void) { return Py_None; }
+
+PyObject *g_input_zeros(grad_scope *s, Py_ssize_t i) {
+    return g_wanted(s, i) ? g_zeros_like(s, g_input(s, i)) : g_unwanted();
 }
 
 /* ----------------------------------------------------------- results */

@@ -28,6 +28,7 @@ struct grad_scope {
     needle_state *st;
     PyObject *node, *inputs; /* held for the whole gradient */
     int failed;              /* a block failed: every later block returns NULL at once */
+    int prune;               /* the walk drops unwanted inputs' gradients (g_wanted) */
     PyObject **held;
     Py_ssize_t count, capacity;
     PyObject *inline_held[GRAD_SCOPE_INLINE];
@@ -79,6 +80,15 @@ PyObject *unbroadcast(grad_scope *s, PyObject *g, PyObject *like);
 PyObject *g_const(grad_scope *s, PyObject *array);
 /* The zero gradient of an input that is not differentiable (indices). */
 PyObject *g_zeros_like(grad_scope *s, PyObject *value);
+
+/* Whether the walk uses input i's gradient: always, unless it prunes (a
+ * cycle_free backward) and the input neither requires nor retains grad. A
+ * gradient may put g_unwanted() in an unwanted input's place. */
+int g_wanted(grad_scope *s, Py_ssize_t i);
+PyObject *g_unwanted(void);
+/* Input i's zero gradient (an input that is not differentiable, such as
+ * indices), or g_unwanted() when the walk drops it. */
+PyObject *g_input_zeros(grad_scope *s, Py_ssize_t i);
 
 /* The gradient's result: a tuple of the given Tensors (NULL if any is NULL). */
 PyObject *grads1(grad_scope *s, PyObject *a);

@@ -4,6 +4,9 @@
  *
  * Elementwise ops broadcast like NumPy; their gradients sum back to each
  * input's shape (unbroadcast), which is a no-op for the course's equal shapes.
+ * In a cycle_free backward, the ops a step uses skip the partials of inputs
+ * that nothing differentiates (g_wanted): a dropout mask, a constant mask, a
+ * matmul's data operand.
  */
 #include "grad_scope.h"
 #include "ops_util.h"
@@ -55,7 +58,8 @@ static PyObject *add_gradient(grad_scope *s, const op_params *p, PyObject *g, Py
     UNUSED(p);
     UNUSED(node);
     /* (g, g), each summed back to its input's shape */
-    return grads2(s, unbroadcast(s, g, g_input(s, 0)), unbroadcast(s, g, g_input(s, 1)));
+    return grads2(s, g_wanted(s, 0) ? unbroadcast(s, g, g_input(s, 0)) : g_unwanted(),
+                  g_wanted(s, 1) ? unbroadcast(s, g, g_input(s, 1)) : g_unwanted());
 }
 
 static PyObject *mul_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
@@ -63,7 +67,8 @@ static PyObject *mul_gradient(grad_scope *s, const op_params *p, PyObject *g, Py
     UNUSED(node);
     PyObject *a = g_input(s, 0), *b = g_input(s, 1);
     /* (g * b, g * a) */
-    return grads2(s, unbroadcast(s, g_mul(s, g, b), a), unbroadcast(s, g_mul(s, g, a), b));
+    return grads2(s, g_wanted(s, 0) ? unbroadcast(s, g_mul(s, g, b), a) : g_unwanted(),
+                  g_wanted(s, 1) ? unbroadcast(s, g_mul(s, g, a), b) : g_unwanted());
 }
 
 static PyObject *div_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
@@ -71,9 +76,12 @@ static PyObject *div_gradient(grad_scope *s, const op_params *p, PyObject *g, Py
     UNUSED(node);
     PyObject *a = g_input(s, 0), *b = g_input(s, 1);
     /* (g / b, -g * a / b**2) */
-    PyObject *ga = unbroadcast(s, g_div(s, g, b), a);
+    PyObject *ga = g_wanted(s, 0) ? unbroadcast(s, g_div(s, g, b), a) : g_unwanted();
     PyObject *gb =
-        unbroadcast(s, g_neg(s, g_div(s, g_mul(s, g, a), g_scalar(s, OP_POWER_SCALAR, b, 2.0))), b);
+        g_wanted(s, 1)
+            ? unbroadcast(
+                  s, g_neg(s, g_div(s, g_mul(s, g, a), g_scalar(s, OP_POWER_SCALAR, b, 2.0))), b)
+            : g_unwanted();
     return grads2(s, ga, gb);
 }
 
@@ -330,12 +338,12 @@ static PyObject *matmul_compute(needle_state *st, const op_params *p, PyObject *
     return ndarray_wrap(st, &out);
 }
 
-/* The gradients of a @ b with respect to a and b: (g @ b^T, a^T @ g), batch
- * dims summed back. */
+/* The gradients of a @ b with respect to a and b (inputs 0 and 1): (g @ b^T,
+ * a^T @ g), batch dims summed back; an unwanted one is not computed. */
 static void matmul_grads(grad_scope *s, PyObject *g, PyObject *a, PyObject *b, PyObject **ga,
                          PyObject **gb) {
-    *ga = unbroadcast(s, g_matmul(s, g, g_transpose_last(s, b)), a);
-    *gb = unbroadcast(s, g_matmul(s, g_transpose_last(s, a), g), b);
+    *ga = g_wanted(s, 0) ? unbroadcast(s, g_matmul(s, g, g_transpose_last(s, b)), a) : g_unwanted();
+    *gb = g_wanted(s, 1) ? unbroadcast(s, g_matmul(s, g_transpose_last(s, a), g), b) : g_unwanted();
 }
 
 static PyObject *matmul_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
@@ -371,7 +379,8 @@ static PyObject *matmul_bias_gradient(grad_scope *s, const op_params *p, PyObjec
     /* MatMul's two gradients, and g summed down to the bias' shape */
     PyObject *gx, *gw;
     matmul_grads(s, g, g_input(s, 0), g_input(s, 1), &gx, &gw);
-    return grads_n(s, (PyObject *[]){gx, gw, unbroadcast(s, g, g_input(s, 2))}, 3);
+    PyObject *gb = g_wanted(s, 2) ? unbroadcast(s, g, g_input(s, 2)) : g_unwanted();
+    return grads_n(s, (PyObject *[]){gx, gw, gb}, 3);
 }
 
 /* -------------------------------------------------------- indexing */

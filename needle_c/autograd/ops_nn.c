@@ -453,8 +453,8 @@ static PyObject *gather_rows_gradient(grad_scope *s, const op_params *p, PyObjec
     if (g_shape(s, g_input(s, 0), &ndim, shape) < 0) return NULL;
     op_params q = no_params;
     q.index = (Py_ssize_t)shape[0];
-    PyObject *dt = g_apply2(s, OP_SCATTER_ADD_ROWS, &q, g, indices);
-    return grads2(s, dt, g_zeros_like(s, indices));
+    PyObject *dt = g_wanted(s, 0) ? g_apply2(s, OP_SCATTER_ADD_ROWS, &q, g, indices) : g_unwanted();
+    return grads2(s, dt, g_input_zeros(s, 1));
 }
 
 static PyObject *scatter_add_rows_compute(needle_state *st, const op_params *p, PyObject *const *a,
@@ -472,8 +472,9 @@ static PyObject *scatter_add_rows_gradient(grad_scope *s, const op_params *p, Py
     UNUSED(node);
     /* (gather_rows(g, indices), zeros) */
     PyObject *indices = g_input(s, 1);
-    PyObject *ds = g_apply2(s, OP_GATHER_ROWS, &no_params, g, indices);
-    return grads2(s, ds, g_zeros_like(s, indices));
+    PyObject *ds =
+        g_wanted(s, 0) ? g_apply2(s, OP_GATHER_ROWS, &no_params, g, indices) : g_unwanted();
+    return grads2(s, ds, g_input_zeros(s, 1));
 }
 
 /* ---------------------------------------------- softmax cross-entropy */
@@ -527,7 +528,7 @@ static PyObject *xent_gradient(grad_scope *s, const op_params *p, PyObject *g, P
     }
     PyObject *gz = is_recording() ? g_apply3(s, OP_SOFTMAX_XENT_GRAD, &no_params, logits, labels, g)
                                   : xent_grad_fused(s, z, y, g_data(s, node), g_data(s, g));
-    return grads2(s, gz, g_zeros_like(s, labels));
+    return grads2(s, gz, g_input_zeros(s, 1));
 }
 
 /* SoftmaxCrossEntropyGrad(z, y, g) = g * (softmax(z) - one_hot(y)) / N, g

@@ -64,6 +64,8 @@ typedef enum op_input_kind {
     X(OP_SOFTMAX_XENT, "SoftmaxCrossEntropy", SIG_NONE, 2, IN_ARRAYS, 0)         \
     X(OP_LSTM_CELL, "FusedLSTMCell", SIG_NONE, ARITY_ANY, IN_ARRAYS, 1)          \
     X(OP_LSTM, "FusedLSTM", SIG_NONE, ARITY_ANY, IN_ARRAYS, 1)                   \
+    X(OP_LAYER_NORM, "LayerNorm", SIG_SCALAR, 3, IN_ARRAYS, 0)                   \
+    X(OP_ATTN_SOFTMAX, "AttentionSoftmax", SIG_TWO_SCALARS, 1, IN_ARRAYS, 0)     \
     X(OP_SOFTMAX_XENT_GRAD, "SoftmaxCrossEntropyGrad", SIG_NONE, 3, IN_ARRAYS, 0)
 
 typedef enum op_kind {
@@ -251,6 +253,13 @@ PyObject *apply2(needle_state *st, op_kind kind, const op_params *p, PyObject *a
 PyObject *builtin_gradient(needle_state *st, OpObject *op, PyObject *out_grad, PyObject *node);
 /* op.gradient(out_grad, node) as a new tuple with one gradient per input. */
 PyObject *run_gradient(needle_state *st, PyObject *op, PyObject *out_grad, PyObject *node);
+/* The same for a backward walk that drops the gradients of inputs that
+ * neither require nor retain grad: with prune set, a built-in may put None
+ * in their place instead of computing them (a Python op computes all). */
+PyObject *builtin_gradient_for(needle_state *st, OpObject *op, PyObject *out_grad, PyObject *node,
+                               int prune);
+PyObject *run_gradient_for(needle_state *st, PyObject *op, PyObject *out_grad, PyObject *node,
+                           int prune);
 
 /* ----------------------------------------------- op.c: the Op types */
 
@@ -283,6 +292,8 @@ void ops_basic_register(op_impl *table);
 void ops_nn_register(op_impl *table);
 /* ops_lstm.c; called by ops_nn_register. */
 void ops_lstm_register(op_impl *table);
+/* ops_fused.c (layer norm, attention softmax); called by autograd.c. */
+void ops_fused_register(op_impl *table);
 
 /* ---------------------------------------- Tensor methods and slots */
 

@@ -5,8 +5,10 @@ the course's parameters and masks).
 
 Differences from the course code that keep its numbers: q @ k^T is one batched
 ``ops.matmul`` (needle's MatMul broadcasts batch dims) instead of a broadcast multiply and
-sum, and the softmax is exp(logsoftmax) over the rows (the engine's row kernel) instead of
-exp(x - max) / sum.
+sum, and the scaling, causal mask and softmax are one op, ``ops.attention_softmax`` (the
+course's division, the same -finfo(float32).max added where the mask is, one kernel each
+way), unless a subclass overrides ``softmax`` or ``create_causal_mask``; ``softmax`` itself
+is exp(logsoftmax) over the rows (the engine's row kernel) instead of exp(x - max) / sum.
 """
 
 import numpy as np
@@ -70,6 +72,15 @@ class MultiHeadAttention(Module):
         rows = logit.reshape((int(np.prod(shape[:-1])), shape[-1]))
         return ops.exp(ops.logsoftmax(rows)).reshape(shape)
 
+    def _fused_softmax(self):
+        """Whether the fused op computes what softmax(logits / sqrt(D) + mask) would: yes
+        unless a subclass brings its own softmax or causal mask."""
+        cls = type(self)
+        return (
+            cls.softmax is MultiHeadAttention.softmax
+            and cls.create_causal_mask is MultiHeadAttention.create_causal_mask
+        )
+
     def forward(self, q, k, v):
         """q (B, H, Lq, D), k (B, H, Lk, D), v (B, H, Lk, Dv).
 
@@ -95,16 +106,20 @@ class MultiHeadAttention(Module):
                 f"{keys_values_len}, Dv) to match k {tuple(k.shape)}, got {tuple(v.shape)}"
             )
 
-        logits = self.matmul(q, k) / np.sqrt(q_dim)
-        if self.causal:
-            mask = Tensor(
-                self.create_causal_mask(queries_len, keys_values_len, logits.device),
-                device=logits.device,
-                dtype=logits.dtype,
-                requires_grad=False,
-            )
-            logits = logits + mask.broadcast_to(logits.shape)
-        probs = self.dropout(self.softmax(logits))
+        if self._fused_softmax():
+            probs = ops.attention_softmax(self.matmul(q, k), np.sqrt(q_dim), causal=self.causal)
+        else:
+            logits = self.matmul(q, k) / np.sqrt(q_dim)
+            if self.causal:
+                mask = Tensor(
+                    self.create_causal_mask(queries_len, keys_values_len, logits.device),
+                    device=logits.device,
+                    dtype=logits.dtype,
+                    requires_grad=False,
+                )
+                logits = logits + mask.broadcast_to(logits.shape)
+            probs = self.softmax(logits)
+        probs = self.dropout(probs)
         result = ops.matmul(probs, v)
         return result, probs
 
@@ -302,6 +317,22 @@ class Transformer(Module):
             for _ in range(num_layers)
         ]
 
+    def _positions(self, batch_size, seq_len, x):
+        """The positional embedding of positions 0..seq_len-1 for each sequence, (B, L, D).
+
+        The course looks up a (B, L) array of positions; for the course's Embedding those
+        rows are its first seq_len rows, so they are taken as a slice broadcast over the
+        batch: the same numbers and gradients, with no indices to upload and check on
+        every step. Another module gets the course's lookup."""
+        table = self.positional_embedding
+        if type(table) is Embedding:
+            return table.weight[:seq_len].broadcast_to((batch_size, seq_len, table.embedding_dim))
+        positions = np.broadcast_to(np.arange(seq_len, dtype=np.float32), (batch_size, seq_len))
+        positions = Tensor(
+            np.ascontiguousarray(positions), device=x.device, dtype=x.dtype, requires_grad=False
+        )
+        return table(positions)
+
     def forward(self, x, h=None):
         """x (L, B, embedding_size), or (B, L, embedding_size) when batch_first; h is
         ignored.
@@ -321,11 +352,7 @@ class Transformer(Module):
             raise ValueError(
                 f"Transformer: sequence length {seq_len} exceeds sequence_len {self.sequence_len}"
             )
-        positions = np.broadcast_to(np.arange(seq_len, dtype=np.float32), (batch_size, seq_len))
-        positions = Tensor(
-            np.ascontiguousarray(positions), device=x.device, dtype=x.dtype, requires_grad=False
-        )
-        x = x + self.positional_embedding(positions)
+        x = x + self._positions(batch_size, seq_len, x)
         for layer in self.transformer_layers:
             x = layer(x)
         if not self.batch_first:

@@ -8,6 +8,7 @@ import numpy  # noqa: F401  (the course's modules leak these names)
 
 from needle_c import (  # noqa: F401
     AddScalar,
+    AttentionSoftmax,
     BroadcastTo,
     Conv,
     Dilate,
@@ -20,6 +21,7 @@ from needle_c import (  # noqa: F401
     Flip,
     GatherRows,
     GetItem,
+    LayerNorm,
     Log,
     MatMul,
     MatMulBias,
@@ -111,6 +113,24 @@ def matmul_bias(x, weight, bias):
     as one op with one output array: the graph keeps that array instead of both the
     product and the sum. Gradients are MatMul's and the bias' (g summed to its shape)."""
     return MatMulBias()(x, weight, bias)
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    """The course's LayerNorm1d over the last axis of x (..., D) as one op: each row
+    normalised by its mean and biased variance, weight * (x - mean) / sqrt(var + eps) +
+    bias, with weight and bias holding D elements each. Returns x's shape. The gradient
+    is the engine's fused backward, or (when recorded: "needle" mode, create_graph) the
+    same values composed from differentiable ops."""
+    return LayerNorm(eps)(x, weight, bias)
+
+
+def attention_softmax(logits, divisor=1.0, causal=False):
+    """softmax(logits / divisor + mask) over the last axis as one op, the attention
+    probabilities of MultiHeadAttention: the mask, when causal, is the course's
+    create_causal_mask over the last two axes (queries, keys), -finfo(float32).max added
+    where key j > query i + keys - queries. Returns the logits' shape. AttentionSoftmax's
+    scalars are (divisor, causal)."""
+    return AttentionSoftmax(divisor, 1.0 if causal else 0.0)(logits)
 
 
 def negate(a):
