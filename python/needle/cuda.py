@@ -56,7 +56,6 @@ __all__ = [
     "work_counters",
     "reset_work_counters",
     "launches_by_kernel",
-    "WORK_COUNTERS",
 ]
 
 # The census keys of work_counters(), in the engine's order (csrc/cuda/cuda_api.h).
