@@ -177,6 +177,7 @@ int cublasCreate_v2(void **h) { (void)h; return 1; }
 int cublasSetStream_v2(void *h, void *s) { (void)h; (void)s; return 0; }
 int cublasSetWorkspace_v2(void *h, void *w, unsigned long n) { return h && w && n ? 0 : 7; }
 int cublasSgemmStridedBatched(void) { return 13; }
+int cublasSgemmBatched(void) { return 13; }
 """
 
 _SHOW_LOADER = (
