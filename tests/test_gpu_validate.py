@@ -61,8 +61,10 @@ def run_script(*args, env=None, cwd=None, timeout=300):
 
 
 def rows_of(text):
-    """{step: (result, key figures)} from the report's table."""
-    rows = re.findall(r"^\| (\w+) \| ([^|]+) \| \d+ \| (.*) \|$", text, re.M)
+    """{step: (result, key figures)} from the report's table of steps (the first table; the
+    steps' own tables follow it)."""
+    table = text.split("| step | result | seconds | key figures |", 1)[-1].split("\n\n", 1)[0]
+    rows = re.findall(r"^\| (\w+) \| ([^|]+) \| \d+ \| (.*) \|$", table, re.M)
     return {step: (result, figures) for step, result, figures in rows}
 
 
