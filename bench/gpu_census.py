@@ -45,7 +45,6 @@ def needle_census(name, cfg, vocab, batch, steps, warmup):
     import needle as ndl
     from needle import nn, optim
     from needle.apps.models import LanguageModel
-    from needle.data import get_batch
 
     device = ndl.cuda()
     if not device.enabled():
@@ -69,17 +68,10 @@ def needle_census(name, cfg, vocab, batch, steps, warmup):
     for n in range(warmup + steps):
         if n == warmup:
             ndl.cuda.reset_work_counters(device)
-        X, y = get_batch(batches, n * ptb_train.SEQ_LEN, ptb_train.SEQ_LEN, device=device)
-        if isinstance(h, tuple):
-            h = tuple(t.detach() for t in h)
-        elif h is not None:
-            h = h.detach()
-        logits, h = model(X, h)
-        loss = loss_fn(logits, y)
-        opt.reset_grad()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.numpy().reshape(-1)[0]))
+        loss, h = ptb_train.needle_step(
+            model, opt, loss_fn, batches, n * ptb_train.SEQ_LEN, h, device
+        )
+        losses.append(loss)
     work = ndl.cuda.work_counters(device)
     per_step = {k: v / steps for k, v in work.items()}
     by_kernel = {k: v / steps for k, v in ndl.cuda.launches_by_kernel(device).items()}

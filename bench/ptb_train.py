@@ -116,11 +116,28 @@ def batch_starts(nbatch, count):
 # --------------------------------------------------------------------------
 
 
+def needle_step(model, opt, loss_fn, batches, i, h, device):
+    """One step of ``epoch_general_ptb`` from row ``i`` (the carried state ``h`` detached);
+    returns (the loss as a float, which waits for a GPU, the new state)."""
+    from needle.data import get_batch
+
+    X, y = get_batch(batches, i, SEQ_LEN, device=device)
+    if isinstance(h, tuple):
+        h = tuple(t.detach() for t in h)
+    elif h is not None:
+        h = h.detach()
+    logits, h = model(X, h)
+    loss = loss_fn(logits, y)
+    opt.reset_grad()
+    loss.backward()
+    opt.step()
+    return float(loss.numpy().reshape(-1)[0]), h
+
+
 def run_needle(cfg, batches, vocab, steps, warmup, device_name="cpu"):
     import needle as ndl
     from needle import nn, optim
     from needle.apps.models import LanguageModel
-    from needle.data import get_batch
 
     device = ndl.cuda() if device_name == "cuda" else ndl.cpu()
     if not device.enabled():
@@ -145,17 +162,8 @@ def run_needle(cfg, batches, vocab, steps, warmup, device_name="cpu"):
         if n == warmup:
             faults, cpu0 = minor_faults(), cpu_seconds()
         start = time.perf_counter()
-        X, y = get_batch(batches, i, SEQ_LEN, device=device)
-        if isinstance(h, tuple):
-            h = tuple(t.detach() for t in h)
-        elif h is not None:
-            h = h.detach()
-        logits, h = model(X, h)
-        loss = loss_fn(logits, y)
-        opt.reset_grad()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.numpy().reshape(-1)[0]))  # waits for the GPU too
+        loss, h = needle_step(model, opt, loss_fn, batches, i, h, device)
+        losses.append(loss)
         if n >= warmup:
             times.append(time.perf_counter() - start)
     return dict(
