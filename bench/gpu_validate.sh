@@ -31,6 +31,8 @@
 #   ncu         Nsight Compute's per-kernel times of two training steps (bench/ncu_steps.py
 #               marks them with NVTX) when ncu is installed
 #   reduce      bench/cuda_reduce_bench.py: reductions against PyTorch
+#   bmm         bench/cuda_batched_matmul.py: the attention's strided batched matmuls, each way
+#               needle has (pointer arrays, compaction, its own kernel) against PyTorch
 #   repro       python -m needle.repro --device cuda (its calibrated memory limit)
 #   memcheck    compute-sanitizer --tool memcheck over the CUDA tests of test_cuda.py and
 #               test_cuda_cublas.py
@@ -49,8 +51,8 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 2
 
-ALL_STEPS=(build cuda suite census ptb real_oom repro_real repro_heap ncu reduce repro memcheck
-    racecheck)
+ALL_STEPS=(build cuda suite census ptb real_oom repro_real repro_heap ncu reduce bmm repro
+    memcheck racecheck)
 REPORT=""
 BUDGET=520
 DRY_RUN=0
@@ -432,6 +434,9 @@ the environment: ${COMPILERS}$(if [ -z "$COMPUTE_CAP" ]; then
     if wanted reduce; then
         check reduce "file:bench/cuda_reduce_bench.py" "help:bench/cuda_reduce_bench.py:--quick"
     fi
+    if wanted bmm; then
+        check bmm "help:bench/cuda_batched_matmul.py:--ways"
+    fi
     if wanted repro; then
         check repro "help:-m needle.repro:--device" "help:-m needle.repro:--out"
     fi
@@ -557,6 +562,13 @@ assert ndl.cuda.is_available(), ndl.cuda.unavailable_reason()
         run reduce 45 "$PY" bench/cuda_reduce_bench.py
         TABLE="$(sed -n '/^GPU reductions/,$p' "$LOG" | sed 's/^/    /')"
         record reduce "$STATUS" "$SECS" "see table" "${TABLE:-$(tail_of "$LOG" 20)}"
+    fi
+
+    if wanted bmm; then
+        # bmm: how needle's batched matmuls over non-collapsing strides should run (issue 20).
+        run bmm 40 "$PY" bench/cuda_batched_matmul.py
+        TABLE="$(sed -n '/^batched matmuls/,$p' "$LOG" | sed 's/^/    /')"
+        record bmm "$STATUS" "$SECS" "see table" "${TABLE:-$(tail_of "$LOG" 20)}"
     fi
 
     if wanted repro; then

@@ -203,3 +203,21 @@ def test_census_script_runs_and_reports_every_key(gpu):
     assert row["config"] == "transformer"
     assert row["host_syncs_per_step"] >= 1  # reading the loss waits for the GPU
     assert row["d2h_bytes_per_step"] >= 4
+
+
+@cuda
+def test_batched_matmul_bench_runs_every_way(gpu):
+    """bench/cuda_batched_matmul.py (gpu_validate.sh's bmm step) at tiny sizes: every way
+    gives the product, and the default is the pointer-array kernel plus one BLAS call."""
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "cuda_batched_matmul.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert {r["way"] for r in rows} >= {"pointers", "compact", "kernel"}
+    assert all(r["max_error"] < 1e-4 for r in rows if "max_error" in r)
+    if ndl.cuda.gemm_backend().startswith("cublas ("):
+        assert all(r["launches"] == 2 for r in rows if r["way"] == "pointers")

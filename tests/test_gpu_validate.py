@@ -30,6 +30,7 @@ STEPS = [
     "repro_heap",
     "ncu",
     "reduce",
+    "bmm",
     "repro",
     "memcheck",
     "racecheck",
