@@ -10,12 +10,6 @@
 
 #include "check.h"
 
-static int64_t allocated(nd_device *dev) {
-    nd_memory_stats s;
-    nd_memory_get_stats(dev, &s);
-    return s.allocated_current;
-}
-
 static void test_accounting(void) {
     nd_device *cpu = nd_device_at(0);
     int64_t base = allocated(cpu);

@@ -11,21 +11,6 @@
 
 #include "check.h"
 
-static int64_t allocated(nd_device *dev) {
-    nd_memory_stats s;
-    nd_memory_get_stats(dev, &s);
-    return s.allocated_current;
-}
-
-/* A new contiguous array on dev holding values. */
-static nd_array make(nd_device *dev, int ndim, const int64_t *shape, const float *values) {
-    nd_array a;
-    memset(&a, 0, sizeof a);
-    if (nd_array_empty(dev, ndim, shape, &a) != ND_OK) return a;
-    nd_array_from_host(&a, values);
-    return a;
-}
-
 static int equals(const nd_array *a, const float *expected, int64_t n) {
     float host[64];
     if (n > 64 || nd_layout_numel(&a->layout) != n) return 0;

@@ -17,20 +17,6 @@
  * cpu_optim.c's grain), and a multiple of 11 (the arrays are (N / 11, 11)). */
 enum { N = 11 * 71500 };
 
-static int64_t allocated(nd_device *dev) {
-    nd_memory_stats s;
-    nd_memory_get_stats(dev, &s);
-    return s.allocated_current;
-}
-
-static nd_array make(nd_device *dev, int ndim, const int64_t *shape, const float *values) {
-    nd_array a;
-    memset(&a, 0, sizeof a);
-    if (nd_array_empty(dev, ndim, shape, &a) != ND_OK) return a;
-    nd_array_from_host(&a, values);
-    return a;
-}
-
 static int equals_host(const nd_array *a, const float *want, int64_t n) {
     float *h = malloc(sizeof(float) * (size_t)n);
     int same = h != NULL && nd_array_to_host(a, h) == ND_OK &&

@@ -13,30 +13,6 @@
 
 #include "check.h"
 
-static int64_t allocated(nd_device *dev) {
-    nd_memory_stats s;
-    nd_memory_get_stats(dev, &s);
-    return s.allocated_current;
-}
-
-static nd_array make(nd_device *dev, int ndim, const int64_t *shape, const float *values) {
-    nd_array a;
-    memset(&a, 0, sizeof a);
-    if (nd_array_empty(dev, ndim, shape, &a) != ND_OK) return a;
-    nd_array_from_host(&a, values);
-    return a;
-}
-
-static float *host_copy(const nd_array *a) {
-    int64_t n = nd_layout_numel(&a->layout);
-    float *h = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-    if (h != NULL && nd_array_to_host(a, h) != ND_OK) {
-        free(h);
-        return NULL;
-    }
-    return h;
-}
-
 static int same_bits(const nd_array *a, const nd_array *b) {
     int64_t n = nd_layout_numel(&a->layout);
     if (n != nd_layout_numel(&b->layout)) return 0;

@@ -10,12 +10,6 @@
 
 #include "check.h"
 
-static int64_t allocated(nd_device *dev) {
-    nd_memory_stats s;
-    nd_memory_get_stats(dev, &s);
-    return s.allocated_current;
-}
-
 static int released = 0;
 static void *released_ctx = NULL;
 static void on_release(void *ctx) {
