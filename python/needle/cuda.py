@@ -192,7 +192,7 @@ def gemm_backend():
     (with the reason, and where cuBLAS was looked for); None without the CUDA backend.
 
     cuBLAS is looked for in ``NEEDLE_CUBLAS``, the library found at build time, the
-    ``nvidia-cublas`` wheel (``pip install "needle[cuda]"``), then the loader's path. Its
+    ``nvidia-cublas`` wheel (``pip install ".[cuda]"``), then the loader's path. Its
     workspace comes from needle's caching allocator (counted in :func:`memory_reserved`);
     a cuBLAS call short of memory goes through the out-of-memory ladder and, if memory
     stays short, that one product runs on needle's kernel."""
@@ -241,7 +241,7 @@ def reset_work_counters(device=None):
 
 def _cublas_wheel_dirs():
     """The lib directories of pip-installed cuBLAS wheels, found without importing them:
-    ``nvidia-cublas`` (CUDA 13, what ``pip install "needle[cuda]"`` brings) installs
+    ``nvidia-cublas`` (CUDA 13, what ``pip install ".[cuda]"`` brings) installs
     ``nvidia/cu13/lib/libcublas.so.13``, ``nvidia-cublas-cu12`` ``nvidia/cublas/lib``."""
     try:
         spec = importlib.util.find_spec("nvidia")

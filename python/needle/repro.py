@@ -485,9 +485,7 @@ def main(argv=None):
         _plot(results, limit_bytes, png_path)
         print(f"\nwrote {json_path} and {png_path}")
     except ImportError:
-        print(
-            f"\nwrote {json_path}; the timeline plot needs matplotlib (pip install 'needle[repro]')"
-        )
+        print(f"\nwrote {json_path}; the timeline plot needs matplotlib (pip install matplotlib)")
     return 0
 
 
