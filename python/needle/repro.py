@@ -363,12 +363,12 @@ def _spawn(mode, args, corpus_dir, limit_bytes, steps, label=None):
     return json.loads("".join(lines).strip().splitlines()[-1])
 
 
-def _progress_reporter(enabled, steps, mode):
+def _progress_reporter(enabled, steps, label):
     """(report(step, loss, allocated_bytes) or None, close): the training loops' progress
     (needle.apps.simple_ml: a tqdm bar when tqdm is installed, else lines on stderr)."""
     from needle.apps.simple_ml import _make_progress
 
-    return _make_progress(True if enabled else None, steps, mode)
+    return _make_progress(True if enabled else None, steps, label)
 
 
 def _prepare_corpus(args, workdir):
