@@ -50,26 +50,26 @@ def needle_census(name, cfg, vocab, batch, steps, warmup):
     if not device.enabled():
         raise SystemExit(f"gpu_census: CUDA is unavailable: {ndl.cuda.unavailable_reason()}")
     np.random.seed(0)
-    rows = (warmup + steps + 1) * ptb_train.SEQ_LEN + 1
+    rows = (warmup + steps + 1) * ptb_train.COURSE.seq_len + 1
     batches = np.random.randint(0, vocab, size=(rows, batch)).astype(np.float32)
     model = LanguageModel(
-        cfg["embedding"],
+        cfg.embedding_size,
         vocab,
-        cfg["hidden"],
-        num_layers=cfg["layers"],
-        seq_model=cfg["seq_model"],
-        seq_len=ptb_train.SEQ_LEN,
+        cfg.hidden_size,
+        num_layers=cfg.num_layers,
+        seq_model=cfg.seq_model,
+        seq_len=ptb_train.COURSE.seq_len,
         device=device,
     )
     model.train()
-    opt = optim.Adam(model.parameters(), lr=ptb_train.LR)
+    opt = optim.Adam(model.parameters(), lr=ptb_train.COURSE.lr)
     loss_fn = nn.SoftmaxLoss()
     h, losses = None, []
     for n in range(warmup + steps):
         if n == warmup:
             ndl.cuda.reset_work_counters(device)
         loss, h = ptb_train.needle_step(
-            model, opt, loss_fn, batches, n * ptb_train.SEQ_LEN, h, device
+            model, opt, loss_fn, batches, n * ptb_train.COURSE.seq_len, h, device
         )
         losses.append(loss)
     work = ndl.cuda.work_counters(device)
@@ -83,7 +83,7 @@ def needle_census(name, cfg, vocab, batch, steps, warmup):
         simulated=bool(__import__("needle_c")._cuda_simulated()),
         vocab=vocab,
         batch=batch,
-        seq_len=ptb_train.SEQ_LEN,
+        seq_len=ptb_train.COURSE.seq_len,
         steps=steps,
         gemm=ndl.cuda.gemm_backend(),
         launches_per_step=launches + per_step["blas_calls"],
@@ -100,21 +100,21 @@ def torch_census(name, cfg, vocab, batch, steps, warmup):
 
     dev = torch.device("cuda")
     model = ptb_train.torch_models()(
-        cfg["embedding"], vocab, cfg["hidden"], cfg["layers"], cfg["seq_model"]
+        cfg.embedding_size, vocab, cfg.hidden_size, cfg.num_layers, cfg.seq_model
     )
     model = model.to(dev).train()
-    opt = torch.optim.Adam(model.parameters(), lr=ptb_train.LR)
+    opt = torch.optim.Adam(model.parameters(), lr=ptb_train.COURSE.lr)
     loss_fn = torch.nn.CrossEntropyLoss()
     rng = np.random.default_rng(0)
-    rows = (warmup + steps + 1) * ptb_train.SEQ_LEN + 1
+    rows = (warmup + steps + 1) * ptb_train.COURSE.seq_len + 1
     batches = rng.integers(0, vocab, size=(rows, batch))
     h = None
 
     def step(n):
         nonlocal h
-        i = n * ptb_train.SEQ_LEN
-        X = torch.tensor(batches[i : i + ptb_train.SEQ_LEN], device=dev)
-        y = torch.tensor(batches[i + 1 : i + 1 + ptb_train.SEQ_LEN].reshape(-1), device=dev)
+        i = n * ptb_train.COURSE.seq_len
+        X = torch.tensor(batches[i : i + ptb_train.COURSE.seq_len], device=dev)
+        y = torch.tensor(batches[i + 1 : i + 1 + ptb_train.COURSE.seq_len].reshape(-1), device=dev)
         if isinstance(h, tuple):
             h = tuple(t.detach() for t in h)
         logits, h = model(X, h)
@@ -193,7 +193,9 @@ def main(argv=None):
     unknown = [c for c in names if c not in ptb_train.CONFIGS]
     if unknown:
         parser.error(f"unknown configs {unknown}; choose from {sorted(ptb_train.CONFIGS)}")
-    vocab, batch = (1000, 16) if args.small else (10000, ptb_train.BATCH)
+    vocab, batch = (
+        (1000, 16) if args.small else (ptb_train.COURSE.vocab_size, ptb_train.COURSE.batch_size)
+    )
     failed = []
     rows = []
     for name in names:

@@ -34,7 +34,8 @@
 #   bmm         bench/cuda_batched_matmul.py: the attention's strided batched matmuls, each way
 #               needle has (pointer arrays, compaction, its own kernel) against PyTorch
 #   repro       python -m needle.repro --device cuda (its calibrated memory limit)
-#   memcheck    compute-sanitizer --tool memcheck over the CUDA tests of test_cuda.py and
+#   memcheck    compute-sanitizer --tool memcheck over the CUDA tests of test_cuda_ops.py,
+#               test_cuda_transfer.py, test_cuda_memory.py, test_cuda_device.py and
 #               test_cuda_cublas.py
 #   racecheck   compute-sanitizer --tool racecheck over the reduction tests
 # Within the default budget the sanitizers, last, may be cut short or skipped ("skipped: out of
@@ -380,7 +381,8 @@ sys.exit(1 if bad else 0)
 PYEOF
 }
 
-MEMCHECK_TESTS=(tests/test_cuda.py tests/test_cuda_cublas.py)
+MEMCHECK_TESTS=(tests/test_cuda_ops.py tests/test_cuda_transfer.py tests/test_cuda_memory.py
+    tests/test_cuda_device.py tests/test_cuda_cublas.py)
 RACE_TESTS=(tests/test_reduce_outer.py tests/test_sum_accuracy.py)
 CENSUS_SCRIPT=bench/gpu_census.py
 NCU_STEPS=(bench/ncu_steps.py --warmup 3 --steps 2)

@@ -29,6 +29,7 @@ weights. Data: needle's synthetic corpus by default, ``--data DIR`` for real PTB
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -41,11 +42,14 @@ import time
 
 import numpy as np
 
+from needle.apps.course_config import COURSE
+
+# The course's configuration and its LSTM twin; both train with the course's seq_len, batch
+# and learning rate.
 CONFIGS = {
-    "transformer": dict(seq_model="transformer", embedding=20, hidden=32, layers=1),
-    "lstm": dict(seq_model="lstm", embedding=20, hidden=32, layers=1),
+    "transformer": COURSE,
+    "lstm": dataclasses.replace(COURSE, seq_model="lstm"),
 }
-SEQ_LEN, BATCH, LR, NUM_HEAD, DIM_HEAD = 20, 256, 3e-3, 8, 32
 
 
 # --------------------------------------------------------------------------
@@ -94,20 +98,22 @@ def peak_rss():
 
 
 def load_batches(data_dir, vocab):
-    """(batches (nbatch, BATCH) float32 NumPy, vocabulary size used, training file name)."""
+    """(batches (nbatch, batch size) float32 NumPy, vocabulary size used, training file name)."""
     from needle.data import Corpus, batchify
 
     corpus = Corpus(data_dir)
     vocab = max(vocab, len(corpus.dictionary))
-    batches = batchify(corpus.train, BATCH, None, "float32")
+    batches = batchify(corpus.train, COURSE.batch_size, None, "float32")
     return batches, vocab, os.path.basename(corpus.train_path)
 
 
 def batch_starts(nbatch, count):
     """``count`` start rows of full-length batches, cycling over the data when it is short."""
-    starts = list(range(0, nbatch - SEQ_LEN, SEQ_LEN))
+    starts = list(range(0, nbatch - COURSE.seq_len, COURSE.seq_len))
     if not starts:
-        raise SystemExit(f"ptb_train: the data has only {nbatch} rows of {BATCH}; need more text")
+        raise SystemExit(
+            f"ptb_train: the data has only {nbatch} rows of {COURSE.batch_size}; need more text"
+        )
     return [starts[i % len(starts)] for i in range(count)]
 
 
@@ -121,7 +127,7 @@ def needle_step(model, opt, loss_fn, batches, i, h, device):
     returns (the loss as a float, which waits for a GPU, the new state)."""
     from needle.data import get_batch
 
-    X, y = get_batch(batches, i, SEQ_LEN, device=device)
+    X, y = get_batch(batches, i, COURSE.seq_len, device=device)
     if isinstance(h, tuple):
         h = tuple(t.detach() for t in h)
     elif h is not None:
@@ -144,16 +150,16 @@ def run_needle(cfg, batches, vocab, steps, warmup, device_name="cpu"):
         raise SystemExit(f"ptb_train: CUDA is unavailable: {ndl.cuda.unavailable_reason()}")
     np.random.seed(0)
     model = LanguageModel(
-        cfg["embedding"],
+        cfg.embedding_size,
         vocab,
-        cfg["hidden"],
-        num_layers=cfg["layers"],
-        seq_model=cfg["seq_model"],
-        seq_len=SEQ_LEN,
+        cfg.hidden_size,
+        num_layers=cfg.num_layers,
+        seq_model=cfg.seq_model,
+        seq_len=COURSE.seq_len,
         device=device,
     )
     model.train()
-    opt = optim.Adam(model.parameters(), lr=LR)
+    opt = optim.Adam(model.parameters(), lr=COURSE.lr)
     loss_fn = nn.SoftmaxLoss()
     h, times, losses, faults = None, [], [], 0
     rss0 = reset_peak_rss()
@@ -218,7 +224,7 @@ def torch_models():
     class TransformerLayer(nn.Module):
         def __init__(self, d, hidden):
             super().__init__()
-            self.attn = AttentionLayer(d, NUM_HEAD, DIM_HEAD)
+            self.attn = AttentionLayer(d, COURSE.num_head, COURSE.dim_head)
             self.mlp = nn.Sequential(
                 nn.LayerNorm(d), nn.Linear(d, hidden), nn.ReLU(), nn.Linear(hidden, d)
             )
@@ -271,12 +277,12 @@ def copy_needle_parameters(model, cfg, vocab):
 
     np.random.seed(0)
     ref = LanguageModel(
-        cfg["embedding"],
+        cfg.embedding_size,
         vocab,
-        cfg["hidden"],
-        num_layers=cfg["layers"],
-        seq_model=cfg["seq_model"],
-        seq_len=SEQ_LEN,
+        cfg.hidden_size,
+        num_layers=cfg.num_layers,
+        seq_model=cfg.seq_model,
+        seq_len=COURSE.seq_len,
     )
     transposed = {
         f"{name}.weight" for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)
@@ -310,11 +316,13 @@ def run_torch(cfg, batches, vocab, steps, warmup, device_name="cpu"):
     if device_name == "cuda" and not torch.cuda.is_available():
         raise SystemExit("ptb_train: this PyTorch has no CUDA")
     torch.manual_seed(0)
-    model = torch_models()(cfg["embedding"], vocab, cfg["hidden"], cfg["layers"], cfg["seq_model"])
+    model = torch_models()(
+        cfg.embedding_size, vocab, cfg.hidden_size, cfg.num_layers, cfg.seq_model
+    )
     copy_needle_parameters(model, cfg, vocab)
     model.to(device_name)
     model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    opt = torch.optim.Adam(model.parameters(), lr=COURSE.lr)
     data = torch.from_numpy(batches.astype(np.int64)).to(device_name)
     h, times, losses, faults = None, [], [], 0
     rss0 = reset_peak_rss()
@@ -324,7 +332,7 @@ def run_torch(cfg, batches, vocab, steps, warmup, device_name="cpu"):
         if n == warmup:
             faults, cpu0 = minor_faults(), cpu_seconds()
         start = time.perf_counter()
-        X, y = data[i : i + SEQ_LEN], data[i + 1 : i + 1 + SEQ_LEN].reshape(-1)
+        X, y = data[i : i + COURSE.seq_len], data[i + 1 : i + 1 + COURSE.seq_len].reshape(-1)
         if isinstance(h, tuple):
             h = tuple(t.detach() for t in h)
         logits, h = model(X, h)
@@ -364,12 +372,12 @@ def worker(args):
         "framework": args.worker,
         "device": args.device,
         "vocab": vocab,
-        "seq_len": SEQ_LEN,
-        "batch": BATCH,
+        "seq_len": COURSE.seq_len,
+        "batch": COURSE.batch_size,
         "params": result["params"],
         "steps": len(result["times"]),
         "step_ms": step * 1e3,
-        "tokens_per_s": SEQ_LEN * BATCH / step,
+        "tokens_per_s": COURSE.tokens_per_step / step,
         "peak_allocated_bytes": result["peak_allocated"],
         "rss_delta_bytes": result["rss_delta"],
         "minor_faults_per_step": result["faults"],
@@ -451,7 +459,10 @@ def main():
     parser.add_argument("--steps", type=int, default=20, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument(
-        "--vocab", type=int, default=10_000, help="output size (at least the corpus's vocabulary)"
+        "--vocab",
+        type=int,
+        default=COURSE.vocab_size,
+        help="output size (at least the corpus's vocabulary)",
     )
     parser.add_argument("--configs", default="transformer,lstm")
     parser.add_argument(
@@ -475,7 +486,7 @@ def main():
         if args.data is None:
             from needle.data import write_synthetic_corpus
 
-            words = int((args.warmup + args.steps + 2) * SEQ_LEN * BATCH / 0.85 * 1.1)
+            words = int((args.warmup + args.steps + 2) * COURSE.tokens_per_step / 0.85 * 1.1)
             data_dir = write_synthetic_corpus(tmp, num_words=words, seed=0, vocab_size=args.vocab)
             print(
                 f"# data: synthetic corpus, {words} words, vocabulary <= {args.vocab}", flush=True

@@ -6,6 +6,7 @@ Data: needle's own synthetic PTB-format corpus (written to a temporary directory
 PTB valid/test text at ``../shared/data/ptb`` when that folder exists (skipped otherwise).
 """
 
+import dataclasses
 import gc
 import math
 import os
@@ -19,7 +20,8 @@ import pytest
 
 import needle as ndl
 from needle import nn, optim
-from needle.apps import simple_ml
+from needle.apps import simple_ml, train_ptb
+from needle.apps.course_config import COURSE
 from needle.apps.models import LanguageModel, ResNet9
 from needle.data import Corpus, batchify, get_batch, write_synthetic_corpus
 
@@ -440,6 +442,43 @@ def run_script(*args, timeout=240):
         cwd=REPO,
         timeout=timeout,
     )
+
+
+def test_train_ptb_defaults_are_the_course_config():
+    """The script, the repro and the bench read one configuration; its head count and width are
+    the ones LanguageModel's Transformer really has."""
+    args = train_ptb.parse_args([])
+    assert (
+        args.model,
+        args.embedding_size,
+        args.hidden_size,
+        args.num_layers,
+        args.seq_len,
+        args.batch_size,
+        args.lr,
+    ) == (
+        COURSE.seq_model,
+        COURSE.embedding_size,
+        COURSE.hidden_size,
+        COURSE.num_layers,
+        COURSE.seq_len,
+        COURSE.batch_size,
+        COURSE.lr,
+    )
+    model = LanguageModel(
+        COURSE.embedding_size,
+        30,
+        COURSE.hidden_size,
+        num_layers=COURSE.num_layers,
+        seq_model=COURSE.seq_model,
+        seq_len=COURSE.seq_len,
+    )
+    heads = [
+        (m.num_head, m.dim_head) for m in model._children() if isinstance(m, nn.AttentionLayer)
+    ]
+    assert heads == [(COURSE.num_head, COURSE.dim_head)] * COURSE.num_layers
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        COURSE.lr = 1.0
 
 
 def test_train_ptb_script_synthetic():

@@ -16,6 +16,9 @@ import needle as ndl
 import needle_c as _c
 from needle import backend_ndarray as nd
 from needle import memory
+from needle.repro import REPORT_KEYS
+
+from repro_run import repro_report, run_repro
 
 MiB = 2**20
 
@@ -513,25 +516,7 @@ def test_repro_modes(tmp_path):
     """The main job on a small configuration: the leak and gc_blind modes run out of the
     emulated device, the fixes do not, and cycle_free stays flat."""
     pytest.importorskip("matplotlib")
-    out = tmp_path / "out"
-    cmd = [
-        sys.executable,
-        "-m",
-        "needle.repro",
-        "--steps",
-        "8",
-        "--batch-size",
-        "32",
-        "--seq-len",
-        "10",
-        "--words",
-        "20000",
-        "--out",
-        str(out),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = {r["mode"]: r for r in json.loads((out / "repro.json").read_text())}
+    proc, report = repro_report(tmp_path, "--steps", "8")
     assert set(report) == {"leak", "manual", "hook", "cycle_free", "gc_blind"}
     assert report["leak"]["oom"] and report["leak"]["oom_step"] <= 8
     assert report["gc_blind"]["oom"]
@@ -539,30 +524,9 @@ def test_repro_modes(tmp_path):
         assert not report[mode]["oom"] and report[mode]["steps"] == 8, mode
     assert report["hook"]["pressure_collections"] > 0
     assert report["cycle_free"]["peak_allocated_bytes"] <= report["hook"]["peak_allocated_bytes"]
-    keys = {
-        "mode",
-        "device",
-        "steps",
-        "oom",
-        "oom_step",
-        "peak_allocated_bytes",
-        "final_allocated_bytes",
-        "pressure_collections",
-        "scoped_collections",
-        "full_collections",
-        "gc_seconds",
-        "seconds",
-        "gc_share",
-        "mean_step_seconds",
-        "last_loss",
-        "limit_bytes",
-        "extra_objects",
-        "tracked_objects",
-        "samples",
-    }
-    assert all(set(r) == keys for r in report.values())
+    assert all(tuple(r) == REPORT_KEYS for r in report.values())
     assert all(len(r["samples"]) == r["steps"] + r["oom"] for r in report.values())
-    png = (out / "repro_timeline.png").read_bytes()
+    png = (tmp_path / "out" / "repro_timeline.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert "leak" in proc.stdout and "out of memory" in proc.stdout
 
@@ -570,27 +534,7 @@ def test_repro_modes(tmp_path):
 def test_repro_extra_modes(tmp_path):
     """The opt-in modes: hook after freeze_heap() trains exactly like hook, within the limit;
     floor (a collection at each reset_grad) trains the same and peaks no higher than hook."""
-    out = tmp_path / "out"
-    cmd = [
-        sys.executable,
-        "-m",
-        "needle.repro",
-        "--steps",
-        "6",
-        "--batch-size",
-        "32",
-        "--seq-len",
-        "10",
-        "--words",
-        "20000",
-        "--modes",
-        "hook,hook_frozen,floor",
-        "--out",
-        str(out),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = {r["mode"]: r for r in json.loads((out / "repro.json").read_text())}
+    _, report = repro_report(tmp_path, "--steps", "6", "--modes", "hook,hook_frozen,floor")
     assert set(report) == {"hook", "hook_frozen", "floor"}
     frozen, hook, floor = report["hook_frozen"], report["hook"], report["floor"]
     assert not frozen["oom"] and frozen["steps"] == 6
@@ -603,7 +547,5 @@ def test_repro_extra_modes(tmp_path):
 
 
 def test_repro_rejects_bad_arguments():
-    proc = subprocess.run(
-        [sys.executable, "-m", "needle.repro", "--modes", "nope"], capture_output=True, text=True
-    )
+    proc = run_repro("--modes", "nope", small=False, timeout=120)
     assert proc.returncode != 0 and "unknown mode" in proc.stderr

@@ -2,29 +2,26 @@
 heap: ``--limit none`` (no emulated limit) and fractions of the device (``--limit 0.5``), the
 per-step memory record (allocated, reserved, the driver's free bytes on a GPU) in repro.json,
 ``--extra-objects`` (tracked objects every full collection scans) and the ``hook_full`` mode
-(the hook with full collections only), with each mode's collector share. Small sizes: seconds
-per run. The modes themselves are tested in test_pressure.py (and on the GPU in test_cuda.py).
+(the hook with full collections only), with each mode's collector share, and the progress shown
+while a mode trains (tqdm's bar when it is installed, lines on stderr when not, nothing with
+``--no-progress``). Small sizes: seconds per run. The modes themselves are tested in
+test_pressure.py (and on the GPU in test_cuda_memory.py).
 """
 
-import json
-import subprocess
-import sys
+import re
 
 import pytest
 
 from needle import memory
+from needle.repro import SAMPLE_KEYS
 
 from devices import DEVICES
-
-SMALL = ["--batch-size", "32", "--seq-len", "10", "--words", "20000"]
+from repro_run import env_with_tqdm, repro_report, run_repro
 
 
 def repro(tmp_path, device, *args):
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "needle.repro", "--device", device.name, *SMALL, *args]
-    proc = subprocess.run(cmd + ["--out", str(out)], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = {r["mode"]: r for r in json.loads((out / "repro.json").read_text())}
+    """Runs the repro on ``device``; returns (its stdout, {mode: record})."""
+    proc, report = repro_report(tmp_path, "--device", device.name, *args)
     return proc.stdout, report
 
 
@@ -39,7 +36,7 @@ def test_no_limit_and_the_memory_of_each_step(tmp_path, device):
         assert r["limit_bytes"] is None and not r["oom"] and r["steps"] == 4
         assert [s["step"] for s in r["samples"]] == [1, 2, 3, 4]
         for s in r["samples"]:
-            assert set(s) == {"step", "allocated", "reserved", "free"}
+            assert tuple(s) == SAMPLE_KEYS
             assert 0 < s["allocated"] <= s["reserved"]
             if device.name == "cuda":  # the driver's view: what is left beside needle's
                 assert (
@@ -67,24 +64,15 @@ def test_limit_as_a_fraction_of_the_device(tmp_path, device):
 
 @pytest.mark.parametrize("limit", ["1.5", "lots", "-1GiB"])
 def test_bad_limit_is_refused(tmp_path, limit):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "needle.repro",
-            "--device",
-            "cpu",
-            *SMALL,
-            f"--limit={limit}",
-            "--modes",
-            "cycle_free",
-            "--steps",
-            "1",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
+    proc = run_repro(
+        "--device",
+        "cpu",
+        f"--limit={limit}",
+        "--modes",
+        "cycle_free",
+        "--steps",
+        "1",
+        out=tmp_path,
         timeout=300,
     )
     assert proc.returncode != 0
@@ -100,12 +88,7 @@ def test_bad_limit_is_refused(tmp_path, limit):
     ],
 )
 def test_bad_options_are_refused(args, message):
-    proc = subprocess.run(
-        [sys.executable, "-m", "needle.repro", "--device", "cpu", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_repro("--device", "cpu", *args, small=False, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
@@ -137,3 +120,40 @@ def test_notebook_heap_and_the_full_collection_hook(tmp_path):
     assert hook["scoped_collections"] > 0
     assert manual["pressure_collections"] == 6  # the course's gc.collect(), one a batch
     assert manual["scoped_collections"] == 0 and manual["full_collections"] == 0
+
+
+# "<mode> step <i>/<n>  loss <x>  allocated <size>": the training loops' progress line.
+PROGRESS_LINE = re.compile(r"^(\w+) step (\d+)/(\d+)  loss (\S+)  allocated \S+ \S+$")
+
+
+def test_progress_lines_without_tqdm_and_none_with_no_progress(tmp_path):
+    """Without tqdm each mode's steps show as lines on stderr (the calibration's two steps too),
+    their losses those the report records; stdout holds the table only. ``--no-progress``
+    shows none and trains the same numbers."""
+    args = ("--device", "cpu", "--modes", "cycle_free", "--steps", "3")
+    env = env_with_tqdm(tmp_path, installed=False)
+    shown, report = repro_report(tmp_path / "shown", *args, env=env)
+    lines = [PROGRESS_LINE.match(line) for line in shown.stderr.splitlines()]
+    assert all(lines), shown.stderr
+    steps = [(m[1], int(m[2]), int(m[3])) for m in lines]
+    assert steps == [("calibration", 1, 2), ("calibration", 2, 2)] + [
+        ("cycle_free", i, 3) for i in (1, 2, 3)
+    ]
+    assert float(lines[-1][4]) == pytest.approx(report["cycle_free"]["last_loss"], abs=1e-4)
+    assert "calibration step" not in shown.stdout and "cycle_free step" not in shown.stdout
+    quiet, quiet_report = repro_report(tmp_path / "quiet", *args, "--no-progress", env=env)
+    assert quiet.stderr == ""
+    assert quiet_report["cycle_free"]["last_loss"] == report["cycle_free"]["last_loss"]
+
+
+def test_progress_is_a_tqdm_bar_when_tqdm_is_installed(tmp_path):
+    env = env_with_tqdm(tmp_path, installed=True)
+    proc, _ = repro_report(
+        tmp_path, "--device", "cpu", "--modes", "cycle_free", "--steps", "2", env=env
+    )
+    assert proc.stderr.splitlines() == [
+        "fake tqdm calibration 1/2",
+        "fake tqdm calibration 2/2",
+        "fake tqdm cycle_free 1/2",
+        "fake tqdm cycle_free 2/2",
+    ]

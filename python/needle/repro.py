@@ -1,8 +1,9 @@
 """``python -m needle.repro``: reproduce the course framework's device-memory leak, and fix it.
 
-Runs the course's PTB Transformer language-model training step (embedding 20, hidden 32,
-1 layer, 8 heads x 32, seq_len 20, batch 256, Adam lr 3e-3, 10k vocabulary) in five
-modes, each in a fresh process, on a device with a memory limit:
+Runs the course's PTB Transformer language-model training step
+(``needle.apps.course_config.COURSE``: embedding 20, hidden 32, 1 layer, 8 heads x 32, seq_len 20,
+batch 256, Adam lr 3e-3, 10k vocabulary) in five modes, each in a fresh process, on a device with
+a memory limit:
 
 - ``leak``: the course's semantics ("needle" graph mode: every backward pass leaves
   reference cycles) with needle's collection policy off: cyclic garbage piles up until
@@ -31,9 +32,11 @@ real out-of-memory error, where one comes). ``--extra-objects N`` keeps N more t
 objects alive in each mode's process (a Jupyter kernel's heap is about 150k objects more than
 a script's), which every full collection has to scan; the table's "gc %" is the share of the
 loop's time spent in the mode's collections.
-Prints a table and each mode's memory over the steps, writes ``repro.json`` (with a record per
-step: allocated and reserved bytes, and the driver's free bytes on a GPU) and a PNG timeline of
-allocated bytes to ``--out``.
+Prints a table and each mode's memory over the steps, writes ``repro.json`` (each mode's
+``REPORT_KEYS``, with a record per step: allocated and reserved bytes, and the driver's free bytes
+on a GPU) and a PNG timeline of allocated bytes to ``--out``. While a mode trains, its progress
+goes to stderr (a tqdm bar when tqdm is installed, otherwise a line every tenth of the steps);
+``--no-progress`` turns it off. The table and the file's contents go to stdout.
 """
 
 import argparse
@@ -46,9 +49,39 @@ import sys
 import tempfile
 import time
 
+from needle.apps.course_config import COURSE
+
 MODES = ("leak", "manual", "hook", "cycle_free", "gc_blind")
 EXTRA_MODES = ("hook_frozen", "hook_full", "floor")
 DEFAULT_STEPS = 15
+
+# What repro.json holds for each mode, in this order.
+REPORT_KEYS = (
+    "mode",
+    "device",
+    "steps",
+    "oom",
+    "oom_step",
+    "peak_allocated_bytes",
+    "final_allocated_bytes",
+    "pressure_collections",
+    "scoped_collections",
+    "full_collections",
+    "gc_seconds",
+    "seconds",
+    "gc_share",
+    "mean_step_seconds",
+    "last_loss",
+    "limit_bytes",
+    "extra_objects",
+    "tracked_objects",
+    "samples",
+)
+# One record of a mode's "samples": the device's memory after a step.
+SAMPLE_KEYS = ("step", "allocated", "reserved", "free")
+# A worker's line on stdout that reports a finished step (a JSON object after the tag), not its
+# result: the driver turns these into progress while the mode runs.
+_PROGRESS_TAG = "needle.repro progress "
 
 
 def _parse_args(argv):
@@ -74,8 +107,8 @@ def _parse_args(argv):
         default=",".join(MODES),
         help="comma-separated subset of " + ",".join(MODES + EXTRA_MODES),
     )
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--seq-len", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=COURSE.batch_size)
+    parser.add_argument("--seq-len", type=int, default=COURSE.seq_len)
     parser.add_argument("--out", default="repro_out", help="directory for repro.json and the plot")
     parser.add_argument("--words", type=int, default=200_000, help="size of the synthetic corpus")
     parser.add_argument(
@@ -84,6 +117,12 @@ def _parse_args(argv):
         default=0,
         help="extra tracked Python objects kept alive in each mode's process (a Jupyter "
         "kernel's heap: about 150000)",
+    )
+    parser.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        help="no progress bar or lines on stderr while a mode trains",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--corpus-dir", help=argparse.SUPPRESS)
@@ -146,15 +185,15 @@ def course_setup(corpus_dir, batch_size, seq_len, device):
     train = batchify(corpus.train, batch_size, device=device, dtype="float32")
     np.random.seed(0)
     model = LanguageModel(
-        20,
+        COURSE.embedding_size,
         len(corpus.dictionary),
-        hidden_size=32,
-        num_layers=1,
-        seq_model="transformer",
+        hidden_size=COURSE.hidden_size,
+        num_layers=COURSE.num_layers,
+        seq_model=COURSE.seq_model,
         seq_len=seq_len,
         device=device,
     )
-    opt = ndl.optim.Adam(model.parameters(), lr=3e-3)
+    opt = ndl.optim.Adam(model.parameters(), lr=COURSE.lr)
     model.train()
     return corpus, train, model, opt, nn.SoftmaxLoss()
 
@@ -217,6 +256,8 @@ def _run_worker(args):
         position += args.seq_len
         steps = step
         samples.append(_memory_sample(step, device))
+        progress = {"step": step, "loss": last_loss, "allocated": samples[-1]["allocated"]}
+        print(_PROGRESS_TAG + json.dumps(progress), flush=True)
     seconds = time.perf_counter() - loop_start
     stats = memory.memory_stats(device)
 
@@ -268,18 +309,16 @@ def _memory_sample(step, device):
     from needle import memory
 
     free = ndl.cuda.mem_get_info(device)[0] if device.name == "cuda" else None
-    return {
-        "step": step,
-        "allocated": memory.memory_allocated(device),
-        "reserved": memory.memory_reserved(device),
-        "free": free,
-    }
+    values = (step, memory.memory_allocated(device), memory.memory_reserved(device), free)
+    return dict(zip(SAMPLE_KEYS, values))
 
 
 # ------------------------------------------------------------------ the driver
 
 
-def _spawn(mode, args, corpus_dir, limit_bytes, steps):
+def _spawn(mode, args, corpus_dir, limit_bytes, steps, label=None):
+    """Runs ``mode`` in a worker process, showing its progress under ``label`` (default: the
+    mode); returns the worker's result."""
     cmd = [
         sys.executable,
         "-m",
@@ -303,10 +342,33 @@ def _spawn(mode, args, corpus_dir, limit_bytes, steps):
         cmd += ["--limit-bytes", str(limit_bytes)]
     env = dict(os.environ)
     env.pop("NEEDLE_MEMORY_LIMIT", None)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"mode {mode} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    report, close = _progress_reporter(args.progress, steps, label or mode)
+    lines = []
+    # stderr to a file, not a pipe: a worker that fills a pipe nobody reads would wait forever.
+    with tempfile.TemporaryFile(mode="w+") as err:
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env) as proc:
+            try:
+                for line in proc.stdout:
+                    if not line.startswith(_PROGRESS_TAG):
+                        lines.append(line)
+                    elif report is not None:
+                        done = json.loads(line[len(_PROGRESS_TAG) :])
+                        report(done["step"], done["loss"], done["allocated"])
+            finally:
+                close()
+        if proc.returncode != 0:
+            err.seek(0)
+            stderr = err.read()
+            raise RuntimeError(f"mode {mode} failed (exit {proc.returncode}):\n{stderr[-3000:]}")
+    return json.loads("".join(lines).strip().splitlines()[-1])
+
+
+def _progress_reporter(enabled, steps, label):
+    """(report(step, loss, allocated_bytes) or None, close): the training loops' progress
+    (needle.apps.simple_ml: a tqdm bar when tqdm is installed, else lines on stderr)."""
+    from needle.apps.simple_ml import _make_progress
+
+    return _make_progress(True if enabled else None, steps, label)
 
 
 def _prepare_corpus(args, workdir):
@@ -423,7 +485,7 @@ def main(argv=None):
             # 1.3x that: room for the workaround and the hook, not for garbage that piles up.
             # A limit counts reserved bytes: the device also holds what is not an array
             # (cuBLAS's workspace on a GPU), which the calibration measures and adds.
-            calibration = _spawn("manual", args, corpus_dir, None, 2)
+            calibration = _spawn("manual", args, corpus_dir, None, 2, label="calibration")
             held = calibration["held_beyond_arrays_bytes"]
             limit_bytes = int(calibration["peak_allocated_bytes"] * 1.3) + held
             print(
@@ -448,35 +510,7 @@ def main(argv=None):
                 flush=True,
             )
     _print_table(results, limit_bytes)
-    report = [
-        {
-            k: v
-            for k, v in r.items()
-            if k
-            in (
-                "mode",
-                "device",
-                "steps",
-                "oom",
-                "oom_step",
-                "peak_allocated_bytes",
-                "final_allocated_bytes",
-                "pressure_collections",
-                "scoped_collections",
-                "full_collections",
-                "gc_seconds",
-                "seconds",
-                "gc_share",
-                "mean_step_seconds",
-                "last_loss",
-                "limit_bytes",
-                "extra_objects",
-                "tracked_objects",
-                "samples",
-            )
-        }
-        for r in results
-    ]
+    report = [{k: r[k] for k in REPORT_KEYS} for r in results]
     json_path = os.path.join(args.out, "repro.json")
     with open(json_path, "w") as f:
         json.dump(report, f, indent=2)

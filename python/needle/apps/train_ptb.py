@@ -7,8 +7,8 @@ upstream names ``ptb.train.txt`` / ``ptb.test.txt``; when DIR has only ``ptb.val
 trains on the training split, evaluates on the test split and prints one line with the train
 and test loss, perplexity and accuracy, the time and the peak device memory
 (``ndl.memory.max_memory_allocated``). The defaults are the course's Transformer configuration
-(embedding 20, hidden 32, 1 layer, seq_len 20, batch 256, Adam lr 3e-3) on a small synthetic
-corpus, which runs in seconds per epoch on two CPU cores.
+(``needle.apps.course_config.COURSE``: embedding 20, hidden 32, 1 layer, seq_len 20, batch 256,
+Adam lr 3e-3) on a small synthetic corpus, which runs in seconds per epoch on two CPU cores.
 
 Examples::
 
@@ -30,6 +30,7 @@ import needle as ndl
 from needle import nn, optim
 from needle.data import Corpus, batchify, write_synthetic_corpus
 
+from .course_config import COURSE
 from .models import LanguageModel
 from .simple_ml import epoch_general_ptb, format_bytes
 
@@ -48,17 +49,17 @@ def parse_args(argv=None):
         help="corpus directory (train.txt/test.txt or ptb.*.txt); default: write a "
         "synthetic corpus to a temporary directory",
     )
-    p.add_argument("--model", choices=("transformer", "lstm", "rnn"), default="transformer")
+    p.add_argument("--model", choices=("transformer", "lstm", "rnn"), default=COURSE.seq_model)
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--seq-len", type=int, default=20)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--batch-size", type=int, default=COURSE.batch_size)
+    p.add_argument("--seq-len", type=int, default=COURSE.seq_len)
+    p.add_argument("--lr", type=float, default=COURSE.lr)
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--clip", type=float, default=None, help="gradient-norm clip (default: none)")
-    p.add_argument("--embedding-size", type=int, default=20)
-    p.add_argument("--hidden-size", type=int, default=32)
-    p.add_argument("--num-layers", type=int, default=1)
+    p.add_argument("--embedding-size", type=int, default=COURSE.embedding_size)
+    p.add_argument("--hidden-size", type=int, default=COURSE.hidden_size)
+    p.add_argument("--num-layers", type=int, default=COURSE.num_layers)
     p.add_argument(
         "--max-lines", type=int, default=None, help="read at most this many lines of each split"
     )
