@@ -1,47 +1,167 @@
-"""Runs notebooks/leak_and_fix.ipynb (small configuration) and checks it is committed without
-outputs."""
+"""notebooks/leak_and_fix.ipynb: committed with the outputs of one clean run, and run afresh in
+a new kernel: no cell fails, and the course's training loop run inside the kernel shows the leak
+(without needle's hook it runs out of memory, above the hook's peak) and the Jupyter section
+frees what the kernel kept.
 
+To refresh the committed outputs after editing the notebook:
+
+    PYTHONPATH=<needle_c's build dir>:python python tests/test_notebook.py --update
+"""
+
+import json
+import os
 import pathlib
+import re
+import sys
+import tempfile
 
 import pytest
 
 NOTEBOOK = pathlib.Path(__file__).resolve().parent.parent / "notebooks" / "leak_and_fix.ipynb"
+# Two PNG plots and text: a notebook much larger than this carries outputs it should not.
+MAX_NOTEBOOK_BYTES = 300_000
+RUNS_PREFIX = "in-kernel runs: "
 
 
-def test_notebook_is_committed_without_outputs():
+def _execute(nb, workdir):
+    """Runs ``nb`` in place in a fresh python3 kernel started in ``workdir``. The kernel inherits
+    this process's environment; its PYTHONPATH entries are made absolute, so that a relative
+    one (``python``) names this checkout's package, not another needle from the kernel's
+    directory's point of view."""
+    import nbclient
+
+    entries = [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(os.path.abspath(e) for e in entries)
+    try:
+        client = nbclient.NotebookClient(
+            nb,
+            timeout=600,
+            kernel_name="python3",
+            record_timing=False,
+            resources={"metadata": {"path": str(workdir)}},
+        )
+        client.execute()
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
+def _code_cells(nb):
+    return [cell for cell in nb.cells if cell.cell_type == "code"]
+
+
+def _stdout(nb):
+    return "".join(
+        out.get("text", "")
+        for cell in _code_cells(nb)
+        for out in cell.outputs
+        if out.get("output_type") == "stream" and out.get("name") == "stdout"
+    )
+
+
+def _output_kinds(cell):
+    """What a cell showed, as a set: ``stdout`` and the MIME types of its results (stderr left
+    out: a first import of matplotlib may write a font-cache note there)."""
+    kinds = set()
+    for out in cell.outputs:
+        if out.get("output_type") == "stream":
+            if out.get("name") == "stdout":
+                kinds.add("stdout")
+        else:
+            kinds.update(f"{out['output_type']}:{mime}" for mime in out.get("data", {}))
+    return kinds
+
+
+def _mib(pattern, text):
+    match = re.search(pattern + r" (-?\d+\.\d) MiB", text)
+    assert match, f"no line matching {pattern!r} in the notebook's output"
+    return float(match.group(1))
+
+
+def _check_outputs(nb):
+    """The assertions that hold for the committed outputs and for a fresh run alike."""
+    errors = [
+        (i, out.get("ename"), out.get("evalue"))
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code"
+        for out in cell.outputs
+        if out.get("output_type") == "error"
+    ]
+    assert errors == []
+    text = _stdout(nb)
+    # 1-2: one backward pass in the course's graph leaves a cycle; the default graph none.
+    assert "cycle of 4 tensors" in text and "after find_cycles: 0 bytes" in text
+    assert "after del, no collection: 0 bytes" in text
+    # 3: the course's loop in the kernel, under the 512 MiB cap set by %env before the import.
+    assert "cpu limit from NEEDLE_MEMORY_LIMIT: 512 MiB" in text
+    lines = [line for line in text.splitlines() if line.startswith(RUNS_PREFIX)]
+    assert len(lines) == 1
+    runs = json.loads(lines[0][len(RUNS_PREFIX) :])
+    assert set(runs) == {"leak", "hook", "cycle_free"}
+    assert runs["leak"]["oom_step"] is not None
+    assert runs["hook"]["oom_step"] is None and runs["cycle_free"]["oom_step"] is None
+    peaks = {mode: run["peak_allocated_bytes"] for mode, run in runs.items()}
+    assert peaks["leak"] > 2 * peaks["hook"]
+    assert peaks["hook"] > peaks["cycle_free"] > 0
+    # 4: after the out-of-memory error the traceback and the model held the step's memory;
+    # releasing them frees it, as %xdel frees what Out and _ kept.
+    assert _mib("a full collection freed", text) == 0.0
+    held = _mib("held by the traceback and the model:", text)
+    after_traceback = _mib("after releasing the traceback:", text)
+    assert held > after_traceback > 0
+    assert _mib("after dropping the model's attention map:", text) == 0.0
+    assert _mib("names deleted, collected:", text) > 0
+    assert _mib("after %xdel _:", text) == 0.0
+    assert "needle memory summary for cpu()" in text and "live tensors by op" in text
+    # 5: the modes in fresh processes.
+    assert re.search(r"^leak +OOM at step \d+", text, re.MULTILINE)
+    images = [
+        cell for cell in _code_cells(nb) if any("image/png" in k for k in _output_kinds(cell))
+    ]
+    assert len(images) == 2
+
+
+def test_committed_notebook_has_the_outputs_of_one_clean_run():
     nbformat = pytest.importorskip("nbformat")
+    assert NOTEBOOK.stat().st_size < MAX_NOTEBOOK_BYTES
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            assert cell.outputs == [] and cell.execution_count is None
+    cells = _code_cells(nb)
+    # Executed once, top to bottom, in one kernel.
+    assert [cell.execution_count for cell in cells] == list(range(1, len(cells) + 1))
+    _check_outputs(nb)
 
 
-def test_notebook_runs(tmp_path, monkeypatch):
+def test_notebook_runs(tmp_path):
     nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
     pytest.importorskip("matplotlib")
-    monkeypatch.setenv("NEEDLE_NOTEBOOK_SMALL", "1")
+    committed = nbformat.read(NOTEBOOK, as_version=4)
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(
-        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    )
-    client.execute()
-    text = "\n".join(
-        out.get("text", "")
-        for cell in nb.cells
-        if cell.cell_type == "code"
-        for out in cell.outputs
-        if out.get("output_type") == "stream"
-    )
-    assert "still allocated" in text and "cycle of" in text
-    assert "after del, no collection: 0 bytes" in text
-    assert "OOM at step" in text
-    images = [
-        out
-        for cell in nb.cells
-        if cell.cell_type == "code"
-        for out in cell.outputs
-        if "image/png" in out.get("data", {})
+    _execute(nb, tmp_path)
+    _check_outputs(nb)
+    # The committed outputs are this source's: each cell shows the same kinds of output.
+    assert [_output_kinds(c) for c in _code_cells(nb)] == [
+        _output_kinds(c) for c in _code_cells(committed)
     ]
-    assert len(images) == 1
+
+
+def _update():
+    """Executes the notebook and saves it with its outputs."""
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    with tempfile.TemporaryDirectory() as workdir:
+        _execute(nb, workdir)
+    _check_outputs(nb)
+    nbformat.write(nb, NOTEBOOK)
+    print(f"wrote {NOTEBOOK} ({NOTEBOOK.stat().st_size} bytes)")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--update"]:
+        sys.exit(f"usage: python {sys.argv[0]} --update")
+    _update()
