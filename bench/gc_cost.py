@@ -33,6 +33,7 @@ import time
 import needle as ndl
 import needle_c as _c
 from needle import memory
+from needle.apps.course_config import COURSE
 from needle.data import get_batch, write_synthetic_corpus
 from needle.repro import course_setup
 
@@ -40,7 +41,9 @@ from benchutil import print_machine
 
 
 def measure(mode, keep_corpus, steps, corpus_dir, freeze=False):
-    corpus, train, model, opt, loss_fn = course_setup(corpus_dir, 256, 20, ndl.cpu())
+    corpus, train, model, opt, loss_fn = course_setup(
+        corpus_dir, COURSE.batch_size, COURSE.seq_len, ndl.cpu()
+    )
     if not keep_corpus:
         del corpus
     previous_mode = ndl.autograd.set_graph_mode(mode)
@@ -53,7 +56,7 @@ def measure(mode, keep_corpus, steps, corpus_dir, freeze=False):
     try:
         for step in range(steps + 2):
             t0 = time.perf_counter()
-            X, y = get_batch(train, position, 20)
+            X, y = get_batch(train, position, COURSE.seq_len)
             logits, _ = model(X)
             loss = loss_fn(logits, y)
             opt.reset_grad()
@@ -64,7 +67,7 @@ def measure(mode, keep_corpus, steps, corpus_dir, freeze=False):
             t2 = time.perf_counter()
             gc.collect()
             t3 = time.perf_counter()
-            position = (position + 20) % (train.shape[0] - 21)
+            position = (position + COURSE.seq_len) % (train.shape[0] - COURSE.seq_len - 1)
             if step >= 2:  # warm-up steps fill the block cache
                 step_s.append(t1 - t0)
                 after_step_ms.append(1e3 * (t2 - t1))
@@ -91,7 +94,9 @@ def measure(mode, keep_corpus, steps, corpus_dir, freeze=False):
 
 def measure_scoped(extra, steps, corpus_dir):
     """Scoped vs full collection right after a needle-mode step, `extra` more tracked objects."""
-    corpus, train, model, opt, loss_fn = course_setup(corpus_dir, 256, 20, ndl.cpu())
+    corpus, train, model, opt, loss_fn = course_setup(
+        corpus_dir, COURSE.batch_size, COURSE.seq_len, ndl.cpu()
+    )
     junk = [[i] for i in range(extra)]
     previous_mode = ndl.autograd.set_graph_mode("needle")
     gc.collect()
@@ -100,14 +105,14 @@ def measure_scoped(extra, steps, corpus_dir):
     position = 0
     try:
         for step in range(2 * steps + 2):
-            X, y = get_batch(train, position, 20)
+            X, y = get_batch(train, position, COURSE.seq_len)
             logits, _ = model(X)
             loss = loss_fn(logits, y)
             opt.reset_grad()
             loss.backward()
             opt.step()
             del logits, loss, X, y
-            position = (position + 20) % (train.shape[0] - 21)
+            position = (position + COURSE.seq_len) % (train.shape[0] - COURSE.seq_len - 1)
             if step < 2:
                 gc.collect()
                 continue

@@ -34,15 +34,18 @@ import needle as ndl
 import needle_c as _c
 from needle import memory
 from needle.data import get_batch, write_synthetic_corpus
+from needle.apps.course_config import COURSE
 from needle.repro import course_setup
 corpus_dir = str(write_synthetic_corpus({tmp!r}, num_words={words}, seed=0))
-corpus, train, model, opt, loss_fn = course_setup(corpus_dir, 256, 20, ndl.cpu())
+corpus, train, model, opt, loss_fn = course_setup(
+    corpus_dir, COURSE.batch_size, COURSE.seq_len, ndl.cpu()
+)
 ndl.autograd.set_graph_mode("needle")
 position = 0
 
 def step(collect_at_reset=False):
     global position
-    X, y = get_batch(train, position, 20)
+    X, y = get_batch(train, position, COURSE.seq_len)
     logits, _ = model(X)
     loss = loss_fn(logits, y)
     opt.reset_grad()
@@ -53,7 +56,7 @@ def step(collect_at_reset=False):
         collect_seconds = time.perf_counter() - t0
     loss.backward()
     opt.step()
-    position = (position + 20) % (train.shape[0] - 21)
+    position = (position + COURSE.seq_len) % (train.shape[0] - COURSE.seq_len - 1)
     return collect_seconds
 """
 
