@@ -104,7 +104,7 @@ def _train(seed, steps, mode, losses, grads):
     grads.extend([w1.grad.numpy(), w2.grad.numpy()])
 
 
-@pytest.mark.parametrize("mode", ["cycle_free", "needle"])
+@pytest.mark.parametrize("mode", ndl.autograd.GRAPH_MODES)
 def test_two_threads_train_as_each_would_alone(limited_cpu, mode):
     # A limit tight enough that, in "needle" mode (tanh's gradient makes the course's
     # cycles), needle's collector runs in one thread while the other allocates.
