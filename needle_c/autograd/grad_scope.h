@@ -12,8 +12,11 @@
  * gradient reads like the course's formula with no NULL checks:
  *
  *     // (g / b, -g * a / b**2)
+ *     PyObject *b2 = g_scalar(s, OP_POWER_SCALAR, b, 2.0);
  *     return grads2(s, unbroadcast(s, g_div(s, g, b), a),
- *                   unbroadcast(s, g_neg(s, g_div(s, g_mul(s, g, a), g_power(s, b, 2))), b));
+ *                   unbroadcast(s, g_neg(s, g_div(s, g_mul(s, g, a), b2)), b));
+ *
+ * (div_gradient in ops_basic.c is this formula, with g_wanted added.)
  *
  * Each block goes through apply_op, so "needle" mode records it.
  */
