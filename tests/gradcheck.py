@@ -13,7 +13,7 @@ import numpy as np
 
 import needle as ndl
 
-MODES = ("cycle_free", "needle")
+MODES = ndl.autograd.GRAPH_MODES
 
 
 def _as_tuple(value):

@@ -442,13 +442,33 @@ def test_graph_mode_restored_after_exception():
 
 
 def test_graph_mode_unknown_name():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"unknown graph mode 'bogus' \(expected one of"):
         ndl.autograd.set_graph_mode("bogus")
     assert ndl.autograd.get_graph_mode() == "cycle_free"
     with pytest.raises(ValueError):
         with ndl.autograd.graph_mode("cyclefree"):
             pass
     assert ndl.autograd.get_graph_mode() == "cycle_free"
+
+
+@pytest.mark.parametrize("bad", [None, 1, True, b"needle", ["needle"]])
+def test_graph_mode_not_a_str(bad):
+    with pytest.raises(TypeError, match="graph mode must be a str"):
+        ndl.autograd.set_graph_mode(bad)
+    with pytest.raises(TypeError, match="graph mode must be a str"):
+        with ndl.autograd.graph_mode(bad):
+            pass
+    assert ndl.autograd.get_graph_mode() == "cycle_free"
+
+
+def test_graph_modes_come_from_the_extension():
+    import needle_c
+
+    assert ndl.autograd.GRAPH_MODES is needle_c.GRAPH_MODES
+    assert ndl.autograd.GRAPH_MODES == ("cycle_free", "needle")
+    for name in ndl.autograd.GRAPH_MODES:
+        with ndl.autograd.graph_mode(name):
+            assert ndl.autograd.get_graph_mode() == name
 
 
 @dev

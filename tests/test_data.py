@@ -212,6 +212,33 @@ def test_mnist_dataset_rejects_bad_magic(tmp_path):
         ndl.data.MNISTDataset(*_write_idx(tmp_path, images, labels, label_magic=2051))
 
 
+def test_mnist_dataset_missing_files_are_named(tmp_path):
+    images, labels = _mnist_arrays(2)
+    img_path, lbl_path = _write_idx(tmp_path, images, labels)
+    missing = str(tmp_path / "nope-labels.gz")
+    with pytest.raises(FileNotFoundError, match="MNIST label file not found") as info:
+        ndl.data.MNISTDataset(img_path, missing)
+    assert info.value.filename == missing
+    missing = tmp_path / "nope-images.gz"  # a PathLike works as well as a str
+    with pytest.raises(FileNotFoundError, match="MNIST image file not found") as info:
+        ndl.data.MNISTDataset(missing, lbl_path)
+    assert info.value.filename == str(missing)
+    with pytest.raises(FileNotFoundError, match="is a directory"):
+        ndl.data.MNISTDataset(str(tmp_path), lbl_path)
+
+
+def test_mnist_dataset_rejects_a_file_too_short_for_its_header(tmp_path):
+    images, labels = _mnist_arrays(2)
+    img_path, lbl_path = _write_idx(tmp_path, images, labels)
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match="too short for an IDX header"):
+        ndl.data.MNISTDataset(str(empty), lbl_path)
+    empty.write_bytes(b"\0\0\x08")
+    with pytest.raises(ValueError, match=r"too short for an IDX header \(3 bytes\)"):
+        ndl.data.MNISTDataset(img_path, str(empty))
+
+
 # ---------------------------------------------------------------- CIFAR-10
 
 
@@ -245,8 +272,22 @@ def test_cifar10_dataset(tmp_path):
 
 
 def test_cifar10_missing_folder(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        ndl.data.CIFAR10Dataset(str(tmp_path / "nope"), train=True)
+    missing = str(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="CIFAR-10 folder not found") as info:
+        ndl.data.CIFAR10Dataset(missing, train=True)
+    assert info.value.filename == missing
+    (tmp_path / "a-file").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="is a file, not a directory"):
+        ndl.data.CIFAR10Dataset(str(tmp_path / "a-file"), train=False)
+
+
+def test_cifar10_missing_batch_file_is_named(tmp_path):
+    _write_cifar(tmp_path)
+    (tmp_path / "data_batch_4").unlink()
+    with pytest.raises(FileNotFoundError, match="CIFAR-10 batch file not found") as info:
+        ndl.data.CIFAR10Dataset(tmp_path, train=True)
+    assert info.value.filename == str(tmp_path / "data_batch_4")
+    assert len(ndl.data.CIFAR10Dataset(tmp_path, train=False)) == 2
 
 
 # ---------------------------------------------------------------- PTB helpers
@@ -295,13 +336,25 @@ def test_corpus_upstream_names_and_valid_fallback(tmp_path):
 
 
 def test_corpus_missing_files(tmp_path):
-    with pytest.raises(FileNotFoundError, match="directory"):
+    with pytest.raises(FileNotFoundError, match="PTB corpus directory not found") as info:
         ndl.data.Corpus(tmp_path / "missing")
+    assert info.value.filename == str(tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match="training"):
         ndl.data.Corpus(tmp_path)
     _write(tmp_path / "train.txt", " a \n")
     with pytest.raises(FileNotFoundError, match="test"):
         ndl.data.Corpus(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "max_lines, exc", [(-1, ValueError), (True, TypeError), (1.5, TypeError), ("2", TypeError)]
+)
+def test_corpus_rejects_a_bad_max_lines(tmp_path, max_lines, exc):
+    _write(tmp_path / "train.txt", " a \n")
+    _write(tmp_path / "test.txt", " b \n")
+    with pytest.raises(exc, match="max_lines"):
+        ndl.data.Corpus(tmp_path, max_lines=max_lines)
+    assert ndl.data.Corpus(tmp_path, max_lines=0).train == []
 
 
 def test_batchify_layout():

@@ -9,9 +9,14 @@ model and checks that the device's allocated bytes are unchanged.
 
 Rates: the course does not check them; PyTorch raises ValueError for a negative learning rate,
 momentum or weight decay and for betas outside [0, 1). needle follows PyTorch and also rejects
-NaN and infinities, which PyTorch's ``lr < 0`` comparisons let through.
+NaN and infinities, which PyTorch's ``lr < 0`` comparisons let through, a momentum of 1 or
+more (the course's dampened momentum then never moves, or diverges) and ``eps == 0``. Norm
+layers refuse a feature count below 1 and a negative eps, ``randb`` a probability outside
+[0, 1], and the dataset constructors name a missing path in a FileNotFoundError; a bool where
+a number is meant is a TypeError everywhere (needle/_checks.py).
 """
 
+import os
 import types
 
 import numpy as np
@@ -61,6 +66,9 @@ def _first(loader):
 
 
 IMG = np.zeros((4, 4, 3), np.float32)
+
+# A path that does not exist: the dataset constructors must name it in a FileNotFoundError.
+MISSING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "no-such-dir", "issue24")
 
 NN = [
     case("linear-features", lambda s: s.model(_t(s, (2, 5))), ValueError),
@@ -126,6 +134,49 @@ NN = [
         ValueError,
     ),
     case("layernorm-dim-float", lambda s: nn.LayerNorm1d(2.5, device=s.device), TypeError),
+    case("batchnorm1d-dim-zero", lambda s: nn.BatchNorm1d(0, device=s.device), ValueError, "dim"),
+    case("batchnorm1d-dim-bool", lambda s: nn.BatchNorm1d(True, device=s.device), TypeError),
+    case("batchnorm1d-dim-float", lambda s: nn.BatchNorm1d(2.0, device=s.device), TypeError),
+    case(
+        "batchnorm1d-eps-negative",
+        lambda s: nn.BatchNorm1d(4, eps=-1e-5, device=s.device),
+        ValueError,
+        "Invalid BatchNorm1d eps",
+    ),
+    case("batchnorm1d-eps-nan", lambda s: nn.BatchNorm1d(4, eps=NAN, device=s.device), ValueError),
+    case("batchnorm1d-eps-str", lambda s: nn.BatchNorm1d(4, eps="x", device=s.device), TypeError),
+    case(
+        "batchnorm1d-momentum-above",
+        lambda s: nn.BatchNorm1d(4, momentum=1.5, device=s.device),
+        ValueError,
+        "momentum",
+    ),
+    case(
+        "batchnorm1d-momentum-nan",
+        lambda s: nn.BatchNorm1d(4, momentum=NAN, device=s.device),
+        ValueError,
+    ),
+    case("batchnorm2d-dim-zero", lambda s: nn.BatchNorm2d(0, device=s.device), ValueError),
+    case(
+        "batchnorm2d-eps-negative",
+        lambda s: nn.BatchNorm2d(2, eps=-1.0, device=s.device),
+        ValueError,
+        "Invalid BatchNorm2d eps",
+    ),
+    case("layernorm-dim-zero", lambda s: nn.LayerNorm1d(0, device=s.device), ValueError),
+    case("layernorm-dim-negative", lambda s: nn.LayerNorm1d(-3, device=s.device), ValueError),
+    case("layernorm-dim-bool", lambda s: nn.LayerNorm1d(True, device=s.device), TypeError),
+    case(
+        "layernorm-eps-negative",
+        lambda s: nn.LayerNorm1d(4, eps=-1e-5, device=s.device),
+        ValueError,
+        "Invalid LayerNorm1d eps",
+    ),
+    case("layernorm-eps-inf", lambda s: nn.LayerNorm1d(4, eps=INF, device=s.device), ValueError),
+    case("dropout-bool", lambda s: nn.Dropout(True), TypeError),
+    case("conv-channels-bool", lambda s: nn.Conv(True, 4, 3, device=s.device), TypeError),
+    case("rnn-layers-bool", lambda s: nn.RNN(4, 3, num_layers=True, device=s.device), TypeError),
+    case("lstm-layers-str", lambda s: nn.LSTM(4, 3, num_layers="2", device=s.device), TypeError),
     case("dropout-above-one", lambda s: nn.Dropout(1.5), ValueError),
     case("dropout-negative", lambda s: nn.Dropout(-0.1), ValueError),
     case("dropout-nan", lambda s: nn.Dropout(NAN), ValueError),
@@ -234,6 +285,15 @@ INIT = [
     case("zeros-negative", lambda s: init.zeros(2, -3, device=s.device), ValueError),
     case("zeros-huge", lambda s: init.zeros(2**40, device=s.device), ndl.OutOfMemoryError),
     case("randb-str-p", lambda s: init.randb(3, p="x", device=s.device), TypeError),
+    case(
+        "randb-p-above",
+        lambda s: init.randb(3, p=1.5, device=s.device),
+        ValueError,
+        r"Invalid randb probability p: 1\.5",
+    ),
+    case("randb-p-negative", lambda s: init.randb(3, p=-0.1, device=s.device), ValueError),
+    case("randb-p-nan", lambda s: init.randb(3, p=NAN, device=s.device), ValueError),
+    case("randb-p-bool", lambda s: init.randb(3, p=True, device=s.device), TypeError),
     case("one-hot-range", lambda s: init.one_hot(3, _idx(s, [5.0]), device=s.device), IndexError),
     case(
         "one-hot-negative-n",
@@ -261,6 +321,15 @@ OPTIM = [
     case("sgd-momentum-negative", lambda s: optim.SGD(_params(s), momentum=-0.5), ValueError),
     case("sgd-momentum-nan", lambda s: optim.SGD(_params(s), momentum=NAN), ValueError),
     case(
+        "sgd-momentum-one",
+        lambda s: optim.SGD(_params(s), momentum=1.0),
+        ValueError,
+        r"Invalid momentum: 1\.0",
+    ),
+    case("sgd-momentum-above", lambda s: optim.SGD(_params(s), momentum=2.0), ValueError),
+    case("sgd-momentum-bool", lambda s: optim.SGD(_params(s), momentum=True), TypeError),
+    case("sgd-lr-bool", lambda s: optim.SGD(_params(s), lr=True), TypeError),
+    case(
         "sgd-weight-decay-negative", lambda s: optim.SGD(_params(s), weight_decay=-1.0), ValueError
     ),
     case("sgd-weight-decay-inf", lambda s: optim.SGD(_params(s), weight_decay=INF), ValueError),
@@ -275,6 +344,15 @@ OPTIM = [
     case("adam-beta2-nan", lambda s: optim.Adam(_params(s), beta2=NAN), ValueError),
     case("adam-eps-negative", lambda s: optim.Adam(_params(s), eps=-1e-8), ValueError),
     case("adam-eps-inf", lambda s: optim.Adam(_params(s), eps=INF), ValueError),
+    case("adam-eps-zero", lambda s: optim.Adam(_params(s), eps=0.0), ValueError, "Invalid eps"),
+    case("adam-beta2-one", lambda s: optim.Adam(_params(s), beta2=1.0), ValueError),
+    case("adam-beta1-bool", lambda s: optim.Adam(_params(s), beta1=False), TypeError),
+    case(
+        "adam-weight-decay-negative",
+        lambda s: optim.Adam(_params(s), weight_decay=-0.1),
+        ValueError,
+        "Invalid weight_decay",
+    ),
     case("adam-weight-decay-str", lambda s: optim.Adam(_params(s), weight_decay="x"), TypeError),
     case("adam-params-str", lambda s: optim.Adam("ab"), TypeError),
     case("clip-nan", lambda s: optim.SGD(_params(s)).clip_grad_norm(NAN), ValueError),
@@ -319,6 +397,24 @@ DATA = [
     case("crop-2d-image", lambda s: data.RandomCrop(padding=1)(np.zeros((4, 4))), ValueError),
     case("flip-p-str", lambda s: data.RandomFlipHorizontal(p="x")(IMG), TypeError),
     case("flip-2d-image", lambda s: data.RandomFlipHorizontal(p=1.0)(np.zeros((4, 4))), IndexError),
+    case(
+        "mnist-missing-images",
+        lambda s: data.MNISTDataset(MISSING + "-images.gz", MISSING + "-labels.gz"),
+        FileNotFoundError,
+        "MNIST image file not found: .*issue24-images.gz",
+    ),
+    case(
+        "cifar-missing-folder",
+        lambda s: data.CIFAR10Dataset(MISSING, train=True),
+        FileNotFoundError,
+        "CIFAR-10 folder not found: .*issue24",
+    ),
+    case(
+        "ptb-missing-dir",
+        lambda s: data.Corpus(MISSING),
+        FileNotFoundError,
+        "PTB corpus directory not found: .*issue24",
+    ),
     case("batchify-zero", lambda s: data.batchify(list(range(10)), 0, None, "float32"), ValueError),
     case(
         "batchify-too-big",

@@ -104,7 +104,7 @@ def _train(seed, steps, mode, losses, grads):
     grads.extend([w1.grad.numpy(), w2.grad.numpy()])
 
 
-@pytest.mark.parametrize("mode", ["cycle_free", "needle"])
+@pytest.mark.parametrize("mode", ndl.autograd.GRAPH_MODES)
 def test_two_threads_train_as_each_would_alone(limited_cpu, mode):
     # A limit tight enough that, in "needle" mode (tanh's gradient makes the course's
     # cycles), needle's collector runs in one thread while the other allocates.
@@ -137,3 +137,124 @@ def test_two_threads_train_as_each_would_alone(limited_cpu, mode):
         np.testing.assert_allclose(together[seed][0], alone[seed][0], rtol=1e-5)
         for got, want in zip(together[seed][1], alone[seed][1]):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+# --------------------------------------------------------------------------
+# graph mode per thread
+# --------------------------------------------------------------------------
+
+
+def _step_records_a_graph(rng):
+    """One small training step; whether its backward recorded the gradient graph
+    (a recorded .grad has an op, a cycle_free one is a detached constant)."""
+    x = ndl.Tensor(rng.standard_normal((4, 3)).astype(np.float32), requires_grad=False)
+    w = ndl.Tensor(rng.standard_normal((3, 2)).astype(np.float32))
+    ndl.tanh(x @ w).sum().backward()
+    return w.grad.op is not None
+
+
+def test_graph_mode_context_stays_in_its_thread():
+    stop = threading.Event()
+    inside = threading.Event()
+    toggler_saw = []  # (mode inside the context, whether its step recorded a graph)
+    errors = []
+
+    def toggle():
+        rng = np.random.default_rng(1)
+        try:
+            while not stop.is_set():
+                with ndl.autograd.graph_mode("needle"):
+                    inside.set()
+                    toggler_saw.append((ndl.autograd.get_graph_mode(), _step_records_a_graph(rng)))
+                    time.sleep(0)  # let the other thread run while the context is active
+        except Exception as err:
+            errors.append(repr(err))
+
+    toggler = threading.Thread(target=toggle)
+    toggler.start()
+    try:
+        assert inside.wait(10)
+        rng = np.random.default_rng(2)
+        recorded = []
+        for step in range(200):
+            mode = ndl.autograd.get_graph_mode()
+            recorded.append((step, mode, _step_records_a_graph(rng)))
+            if step % 2:
+                with ndl.autograd.graph_mode("cycle_free"):
+                    recorded.append((step, "ctx", _step_records_a_graph(rng)))
+            time.sleep(0)
+    finally:
+        stop.set()
+        toggler.join(30)
+    assert errors == []
+    assert [r for r in recorded if r[1] not in ("cycle_free", "ctx") or r[2]] == []
+    assert toggler_saw and all(seen == ("needle", True) for seen in toggler_saw)
+    assert ndl.autograd.get_graph_mode() == "cycle_free"
+
+
+def _mode_in_new_thread():
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(ndl.autograd.get_graph_mode()))
+    t.start()
+    t.join(10)
+    return seen[0]
+
+
+def test_new_threads_start_from_the_process_default():
+    assert ndl.autograd.get_graph_mode() == "cycle_free"
+    with ndl.autograd.graph_mode("needle"):
+        # a context is this thread's alone
+        assert _mode_in_new_thread() == "cycle_free"
+    previous = ndl.autograd.set_graph_mode("needle")
+    try:
+        assert previous == "cycle_free"
+        assert ndl.autograd.get_graph_mode() == "needle"
+        assert _mode_in_new_thread() == "needle"
+    finally:
+        ndl.autograd.set_graph_mode(previous)
+    assert _mode_in_new_thread() == "cycle_free"
+
+
+def test_set_graph_mode_inside_a_context_changes_the_default_only():
+    with ndl.autograd.graph_mode("needle"):
+        try:
+            assert ndl.autograd.set_graph_mode("needle") == "cycle_free"
+            assert ndl.autograd.set_graph_mode("cycle_free") == "needle"
+            # the context still decides for this thread until it exits
+            assert ndl.autograd.get_graph_mode() == "needle"
+            ndl.autograd.set_graph_mode("needle")
+            assert _mode_in_new_thread() == "needle"
+        finally:
+            ndl.autograd.set_graph_mode("cycle_free")
+        assert ndl.autograd.get_graph_mode() == "needle"
+    assert ndl.autograd.get_graph_mode() == "cycle_free"
+
+
+def test_concurrent_toggling_and_setting_never_crashes():
+    errors = []
+    barrier = threading.Barrier(4)
+
+    def churn(k):
+        rng = np.random.default_rng(k)
+        try:
+            barrier.wait(10)
+            for i in range(100):
+                name = ndl.autograd.GRAPH_MODES[(i + k) % 2]
+                if k == 3:
+                    ndl.autograd.set_graph_mode(name)
+                    continue
+                with ndl.autograd.graph_mode(name):
+                    assert ndl.autograd.get_graph_mode() == name
+                    assert _step_records_a_graph(rng) == (name == "needle")
+        except Exception as err:
+            errors.append(repr(err))
+
+    threads = [threading.Thread(target=churn, args=(k,)) for k in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        ndl.autograd.set_graph_mode("cycle_free")
+    assert errors == []

@@ -26,6 +26,26 @@ int set_recording(int on) {
     return previous;
 }
 
+/* The graph modes' names, indexed by graph_mode: the one list of them, which
+ * Python reads as needle_c.GRAPH_MODES. */
+static const char *const graph_mode_names[] = {
+    [GRAPH_CYCLE_FREE] = "cycle_free",
+    [GRAPH_NEEDLE] = "needle",
+};
+enum { GRAPH_MODE_COUNT = sizeof graph_mode_names / sizeof *graph_mode_names };
+
+/* The graph mode is per thread too: graph_mode(...) sets this thread's own
+ * mode and puts the previous one back on exit, so another thread's context
+ * never changes this thread's backward. A thread with no context active
+ * (NO_THREAD_MODE, as every new thread starts) follows the process default,
+ * st->autograd->mode, which set_graph_mode changes. */
+enum { NO_THREAD_MODE = -1 };
+static _Thread_local int thread_mode = NO_THREAD_MODE;
+
+static graph_mode current_graph_mode(const needle_state *st) {
+    return thread_mode == NO_THREAD_MODE ? st->autograd->mode : (graph_mode)thread_mode;
+}
+
 /* The course's post-order DFS, iteratively: a deep graph needs no recursion.
  * A node on the current path carries this sort's mark (path_mark); meeting a
  * child that carries it means .inputs were set to form a cycle. Each frame
@@ -391,8 +411,7 @@ static int compute_gradients(needle_state *st, PyObject *output, PyObject *out_g
     Py_DECREF(roots);
     if (topo == NULL) return -1;
     int rc;
-    autograd_state *ag = st->autograd;
-    if (ag->mode == GRAPH_NEEDLE) {
+    if (current_graph_mode(st) == GRAPH_NEEDLE) {
         rc = backward_needle(st, topo, output, out_grad);
     } else {
         int recording = set_recording(create_graph && is_recording());
@@ -489,27 +508,71 @@ static PyObject *mod_compute_gradient(PyObject *module, PyObject *const *args, P
     Py_RETURN_NONE;
 }
 
+static PyObject *graph_mode_tuple(void) {
+    PyObject *names = PyTuple_New(GRAPH_MODE_COUNT);
+    for (int k = 0; names != NULL && k < GRAPH_MODE_COUNT; k++) {
+        PyObject *name = PyUnicode_FromString(graph_mode_names[k]);
+        if (name == NULL) Py_CLEAR(names);
+        else PyTuple_SET_ITEM(names, k, name);
+    }
+    return names;
+}
+
+/* A graph mode's name to its graph_mode, or -1 with an exception set. */
+static int parse_graph_mode(PyObject *arg) {
+    if (!PyUnicode_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "graph mode must be a str, got %.100s",
+                     Py_TYPE(arg)->tp_name);
+        return -1;
+    }
+    for (int k = 0; k < GRAPH_MODE_COUNT; k++) {
+        if (PyUnicode_CompareWithASCIIString(arg, graph_mode_names[k]) == 0) return k;
+    }
+    PyObject *names = graph_mode_tuple();
+    if (names != NULL)
+        PyErr_Format(PyExc_ValueError, "unknown graph mode %R (expected one of %R)", arg, names);
+    Py_XDECREF(names);
+    return -1;
+}
+
+static PyObject *graph_mode_name(int mode) {
+    if (mode == NO_THREAD_MODE) Py_RETURN_NONE;
+    return PyUnicode_FromString(graph_mode_names[mode]);
+}
+
+/* The process default; returns the previous default. */
 static PyObject *mod_set_graph_mode(PyObject *module, PyObject *arg) {
     needle_state *st = state_of_module(module);
-    const char *name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
-    if (name == NULL) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "graph mode must be a string");
-        return NULL;
-    }
+    int mode = parse_graph_mode(arg);
+    if (mode < 0) return NULL;
     graph_mode previous = st->autograd->mode;
-    if (strcmp(name, "cycle_free") == 0) st->autograd->mode = GRAPH_CYCLE_FREE;
-    else if (strcmp(name, "needle") == 0) st->autograd->mode = GRAPH_NEEDLE;
-    else {
-        PyErr_Format(PyExc_ValueError, "unknown graph mode %R (expected 'cycle_free' or 'needle')",
-                     arg);
-        return NULL;
-    }
-    return PyUnicode_FromString(previous == GRAPH_NEEDLE ? "needle" : "cycle_free");
+    st->autograd->mode = (graph_mode)mode;
+    return graph_mode_name((int)previous);
+}
+
+/* graph_mode(name)'s entry: this thread's own mode becomes name; returns the
+ * thread's previous one (None: it followed the process default) for the
+ * exit to put back. */
+static PyObject *mod_enter_graph_mode(PyObject *module, PyObject *arg) {
+    (void)module;
+    int mode = parse_graph_mode(arg);
+    if (mode < 0) return NULL;
+    int previous = thread_mode;
+    thread_mode = mode;
+    return graph_mode_name(previous);
+}
+
+/* graph_mode(name)'s exit: puts back what the entry returned. */
+static PyObject *mod_exit_graph_mode(PyObject *module, PyObject *previous) {
+    (void)module;
+    int mode = NO_THREAD_MODE;
+    if (previous != Py_None && (mode = parse_graph_mode(previous)) < 0) return NULL;
+    thread_mode = mode;
+    Py_RETURN_NONE;
 }
 
 static PyObject *mod_get_graph_mode(PyObject *module, PyObject *Py_UNUSED(ignored)) {
-    return PyUnicode_FromString(
-        state_of_module(module)->autograd->mode == GRAPH_NEEDLE ? "needle" : "cycle_free");
+    return graph_mode_name((int)current_graph_mode(state_of_module(module)));
 }
 
 static PyObject *mod_set_grad_enabled(PyObject *module, PyObject *arg) {
@@ -532,8 +595,15 @@ static PyMethodDef autograd_functions[] = {
      "compute_gradient_of_variables(output_tensor, out_grad, /)\n--\n\nBackward from output_tensor "
      "in the current graph mode."},
     {"_set_graph_mode", mod_set_graph_mode, METH_O,
-     "_set_graph_mode(name, /)\n--\n\nReturns the previous mode."},
-    {"_get_graph_mode", mod_get_graph_mode, METH_NOARGS, NULL},
+     "_set_graph_mode(name, /)\n--\n\nSets the process default graph mode; returns the previous "
+     "default."},
+    {"_enter_graph_mode", mod_enter_graph_mode, METH_O,
+     "_enter_graph_mode(name, /)\n--\n\nSets this thread's own graph mode; returns its previous "
+     "one (None: the process default) for _exit_graph_mode."},
+    {"_exit_graph_mode", mod_exit_graph_mode, METH_O,
+     "_exit_graph_mode(previous, /)\n--\n\nPuts back what _enter_graph_mode returned."},
+    {"_get_graph_mode", mod_get_graph_mode, METH_NOARGS,
+     "_get_graph_mode()\n--\n\nThe graph mode this thread's backward uses."},
     {"_set_grad_enabled", mod_set_grad_enabled, METH_O,
      "_set_grad_enabled(enabled, /)\n--\n\nRecording on or off; returns the previous setting."},
     {"_is_grad_enabled", mod_is_grad_enabled, METH_NOARGS, NULL},
@@ -560,7 +630,12 @@ int autograd_module_init(PyObject *module, needle_state *st) {
     if (PyModule_AddFunctions(module, alloc_site_functions) < 0 ||
         PyModule_AddFunctions(module, gc_visibility_functions) < 0)
         return -1;
-    return PyModule_AddFunctions(module, autograd_functions);
+    if (PyModule_AddFunctions(module, autograd_functions) < 0) return -1;
+    PyObject *names = graph_mode_tuple();
+    if (names == NULL) return -1;
+    int rc = PyModule_AddObjectRef(module, "GRAPH_MODES", names);
+    Py_DECREF(names);
+    return rc;
 }
 
 int autograd_traverse(needle_state *st, visitproc visit, void *arg) {

@@ -16,6 +16,8 @@
  *     return grads2(s, unbroadcast(s, g_div(s, g, b), a),
  *                   unbroadcast(s, g_neg(s, g_div(s, g_mul(s, g, a), b2)), b));
  *
+ * (div_gradient in ops_basic.c is this formula, with g_wanted added.)
+ *
  * Each block goes through apply_op, so "needle" mode records it.
  */
 #ifndef NEEDLE_GRAD_SCOPE_H

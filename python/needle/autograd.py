@@ -9,12 +9,19 @@ collector. Two graph modes give the same gradient values:
 - ``"needle"``: the course's semantics: gradients are recorded graphs, ``.grad`` is set
   on every node, and the graphs point back into the forward graph (reference cycles
   that only the garbage collector frees). Use it to reproduce the course's leak.
+
+The mode is per thread, like ``no_grad``: ``with graph_mode(name):`` sets the mode of the
+thread that enters it, and no other. ``set_graph_mode(name)`` sets the process default,
+which every thread without an active ``graph_mode`` context follows (the calling thread
+included, and every thread started later); inside a context the context's mode stays in
+force for that thread until the context exits.
 """
 
 import contextlib
 
 import needle_c as _c
 from needle_c import (  # noqa: F401
+    GRAPH_MODES,
     Op,
     Tensor,
     TensorOp,
@@ -28,7 +35,6 @@ from needle_c import (  # noqa: F401
 from .backend_ndarray import all_devices, cpu  # noqa: F401  (the course exports these here)
 
 LAZY_MODE = False
-GRAPH_MODES = ("cycle_free", "needle")
 
 
 def __getattr__(name):
@@ -39,24 +45,31 @@ def __getattr__(name):
 
 
 def set_graph_mode(name):
-    """Selects ``"cycle_free"`` or ``"needle"`` for later backward passes; returns the
-    previous mode."""
+    """Sets the process default graph mode, one of ``GRAPH_MODES``; returns the previous
+    default.
+
+    Every thread without an active ``graph_mode`` context follows the default (the
+    calling thread, other running threads, threads started later); a thread inside a
+    ``graph_mode`` context keeps the context's mode until it exits. Raises ``TypeError``
+    for a non-str and ``ValueError`` for an unknown name."""
     return _c._set_graph_mode(name)
 
 
 def get_graph_mode():
-    """The current graph mode: ``"cycle_free"`` or ``"needle"``."""
+    """The graph mode this thread's backward passes use: its innermost ``graph_mode``
+    context's, else the process default."""
     return _c._get_graph_mode()
 
 
 @contextlib.contextmanager
 def graph_mode(name):
-    """Context manager: backward passes inside use graph mode ``name``."""
-    previous = _c._set_graph_mode(name)
+    """Context manager: backward passes in this thread (and no other) use graph mode
+    ``name`` inside; the thread's previous mode is restored on exit."""
+    previous = _c._enter_graph_mode(name)
     try:
         yield
     finally:
-        _c._set_graph_mode(previous)
+        _c._exit_graph_mode(previous)
 
 
 @contextlib.contextmanager

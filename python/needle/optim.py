@@ -7,14 +7,17 @@ code. The parameter gets a NEW array (``p.data = new`` in the course), so a tens
 the old ``p.data`` keeps the old values; the optimizer's state (``m``, ``v``, ``u``) is
 private and is updated IN PLACE: a tensor taken from ``opt.m[p]`` follows the updates.
 
+Hyper-parameters are checked at construction, as ``torch.optim`` does, and NaN and
+infinities are refused as well: ValueError ("Invalid ...") for ``lr < 0``, ``momentum``
+outside [0, 1) (the course's dampened momentum never moves at 1 and diverges above),
+``eps <= 0``, ``beta1``/``beta2`` outside [0, 1) and ``weight_decay < 0``; TypeError for a
+value that is not a real number (a bool, a str, None).
+
 A step records no graph, leaves each parameter a leaf (``op is None``) and keeps no
 reference to the graph that produced the gradients: the state dicts hold plain detached
 tensors. Parameters whose ``grad`` is None are skipped. ``clip_grad_norm`` exists on every
 optimizer (the course has it on SGD only).
 """
-
-import math
-import numbers
 
 import numpy as np
 
@@ -22,20 +25,8 @@ from needle_c import adam_update as _adam_update
 from needle_c import sgd_update as _sgd_update
 
 from . import init, memory
+from ._checks import check_real
 from .autograd import Tensor, no_grad
-
-
-def _check_number(name, value, low=0.0, below=None, finite=True):
-    """Validates a rate: a real number >= low (and < below), never NaN (and finite unless
-    ``finite=False``). PyTorch raises ValueError for a negative lr, momentum, weight decay
-    or eps and for betas outside [0, 1); NaN and infinities are refused as well."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    value = float(value)
-    if math.isnan(value) or (finite and math.isinf(value)) or value < low:
-        raise ValueError(f"invalid {name}: {value}")
-    if below is not None and value >= below:
-        raise ValueError(f"invalid {name}: {value} (must be below {below})")
 
 
 class Optimizer:
@@ -66,7 +57,7 @@ class Optimizer:
         replaced by a new detached tensor ``p.grad * coef`` (the old gradient tensor is
         not modified). Returns the total norm before clipping, as a Python float.
         """
-        _check_number("max_norm", max_norm, finite=False)
+        check_real("max_norm", max_norm, low=0.0, finite=False)
         grads = [p for p in self.params if getattr(p, "grad", None) is not None]
         total = 0.0
         for p in grads:
@@ -95,9 +86,9 @@ class SGD(Optimizer):
 
     def __init__(self, params, lr=0.01, momentum=0.0, weight_decay=0.0):
         super().__init__(params)
-        _check_number("lr", lr)
-        _check_number("momentum", momentum)
-        _check_number("weight_decay", weight_decay)
+        check_real("lr", lr, low=0.0)
+        check_real("momentum", momentum, low=0.0, high=1.0, high_open=True)
+        check_real("weight_decay", weight_decay, low=0.0)
         self.lr = lr
         self.momentum = momentum
         self.u = {}
@@ -138,11 +129,11 @@ class Adam(Optimizer):
         weight_decay=0.0,
     ):
         super().__init__(params)
-        _check_number("lr", lr)
-        _check_number("beta1", beta1, below=1.0)
-        _check_number("beta2", beta2, below=1.0)
-        _check_number("eps", eps)
-        _check_number("weight_decay", weight_decay)
+        check_real("lr", lr, low=0.0)
+        check_real("beta1", beta1, low=0.0, high=1.0, high_open=True)
+        check_real("beta2", beta2, low=0.0, high=1.0, high_open=True)
+        check_real("eps", eps, low=0.0, low_open=True)
+        check_real("weight_decay", weight_decay, low=0.0)
         self.lr = lr
         self.beta1 = beta1
         self.beta2 = beta2

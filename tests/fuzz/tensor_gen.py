@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from needle.autograd import GRAPH_MODES
+
 UNARY = ("negate", "exp", "log", "tanh", "sigmoid", "relu", "sqrt", "power_scalar")
 UNARY += ("add_scalar", "mul_scalar", "div_scalar", "pyop_scale")
 BINARY = ("add", "sub", "mul", "div", "power", "pyop_muladd")
@@ -183,7 +185,7 @@ class Generator:
 
     def __init__(self, seed, n_instrs=None):
         self.r = random.Random(seed)
-        self.prog = Program(seed, self.r.choice(("cycle_free", "needle")))
+        self.prog = Program(seed, self.r.choice(GRAPH_MODES))
         self.zero_dims = self.r.random() < 0.25
         self.n = n_instrs or self.r.randint(4, 22)
         self.np_rng = np.random.default_rng(seed)

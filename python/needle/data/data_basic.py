@@ -1,10 +1,9 @@
 """Dataset and DataLoader: the course's batching (fixed ``np.array_split`` order, or a
 fresh ``np.random.permutation`` at each ``iter()`` when shuffling)."""
 
-import numbers
-
 import numpy as np
 
+from .._checks import check_count
 from ..autograd import Tensor
 
 __all__ = ["Dataset", "DataLoader"]
@@ -46,12 +45,7 @@ class DataLoader:
     """
 
     def __init__(self, dataset, batch_size=1, shuffle=False, device=None, dtype="float32"):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
-            raise TypeError(
-                f"DataLoader: batch_size must be an int, got {type(batch_size).__name__}"
-            )
-        if batch_size < 1:
-            raise ValueError(f"DataLoader: batch_size must be at least 1, got {batch_size}")
+        check_count("DataLoader batch_size", batch_size)
         self.dataset = dataset
         self.shuffle = shuffle
         self.batch_size = batch_size

@@ -8,6 +8,7 @@ import math  # noqa: F401
 
 import needle as ndl
 import needle_c as _c
+from needle._checks import check_real
 
 
 def _device(device):
@@ -47,7 +48,10 @@ def zeros(*shape, device=None, dtype="float32", requires_grad=False):
 
 def randb(*shape, p=0.5, device=None, dtype="float32", requires_grad=False):
     """1.0 where a uniform draw is <= p, else 0.0 (p in [0, 1]): with NumPy's draws
-    ``rand(*shape) <= p`` as in the course, with the device generator one kernel."""
+    ``rand(*shape) <= p`` as in the course, with the device generator one kernel.
+    Raises ValueError for p outside [0, 1] or NaN and TypeError for a p that is not a
+    real number (a bool included)."""
+    p = check_real("randb probability p", p, low=0.0, high=1.0)
     device = _device(device)
     array = device.randb(*shape, p=p)
     return ndl.Tensor(array, device=device, dtype=dtype, requires_grad=requires_grad)

@@ -5,6 +5,7 @@ import math
 
 from needle import init, ops
 from needle import random as _random
+from needle._checks import check_count, check_real
 from needle.autograd import Tensor
 
 
@@ -168,9 +169,22 @@ class SoftmaxLoss(Module):
         return ops.softmax_cross_entropy(logits, y)
 
 
+def _check_norm_args(module, dim, eps):
+    """A norm layer's feature count (an int >= 1) and eps (a finite real >= 0); see
+    needle._checks for the exceptions."""
+    check_count(f"{module} dim", dim)
+    check_real(f"{module} eps", eps, low=0.0)
+
+
 class BatchNorm1d(Module):
+    """Normalises each of ``dim`` features over the batch; running statistics move by
+    ``momentum`` (in [0, 1]) per training step. ``dim`` must be an int >= 1 (TypeError,
+    ValueError), ``eps`` a finite real >= 0 (TypeError, ValueError)."""
+
     def __init__(self, dim, eps=1e-5, momentum=0.1, device=None, dtype="float32"):
         super().__init__()
+        _check_norm_args(type(self).__name__, dim, eps)
+        check_real(f"{type(self).__name__} momentum", momentum, low=0.0, high=1.0)
         self.dim = dim
         self.eps = eps
         self.momentum = momentum
@@ -214,10 +228,12 @@ class BatchNorm2d(BatchNorm1d):
 class LayerNorm1d(Module):
     """Normalises the last dimension (biased variance, eps inside the square root);
     leading dims are kept. One fused op (``ops.layer_norm``) where the course composes
-    sums, broadcasts and elementwise ops; the same values to rounding."""
+    sums, broadcasts and elementwise ops; the same values to rounding. ``dim`` must be an
+    int >= 1, ``eps`` a finite real >= 0."""
 
     def __init__(self, dim, eps=1e-5, device=None, dtype="float32"):
         super().__init__()
+        _check_norm_args("LayerNorm1d", dim, eps)
         self.dim = dim
         self.eps = eps
         self.w = Parameter(init.ones(dim, device=device, dtype=dtype))
@@ -237,9 +253,7 @@ class Dropout(Module):
 
     def __init__(self, p=0.5):
         super().__init__()
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"Dropout probability must be in [0, 1], got {p}")
-        self.p = p
+        self.p = check_real("Dropout probability", p, low=0.0, high=1.0)
 
     def forward(self, x):
         if not self.training:

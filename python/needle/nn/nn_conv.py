@@ -1,9 +1,8 @@
 """The convolution module (the course's hw4 ``nn.Conv``): NCHW in and out, with the
 course's parameter shapes, initializers and NumPy-RNG draw order (weight, then bias)."""
 
-import numbers
-
 from needle import init, ops
+from needle._checks import check_count
 from needle.autograd import Tensor
 
 from .nn_basic import Module, Parameter
@@ -42,10 +41,7 @@ class Conv(Module):
             ("kernel_size", kernel_size),
             ("stride", stride),
         ):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise TypeError(f"Conv: {name} must be an int, got {type(value).__name__}")
-            if value < 1:
-                raise ValueError(f"Conv: {name} must be at least 1, got {value}")
+            check_count(f"Conv {name}", value)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.kernel_size = kernel_size

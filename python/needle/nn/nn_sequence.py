@@ -7,6 +7,7 @@ transposes of PyTorch's ``weight_ih`` / ``weight_hh``; sequences are sequence-fi
 """
 
 from needle import init, ops
+from needle._checks import check_count
 from needle.autograd import Tensor
 
 from .nn_basic import Module, Parameter
@@ -139,8 +140,7 @@ class RNN(Module):
         dtype="float32",
     ):
         super().__init__()
-        if num_layers < 1:
-            raise ValueError(f"RNN: num_layers must be >= 1, got {num_layers}")
+        check_count("RNN num_layers", num_layers)
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.num_layers = num_layers
@@ -247,8 +247,7 @@ class LSTM(Module):
         self, input_size, hidden_size, num_layers=1, bias=True, device=None, dtype="float32"
     ):
         super().__init__()
-        if num_layers < 1:
-            raise ValueError(f"LSTM: num_layers must be >= 1, got {num_layers}")
+        check_count("LSTM num_layers", num_layers)
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.num_layers = num_layers

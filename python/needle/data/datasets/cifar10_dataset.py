@@ -5,6 +5,7 @@ import pickle
 
 import numpy as np
 
+from ..._checks import require_dir, require_file
 from ..data_basic import Dataset
 
 __all__ = ["CIFAR10Dataset"]
@@ -25,18 +26,21 @@ class CIFAR10Dataset(Dataset):
     ``self.X`` is float64 (N, 3, 32, 32) with values in [0, 1] (bytes / 255), ``self.Y``
     the integer labels (N,). ``p`` is accepted for the course's signature and unused.
     Item ``i`` is ``(X[i] (3, 32, 32), Y[i])``; transforms, when given, are applied to the
-    image in H x W x C layout and the result is returned as C x H x W again.
+    image in H x W x C layout and the result is returned as C x H x W again. A missing
+    folder or batch file raises FileNotFoundError naming the path.
     """
 
     def __init__(self, base_folder, train, p=0.5, transforms=None):
         super().__init__(transforms)
         self.p = p
+        base_folder = require_dir(base_folder, "CIFAR-10 folder")
         names = [f"data_batch_{i}" for i in range(1, 6)] if train else ["test_batch"]
+        # every file is checked before the first (slow) one is read
+        paths = [
+            require_file(os.path.join(base_folder, name), "CIFAR-10 batch file") for name in names
+        ]
         xs, ys = [], []
-        for name in names:
-            path = os.path.join(base_folder, name)
-            if not os.path.exists(path):
-                raise FileNotFoundError(f"CIFAR-10 batch file not found: {path}")
+        for path in paths:
             data, labels = _load_batch(path)
             xs.append(data)
             ys.append(labels)

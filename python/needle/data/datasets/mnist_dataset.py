@@ -5,6 +5,7 @@ import struct
 
 import numpy as np
 
+from ..._checks import require_file
 from ..data_basic import Dataset
 
 __all__ = ["MNISTDataset"]
@@ -13,11 +14,20 @@ _IMAGE_MAGIC = 2051
 _LABEL_MAGIC = 2049
 
 
-def _open_idx(filename):
-    """Opens an IDX file, gzip-compressed (the usual ``*.gz``) or not."""
+def _open_idx(filename, what):
+    """Opens an IDX file, gzip-compressed (the usual ``*.gz``) or not; FileNotFoundError
+    naming ``what`` and the path when it is missing."""
+    filename = require_file(filename, what)
     with open(filename, "rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
     return gzip.open(filename, "rb") if gz else open(filename, "rb")
+
+
+def _read_header(f, fmt, filename):
+    header = f.read(struct.calcsize(fmt))
+    if len(header) != struct.calcsize(fmt):
+        raise ValueError(f"{filename}: too short for an IDX header ({len(header)} bytes)")
+    return struct.unpack(fmt, header)
 
 
 def parse_mnist(image_filename, label_filename):
@@ -25,10 +35,11 @@ def parse_mnist(image_filename, label_filename):
 
     Returns ``(X, y, (rows, cols))``: X float32 of shape (N, rows*cols) with the pixel
     values 0..255 mapped to 0.0..1.0 (divided by 255, as the course specifies), y uint8
-    of shape (N,). Raises ValueError on a wrong magic number or mismatched counts.
+    of shape (N,). Raises FileNotFoundError naming a missing file and ValueError on a
+    file too short for its header, a wrong magic number or mismatched counts.
     """
-    with _open_idx(image_filename) as f:
-        magic, n, rows, cols = struct.unpack(">IIII", f.read(16))
+    with _open_idx(image_filename, "MNIST image file") as f:
+        magic, n, rows, cols = _read_header(f, ">IIII", image_filename)
         if magic != _IMAGE_MAGIC:
             raise ValueError(
                 f"{image_filename}: not an IDX image file (magic {magic}, expected {_IMAGE_MAGIC})"
@@ -36,8 +47,8 @@ def parse_mnist(image_filename, label_filename):
         pixels = np.frombuffer(f.read(n * rows * cols), dtype=np.uint8)
     if pixels.size != n * rows * cols:
         raise ValueError(f"{image_filename}: truncated, expected {n} images of {rows}x{cols}")
-    with _open_idx(label_filename) as f:
-        magic, m = struct.unpack(">II", f.read(8))
+    with _open_idx(label_filename, "MNIST label file") as f:
+        magic, m = _read_header(f, ">II", label_filename)
         if magic != _LABEL_MAGIC:
             raise ValueError(
                 f"{label_filename}: not an IDX label file (magic {magic}, expected {_LABEL_MAGIC})"
@@ -56,6 +67,7 @@ class MNISTDataset(Dataset):
 
     ``self.images`` is float32 (N, 784) in [0, 1], ``self.labels`` uint8 (N,). Item ``i``
     is ``(img, label)`` with img the (28, 28, 1) float32 image after the transforms.
+    A missing file raises FileNotFoundError naming it (see ``parse_mnist``).
     """
 
     def __init__(self, image_filename, label_filename, transforms=None):

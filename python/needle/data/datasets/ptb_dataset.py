@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from ..._checks import check_count, require_dir
 from ...autograd import Tensor
 
 __all__ = ["Dictionary", "Corpus", "batchify", "get_batch"]
@@ -56,13 +57,14 @@ class Corpus:
 
     ``self.train`` and ``self.test`` are lists of word ids; every line contributes its
     words followed by ``'<eos>'``. ``max_lines`` limits the number of lines read from
-    each file. Raises FileNotFoundError when ``base_dir`` or a split is missing.
+    each file (None: all; else an int >= 0). Raises FileNotFoundError naming the path
+    when ``base_dir`` or a split is missing.
     """
 
     def __init__(self, base_dir, max_lines=None):
-        base_dir = os.fspath(base_dir)
-        if not os.path.isdir(base_dir):
-            raise FileNotFoundError(f"PTB corpus directory not found: {base_dir!r}")
+        base_dir = require_dir(base_dir, "PTB corpus directory")
+        if max_lines is not None:
+            check_count("Corpus max_lines", max_lines, low=0)
         self.dictionary = Dictionary()
         self.train_path = _find(base_dir, TRAIN_NAMES, "training")
         self.test_path = _find(base_dir, TEST_NAMES, "test")
