@@ -54,7 +54,7 @@ def train(seed, mode, should_stop, record):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--mode", choices=["needle", "cycle_free"], default="needle")
+    parser.add_argument("--mode", choices=ndl.autograd.GRAPH_MODES, default="needle")
     parser.add_argument("--limit-mib", type=int, default=64)
     args = parser.parse_args()
     print_machine(mode=args.mode, seconds=args.seconds, limit_mib=args.limit_mib)
