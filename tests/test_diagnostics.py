@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ import pytest
 import needle as ndl
 import needle.memory as mem
 from needle.memory import CycleWarning, MemoryMonitor
+
+from devices import DEVICES
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -478,3 +481,94 @@ def test_monitors_share_one_axes(tmp_path):
     assert os.path.getsize(path) > 0
     with open(path, "rb") as handle:
         assert handle.read(8) == PNG_SIGNATURE
+
+
+# -- tensor_snapshot and live_tensors(since=) --------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_live_tensors_since_a_snapshot_lists_only_newer_tensors(device):
+    older = ndl.Tensor(np.ones((5, 7), np.float32), device=device)
+    snapshot = mem.tensor_snapshot()
+    assert older in snapshot and len(snapshot) >= 1
+    newer = ndl.exp(ndl.Tensor(np.ones((6, 7), np.float32), device=device))
+    records = mem.live_tensors(device, since=snapshot)
+    # exp's result and the leaf its graph keeps: nothing older.
+    assert sorted((r["shape"], str(r["op"]), r["dtype"], r["bytes"]) for r in records) == [
+        ((6, 7), "Exp", "float32", 168),
+        ((6, 7), "None", "float32", 168),
+    ]
+    assert {r["shape"] for r in mem.live_tensors(device)} >= {(5, 7), (6, 7)}
+    (row,) = mem.live_tensors_summary(device, group_by="shape", since=snapshot)
+    assert (row["key"], row["count"], row["bytes"]) == ((6, 7), 2, 336)
+    del newer
+    assert mem.live_tensors(device, since=snapshot) == []
+    assert older in snapshot
+
+
+def test_a_snapshot_does_not_hide_a_newer_tensor_at_an_older_ones_address():
+    older = _tensor((5, 7))
+    snapshot = mem.tensor_snapshot()
+    alive = len(snapshot)
+    del older
+    assert len(snapshot) == alive - 1  # it holds no tensor alive
+    newer = _tensor((6, 7))
+    other = _tensor((1,))
+    # Whether CPython hands the freed address to the next tensor depends on its allocator's
+    # state; make the snapshot hold an entry at newer's address for a different object.
+    snapshot._refs[id(newer)] = weakref.ref(other)
+    assert newer not in snapshot and other not in snapshot
+    assert [r["shape"] for r in mem.live_tensors(since=snapshot)] == [(6, 7), (1,)]
+
+
+def test_live_tensors_since_rejects_what_is_not_a_snapshot():
+    for bad in ({1, 2}, "snapshot", 3):
+        with pytest.raises(TypeError, match="since must be a TensorSnapshot"):
+            mem.live_tensors(since=bad)
+        with pytest.raises(TypeError, match="since must be a TensorSnapshot"):
+            mem.live_tensors_summary(since=bad)
+
+
+def test_live_tensors_reports_dtype():
+    snapshot = mem.tensor_snapshot()
+    a, b = _tensor((2, 3)), _tensor((4,))
+    pair = ndl.make_tuple(a, b)
+    records = {r["type"]: r for r in mem.live_tensors(since=snapshot) if r["shape"] == (2, 3)}
+    assert records["Tensor"]["dtype"] == "float32"
+    (tup,) = [r for r in mem.live_tensors(since=snapshot) if r["type"] == "TensorTuple"]
+    assert tup["dtype"] == ("float32", "float32") and tup["shape"] == ((2, 3), (4,))
+    del pair, a, b
+
+
+# -- memory_summary(abbreviated=) and the flags ------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_memory_summary_abbreviated_leaves_out_the_breakdowns(device):
+    keep = ndl.exp(ndl.Tensor(np.ones((19, 17), np.float32), device=device))  # noqa: F841
+    full = mem.memory_summary(device)
+    short = mem.memory_summary(device, abbreviated=True)
+    if device.name == "cuda":
+        assert ndl.cuda.memory_summary(device, abbreviated=True) == short
+    header = full.splitlines()[:6]  # title, column names, allocated, reserved, blocks, limit
+    assert short.splitlines()[:6] == header
+    assert short.splitlines()[6].startswith("collections: pressure")
+    assert len(short.splitlines()) == 7
+    for section in ("live tensors by op", "Exp", "gc policy:", "ladder:"):
+        assert section in full and section not in short
+    assert mem.memory_summary(device, False) == full
+
+
+def test_flags_take_only_true_or_false():
+    for bad in ("no", "False", 0, 1, 1.0, None, [True]):
+        for call, name in (
+            (lambda v: mem.memory_summary(abbreviated=v), "abbreviated"),
+            (lambda v: mem.record_history(v), "enabled"),
+            (lambda v: mem.set_gc_visible(v), "visible"),
+            (lambda v: mem.warn_on_cycles(v), "enabled"),
+            (lambda v: mem.find_cycles(free=v), "free"),
+        ):
+            with pytest.raises(TypeError, match=f"^{name} must be True or False, got "):
+                call(bad)
+    assert mem.gc_visible() is True
+    assert mem.warn_on_cycles(False) is False

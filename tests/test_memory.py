@@ -4,6 +4,7 @@ out-of-memory errors, and the NEEDLE_MEMORY_LIMIT environment variable."""
 import gc
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -687,3 +688,163 @@ def test_env_limit_per_device():
         assert out["cuda"] == 2 * 2**30
     assert out["big"] == "oom"
     assert out["small"] == [1000]
+
+
+# --------------------------------------------------------------------------
+# mem_get_info and set_per_process_memory_fraction, for every device
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+def test_mem_get_info_without_a_limit_is_the_hardware(device):
+    free, total = mem.mem_get_info(device)
+    assert isinstance(free, int) and isinstance(total, int)
+    capacity = mem.memory_stats(device)["device_capacity_bytes"]
+    if device.name == "cuda":
+        assert total == ndl.cuda.mem_get_info(device)[1]  # the driver's
+        assert abs(total - capacity) <= 64 * 2**20
+    else:
+        assert total == capacity  # physical memory
+    assert 0 < free <= total
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+def test_mem_get_info_under_a_limit_is_the_budget(device):
+    keep = nd.empty((1024,), device=device)
+    reserved = mem.memory_reserved(device)
+    limit = reserved + 8 * 2**20
+    mem.set_memory_limit(device, limit)
+    assert mem.mem_get_info(device) == (8 * 2**20, limit)
+    more = nd.empty((2**20 // 4,), device=device)  # 1 MiB
+    free, total = mem.mem_get_info(device)
+    # (a caching allocator may fit the 1 MiB into a segment it already reserved)
+    assert total == limit and free == limit - mem.memory_reserved(device)
+    assert mem.memory_reserved(device) >= mem.memory_allocated(device) >= 2**20
+    if device.name == "cuda":
+        assert ndl.cuda.mem_get_info(device) == (free, total)
+    # a limit below what is reserved leaves nothing free
+    mem.set_memory_limit(device, 0)
+    assert mem.mem_get_info(device) == (0, 0)
+    mem.set_memory_limit(device, None)
+    assert mem.mem_get_info(device)[1] >= mem.memory_stats(device)["device_capacity_bytes"] // 2
+    del keep, more
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+def test_set_per_process_memory_fraction(device):
+    capacity = mem.memory_stats(device)["device_capacity_bytes"]
+    mem.set_per_process_memory_fraction(0.5, device)
+    assert mem.get_memory_limit(device) == int(0.5 * capacity)
+    assert mem.mem_get_info(device)[1] == int(0.5 * capacity)
+    mem.set_per_process_memory_fraction(1, device)
+    assert mem.get_memory_limit(device) == capacity
+    mem.set_per_process_memory_fraction(np.float32(0.25), device)
+    assert mem.get_memory_limit(device) == int(float(np.float32(0.25)) * capacity)
+    if device.name == "cuda":
+        ndl.cuda.set_per_process_memory_fraction(0.5, device)
+        assert mem.get_memory_limit(device) == int(0.5 * capacity)
+    mem.set_per_process_memory_fraction(None, device)
+    assert mem.get_memory_limit(device) is None
+
+
+def test_set_per_process_memory_fraction_default_device_is_the_cpu():
+    mem.set_per_process_memory_fraction(0.5)
+    assert mem.get_memory_limit(nd.cpu()) == mem.memory_stats("cpu")["device_capacity_bytes"] // 2
+    assert mem.get_memory_limit(nd.cpu_numpy()) is None
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+def test_set_per_process_memory_fraction_rejects_bad_input(device):
+    limit = mem.memory_reserved(device) + 2**20
+    mem.set_memory_limit(device, limit)
+    for bad in (0, 0.0, -0.5, 1.5, 2, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"fraction must be in \(0, 1\]"):
+            mem.set_per_process_memory_fraction(bad, device)
+    for bad in ("0.5", True, [0.5], object()):
+        with pytest.raises(TypeError, match=r"fraction must be a number in \(0, 1\] or None"):
+            mem.set_per_process_memory_fraction(bad, device)
+    assert mem.get_memory_limit(device) == limit
+    check_alive(device)
+
+
+def test_memory_api_rejects_bad_devices():
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        mem.set_per_process_memory_fraction(0.5, "tpu")
+    with pytest.raises(TypeError, match="expected a needle device"):
+        mem.set_per_process_memory_fraction(0.5, 3.5)
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        mem.mem_get_info("tpu")
+    with pytest.raises(TypeError, match="expected a needle device"):
+        mem.mem_get_info(True)
+    # needle.cuda's versions take CUDA devices only
+    with pytest.raises(ValueError, match="expected a CUDA device"):
+        ndl.cuda.mem_get_info("cpu")
+    with pytest.raises(ValueError, match="expected a CUDA device"):
+        ndl.cuda.set_per_process_memory_fraction(0.5, "cpu")
+
+
+def test_memory_api_on_an_unavailable_device():
+    missing = nd.cuda(7)
+    if missing.enabled():
+        pytest.skip("this machine has 8 GPUs")
+    assert mem.mem_get_info(missing) == (0, 0)
+    assert mem.mem_get_info("cuda:7") == (0, 0)
+    with pytest.raises(ndl.DeviceError, match="not available"):
+        mem.set_per_process_memory_fraction(0.5, missing)
+    with pytest.raises(ndl.DeviceError, match="not available"):
+        ndl.cuda.set_per_process_memory_fraction(0.5, 7)
+
+
+# --------------------------------------------------------------------------
+# set_gc_policy's argument types
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def saved_policy():
+    policy = mem.get_gc_policy()
+    try:
+        yield policy
+    finally:
+        mem.set_gc_policy(**policy)
+
+
+@pytest.mark.parametrize("bad", ["no", "False", "", 0, 1, 1.0, [False]], ids=repr)
+def test_set_gc_policy_enabled_takes_only_a_bool(saved_policy, bad):
+    with pytest.raises(TypeError, match=r"^enabled must be True or False, got "):
+        mem.set_gc_policy(enabled=bad)
+    assert mem.get_gc_policy() == saved_policy
+
+
+def test_set_gc_policy_enabled_switches(saved_policy):
+    mem.set_gc_policy(enabled=False)
+    assert mem.get_gc_policy()["enabled"] is False
+    mem.set_gc_policy(enabled=True)
+    assert mem.get_gc_policy()["enabled"] is True
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"growth": "1.0"}, TypeError, "growth must be a number, got str '1.0'"),
+        ({"growth": True}, TypeError, "growth must be a number, got bool True"),
+        ({"high_water": "0.9"}, TypeError, "high_water must be a number"),
+        ({"max_gc_fraction": [0.1]}, TypeError, "max_gc_fraction must be a number"),
+        ({"min_growth": True}, TypeError, "a memory size cannot be a bool"),
+        ({"min_growth": "lots"}, ValueError, "cannot parse memory size 'lots'"),
+        ({"watermark": False}, TypeError, "a memory size cannot be a bool"),
+        ({"watermark": 1.5}, ValueError, "fractional memory size must be in"),
+        ({"growth": -1.0}, ValueError, "gc policy: need growth >= 0"),
+    ],
+    ids=lambda v: repr(v) if isinstance(v, dict) else None,
+)
+def test_set_gc_policy_rejects_bad_arguments(saved_policy, kwargs, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        mem.set_gc_policy(**kwargs)
+    assert mem.get_gc_policy() == saved_policy
+
+
+def test_set_gc_policy_takes_numpy_numbers(saved_policy):
+    mem.set_gc_policy(growth=np.float32(0.5), high_water=np.float64(0.75))
+    policy = mem.get_gc_policy()
+    assert policy["growth"] == 0.5 and policy["high_water"] == 0.75

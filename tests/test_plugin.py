@@ -15,6 +15,8 @@ import pytest
 import needle as ndl
 from needle import testing as needle_testing
 
+from devices import DEVICES
+
 pytest_plugins = ["pytester"]
 
 MiB = 2**20
@@ -101,7 +103,7 @@ def test_fails_by_itself():
     assert "exceeded the limit" not in out
 
 
-def test_malformed_marker_fails_the_test_before_it_runs(pytester):
+def test_malformed_marker_is_a_setup_error_naming_the_argument(pytester):
     result = run(
         pytester,
         """
@@ -117,17 +119,50 @@ def test_no_limit():
 def test_bad_size():
     RAN.append(1)
 
+@pytest.mark.limit_device_memory(-5)
+def test_negative():
+    RAN.append(1)
+
+@pytest.mark.limit_device_memory([1024])
+def test_wrong_type():
+    RAN.append(1)
+
+@pytest.mark.limit_device_memory(True)
+def test_bool():
+    RAN.append(1)
+
+@pytest.mark.limit_device_memory("1 MiB", device="tpu")
+def test_unknown_device():
+    RAN.append(1)
+
+@pytest.mark.limit_device_memory("1 MiB", device=3.5)
+def test_device_of_the_wrong_type():
+    RAN.append(1)
+
+@pytest.mark.limit_device_memory("1 MiB", "cpu", "extra")
+def test_too_many_arguments():
+    RAN.append(1)
+
 def test_nothing_ran():
     assert RAN == []
 """,
     )
-    result.assert_outcomes(passed=1, failed=2)
-    result.stdout.fnmatch_lines(
-        [
-            "*TypeError: limit_device_memory needs a limit*",
-            "*ValueError: cannot parse memory size 'lots'*",
-        ]
-    )
+    result.assert_outcomes(passed=1, errors=8)
+    out = result.stdout.str()
+    for expected in (
+        "limit_device_memory needs a limit, e.g. @pytest.mark.limit_device_memory('256 MiB')",
+        "limit_device_memory: bad limit='lots' (str): cannot parse memory size 'lots'",
+        "limit_device_memory: bad limit=-5 (int): a memory size must be >= 0, got -5",
+        "limit_device_memory: bad limit=[1024] (list): a memory size must be an int",
+        "limit_device_memory: bad limit=True (bool): a memory size cannot be a bool",
+        "limit_device_memory: bad device='tpu': unknown device 'tpu'",
+        "limit_device_memory: bad device=3.5: expected a needle device or a device name",
+        "limit_device_memory takes (limit, device=None), got args=('1 MiB', 'cpu', 'extra')",
+    ):
+        assert expected in out, expected
+    # A usage error, not a traceback from inside needle: no source lines, no chained errors.
+    assert "Traceback" not in out and "another exception occurred" not in out
+    assert "needle/memory" not in out and "testing.py" not in out
 
 
 def test_unmarked_tests_are_left_alone(pytester):
@@ -151,19 +186,212 @@ def test_the_peak_survives():
 
 
 @pytest.mark.skipif(ndl.cuda().enabled(), reason="needs a device that is unavailable")
-def test_limit_on_an_unavailable_device_warns(pytester):
+def test_limit_on_an_unavailable_device_skips_with_the_reason(pytester):
     result = run(
         pytester,
         """
 import pytest
 
+RAN = []
+
 @pytest.mark.limit_device_memory("1 MiB", device="cuda")
 def test_on_cuda():
-    pass
+    RAN.append(1)
+
+@pytest.mark.limit_device_memory("1 MiB", device="cpu")
+@pytest.mark.limit_device_memory("1 MiB", device="cuda:1")
+def test_on_cpu_and_cuda():
+    RAN.append(1)
+
+def test_nothing_ran():
+    assert RAN == []
+""",
+        "-rs",
+    )
+    result.assert_outcomes(passed=1, skipped=2)
+    reason = ndl.cuda.unavailable_reason()
+    assert reason
+    skips = [line for line in result.stdout.lines if line.startswith("SKIPPED")]
+    # Reported at the test (as a skipif marker is), not inside the plugin.
+    assert re.match(r"SKIPPED \[1\] test_\w+\.py:\d+: ", skips[0]), skips
+    assert skips[0].endswith(f": limit_device_memory: cuda() is not available: {reason}")
+    assert skips[1].endswith(f": limit_device_memory: cuda(1) is not available: {reason}")
+
+
+@pytest.mark.skipif(ndl.cuda().enabled(), reason="needs a device that is unavailable")
+def test_check_no_growth_on_an_unavailable_device_skips_with_the_reason(pytester):
+    result = run(
+        pytester,
+        """
+def test_growth_on_cuda(device_memory):
+    device_memory.check_no_growth(lambda: None, device="cuda")
+    raise AssertionError("not reached: the check skips")
+""",
+        "-rs",
+    )
+    result.assert_outcomes(skipped=1)
+    (skip,) = [line for line in result.stdout.lines if line.startswith("SKIPPED")]
+    assert re.match(r"SKIPPED \[1\] test_\w+\.py:\d+: ", skip), skip
+    assert skip.endswith(
+        f"check_no_growth: cuda() is not available: {ndl.cuda.unavailable_reason()}"
+    )
+
+
+# One test leaks without any check, a marked test and a step check leak tensors of their own
+# shapes, and clean tests run after all of them: each failure must list its own tensors only.
+CULPRIT_TESTS = """
+import numpy as np
+import pytest
+import needle as ndl
+
+DEV = ndl.{device}()
+KEEP = []
+
+def test_an_earlier_leak():
+    KEEP.extend(ndl.Tensor(np.ones((300, 7), np.float32), device=DEV) for _ in range(3))
+
+@pytest.mark.limit_device_memory("16 KiB", device="{device}")
+def test_marked_leak():
+    KEEP.append(ndl.Tensor(np.ones((32, 64), np.float32), device=DEV))  # SITE-LEAF
+    KEEP.append(ndl.exp(ndl.Tensor(np.ones((32, 64), np.float32), device=DEV)))  # SITE-OP
+    scratch = ndl.Tensor(np.ones((64, 64), np.float32), device=DEV)  # freed at the return
+
+@pytest.mark.limit_device_memory("1 MiB", device="{device}")
+def test_marked_clean():
+    total = ndl.exp(ndl.Tensor(np.ones((32, 64), np.float32), device=DEV)).sum()
+
+def test_step_leak(device_memory):
+    def step():
+        KEEP.append(ndl.Tensor(np.ones((16, 64), np.float32), device=DEV))  # SITE-STEP
+    device_memory.check_no_growth(step, steps=5, warmup=2, device="{device}")
+
+def test_step_clean(device_memory):
+    def step():
+        return ndl.exp(ndl.Tensor(np.ones((16, 64), np.float32), device=DEV)).sum()
+    device_memory.check_no_growth(step, steps=5, warmup=2, device="{device}")
+"""
+
+
+def _source_line(source, tag):
+    """The 1-based line of ``source`` (as makepyfile writes it) that carries ``tag``."""
+    lines = source.strip().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if tag in line)
+
+
+def _failure_section(out, test_name):
+    """The text of ``test_name``'s entry in the FAILURES section of a pytest run."""
+    match = re.search(rf"_+ {test_name} _+\n(.*?)(?=\n_{{3,}} \w|\n=+ )", out, re.S)
+    assert match, f"no failure section for {test_name}"
+    return match.group(1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_failures_list_the_tests_own_tensors_by_site(pytester, device):
+    source = CULPRIT_TESTS.format(device=device.name)
+    module = pytester.makepyfile(source).name
+    result = pytester.runpytest(*PLUGIN, "-p", "no:cacheprovider", "-v")
+    result.stdout.fnmatch_lines(
+        [
+            "*test_an_earlier_leak PASSED*",
+            "*test_marked_leak FAILED*",
+            "*test_marked_clean PASSED*",
+            "*test_step_leak FAILED*",
+            "*test_step_clean PASSED*",
+        ]
+    )
+    result.assert_outcomes(passed=3, failed=2)
+    out = result.stdout.str()
+    dev = repr(device)
+
+    marked = _failure_section(out, "test_marked_leak")
+    assert f"limit_device_memory: peak device memory on {dev} exceeded the limit" in marked
+    assert (
+        f"kept: 3 tensors that the test created are still alive on {dev}, "
+        "24576 bytes (24.00 KiB), by allocation site:"
+    ) in marked
+    leaf_site = f"{module}:{_source_line(source, 'SITE-LEAF')}"
+    op_site = f"{module}:{_source_line(source, 'SITE-OP')}"
+    # exp's result keeps its input alive (the graph): the op's line keeps two tensors, first.
+    assert (
+        f"  {op_site}: 2 tensors, 16384 bytes (16.00 KiB)\n"
+        "    1 x Tensor(shape=(32, 64), dtype=float32, bytes=8192, op=Exp)\n"
+        "    1 x Tensor(shape=(32, 64), dtype=float32, bytes=8192, op=(leaf))\n"
+        f"  {leaf_site}: 1 tensors, 8192 bytes (8.00 KiB)\n"
+        "    1 x Tensor(shape=(32, 64), dtype=float32, bytes=8192, op=(leaf))\n"
+    ) in marked
+    # Neither the earlier test's leak nor the freed scratch tensor is the culprit.
+    assert "(300, 7)" not in marked and "(64, 64)" not in marked
+
+    step = _failure_section(out, "test_step_leak")
+    assert "grew by 20480 bytes (20.00 KiB) over 5 steps" in step
+    step_site = f"{module}:{_source_line(source, 'SITE-STEP')}"
+    # Five measured steps: the two warmup steps' tensors and the other tests' are not listed.
+    assert (
+        f"kept: 5 tensors that the measured steps created are still alive on {dev}, "
+        "20480 bytes (20.00 KiB), by allocation site:\n"
+        f"  {step_site}: 5 tensors, 20480 bytes (20.00 KiB)\n"
+        "    5 x Tensor(shape=(16, 64), dtype=float32, bytes=4096, op=(leaf))\n"
+    ) in step
+    assert "(300, 7)" not in step and "(32, 64)" not in step
+
+
+def test_failures_without_history_group_under_one_unrecorded_site(pytester):
+    source = CULPRIT_TESTS.format(device="cpu")
+    pytester.makepyfile(source)
+    result = pytester.runpytest(*PLUGIN, "-p", "no:cacheprovider", "--needle-no-history")
+    result.assert_outcomes(passed=3, failed=2)
+    step = _failure_section(result.stdout.str(), "test_step_leak")
+    assert (
+        "  (sites not recorded: history off): 5 tensors, 20480 bytes (20.00 KiB)\n"
+        "    5 x Tensor(shape=(16, 64), dtype=float32, bytes=4096, op=(leaf))\n"
+        "  (allocation sites are recorded unless --needle-no-history is given)"
+    ) in step
+    assert "SITE" not in step
+
+
+def test_history_is_on_for_the_test_only(pytester):
+    result = run(
+        pytester,
+        """
+import numpy as np
+import pytest
+import needle as ndl
+import needle_c
+
+def recording():
+    previous = needle_c._record_history(False)
+    needle_c._record_history(previous)
+    return previous
+
+def test_unmarked_records_nothing():
+    assert recording() is False
+
+@pytest.mark.limit_device_memory("1 MiB")
+def test_marked_records():
+    assert recording() is True
+    t = ndl.Tensor(np.ones(3, np.float32))
+    assert t._alloc_site
+
+def test_fixture_records(device_memory):
+    assert recording() is True
+
+def test_after_them_records_nothing():
+    assert recording() is False
 """,
     )
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*limit_device_memory: cuda is not available*"])
+    result.assert_outcomes(passed=4)
+
+
+def test_kept_report_without_tensors_or_with_arrays_outside_them():
+    snapshot = ndl.memory.tensor_snapshot()
+    report = needle_testing._kept_report(ndl.cpu(), snapshot, growth=0)
+    assert report == "kept: no tensor that the test created is still alive on cpu()\n"
+    kept = ndl.backend_ndarray.empty((256,), device=ndl.cpu())  # an NDArray, not a Tensor
+    report = needle_testing._kept_report(ndl.cpu(), snapshot, growth=kept.nbytes)
+    assert report.splitlines()[1] == (
+        "  allocated bytes grew by 1024 bytes (1.00 KiB): the rest is held by arrays "
+        "outside Tensors (not listed) or by storage that older tensors share"
+    )
 
 
 GROWTH_TESTS = """

@@ -165,26 +165,24 @@ def empty_cache(device=None):
 
 
 def mem_get_info(device=None):
-    """``(free, total)`` bytes of the GPU as the driver reports them (``cudaMemGetInfo``):
-    free counts every process and the CUDA context, not only needle. ``(0, 0)`` without
-    CUDA."""
-    dev = _device(device)
-    if not dev.enabled():
-        return (0, 0)
-    info = _c._cuda_mem_get_info(dev.index)
-    return (0, 0) if info is None else tuple(info)
+    """``(free, total)`` bytes of the GPU: the driver's figures (``cudaMemGetInfo``, which
+    count every process and the CUDA context), or the limit and what needle may still
+    reserve under it when one is set (see :func:`needle.memory.mem_get_info`). ``(0, 0)``
+    without CUDA."""
+    return _memory.mem_get_info(_device(device))
 
 
-def memory_summary(device=None):
+def memory_summary(device=None, abbreviated=False):
     """A readable report of the device's memory (see :func:`needle.memory.memory_summary`)."""
-    return _memory.memory_summary(_device(device))
+    return _memory.memory_summary(_device(device), abbreviated=abbreviated)
 
 
 def set_per_process_memory_fraction(fraction, device=None):
     """Limits what needle may reserve on the device to ``fraction`` (in (0, 1]) of its
     capacity; beyond it allocations raise ``needle.OutOfMemoryError``. ``None`` removes
-    the limit. Raises ``needle.DeviceError`` without CUDA."""
-    _memory.set_memory_limit(_device(device), None if fraction is None else float(fraction))
+    the limit. Raises ``needle.DeviceError`` without CUDA (see
+    :func:`needle.memory.set_per_process_memory_fraction`)."""
+    _memory.set_per_process_memory_fraction(fraction, _device(device))
 
 
 def gemm_backend():

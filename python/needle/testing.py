@@ -1,36 +1,61 @@
-"""A pytest plugin for testing device memory: peak limits and growth checks.
+"""A pytest plugin for testing device memory: peak limits and growth checks that name what
+the test kept.
 
 Installed with needle and loaded automatically through the ``pytest11`` entry point,
 so any project's test suite that installs needle can use:
 
 - the marker ``@pytest.mark.limit_device_memory(limit, device=None)``: the test fails
   when the device's peak allocated bytes during the test exceed ``limit`` above what
-  was allocated when the test started. ``limit`` is bytes or a size string such as
-  ``"256 MiB"`` (see :func:`needle.memory.parse_size`).
+  was allocated when the test started. ``limit`` is bytes, a size string such as
+  ``"256 MiB"`` or a fraction of the device's capacity (see
+  :func:`needle.memory.parse_size`). A device this machine does not have (``"cuda"``
+  without a GPU) skips the test with the reason; a malformed argument is an error of the
+  test's setup that names it, before the test runs.
 - the fixture ``device_memory``: a :class:`DeviceMemory` with ``allocated()``,
   ``peak()`` and ``check_no_growth(step_fn, ...)``, which fails the test when repeating
   a step keeps more and more device memory allocated.
 
+A failure lists what the test (for ``check_no_growth``: its measured steps) created and
+still keeps alive, not every tensor of the process: each tensor with its shape, dtype and
+bytes, grouped by the line that created it. To name that line the plugin records
+allocation sites (:func:`needle.memory.record_history`) while a marked test or one using
+the fixture runs; ``--needle-no-history`` turns that off (it costs time on every tensor).
+
 Tests that use neither pay nothing: the hooks return at once when no marker is set.
 """
 
+import contextlib
 import gc
-import warnings
+import os
 
 import pytest
 
-# needle.memory is the only part of needle the plugin needs; the package itself is
-# imported anyway because this module lives inside it.
+# needle.memory is the part of needle the plugin measures with; needle.cuda says why a GPU
+# is missing. The package itself is imported anyway because this module lives inside it.
+from . import cuda as _cuda
 from . import memory as _memory
 
 __all__ = ["DeviceMemory", "MARKER"]
 
 MARKER = "limit_device_memory"
+HISTORY_OPTION = "--needle-no-history"
 
-# Rows of the live-tensor report shown in failure messages; more is noise.
+# Allocation sites listed in a failure message, and tensor kinds under each; more is noise.
 _REPORT_ROWS = 10
+_ROWS_PER_SITE = 5
 # check_no_growth lists every step up to this many, then the first and last few.
 _MAX_LISTED_STEPS = 30
+
+
+def pytest_addoption(parser):
+    """Adds ``--needle-no-history``."""
+    parser.getgroup("needle").addoption(
+        HISTORY_OPTION,
+        action="store_true",
+        default=False,
+        help="do not record where tensors are created while limit_device_memory tests and "
+        "device_memory tests run (faster; failure reports then cannot name the lines)",
+    )
 
 
 def pytest_configure(config):
@@ -40,7 +65,8 @@ def pytest_configure(config):
         f"{MARKER}(limit, device=None): fail the test when the device's peak allocated "
         "bytes during the test exceed limit (bytes or a size such as '256 MiB') above "
         "the bytes allocated at its start; device is a needle device or a name "
-        "('cpu', 'cuda:0'), the default device when omitted.",
+        "('cpu', 'cuda:0'), the default device when omitted; skipped when the device is "
+        "not available.",
     )
 
 
@@ -56,9 +82,38 @@ def _device_label(device):
     return device if isinstance(device, str) else repr(device)
 
 
+def _unavailable_reason(dev):
+    """Why the Device ``dev`` cannot be used here, for a skip message."""
+    if dev.name != "cuda":
+        return f"{dev!r} is not available"
+    reason = _cuda.unavailable_reason()
+    if reason is None:  # CUDA works, but this index is past the machine's GPUs
+        reason = f"this machine has {_cuda.device_count()} CUDA device(s)"
+    return f"{dev!r} is not available: {reason}"
+
+
+def _skip_at_the_test(reason):
+    """Skips the running test with ``reason``, reported at the test's line (as a ``skipif``
+    marker is) rather than at this plugin's."""
+    try:
+        exc = pytest.skip.Exception(reason, _use_item_location=True)
+    except TypeError:  # a pytest without the keyword (before 7.0)
+        exc = pytest.skip.Exception(reason)
+    raise exc
+
+
+def _history(config):
+    """A context that records allocation sites, unless ``--needle-no-history`` was given."""
+    if config is not None and config.getoption(HISTORY_OPTION, default=False):
+        return contextlib.nullcontext()
+    return _memory.record_history(True)
+
+
 def _live_tensor_report(device):
     """The largest live-tensor groups on ``device`` as text lines, or ``""``.
 
+    Every live tensor of the process, whichever test made it: what ``DeviceMemory.live_tensors``
+    shows. Failure messages use :func:`_kept_report`, which lists only the test's own.
     Returns ``""`` when this needle has no ``memory.live_tensors_summary``; the report
     is a diagnostic, so a failure inside it is described rather than raised.
     """
@@ -91,79 +146,188 @@ def _live_tensor_report(device):
     return "\n".join(lines) + "\n"
 
 
+def _short_site(site, rootdir):
+    """``"file:line"`` with the file relative to ``rootdir`` when it lies under it."""
+    filename, _, line = site.rpartition(":")
+    if rootdir is not None:
+        relative = os.path.relpath(filename, rootdir)
+        if not relative.startswith(os.pardir):
+            filename = relative
+    return f"{filename}:{line}"
+
+
+def _kept_report(dev, snapshot, growth, rootdir=None, history=True, what="the test"):
+    """What ``what`` created after ``snapshot`` and still keeps on the Device ``dev``, as text
+    lines: one group per allocation site (largest first), each tensor kind in it with its
+    count, shape, dtype and bytes. ``growth`` is how much the allocated bytes grew meanwhile,
+    to say when the tensors listed do not account for it. A failure inside the report is
+    described rather than raised, so that it cannot hide the failure it explains."""
+    try:
+        records = _memory.live_tensors(dev, group_by=None, since=snapshot)
+    except Exception as err:  # noqa: BLE001 - a broken report must not hide the real failure
+        return f"kept tensors: report unavailable ({type(err).__name__}: {err})\n"
+    total = sum(record["bytes"] for record in records)
+    if not records:
+        lines = [f"kept: no tensor that {what} created is still alive on {dev!r}"]
+    else:
+        lines = [
+            f"kept: {len(records)} tensors that {what} created are still alive on {dev!r}, "
+            f"{_format_bytes(total)}, by allocation site:"
+        ]
+    sites = {}
+    for record in records:
+        site = record["site"]
+        if site is None:
+            site = "(site not recorded)" if history else "(sites not recorded: history off)"
+        else:
+            site = _short_site(site, rootdir)
+        kinds = sites.setdefault(site, {})
+        kind = (record["type"], record["shape"], record["dtype"], record["bytes"], record["op"])
+        kinds[kind] = kinds.get(kind, 0) + 1
+    ordered = sorted(
+        sites.items(), key=lambda item: (-sum(k[3] * n for k, n in item[1].items()), item[0])
+    )
+    for site, kinds in ordered[:_REPORT_ROWS]:
+        site_bytes = sum(kind[3] * n for kind, n in kinds.items())
+        lines.append(f"  {site}: {sum(kinds.values())} tensors, {_format_bytes(site_bytes)}")
+        # Most bytes first; an op's output before the leaves it keeps alive.
+        rows = sorted(
+            kinds.items(),
+            key=lambda item: (-item[0][3] * item[1], item[0][4] is None, str(item[0])),
+        )
+        for (kind, shape, dtype, nbytes, op), count in rows[:_ROWS_PER_SITE]:
+            lines.append(
+                f"    {count} x {kind}(shape={shape}, dtype={dtype}, bytes={nbytes}, "
+                f"op={op or '(leaf)'})"
+            )
+        if len(rows) > _ROWS_PER_SITE:
+            lines.append(f"    ... {len(rows) - _ROWS_PER_SITE} more kinds")
+    if len(ordered) > _REPORT_ROWS:
+        lines.append(f"  ... {len(ordered) - _REPORT_ROWS} more sites")
+    if growth > total:
+        lines.append(
+            f"  allocated bytes grew by {_format_bytes(growth)}: the rest is held by arrays "
+            "outside Tensors (not listed) or by storage that older tensors share"
+        )
+    if records and not history:
+        lines.append(f"  (allocation sites are recorded unless {HISTORY_OPTION} is given)")
+    return "\n".join(lines) + "\n"
+
+
 # --------------------------------------------------------------------------
 # the limit_device_memory marker
 # --------------------------------------------------------------------------
 
 
+class _MarkerUsageError(Exception):
+    """A malformed ``limit_device_memory`` marker; its message names the argument."""
+
+
 def _marker_limits(item):
-    """``[(device, limit_bytes)]`` from the item's ``limit_device_memory`` markers.
+    """``[(device, limit)]`` from the item's ``limit_device_memory`` markers: the Device
+    object and the limit as written (checked, not yet converted to bytes, since a fraction
+    needs the device's capacity).
 
     The closest marker wins for each device, so a function's marker overrides its
     class's or module's for the same device while markers for other devices still apply.
-    Raises TypeError or ValueError for a malformed marker.
+    Raises _MarkerUsageError, naming the argument, for a malformed marker.
     """
     limits = {}
     for marker in item.iter_markers(name=MARKER):
         args, kwargs = list(marker.args), dict(marker.kwargs)
         if len(args) > 2 or set(kwargs) - {"limit", "device"}:
-            raise TypeError(
+            raise _MarkerUsageError(
                 f"{MARKER} takes (limit, device=None), got args={marker.args!r} "
                 f"kwargs={marker.kwargs!r}"
             )
         if "limit" in kwargs and args:
-            raise TypeError(f"{MARKER}: limit given twice")
+            raise _MarkerUsageError(f"{MARKER}: limit given twice")
+        if "device" in kwargs and len(args) > 1:
+            raise _MarkerUsageError(f"{MARKER}: device given twice")
         limit = kwargs.pop("limit") if "limit" in kwargs else (args.pop(0) if args else None)
         if limit is None:
-            raise TypeError(f"{MARKER} needs a limit, e.g. @pytest.mark.{MARKER}('256 MiB')")
+            raise _MarkerUsageError(
+                f"{MARKER} needs a limit, e.g. @pytest.mark.{MARKER}('256 MiB')"
+            )
+        try:
+            _memory.parse_size(limit, capacity=1)  # the form only: capacity comes later
+        except (TypeError, ValueError) as err:
+            raise _MarkerUsageError(
+                f"{MARKER}: bad limit={limit!r} ({type(limit).__name__}): {err}"
+            ) from None
         device = kwargs.get("device", args[0] if args else None)
-        # None and "cpu" both mean the CPU engine; key them alike so that the closest wins.
-        key = "cpu" if device is None else (device if isinstance(device, str) else repr(device))
-        if key not in limits:
-            limits[key] = (device, _memory.parse_size(limit))
+        try:
+            dev = _memory._resolve(device)
+        except (TypeError, ValueError) as err:
+            raise _MarkerUsageError(f"{MARKER}: bad device={device!r}: {err}") from None
+        limits.setdefault(repr(dev), (dev, limit))
     return list(limits.values())
 
 
-def _limit_failure(device, limit, start, peak, end):
+def _limit_failure(dev, limit, start, peak, end, kept):
     """The failure message for a test whose peak passed its ``limit_device_memory``."""
     return (
-        f"{MARKER}: peak device memory on {_device_label(device)} exceeded the limit\n"
+        f"{MARKER}: peak device memory on {dev!r} exceeded the limit\n"
         f"  limit:           {_format_bytes(limit)} above the start\n"
         f"  peak:            {_format_bytes(peak)}, {_format_bytes(peak - start)} above the start\n"
         f"  start allocated: {_format_bytes(start)}\n"
-        f"  end allocated:   {_format_bytes(end)}\n" + _live_tensor_report(device)
+        f"  end allocated:   {_format_bytes(end)}\n" + kept
     )
+
+
+# Where pytest_runtest_setup leaves the checked limits for pytest_runtest_call.
+_LIMITS = pytest.StashKey()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Reads a marked test's limits before its fixtures run: a malformed marker is an error
+    of the test's setup that names the argument (as pytest reports a bad ``skipif``), and a
+    device this machine lacks skips the test with the reason."""
+    if item.get_closest_marker(MARKER) is None:
+        return
+    try:
+        limits, usage_error = _marker_limits(item), None
+    except _MarkerUsageError as err:
+        limits, usage_error = [], str(err)
+    if usage_error is not None:  # failed outside the except, so no chained exception shows
+        pytest.fail(usage_error, pytrace=False)
+    for dev, _ in limits:
+        if not dev.enabled():
+            _skip_at_the_test(f"{MARKER}: {_unavailable_reason(dev)}")
+    item.stash[_LIMITS] = [
+        (dev, _memory.parse_size(limit, _memory.memory_stats(dev)["device_capacity_bytes"]))
+        for dev, limit in limits
+    ]
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
     """Measures the peak of a test marked ``limit_device_memory`` and fails it when the
-    peak above the start passes the limit; unmarked tests run untouched."""
-    if item.get_closest_marker(MARKER) is None:
+    peak above the start passes the limit, listing what the test kept; unmarked tests run
+    untouched."""
+    limits = item.stash.get(_LIMITS, None)
+    if not limits:
         yield
         return
-    # A malformed marker raises here, before the test body: the test fails with the error.
     checks = []
-    for device, limit in _marker_limits(item):
-        if not _memory.memory_stats(device):
-            warnings.warn(
-                f"{MARKER}: {_device_label(device)} is not available; its limit is not checked",
-                pytest.PytestWarning,
-                stacklevel=1,
-            )
-            continue
+    for dev, limit in limits:
         # The peak is reset so that it covers this test only; start is the baseline.
-        _memory.reset_peak_memory_stats(device)
-        checks.append((device, limit, _memory.memory_allocated(device)))
-    outcome = yield
+        _memory.reset_peak_memory_stats(dev)
+        checks.append((dev, limit, _memory.memory_allocated(dev)))
+    snapshot = _memory.tensor_snapshot()
+    history = not item.config.getoption(HISTORY_OPTION, default=False)
+    with _history(item.config):
+        outcome = yield
     if outcome.excinfo is not None:
         return  # the test failed on its own; that failure is the one to report
-    for device, limit, start in checks:
-        peak = _memory.max_memory_allocated(device)
+    for dev, limit, start in checks:
+        peak = _memory.max_memory_allocated(dev)
         if peak - start > limit:
+            end = _memory.memory_allocated(dev)
+            kept = _kept_report(dev, snapshot, end - start, item.config.rootpath, history)
             failure = pytest.fail.Exception(
-                _limit_failure(device, limit, start, peak, _memory.memory_allocated(device)),
-                pytrace=False,
+                _limit_failure(dev, limit, start, peak, end, kept), pytrace=False
             )
             force = getattr(outcome, "force_exception", None)  # pluggy >= 1.1
             if force is None:
@@ -199,8 +363,14 @@ class DeviceMemory:
     """What the ``device_memory`` fixture returns: device-memory readings and checks.
 
     ``device`` arguments are a needle device, a name (``"cpu"``, ``"cuda:0"``) or None
-    for the default device.
+    for the default device. ``rootdir`` (the fixture passes pytest's) shortens the files of
+    allocation sites in failure messages; ``history`` says whether sites are being recorded
+    (the fixture records them unless ``--needle-no-history`` is given).
     """
+
+    def __init__(self, rootdir=None, history=False):
+        self.rootdir = rootdir
+        self.history = history
 
     def allocated(self, device=None):
         """Returns the bytes that live arrays hold on ``device`` now."""
@@ -216,8 +386,8 @@ class DeviceMemory:
         _memory.reset_peak_memory_stats(device)
 
     def live_tensors(self, device=None):
-        """Returns the live-tensor report for ``device`` as text (``""`` when this needle
-        cannot produce one)."""
+        """Returns the report of every live tensor on ``device`` (None: every device), whichever
+        test made it, as text (``""`` when this needle cannot produce one)."""
         return _live_tensor_report(device)
 
     def check_no_growth(self, step_fn, steps=20, warmup=3, tolerance=0, device=None, collect=False):
@@ -232,6 +402,11 @@ class DeviceMemory:
         ``collect=True`` every reading follows ``gc.collect()``, so that cyclic garbage
         (which the collector would free) is told apart from memory that stays reachable.
 
+        The failure message lists the tensors that the measured steps created and still
+        keep alive on the device, grouped by the line that created them (see the module's
+        docstring). A device this machine lacks (``"cuda"`` without a GPU) skips the test
+        with the reason instead of measuring nothing.
+
         Returns the readings: the post-warmup baseline followed by one per step.
         """
         if not callable(step_fn):
@@ -241,15 +416,21 @@ class DeviceMemory:
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
             raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
         _tolerance_bytes(tolerance, 0)  # reject a malformed tolerance before running anything
+        _memory._flag("collect", collect)
+        dev = _memory._resolve(device)
+        if not dev.enabled():
+            _skip_at_the_test(f"check_no_growth: {_unavailable_reason(dev)}")
 
         def measure():
             if collect:
                 gc.collect()
-            return _memory.memory_allocated(device)
+            return _memory.memory_allocated(dev)
 
         for _ in range(warmup):
             step_fn()
         readings = [measure()]
+        # Taken after the warmup, so that the report lists what the measured steps kept.
+        snapshot = _memory.tensor_snapshot()
         for _ in range(steps):
             step_fn()
             readings.append(measure())
@@ -257,8 +438,12 @@ class DeviceMemory:
         allowed = _tolerance_bytes(tolerance, baseline)
         growth = readings[-1] - baseline
         if growth > allowed:
+            kept = _kept_report(
+                dev, snapshot, growth, self.rootdir, self.history, what="the measured steps"
+            )
             pytest.fail(
-                self._growth_failure(readings, warmup, allowed, device, collect), pytrace=False
+                self._growth_failure(readings, warmup, allowed, device, collect) + kept,
+                pytrace=False,
             )
         return readings
 
@@ -289,13 +474,18 @@ class DeviceMemory:
                 "  (collect=False: if collect=True passes, the growth is cyclic "
                 "garbage that gc.collect() frees, not a leak)"
             )
-        return "\n".join(lines) + "\n" + _live_tensor_report(device)
+        return "\n".join(lines) + "\n"
 
 
 @pytest.fixture
-def device_memory():
-    """Returns a :class:`DeviceMemory`; the peaks of the available devices are reset
-    first, so that ``peak()`` covers this test."""
+def device_memory(request):
+    """Yields a :class:`DeviceMemory`; the peaks of the available devices are reset
+    first, so that ``peak()`` covers this test, and allocation sites are recorded until the
+    test ends (unless ``--needle-no-history`` is given)."""
     for name in ("cpu", "cpu_numpy", "cuda"):
         _memory.reset_peak_memory_stats(name)  # does nothing for an unavailable device
-    return DeviceMemory()
+    config = request.config
+    with _history(config):
+        yield DeviceMemory(
+            rootdir=config.rootpath, history=not config.getoption(HISTORY_OPTION, default=False)
+        )

@@ -12,7 +12,8 @@ one size for every device (``"2GiB"``) or per device
 (``"cpu=1GiB,cuda=8GiB"``).
 
 Diagnostics: :func:`live_tensors` and :func:`live_tensors_summary` list the tensors that
-hold device memory, :func:`find_cycles` the reference cycles that hold it,
+hold device memory (with ``since=``, those created after a :func:`tensor_snapshot`),
+:func:`find_cycles` the reference cycles that hold it,
 :func:`warn_on_cycles` warns when a collection frees such memory, :func:`record_history`
 records where tensors are created, and :class:`MemoryMonitor` records a timeline. For
 :func:`live_tensors`, :func:`live_tensors_summary` and :func:`find_cycles`, ``device=None``
@@ -25,12 +26,15 @@ allocation history). Each imports only the ones listed before it.
 """
 
 # Private names that other modules (testing, apps) and the tests reach here:
-# _format_bytes (the package's one byte formatter), _engine_id, _cycle_callback.
+# _format_bytes (the package's one byte formatter), _engine_id, _resolve (the device parser),
+# _flag (the check of a True/False argument), _cycle_callback.
 from .diagnostics import (
     CycleWarning,
+    TensorSnapshot,
     find_cycles,
     live_tensors,
     live_tensors_summary,
+    tensor_snapshot,
     warn_on_cycles,
 )
 from .diagnostics import _cycle_callback as _cycle_callback
@@ -46,6 +50,7 @@ from .policy import (
     set_gc_visible,
 )
 from .stats import _engine_id as _engine_id
+from .stats import _flag as _flag
 from .stats import _format_bytes as _format_bytes
 from .stats import (
     _limits_from_environment,
@@ -53,13 +58,16 @@ from .stats import (
     get_memory_limit,
     max_memory_allocated,
     max_memory_reserved,
+    mem_get_info,
     memory_allocated,
     memory_reserved,
     memory_stats,
     parse_size,
     reset_peak_memory_stats,
     set_memory_limit,
+    set_per_process_memory_fraction,
 )
+from .stats import _resolve as _resolve
 from .summary import memory_summary
 
 __all__ = [
@@ -72,6 +80,8 @@ __all__ = [
     "empty_cache",
     "set_memory_limit",
     "get_memory_limit",
+    "set_per_process_memory_fraction",
+    "mem_get_info",
     "memory_summary",
     "parse_size",
     "set_gc_policy",
@@ -81,6 +91,8 @@ __all__ = [
     "freeze_heap",
     "live_tensors",
     "live_tensors_summary",
+    "tensor_snapshot",
+    "TensorSnapshot",
     "find_cycles",
     "warn_on_cycles",
     "CycleWarning",

@@ -10,10 +10,11 @@ import collections
 import gc
 import os
 import warnings
+import weakref
 
 import needle_c as _c
 
-from .stats import _engine_id, _format_bytes
+from .stats import _engine_id, _flag, _format_bytes
 
 # Frames inside the needle package are skipped when naming an allocation site, so that a site
 # points at the user's line (``y = ndl.exp(x)``), not at ``ops_mathematic.py``.
@@ -73,6 +74,39 @@ def _engine_filter(device):
     return None if device is None else _engine_id(device)
 
 
+_TENSOR_TYPES = (_c.Tensor, _c.TensorTuple)
+
+
+class TensorSnapshot:
+    """The needle Tensors and TensorTuples alive when it was taken, held by weak references
+    so that it keeps none of them alive. Give it to :func:`live_tensors` (``since=``) to see
+    only what was created after it and is still alive: what a test, a cell or a training
+    step kept. An object is in the snapshot only while it is the very object seen then, so an
+    address reused by a newer tensor does not hide it. Taking one walks
+    ``gc.get_objects()``, as :func:`live_tensors` does."""
+
+    def __init__(self):
+        self._refs = {
+            id(obj): weakref.ref(obj) for obj in gc.get_objects() if isinstance(obj, _TENSOR_TYPES)
+        }
+
+    def __contains__(self, obj):
+        ref = self._refs.get(id(obj))
+        return ref is not None and ref() is obj
+
+    def __len__(self):
+        """The objects of the snapshot that are still alive."""
+        return sum(1 for ref in self._refs.values() if ref() is not None)
+
+    def __repr__(self):
+        return f"<TensorSnapshot of {len(self._refs)} tensors, {len(self)} still alive>"
+
+
+def tensor_snapshot():
+    """A :class:`TensorSnapshot` of the tensors alive now."""
+    return TensorSnapshot()
+
+
 def _group_key(record, group_by):
     if group_by == "op":
         return record["op"] or _LEAF
@@ -81,9 +115,10 @@ def _group_key(record, group_by):
     return record["site"] or _NO_SITE
 
 
-def live_tensors(device=None, group_by="op"):
+def live_tensors(device=None, group_by="op", since=None):
     """The live needle Tensors and TensorTuples (found through ``gc.get_objects()``; they are
-    always tracked) whose data is on ``device`` (None: every device).
+    always tracked) whose data is on ``device`` (None: every device); with ``since`` (a
+    :class:`TensorSnapshot`), only those that were not alive when it was taken.
 
     Returns a list of dicts, largest first, one per object:
 
@@ -94,7 +129,8 @@ def live_tensors(device=None, group_by="op"):
       exposed, so shared storage is counted in every view that holds it: summing
       ``storage_bytes`` over views overstates, summing ``bytes`` understates a view of a
       larger buffer; ``memory_allocated`` is the exact total;
-    - ``shape`` (a tuple of shapes for a TensorTuple), ``op`` (the creating op's type name,
+    - ``shape`` (a tuple of shapes for a TensorTuple), ``dtype`` (a tuple for a TensorTuple),
+      ``op`` (the creating op's type name,
       None for a leaf), ``requires_grad``, ``type`` ("Tensor"/"TensorTuple"), ``device``
       (its repr), ``id`` (``id()`` of the object, to find it in ``gc.get_objects()``);
     - ``site``: ``"file:line"`` of the innermost frame outside the needle package that
@@ -107,22 +143,29 @@ def live_tensors(device=None, group_by="op"):
     """
     if group_by is not None and group_by not in _GROUP_KEYS:
         raise ValueError(f"group_by must be one of {_GROUP_KEYS} or None, got {group_by!r}")
+    if since is not None and not isinstance(since, TensorSnapshot):
+        raise TypeError(
+            f"since must be a TensorSnapshot (needle.memory.tensor_snapshot()), "
+            f"got {type(since).__name__}"
+        )
     engine_id = _engine_filter(device)
     records = []
     for obj in gc.get_objects():
-        if not isinstance(obj, (_c.Tensor, _c.TensorTuple)):
+        if not isinstance(obj, _TENSOR_TYPES) or (since is not None and obj in since):
             continue
         arrays = [a for a in _arrays_of(obj) if engine_id is None or a.device._id == engine_id]
         if not arrays:
             continue
         if isinstance(obj, _c.TensorTuple):
             shape = tuple(a.shape for a in arrays)
+            dtype = tuple(a.dtype for a in arrays)
         else:
-            shape = arrays[0].shape
+            shape, dtype = arrays[0].shape, arrays[0].dtype
         record = {
             "bytes": sum(a.nbytes for a in arrays),
             "storage_bytes": sum(_itemsize(a) * a._storage_size for a in arrays),
             "shape": shape,
+            "dtype": dtype,
             "op": _op_name(obj),
             "requires_grad": bool(obj.requires_grad),
             "site": _user_site(obj),
@@ -137,8 +180,9 @@ def live_tensors(device=None, group_by="op"):
     return records
 
 
-def live_tensors_summary(device=None, group_by="op"):
-    """The live tensors of :func:`live_tensors` grouped by ``"op"`` (leaves under
+def live_tensors_summary(device=None, group_by="op", since=None):
+    """The live tensors of :func:`live_tensors` (created after the snapshot ``since`` when
+    one is given) grouped by ``"op"`` (leaves under
     ``"(leaf)"``), ``"shape"`` (a tuple) or ``"site"`` (``"file:line"``, or
     ``"(not recorded)"``).
 
@@ -149,7 +193,7 @@ def live_tensors_summary(device=None, group_by="op"):
     if group_by not in _GROUP_KEYS:
         raise ValueError(f"group_by must be one of {_GROUP_KEYS}, got {group_by!r}")
     groups = {}
-    for record in live_tensors(device, group_by):
+    for record in live_tensors(device, group_by, since):
         row = groups.setdefault(
             record["key"], {"key": record["key"], "count": 0, "bytes": 0, "storage_bytes": 0}
         )
@@ -263,6 +307,7 @@ def find_cycles(device=None, free=True):
     is freed. Entries already in ``gc.garbage`` are left alone either way.
     """
     global _cycle_warning_suppressed
+    _flag("free", free)
     engine_id = _engine_filter(device)
     old_flags = gc.get_debug()
     start = len(gc.garbage)
@@ -375,7 +420,7 @@ def warn_on_cycles(enabled=True):
     observer runs inside the collector and cannot raise there: a filter that turns the
     warning into an error drops it. Returns whether it was installed before."""
     was_installed = _cycle_callback in gc.callbacks
-    if enabled:
+    if _flag("enabled", enabled):
         _show_cycle_warnings()
         _cycle_watch["devices"] = _available_engine_ids()
         if not was_installed:

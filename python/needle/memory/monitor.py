@@ -13,7 +13,7 @@ import time
 
 import needle_c as _c
 
-from .stats import _resolve, memory_stats
+from .stats import _flag, _resolve, memory_stats
 
 _DEFAULT_INTERVAL = 0.1
 _MIB = float(2**20)
@@ -207,7 +207,7 @@ class _HistoryRecording:
     previous setting on exit."""
 
     def __init__(self, enabled):
-        self.enabled = bool(enabled)
+        self.enabled = _flag("enabled", enabled)
         self.previous = _c._record_history(self.enabled)
 
     def __enter__(self):

@@ -8,12 +8,13 @@ collector's visibility switch, ``freeze_heap`` and the safe point a training loo
 """
 
 import gc
+import numbers
 import time
 
 import needle_c as _c
 
 from .. import _environ
-from .stats import _size_fraction, parse_size
+from .stats import _flag, _size_fraction, parse_size
 
 _DEFAULTS = _c._gc_policy_defaults()
 
@@ -46,15 +47,15 @@ def set_gc_policy(
     """
     kwargs = {}
     if enabled is not None:
-        kwargs["enabled"] = bool(enabled)
+        kwargs["enabled"] = _flag("enabled", enabled)
     for name, value in (
         ("growth", growth),
         ("high_water", high_water),
         ("max_gc_fraction", max_gc_fraction),
     ):
         if value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
             kwargs[name] = float(value)
     if min_growth is not None:
         kwargs["min_growth"] = parse_size(min_growth)
@@ -87,7 +88,7 @@ def set_gc_visible(visible):
     """``False`` makes Tensor and Op traversal report nothing to the collector, emulating a C
     extension whose types the garbage collector cannot see: reference cycles through them
     then leak for good. For demonstrating that failure only. Returns the previous value."""
-    return _c._set_gc_visible(bool(visible))
+    return _c._set_gc_visible(_flag("visible", visible))
 
 
 def gc_visible():

@@ -7,6 +7,8 @@ formatter of the package, ``_format_bytes``. Device arguments are resolved by ne
 own parser (``needle_c._device``), the one every array function uses.
 """
 
+import numbers
+import os
 import re
 
 import needle_c as _c
@@ -26,6 +28,15 @@ _UNITS = {
     "tib": 2**40,
 }
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
+
+
+def _flag(name, value):
+    """``value`` when it is a bool; otherwise a TypeError naming the argument ``name``. A
+    flag takes True or False only: ``bool("no")`` is True, so a string must not be read as
+    one."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return value
 
 
 def _resolve(device):
@@ -181,6 +192,73 @@ def set_memory_limit(device, limit):
         return
     capacity = _c._memory_stats(dev._id)["device_capacity_bytes"]
     _c._set_memory_limit(dev._id, parse_size(limit, capacity))
+
+
+def set_per_process_memory_fraction(fraction, device=None):
+    """Limits what needle may reserve on ``device`` (None: the default device) to
+    ``fraction`` of its capacity (a GPU's memory; the CPU's physical memory), as
+    ``torch.cuda.set_per_process_memory_fraction`` does; ``None`` removes the limit.
+
+    ``fraction`` is a number in (0, 1] (TypeError for another type, ValueError outside
+    it); an unavailable device raises ``needle.DeviceError``. Beyond the limit allocations
+    raise ``needle.OutOfMemoryError`` (see :func:`set_memory_limit`, which also takes
+    sizes)."""
+    if fraction is not None:
+        if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
+            raise TypeError(
+                f"fraction must be a number in (0, 1] or None, got {type(fraction).__name__}"
+            )
+        if not 0.0 < float(fraction) <= 1.0:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+        fraction = float(fraction)
+    set_memory_limit(device, fraction)
+
+
+def _host_available_bytes():
+    """The host memory the kernel could still give a process: MemAvailable of /proc/meminfo
+    (page cache that can be dropped included), or free pages where there is no such file."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def mem_get_info(device=None):
+    """``(free, total)`` bytes of ``device`` (None: the default device), as
+    ``torch.cuda.mem_get_info`` returns them, for every device.
+
+    With a memory limit (:func:`set_memory_limit`, :func:`set_per_process_memory_fraction`,
+    ``NEEDLE_MEMORY_LIMIT``), ``total`` is the limit and ``free`` what needle may still
+    reserve under it (the limit less :func:`memory_reserved`, and no more than the device
+    has free): the budget a limited device emulates. Without one, the hardware's figures,
+    which count every process: a GPU's are the driver's (``cudaMemGetInfo``), the CPU's
+    are physical memory and the memory the kernel reports available. ``(0, 0)`` for a
+    device this process cannot use.
+
+    Unlike ``torch.cuda.mem_get_info``, which ignores the per-process fraction, a limit
+    set here is what ``total`` reports."""
+    dev = _resolve(device)
+    if not dev.enabled():
+        return (0, 0)
+    if dev.name == "cuda":
+        info = _c._cuda_mem_get_info(dev.index)
+        if info is None:
+            return (0, 0)
+        free, total = info
+    else:
+        total = _c._memory_stats(dev._id)["device_capacity_bytes"]
+        free = min(_host_available_bytes(), total)
+    limit = get_memory_limit(dev)
+    if limit is None:
+        return (int(free), int(total))
+    return (max(0, min(int(free), limit - memory_reserved(dev))), limit)
 
 
 def get_memory_limit(device=None):

@@ -5,15 +5,22 @@ statistics (:mod:`.stats`), the live tensors (:mod:`.diagnostics`) and the colle
 
 from .diagnostics import live_tensors_summary
 from .policy import gc_visible, get_gc_policy
-from .stats import _format_bytes, _resolve, memory_stats
+from .stats import _flag, _format_bytes, _resolve, memory_stats
 
 
-def memory_summary(device=None):
-    """A readable report of the device's memory, as one string: the statistics table, the
+def memory_summary(device=None, abbreviated=False):
+    """A readable report of the device's memory, as one string (``torch.cuda``'s signature):
+    the statistics table (allocated, reserved, blocks), the limit and out-of-memory line, the
     largest groups of live tensors by op, the gc pressure policy and the collection
     statistics (num_pressure_collections, num_oom_collections, gc_seconds, gc_freed_bytes)
     and the ladder's steps (scoped collections, their time, objects examined and bytes freed,
-    full collections and fallbacks)."""
+    full collections and fallbacks).
+
+    ``abbreviated=True`` leaves the breakdowns out, as torch's abbreviated summary leaves out
+    its per-pool rows: the table, the limit line and one line of collection totals remain,
+    without the live tensors by op (which walk every object of the heap), the policy's
+    parameters and the ladder's steps."""
+    _flag("abbreviated", abbreviated)
     dev = _resolve(device)
     stats = memory_stats(dev)
     if not stats:
@@ -48,7 +55,10 @@ def memory_summary(device=None):
         f"collections run: {stats['num_collect_calls']} "
         f"(freed {_format_bytes(stats['collect_freed_bytes'])})"
     )
-    lines.extend(_summary_diagnostics(dev, stats))
+    if abbreviated:
+        lines.append(_collections_line(stats))
+    else:
+        lines.extend(_summary_diagnostics(dev, stats))
     return "\n".join(lines) + "\n"
 
 
@@ -59,6 +69,19 @@ def _describe_watermark(watermark):
     if isinstance(watermark, float):
         return f"{watermark:.0%} of each device's budget"
     return _format_bytes(watermark)
+
+
+def _collections_line(stats):
+    """The collector's totals on the device: one line, in both forms of the summary."""
+    return (
+        f"collections: pressure {stats.get('num_pressure_collections', 0)} "
+        f"({stats.get('num_safe_point_collections', 0)} at safe points); "
+        f"out-of-memory {stats.get('num_oom_collections', 0)}; "
+        f"skipped {stats.get('num_pressure_skips', 0)}; "
+        f"deferred {stats.get('num_pressure_deferrals', 0)}; "
+        f"gc time {stats.get('gc_seconds', 0.0):.3f} s; "
+        f"freed {_format_bytes(stats.get('gc_freed_bytes', 0))}"
+    )
 
 
 def _summary_diagnostics(dev, stats, top=10):
@@ -85,15 +108,7 @@ def _summary_diagnostics(dev, stats, top=10):
         f"watermark {_describe_watermark(watermark)}; "
         f"gc visible: {gc_visible()}"
     )
-    lines.append(
-        f"collections: pressure {stats.get('num_pressure_collections', 0)} "
-        f"({stats.get('num_safe_point_collections', 0)} at safe points); "
-        f"out-of-memory {stats.get('num_oom_collections', 0)}; "
-        f"skipped {stats.get('num_pressure_skips', 0)}; "
-        f"deferred {stats.get('num_pressure_deferrals', 0)}; "
-        f"gc time {stats.get('gc_seconds', 0.0):.3f} s; "
-        f"freed {_format_bytes(stats.get('gc_freed_bytes', 0))}"
-    )
+    lines.append(_collections_line(stats))
     lines.append(
         f"ladder: scoped {stats.get('num_scoped_collections', 0)} "
         f"({stats.get('scoped_gc_seconds', 0.0) * 1e3:.2f} ms, "
