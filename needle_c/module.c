@@ -54,6 +54,14 @@ static int needle_c_exec(PyObject *module) {
         PyModule_AddObjectRef(module, "OutOfMemoryError", st->out_of_memory) < 0)
         return -1;
 
+    /* NumPy's AxisError (a ValueError and an IndexError), so that a bad axis
+     * is caught by the same except clause in needle as in NumPy. */
+    PyObject *exceptions = PyImport_ImportModule("numpy.exceptions");
+    if (exceptions == NULL) return -1;
+    st->axis_error = PyObject_GetAttrString(exceptions, "AxisError");
+    Py_DECREF(exceptions);
+    if (st->axis_error == NULL) return -1;
+
     if (device_module_init(module, st) < 0) return -1;
     if (random_module_init(module, st) < 0) return -1;
 
@@ -83,6 +91,7 @@ static int needle_c_traverse(PyObject *module, visitproc visit, void *arg) {
     Py_VISIT(st->ndarray_type);
     Py_VISIT(st->device_error);
     Py_VISIT(st->out_of_memory);
+    Py_VISIT(st->axis_error);
     for (size_t i = 0; i < sizeof st->devices / sizeof st->devices[0]; i++)
         Py_VISIT(st->devices[i]);
     Py_VISIT(st->cuda_placeholder);
@@ -96,6 +105,7 @@ static int needle_c_clear(PyObject *module) {
     Py_CLEAR(st->ndarray_type);
     Py_CLEAR(st->device_error);
     Py_CLEAR(st->out_of_memory);
+    Py_CLEAR(st->axis_error);
     for (size_t i = 0; i < sizeof st->devices / sizeof st->devices[0]; i++)
         Py_CLEAR(st->devices[i]);
     Py_CLEAR(st->cuda_placeholder);

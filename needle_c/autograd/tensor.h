@@ -300,11 +300,9 @@ void ops_fused_register(op_impl *table);
 /* tensor_ops.c: operators and shape methods of Tensor, sequence methods
  * of TensorTuple; autograd.c: backward. Tensor's type tables (tensor.c)
  * name them. */
-/* What the course passes as a scalar: a Python int or float, a NumPy scalar,
- * a 0-d or size-1 NumPy array (np.random.randn(1)). 1 with *out set, 0 when
- * obj is none of these (no exception), -1 on error. Bools count only when
- * allow_bool. */
-int real_scalar(PyObject *obj, double *out, int allow_bool);
+/* An Op's or a Tensor method's axes argument into p (op.c): None leaves
+ * axes_given 0; otherwise array/parse.c's parse_axes. */
+int op_parse_axes(needle_state *st, PyObject *obj, op_params *p);
 PyObject *tensor_add(PyObject *a, PyObject *b);
 PyObject *tensor_sub(PyObject *a, PyObject *b);
 PyObject *tensor_mul(PyObject *a, PyObject *b);
