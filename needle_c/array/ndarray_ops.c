@@ -325,11 +325,12 @@ static PyObject *module_empty(PyObject *module, PyObject *args, PyObject *kwargs
 
 static PyObject *module_full(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"shape", "fill_value", "device", NULL};
-    PyObject *shape_obj, *device = Py_None;
-    double value;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Od|O:full", kwlist, &shape_obj, &value,
+    PyObject *shape_obj, *value_obj, *device = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O:full", kwlist, &shape_obj, &value_obj,
                                      &device))
         return NULL;
+    double value;
+    if (parse_scalar_param(value_obj, &value) < 0) return NULL;
     needle_state *st = state_of_module(module);
     nd_device *dev = device_from_object(st, device);
     float fill = (float)value;
