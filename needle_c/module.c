@@ -124,6 +124,14 @@ static void needle_c_free(void *module) {
 
 static PyModuleDef_Slot needle_c_slots[] = {
     {Py_mod_exec, needle_c_exec},
+#if PY_VERSION_HEX >= 0x030C0000
+    /* needle keeps process-wide state (the engine's devices and caches, the
+     * scoped collector's registry, the collection policy), so one process
+     * holds one needle: a subinterpreter's import fails with ImportError, as
+     * CPython's own single-phase modules do. Python 3.11 has no such slot;
+     * there needle's multi-phase init does not refuse a subinterpreter. */
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
     {0, NULL},
 };
 
