@@ -1,4 +1,4 @@
-/* ops_util.h: what the op implementations (ops_basic.c, ops_nn.c,
+/* ops_util.h: what the op files (op.c, tensor_ops.c, ops_basic.c, ops_nn.c,
  * ops_fused.c, ops_lstm.c, grad_scope.c) include: the shared NDArray helpers
  * and parameter parsers of array/, and an op's axes as a bit mask. */
 #ifndef NEEDLE_OPS_UTIL_H
