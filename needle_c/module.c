@@ -54,6 +54,14 @@ static int needle_c_exec(PyObject *module) {
         PyModule_AddObjectRef(module, "OutOfMemoryError", st->out_of_memory) < 0)
         return -1;
 
+    /* NumPy's AxisError (a ValueError and an IndexError), so that a bad axis
+     * is caught by the same except clause in needle as in NumPy. */
+    PyObject *exceptions = PyImport_ImportModule("numpy.exceptions");
+    if (exceptions == NULL) return -1;
+    st->axis_error = PyObject_GetAttrString(exceptions, "AxisError");
+    Py_DECREF(exceptions);
+    if (st->axis_error == NULL) return -1;
+
     if (device_module_init(module, st) < 0) return -1;
     if (random_module_init(module, st) < 0) return -1;
 
@@ -83,6 +91,7 @@ static int needle_c_traverse(PyObject *module, visitproc visit, void *arg) {
     Py_VISIT(st->ndarray_type);
     Py_VISIT(st->device_error);
     Py_VISIT(st->out_of_memory);
+    Py_VISIT(st->axis_error);
     for (size_t i = 0; i < sizeof st->devices / sizeof st->devices[0]; i++)
         Py_VISIT(st->devices[i]);
     Py_VISIT(st->cuda_placeholder);
@@ -96,6 +105,7 @@ static int needle_c_clear(PyObject *module) {
     Py_CLEAR(st->ndarray_type);
     Py_CLEAR(st->device_error);
     Py_CLEAR(st->out_of_memory);
+    Py_CLEAR(st->axis_error);
     for (size_t i = 0; i < sizeof st->devices / sizeof st->devices[0]; i++)
         Py_CLEAR(st->devices[i]);
     Py_CLEAR(st->cuda_placeholder);
@@ -114,6 +124,14 @@ static void needle_c_free(void *module) {
 
 static PyModuleDef_Slot needle_c_slots[] = {
     {Py_mod_exec, needle_c_exec},
+#if PY_VERSION_HEX >= 0x030C0000
+    /* needle keeps process-wide state (the engine's devices and caches, the
+     * scoped collector's registry, the collection policy), so one process
+     * holds one needle: a subinterpreter's import fails with ImportError, as
+     * CPython's own single-phase modules do. Python 3.11 has no such slot;
+     * there needle's multi-phase init does not refuse a subinterpreter. */
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
     {0, NULL},
 };
 

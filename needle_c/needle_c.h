@@ -21,6 +21,7 @@ typedef struct {
     PyTypeObject *ndarray_type;
     PyObject *device_error;  /* needle.DeviceError (RuntimeError) */
     PyObject *out_of_memory; /* needle.OutOfMemoryError (MemoryError) */
+    PyObject *axis_error;    /* numpy.exceptions.AxisError, for bad axes (array/parse.c) */
     /* Device objects by engine id, and placeholders for CUDA devices the
      * engine does not have (enabled() is False). */
     PyObject *devices[ND_MAX_DEVICES];
@@ -87,7 +88,6 @@ int ndarray_check(needle_state *st, PyObject *obj);
 PyObject *ndarray_wrap(needle_state *st, nd_array *arr);
 /* A new NDArray on dev from any array-like (NumPy array, list, scalar). */
 PyObject *ndarray_from_object(needle_state *st, PyObject *obj, nd_device *dev);
-int parse_shape(PyObject *obj, int *ndim, int64_t *shape);
 /* obj's items as a new tuple (TypeError with message when obj is no
  * sequence). A tuple, not PySequence_Fast's list: an item's __index__ or a
  * collection's callback could change a list while its items are read. */

@@ -41,77 +41,10 @@ PyObject *ndarray_wrap(needle_state *st, nd_array *arr) {
     return obj;
 }
 
-/* A new NDArray viewing self's storage with another layout. */
-PyObject *ndarray_view(needle_state *st, NDArrayObject *self, const nd_layout *layout) {
-    nd_array view = {self->array.storage, *layout};
-    nd_storage_retain(view.storage);
-    return ndarray_wrap(st, &view);
-}
-
 PyObject *sequence_tuple(PyObject *obj, const char *message) {
     PyObject *seq = PySequence_Fast(obj, message);
     if (seq != NULL && !PyTuple_CheckExact(seq)) Py_SETREF(seq, PySequence_Tuple(seq));
     return seq;
-}
-
-int parse_shape(PyObject *obj, int *ndim, int64_t *shape) {
-    if (PyIndex_Check(obj)) {
-        Py_ssize_t v = PyNumber_AsSsize_t(obj, PyExc_ValueError);
-        if (v == -1 && PyErr_Occurred()) return -1;
-        *ndim = 1;
-        shape[0] = v;
-        return 0;
-    }
-    if (!PyTuple_Check(obj) && !PyList_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "a shape must be a tuple of ints, got %.100s",
-                     Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    PyObject *seq = sequence_tuple(obj, "a shape must be a sequence");
-    if (seq == NULL) return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n > ND_MAX_DIMS) {
-        Py_DECREF(seq);
-        PyErr_Format(PyExc_ValueError, "arrays have at most %d dimensions, got %zd", ND_MAX_DIMS,
-                     n);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
-        if (!PyIndex_Check(item)) {
-            Py_DECREF(seq);
-            PyErr_Format(PyExc_TypeError, "shape entries must be integers, got %.100s",
-                         Py_TYPE(item)->tp_name);
-            return -1;
-        }
-        Py_ssize_t v = PyNumber_AsSsize_t(item, PyExc_ValueError);
-        if (v == -1 && PyErr_Occurred()) {
-            Py_DECREF(seq);
-            return -1;
-        }
-        shape[i] = v;
-    }
-    Py_DECREF(seq);
-    *ndim = (int)n;
-    return 0;
-}
-
-int parse_axis_list(PyObject *obj, int ndim, int *naxes, int *axes) {
-    if (PyIndex_Check(obj)) {
-        Py_ssize_t v = PyNumber_AsSsize_t(obj, PyExc_ValueError);
-        if (v == -1 && PyErr_Occurred()) return -1;
-        *naxes = 1;
-        axes[0] = (int)(v < -1000 ? -1000 : v > 1000 ? 1000 : v);
-        return 0;
-    }
-    int64_t values[ND_MAX_DIMS];
-    int n;
-    if (parse_shape(obj, &n, values) < 0) return -1;
-    (void)ndim;
-    for (int i = 0; i < n; i++)
-        axes[i] = (int)(values[i] < -1000 ? -1000 : values[i] > 1000 ? 1000 : values[i]);
-    *naxes = n;
-    return 0;
 }
 
 /* ------------------------------------------------------ construction */
@@ -121,8 +54,7 @@ PyObject *ndarray_from_object(needle_state *st, PyObject *obj, nd_device *dev) {
     nd_array arr;
     if (ndarray_check(st, obj)) {
         status = nd_array_compact_copy(&NDArray_CAST(obj)->array, dev, &arr);
-        if (status != ND_OK) return raise_status(st, status);
-        return ndarray_wrap(st, &arr);
+        return array_result(st, status, &arr);
     }
     PyArrayObject *natural = (PyArrayObject *)PyArray_FromAny(obj, NULL, 0, 0, 0, NULL);
     if (natural == NULL) return NULL;
@@ -152,8 +84,7 @@ PyObject *ndarray_from_object(needle_state *st, PyObject *obj, nd_device *dev) {
     if (status == ND_OK && (status = nd_array_from_host(&arr, PyArray_DATA(host))) != ND_OK)
         nd_array_release(&arr);
     Py_DECREF(host);
-    if (status != ND_OK) return raise_status(st, status);
-    return ndarray_wrap(st, &arr);
+    return array_result(st, status, &arr);
 }
 
 static PyObject *ndarray_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
@@ -298,50 +229,33 @@ static Py_ssize_t ndarray_length(PyObject *op) {
 
 /* ------------------------------------------------------------ views */
 
+/* A method's varargs spec: f(x) gives x, f(2, 3) the tuple (2, 3) (a new reference). */
+static PyObject *varargs_spec(PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs == 1) return Py_NewRef(args[0]);
+    PyObject *t = PyTuple_New(nargs);
+    for (Py_ssize_t i = 0; t != NULL && i < nargs; i++) PyTuple_SET_ITEM(t, i, Py_NewRef(args[i]));
+    return t;
+}
+
+/* reshape(2, 3) or reshape((2, 3)). */
 static PyObject *ndarray_reshape(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
-    NDArrayObject *self = NDArray_CAST(op);
-    needle_state *st = ndarray_state(op);
     int ndim;
     int64_t shape[ND_MAX_DIMS];
-    if (nargs == 1) {
-        if (parse_shape(args[0], &ndim, shape) < 0) return NULL;
-    } else {
-        PyObject *t = PyTuple_New(nargs);
-        if (t == NULL) return NULL;
-        for (Py_ssize_t i = 0; i < nargs; i++) PyTuple_SET_ITEM(t, i, Py_NewRef(args[i]));
-        int rc = parse_shape(t, &ndim, shape);
-        Py_DECREF(t);
-        if (rc < 0) return NULL;
-    }
-    nd_layout layout;
-    nd_status status = nd_layout_reshape(&self->array.layout, ndim, shape, &layout);
-    if (status == ND_OK) return ndarray_view(st, self, &layout);
-    if (status != ND_ERR_NOT_VIEWABLE) return raise_status(st, status);
-    nd_array copy;
-    if ((status = nd_array_compact_copy(&self->array, NULL, &copy)) != ND_OK)
-        return raise_status(st, status);
-    status = nd_layout_reshape(&copy.layout, ndim, shape, &layout);
-    if (status != ND_OK) {
-        nd_array_release(&copy);
-        return raise_status(st, status);
-    }
-    copy.layout = layout;
-    return ndarray_wrap(st, &copy);
+    PyObject *spec = varargs_spec(args, nargs);
+    if (spec == NULL) return NULL;
+    int rc = parse_shape(spec, SHAPE_INFER, &ndim, shape);
+    Py_DECREF(spec);
+    if (rc < 0) return NULL;
+    return array_reshape(ndarray_state(op), op, ndim, shape);
 }
 
 static PyObject *ndarray_permute(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
     NDArrayObject *self = NDArray_CAST(op);
     needle_state *st = ndarray_state(op);
     int naxes, axes[ND_MAX_DIMS];
-    PyObject *spec = NULL;
-    if (nargs == 1 && !PyIndex_Check(args[0])) {
-        spec = Py_NewRef(args[0]);
-    } else {
-        spec = PyTuple_New(nargs);
-        if (spec == NULL) return NULL;
-        for (Py_ssize_t i = 0; i < nargs; i++) PyTuple_SET_ITEM(spec, i, Py_NewRef(args[i]));
-    }
-    int rc = parse_axis_list(spec, self->array.layout.ndim, &naxes, axes);
+    PyObject *spec = varargs_spec(args, nargs);
+    if (spec == NULL) return NULL;
+    int rc = parse_axes(st, spec, &naxes, axes);
     Py_DECREF(spec);
     if (rc < 0) return NULL;
     if (naxes != self->array.layout.ndim) {
@@ -349,10 +263,11 @@ static PyObject *ndarray_permute(PyObject *op, PyObject *const *args, Py_ssize_t
                      naxes);
         return NULL;
     }
+    if (normalize_axes(st, naxes, axes, naxes, axes) < 0) return NULL;
     nd_layout layout;
     nd_status status = nd_layout_permute(&self->array.layout, axes, &layout);
     if (status != ND_OK) return raise_status(st, status);
-    return ndarray_view(st, self, &layout);
+    return array_view(st, op, &layout);
 }
 
 PyObject *ndarray_broadcast_to(PyObject *op, PyObject *shape_obj) {
@@ -360,11 +275,11 @@ PyObject *ndarray_broadcast_to(PyObject *op, PyObject *shape_obj) {
     needle_state *st = ndarray_state(op);
     int ndim;
     int64_t shape[ND_MAX_DIMS];
-    if (parse_shape(shape_obj, &ndim, shape) < 0) return NULL;
+    if (parse_shape(shape_obj, SHAPE_EXACT, &ndim, shape) < 0) return NULL;
     nd_layout layout;
     nd_status status = nd_layout_broadcast_to(&self->array.layout, ndim, shape, &layout);
     if (status != ND_OK) return raise_status(st, status);
-    return ndarray_view(st, self, &layout);
+    return array_view(st, op, &layout);
 }
 
 PyObject *ndarray_flip(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
@@ -378,13 +293,14 @@ PyObject *ndarray_flip(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs == 0 || args[0] == Py_None) {
         naxes = self->array.layout.ndim;
         for (int i = 0; i < naxes; i++) axes[i] = i;
-    } else if (parse_axis_list(args[0], self->array.layout.ndim, &naxes, axes) < 0) {
+    } else if (parse_axes(st, args[0], &naxes, axes) < 0 ||
+               normalize_axes(st, naxes, axes, self->array.layout.ndim, axes) < 0) {
         return NULL;
     }
     nd_layout layout;
     nd_status status = nd_layout_flip(&self->array.layout, naxes, axes, &layout);
     if (status != ND_OK) return raise_status(st, status);
-    return ndarray_view(st, self, &layout);
+    return array_view(st, op, &layout);
 }
 
 static PyObject *ndarray_as_strided(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
@@ -398,8 +314,8 @@ static PyObject *ndarray_as_strided(PyObject *op, PyObject *const *args, Py_ssiz
     int nstrides;
     int64_t strides[ND_MAX_DIMS];
     memset(&layout, 0, sizeof layout);
-    if (parse_shape(args[0], &layout.ndim, layout.shape) < 0) return NULL;
-    if (parse_shape(args[1], &nstrides, strides) < 0) return NULL;
+    if (parse_shape(args[0], SHAPE_EXACT, &layout.ndim, layout.shape) < 0) return NULL;
+    if (parse_int_tuple(args[1], "strides", &nstrides, strides) < 0) return NULL;
     if (nstrides != layout.ndim) {
         PyErr_Format(PyExc_ValueError, "as_strided: %d dims but %d strides", layout.ndim, nstrides);
         return NULL;
@@ -408,7 +324,7 @@ static PyObject *ndarray_as_strided(PyObject *op, PyObject *const *args, Py_ssiz
     layout.offset = self->array.layout.offset;
     nd_status status = nd_layout_check_bounds(&layout, nd_storage_numel(self->array.storage));
     if (status != ND_OK) return raise_status(st, status);
-    return ndarray_view(st, self, &layout);
+    return array_view(st, op, &layout);
 }
 
 /* The course's is_compact: the strides are exactly the row-major ones of the
@@ -428,9 +344,7 @@ static PyObject *ndarray_compact(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     NDArrayObject *self = NDArray_CAST(op);
     if (is_compact_strict(&self->array)) return Py_NewRef(op);
     nd_array copy;
-    nd_status status = nd_array_compact_copy(&self->array, NULL, &copy);
-    if (status != ND_OK) return raise_status(ndarray_state(op), status);
-    return ndarray_wrap(ndarray_state(op), &copy);
+    return array_result(ndarray_state(op), nd_array_compact_copy(&self->array, NULL, &copy), &copy);
 }
 
 static PyObject *ndarray_is_compact(PyObject *op, PyObject *Py_UNUSED(ignored)) {
@@ -542,8 +456,8 @@ static PyObject *ndarray_to(PyObject *op, PyObject *device) {
 }
 
 static PyObject *ndarray_fill(PyObject *op, PyObject *value) {
-    double v = PyFloat_AsDouble(value);
-    if (v == -1.0 && PyErr_Occurred()) return NULL;
+    double v;
+    if (parse_scalar_param(value, &v) < 0) return NULL;
     nd_status status = nd_array_fill(&NDArray_CAST(op)->array, (float)v);
     if (status != ND_OK) return raise_status(ndarray_state(op), status);
     Py_RETURN_NONE;
@@ -620,7 +534,7 @@ static PyObject *ndarray_getitem(PyObject *op, PyObject *key) {
     NDArrayObject *self = NDArray_CAST(op);
     nd_layout layout;
     if (index_layout(self, key, &layout) < 0) return NULL;
-    return ndarray_view(ndarray_state(op), self, &layout);
+    return array_view(ndarray_state(op), op, &layout);
 }
 
 static int ndarray_setitem(PyObject *op, PyObject *key, PyObject *value) {

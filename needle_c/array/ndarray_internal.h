@@ -5,6 +5,9 @@
 
 #include "needle_c.h"
 
+#include "array_helpers.h"
+#include "parse.h"
+
 #include <structmember.h>
 
 void ndarray_dealloc(PyObject *op);
@@ -29,11 +32,9 @@ static inline needle_state *ndarray_state(PyObject *o) {
     return (needle_state *)PyType_GetModuleState(t);
 }
 
-PyObject *ndarray_view(needle_state *st, NDArrayObject *self, const nd_layout *layout);
 PyObject *ndarray_numpy(PyObject *op, PyObject *ignored);
 PyObject *ndarray_broadcast_to(PyObject *op, PyObject *shape_obj);
 PyObject *ndarray_flip(PyObject *op, PyObject *const *args, Py_ssize_t nargs);
-int parse_axis_list(PyObject *obj, int ndim, int *naxes, int *axes);
 
 /* 1: obj is an NDArray or a real number (filled in); 0: neither (no error
  * set); -1: error. */

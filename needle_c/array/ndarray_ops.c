@@ -20,18 +20,9 @@ int as_operand(PyObject *obj, nd_operand *out) {
         return 1;
     }
     double v;
-    if (PyFloat_CheckExact(obj)) {
-        v = PyFloat_AS_DOUBLE(obj);
-    } else if (PyLong_Check(obj) || PyFloat_Check(obj) ||
-               (PyArray_IsScalar(obj, Number) && !PyArray_IsScalar(obj, ComplexFloating)) ||
-               PyArray_IsScalar(obj, Bool)) {
-        v = PyFloat_AsDouble(obj);
-        if (v == -1.0 && PyErr_Occurred()) return -1;
-    } else {
-        return 0;
-    }
-    out->scalar = (float)v;
-    return 1;
+    int rc = parse_scalar(obj, &v);
+    if (rc == 1) out->scalar = (float)v;
+    return rc;
 }
 
 static needle_state *state_of_operands(PyObject *a, PyObject *b) {
@@ -45,9 +36,7 @@ static PyObject *binary(PyObject *a, PyObject *b, nd_binary_op op) {
     if (ra == 0 || rb == 0 || (x.array == NULL && y.array == NULL)) Py_RETURN_NOTIMPLEMENTED;
     needle_state *st = state_of_operands(a, b);
     nd_array out;
-    nd_status status = nd_array_binary(op, x, y, &out);
-    if (status != ND_OK) return raise_status(st, status);
-    return ndarray_wrap(st, &out);
+    return array_result(st, nd_array_binary(op, x, y, &out), &out);
 }
 
 PyObject *ndarray_add(PyObject *a, PyObject *b) { return binary(a, b, ND_ADD); }
@@ -69,13 +58,7 @@ PyObject *ndarray_richcompare(PyObject *a, PyObject *b, int op) {
     return binary(a, b, ops[op]);
 }
 
-static PyObject *unary(PyObject *a, nd_unary_op op) {
-    needle_state *st = ndarray_state(a);
-    nd_array out;
-    nd_status status = nd_array_unary(op, &NDArray_CAST(a)->array, &out);
-    if (status != ND_OK) return raise_status(st, status);
-    return ndarray_wrap(st, &out);
-}
+static PyObject *unary(PyObject *a, nd_unary_op op) { return array_unary(ndarray_state(a), op, a); }
 
 PyObject *ndarray_negative(PyObject *a) { return unary(a, ND_NEG); }
 PyObject *ndarray_absolute(PyObject *a) { return unary(a, ND_ABS); }
@@ -114,11 +97,10 @@ PyObject *ndarray_minimum(PyObject *a, PyObject *b) {
 
 PyObject *ndarray_matmul_slot(PyObject *a, PyObject *b) {
     if (!IS_NDARRAY(a) || !IS_NDARRAY(b)) Py_RETURN_NOTIMPLEMENTED;
-    needle_state *st = ndarray_state(a);
     nd_array out;
-    nd_status status = nd_array_matmul(&NDArray_CAST(a)->array, &NDArray_CAST(b)->array, &out);
-    if (status != ND_OK) return raise_status(st, status);
-    return ndarray_wrap(st, &out);
+    return array_result(ndarray_state(a),
+                        nd_array_matmul(&NDArray_CAST(a)->array, &NDArray_CAST(b)->array, &out),
+                        &out);
 }
 
 PyObject *ndarray_matmul(PyObject *a, PyObject *b) {
@@ -165,32 +147,12 @@ static int parse_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
     return 0;
 }
 
-static int axes_mask(PyObject *axis, int ndim, uint32_t *mask) {
-    *mask = 0;
-    if (axis == NULL || axis == Py_None) {
-        *mask = ndim >= 32 ? 0xFFFFFFFFu : ((1u << ndim) - 1u);
-        return 0;
-    }
-    if (!PyIndex_Check(axis) && !PyTuple_Check(axis) && !PyList_Check(axis)) {
-        PyErr_Format(PyExc_TypeError, "axis must be None, an int or a tuple of ints, got %.100s",
-                     Py_TYPE(axis)->tp_name);
-        return -1;
-    }
+/* A reduction's axis argument as a mask (all dims for None). */
+static int axis_argument_mask(needle_state *st, PyObject *axis, int ndim, uint32_t *mask) {
+    if (axis == NULL || axis == Py_None) return axes_mask(st, 0, NULL, ndim, mask);
     int naxes, axes[ND_MAX_DIMS];
-    if (parse_axis_list(axis, ndim, &naxes, axes) < 0) return -1;
-    for (int i = 0; i < naxes; i++) {
-        int a;
-        if (nd_normalize_axis(axes[i], ndim, &a) != ND_OK) {
-            PyErr_SetString(PyExc_ValueError, nd_last_error());
-            return -1;
-        }
-        if (*mask & (1u << a)) {
-            PyErr_SetString(PyExc_ValueError, "duplicate value in 'axis'");
-            return -1;
-        }
-        *mask |= 1u << a;
-    }
-    return 0;
+    if (parse_axes(st, axis, &naxes, axes) < 0) return -1;
+    return axes_mask(st, naxes, axes, ndim, mask);
 }
 
 static PyObject *reduce(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
@@ -203,7 +165,7 @@ static PyObject *reduce(PyObject *op, PyObject *const *args, Py_ssize_t nargs, P
     int keepdims = values[1] ? PyObject_IsTrue(values[1]) : 0;
     if (keepdims < 0) return NULL;
     uint32_t mask;
-    if (axes_mask(values[0], self->array.layout.ndim, &mask) < 0) return NULL;
+    if (axis_argument_mask(st, values[0], self->array.layout.ndim, &mask) < 0) return NULL;
     nd_array out;
     nd_status status = nd_array_reduce(rop, &self->array, mask, keepdims, &out);
     if (status != ND_OK) return raise_status(st, status);
@@ -243,7 +205,7 @@ PyObject *ndarray_pad(PyObject *op, PyObject *axes) {
     for (int i = 0; i < in->ndim; i++) {
         int n;
         int64_t pair[ND_MAX_DIMS];
-        if (parse_shape(PySequence_Fast_GET_ITEM(seq, i), &n, pair) < 0) {
+        if (parse_int_tuple(PySequence_Fast_GET_ITEM(seq, i), "pad widths", &n, pair) < 0) {
             Py_DECREF(seq);
             return NULL;
         }
@@ -277,11 +239,12 @@ PyObject *ndarray_pad(PyObject *op, PyObject *axes) {
 
 static PyObject *module_stack(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"arrays", "axis", NULL};
-    PyObject *arrays;
-    Py_ssize_t axis = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|n:stack", kwlist, &arrays, &axis))
+    PyObject *arrays, *axis_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:stack", kwlist, &arrays, &axis_obj))
         return NULL;
     needle_state *st = state_of_module(module);
+    int axis = 0;
+    if (axis_obj != NULL && parse_axis(st, axis_obj, &axis) < 0) return NULL;
     PyObject *seq = sequence_tuple(arrays, "stack: expected a sequence of NDArrays");
     if (seq == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -308,12 +271,12 @@ static PyObject *module_stack(PyObject *module, PyObject *args, PyObject *kwargs
         }
     }
     int ax;
-    if (nd_normalize_axis(axis, ndim + 1, &ax) != ND_OK || ndim + 1 > ND_MAX_DIMS) {
-        PyErr_Format(PyExc_ValueError,
-                     "stack: axis %zd is out of bounds for the result of dimension %d", axis,
-                     ndim + 1);
+    if (ndim + 1 > ND_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "stack: the result would have more than %d dimensions",
+                     ND_MAX_DIMS);
         goto done;
     }
+    if (normalize_axis(st, axis, ndim + 1, &ax) < 0) goto done;
     int64_t shape[ND_MAX_DIMS];
     for (int i = 0, j = 0; i < ndim + 1; i++) shape[i] = i == ax ? n : first->layout.shape[j++];
     nd_array out;
@@ -342,13 +305,12 @@ done:
 PyObject *ndarray_new_on(needle_state *st, nd_device *dev, PyObject *shape_obj, const float *fill) {
     int ndim;
     int64_t shape[ND_MAX_DIMS];
-    if (parse_shape(shape_obj, &ndim, shape) < 0) return NULL;
+    if (parse_shape(shape_obj, SHAPE_EXACT, &ndim, shape) < 0) return NULL;
     nd_array arr;
     nd_status status = nd_array_empty(dev, ndim, shape, &arr);
     if (status == ND_OK && fill != NULL && (status = nd_array_fill(&arr, *fill)) != ND_OK)
         nd_array_release(&arr);
-    if (status != ND_OK) return raise_status(st, status);
-    return ndarray_wrap(st, &arr);
+    return array_result(st, status, &arr);
 }
 
 static PyObject *module_empty(PyObject *module, PyObject *args, PyObject *kwargs) {
@@ -363,11 +325,12 @@ static PyObject *module_empty(PyObject *module, PyObject *args, PyObject *kwargs
 
 static PyObject *module_full(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"shape", "fill_value", "device", NULL};
-    PyObject *shape_obj, *device = Py_None;
-    double value;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Od|O:full", kwlist, &shape_obj, &value,
+    PyObject *shape_obj, *value_obj, *device = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O:full", kwlist, &shape_obj, &value_obj,
                                      &device))
         return NULL;
+    double value;
+    if (parse_scalar_param(value_obj, &value) < 0) return NULL;
     needle_state *st = state_of_module(module);
     nd_device *dev = device_from_object(st, device);
     float fill = (float)value;

@@ -7,6 +7,9 @@
  */
 #include "tensor.h"
 
+#include "ops_util.h"
+
+#include <limits.h>
 #include <structmember.h>
 
 const op_info op_table[OP_KIND_COUNT] = {
@@ -74,63 +77,29 @@ static void op_dealloc(PyObject *op) {
 
 /* ------------------------------------------------------ parameters */
 
-static int parse_int(PyObject *obj, int *out, const char *what) {
-    if (!PyIndex_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, got %.100s", what, Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    Py_ssize_t v = PyNumber_AsSsize_t(obj, PyExc_ValueError);
-    if (v == -1 && PyErr_Occurred()) return -1;
-    if (v < -100000 || v > 100000) {
-        PyErr_Format(PyExc_ValueError, "%s %zd is out of range", what, v);
-        return -1;
-    }
-    *out = (int)v;
+/* Integer parameters (dilation, stride, padding) stay below this: the
+ * engine's shape arithmetic is int64, and no real image or kernel is near. */
+#define OP_INT_PARAM_MAX 100000
+
+int op_parse_axes(needle_state *st, PyObject *obj, op_params *p) {
+    p->axes_given = 0;
+    p->naxes = 0;
+    if (obj == NULL || obj == Py_None) return 0;
+    if (parse_axes(st, obj, &p->naxes, p->axes) < 0) return -1;
+    p->axes_given = 1;
     return 0;
 }
 
-static int parse_axes(PyObject *obj, op_params *p, int optional) {
-    p->axes_given = 0;
-    p->naxes = 0;
-    if (obj == NULL || obj == Py_None) {
-        if (optional) return 0;
+int axes_to_mask(needle_state *st, const op_params *p, int ndim, uint32_t *mask) {
+    return axes_mask(st, p->naxes, p->axes_given ? p->axes : NULL, ndim, mask);
+}
+
+static int parse_required_axes(needle_state *st, PyObject *obj, op_params *p) {
+    if (obj == Py_None) {
         PyErr_SetString(PyExc_TypeError, "axes must be given");
         return -1;
     }
-    p->axes_given = 1;
-    if (PyIndex_Check(obj)) {
-        p->naxes = 1;
-        return parse_int(obj, &p->axes[0], "axis");
-    }
-    if (!PyTuple_Check(obj) && !PyList_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "axes must be None, an int or a tuple of ints, got %.100s",
-                     Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    Py_ssize_t n = PySequence_Size(obj);
-    if (n > ND_MAX_DIMS) {
-        PyErr_Format(PyExc_ValueError, "at most %d axes", ND_MAX_DIMS);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PySequence_GetItem(obj, i);
-        if (item == NULL) return -1;
-        int rc = parse_int(item, &p->axes[i], "axis");
-        Py_DECREF(item);
-        if (rc < 0) return -1;
-    }
-    p->naxes = (int)n;
-    return 0;
-}
-
-static int parse_scalar(PyObject *obj, double *out) {
-    int rc = real_scalar(obj, out, 0);
-    if (rc == 0)
-        PyErr_Format(PyExc_TypeError,
-                     "expected a real number (a Python or NumPy scalar, or a NumPy array of one "
-                     "element), got %.100s",
-                     Py_TYPE(obj)->tp_name);
-    return rc == 1 ? 0 : -1;
+    return op_parse_axes(st, obj, p);
 }
 
 static int parse_key(PyObject *obj, op_params *p) {
@@ -171,8 +140,9 @@ static const char *const *signature_names(op_signature sig, int *count) {
     }
 }
 
-static int parse_shape_param(PyObject *obj, op_params *p) {
-    return parse_shape(obj, &p->ndim, p->shape);
+/* Reshape may infer one dim (-1); BroadcastTo and ScatterSlice name every dim. */
+static int parse_shape_param(PyObject *obj, op_kind kind, op_params *p) {
+    return parse_shape(obj, kind == OP_RESHAPE ? SHAPE_INFER : SHAPE_EXACT, &p->ndim, p->shape);
 }
 
 static int op_init(PyObject *op, PyObject *args, PyObject *kwargs) {
@@ -212,6 +182,8 @@ static int op_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         }
     }
     op_params *p = &self->p;
+    needle_state *st = state_of_type(Py_TYPE(op));
+    if (st == NULL) return -1;
     int required = sig == SIG_NONE || sig == SIG_AXES_OPT || sig == SIG_CONV ? 0 : count;
     for (int i = 0; i < required; i++)
         if (values[i] == NULL) {
@@ -221,44 +193,38 @@ static int op_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         }
     switch (sig) {
     case SIG_NONE: return 0;
-    case SIG_SCALAR: return parse_scalar(values[0], &p->scalar);
+    case SIG_SCALAR: return parse_scalar_param(values[0], &p->scalar);
     case SIG_TWO_SCALARS:
-        return parse_scalar(values[0], &p->scalar) < 0 ? -1 : parse_scalar(values[1], &p->scalar2);
-    case SIG_AXES_OPT: return parse_axes(values[0], p, 1);
-    case SIG_AXES: return parse_axes(values[0], p, 0);
-    case SIG_SHAPE: return parse_shape_param(values[0], p);
-    case SIG_AXIS: return parse_int(values[0], &p->axis, "axis");
+        return parse_scalar_param(values[0], &p->scalar) < 0
+                   ? -1
+                   : parse_scalar_param(values[1], &p->scalar2);
+    case SIG_AXES_OPT: return op_parse_axes(st, values[0], p);
+    case SIG_AXES: return parse_required_axes(st, values[0], p);
+    case SIG_SHAPE: return parse_shape_param(values[0], self->kind, p);
+    case SIG_AXIS: return parse_axis(st, values[0], &p->axis);
     case SIG_AXES_DILATION:
-        if (parse_axes(values[0], p, 0) < 0 || parse_int(values[1], &p->dilation, "dilation") < 0)
-            return -1;
-        if (p->dilation < 0) {
-            PyErr_SetString(PyExc_ValueError, "dilation must be >= 0");
-            return -1;
-        }
-        return 0;
+        return parse_required_axes(st, values[0], p) < 0
+                   ? -1
+                   : parse_int_param(values[1], "dilation", 0, OP_INT_PARAM_MAX, &p->dilation);
     case SIG_CONV:
-        if (values[0] && parse_int(values[0], &p->stride, "stride") < 0) return -1;
-        if (values[1] && parse_int(values[1], &p->padding, "padding") < 0) return -1;
-        if (p->stride < 1 || p->padding < 0) {
-            PyErr_SetString(PyExc_ValueError, "conv needs stride >= 1 and padding >= 0");
+        if (values[0] && parse_int_param(values[0], "stride", 1, OP_INT_PARAM_MAX, &p->stride) < 0)
             return -1;
-        }
+        if (values[1] &&
+            parse_int_param(values[1], "padding", 0, OP_INT_PARAM_MAX, &p->padding) < 0)
+            return -1;
         return 0;
     case SIG_INDEX: {
         int index;
-        if (parse_int(values[0], &index, "index") < 0) return -1;
+        if (parse_int_param(values[0], "index", -INT_MAX, INT_MAX, &index) < 0) return -1;
         p->index = index;
         return 0;
     }
     case SIG_KEY: return parse_key(values[0], p);
-    case SIG_KEY_SHAPE: return parse_key(values[0], p) < 0 ? -1 : parse_shape_param(values[1], p);
+    case SIG_KEY_SHAPE:
+        return parse_key(values[0], p) < 0 ? -1 : parse_shape_param(values[1], self->kind, p);
     case SIG_ROWS: {
         int rows;
-        if (parse_int(values[0], &rows, "num_rows") < 0) return -1;
-        if (rows < 0) {
-            PyErr_SetString(PyExc_ValueError, "num_rows must be >= 0");
-            return -1;
-        }
+        if (parse_int_param(values[0], "num_rows", 0, INT_MAX, &rows) < 0) return -1;
         p->index = rows;
         return 0;
     }

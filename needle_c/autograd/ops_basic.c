@@ -22,20 +22,20 @@ static const op_params no_params;
                                     Py_ssize_t n) {                                           \
         UNUSED(p);                                                                            \
         UNUSED(n);                                                                            \
-        return nd_binary_arrays(st, op, a[0], a[1]);                                          \
+        return array_binary(st, op, a[0], a[1]);                                              \
     }
 #define SCALAR_COMPUTE(name, op)                                                              \
     static PyObject *name##_compute(needle_state *st, const op_params *p, PyObject *const *a, \
                                     Py_ssize_t n) {                                           \
         UNUSED(n);                                                                            \
-        return nd_binary_scalar(st, op, a[0], p->scalar, 0);                                  \
+        return array_binary_scalar(st, op, a[0], p->scalar, 0);                               \
     }
 #define UNARY_COMPUTE(name, op)                                                               \
     static PyObject *name##_compute(needle_state *st, const op_params *p, PyObject *const *a, \
                                     Py_ssize_t n) {                                           \
         UNUSED(p);                                                                            \
         UNUSED(n);                                                                            \
-        return nd_unary_array(st, op, a[0]);                                                  \
+        return array_unary(st, op, a[0]);                                                     \
     }
 
 EWISE_COMPUTE(add, ND_ADD)
@@ -146,7 +146,7 @@ static PyObject *relu_gradient(grad_scope *s, const op_params *p, PyObject *g, P
     UNUSED(p);
     /* g * (out > 0), the mask a constant of the graph */
     PyObject *out = g_data(s, node);
-    PyObject *mask = out ? scope_keep(s, nd_binary_scalar(s->st, ND_GT, out, 0.0, 0)) : NULL;
+    PyObject *mask = out ? scope_keep(s, array_binary_scalar(s->st, ND_GT, out, 0.0, 0)) : NULL;
     return grads1(s, g_mul(s, g, g_const(s, mask)));
 }
 
@@ -172,7 +172,7 @@ static PyObject *sqrt_gradient(grad_scope *s, const op_params *p, PyObject *g, P
 
 /* ----------------------------------------------------------- shapes */
 
-static int transpose_axes(const op_params *p, int ndim, int *x, int *y) {
+static int transpose_axes(needle_state *st, const op_params *p, int ndim, int *x, int *y) {
     if (!p->axes_given) {
         if (ndim < 2) {
             PyErr_Format(PyExc_ValueError, "transpose needs at least 2 dims, got %d", ndim);
@@ -186,11 +186,10 @@ static int transpose_axes(const op_params *p, int ndim, int *x, int *y) {
         PyErr_Format(PyExc_ValueError, "transpose swaps two axes, got %d", p->naxes);
         return -1;
     }
-    if (nd_normalize_axis(p->axes[0], ndim, x) != ND_OK ||
-        nd_normalize_axis(p->axes[1], ndim, y) != ND_OK) {
-        PyErr_SetString(PyExc_ValueError, nd_last_error());
-        return -1;
-    }
+    int pair[2];
+    if (normalize_axes(st, 2, p->axes, ndim, pair) < 0) return -1;
+    *x = pair[0];
+    *y = pair[1];
     return 0;
 }
 
@@ -199,14 +198,14 @@ static PyObject *transpose_compute(needle_state *st, const op_params *p, PyObjec
     UNUSED(n);
     const nd_layout *l = array_layout(a[0]);
     int x, y, axes[ND_MAX_DIMS];
-    if (transpose_axes(p, l->ndim, &x, &y) < 0) return NULL;
+    if (transpose_axes(st, p, l->ndim, &x, &y) < 0) return NULL;
     for (int i = 0; i < l->ndim; i++) axes[i] = i;
     axes[x] = y;
     axes[y] = x;
     nd_layout out;
     nd_status status = nd_layout_permute(l, axes, &out);
     if (status != ND_OK) return raise_status(st, status);
-    return nd_layout_view(st, a[0], &out);
+    return array_view(st, a[0], &out);
 }
 
 static PyObject *transpose_gradient(grad_scope *s, const op_params *p, PyObject *g,
@@ -218,7 +217,7 @@ static PyObject *transpose_gradient(grad_scope *s, const op_params *p, PyObject 
 static PyObject *reshape_compute(needle_state *st, const op_params *p, PyObject *const *a,
                                  Py_ssize_t n) {
     UNUSED(n);
-    return nd_reshape_array(st, a[0], p->ndim, p->shape);
+    return array_reshape(st, a[0], p->ndim, p->shape);
 }
 
 static PyObject *reshape_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
@@ -236,7 +235,7 @@ static PyObject *broadcast_compute(needle_state *st, const op_params *p, PyObjec
     nd_layout out;
     nd_status status = nd_layout_broadcast_to(array_layout(a[0]), p->ndim, p->shape, &out);
     if (status != ND_OK) return raise_status(st, status);
-    return nd_layout_view(st, a[0], &out);
+    return array_view(st, a[0], &out);
 }
 
 static PyObject *broadcast_gradient(grad_scope *s, const op_params *p, PyObject *g,
@@ -251,8 +250,8 @@ static PyObject *broadcast_gradient(grad_scope *s, const op_params *p, PyObject 
 static PyObject *reduce_compute(needle_state *st, const op_params *p, PyObject *a,
                                 nd_reduce_op op) {
     uint32_t mask;
-    if (axes_to_mask(p, array_layout(a)->ndim, &mask) < 0) return NULL;
-    PyObject *r = nd_reduce_array(st, op, a, mask, 0);
+    if (axes_to_mask(st, p, array_layout(a)->ndim, &mask) < 0) return NULL;
+    PyObject *r = array_reduce(st, op, a, mask, 0);
     if (r != NULL && !p->axes_given) {
         /* The course's full reduction has shape (1,). */
         int64_t one = 1;
@@ -277,7 +276,7 @@ static PyObject *max_compute(needle_state *st, const op_params *p, PyObject *con
 static int reduced_shape(grad_scope *s, const op_params *p, int *ndim, int64_t *shape,
                          uint32_t *mask) {
     if (g_shape(s, g_input(s, 0), ndim, shape) < 0) return -1;
-    return axes_to_mask(p, *ndim, mask);
+    return axes_to_mask(s->st, p, *ndim, mask);
 }
 
 /* The weights of Max's gradient: x == max (broadcast back), divided by the
@@ -287,17 +286,17 @@ static PyObject *max_weights(grad_scope *s, PyObject *x, PyObject *max, int ndim
     if (x == NULL || max == NULL) return NULL;
     int64_t kept[ND_MAX_DIMS];
     for (int i = 0; i < ndim; i++) kept[i] = (mask >> i) & 1u ? 1 : shape[i];
-    PyObject *mk = scope_keep(s, nd_reshape_array(s->st, max, ndim, kept));
+    PyObject *mk = scope_keep(s, array_reshape(s->st, max, ndim, kept));
     if (mk == NULL) return NULL;
     nd_layout bl;
     if (nd_layout_broadcast_to(array_layout(mk), ndim, shape, &bl) != ND_OK) {
         raise_status(s->st, ND_ERR_SHAPE);
         return scope_fail(s);
     }
-    PyObject *mb = scope_keep(s, nd_layout_view(s->st, mk, &bl));
-    PyObject *eq = mb ? scope_keep(s, nd_binary_arrays(s->st, ND_EQ, x, mb)) : NULL;
-    PyObject *count = eq ? scope_keep(s, nd_reduce_array(s->st, ND_REDUCE_SUM, eq, mask, 1)) : NULL;
-    return count ? scope_keep(s, nd_binary_arrays(s->st, ND_DIV, eq, count)) : NULL;
+    PyObject *mb = scope_keep(s, array_view(s->st, mk, &bl));
+    PyObject *eq = mb ? scope_keep(s, array_binary(s->st, ND_EQ, x, mb)) : NULL;
+    PyObject *count = eq ? scope_keep(s, array_reduce(s->st, ND_REDUCE_SUM, eq, mask, 1)) : NULL;
+    return count ? scope_keep(s, array_binary(s->st, ND_DIV, eq, count)) : NULL;
 }
 
 static PyObject *summation_gradient(grad_scope *s, const op_params *p, PyObject *g,
@@ -334,8 +333,7 @@ static PyObject *matmul_compute(needle_state *st, const op_params *p, PyObject *
     nd_array out;
     nd_status status =
         nd_array_matmul(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array, &out);
-    if (status != ND_OK) return raise_status(st, status);
-    return ndarray_wrap(st, &out);
+    return array_result(st, status, &out);
 }
 
 /* The gradients of a @ b with respect to a and b (inputs 0 and 1): (g @ b^T,
@@ -368,8 +366,7 @@ static PyObject *matmul_bias_compute(needle_state *st, const op_params *p, PyObj
     nd_array out;
     nd_status status = nd_array_linear(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array,
                                        &NDArray_CAST(a[2])->array, &out);
-    if (status != ND_OK) return raise_status(st, status);
-    return ndarray_wrap(st, &out);
+    return array_result(st, status, &out);
 }
 
 static PyObject *matmul_bias_gradient(grad_scope *s, const op_params *p, PyObject *g,
@@ -429,12 +426,11 @@ static PyObject *getitem_gradient(grad_scope *s, const op_params *p, PyObject *g
 static PyObject *scatter_slice_compute(needle_state *st, const op_params *p, PyObject *const *a,
                                        Py_ssize_t n) {
     UNUSED(n);
-    PyObject *zeros = nd_full_like_shape(st, a[0], p->ndim, p->shape, 0.0f);
+    PyObject *zeros = array_full_like(st, a[0], p->ndim, p->shape, 0.0f);
     if (zeros == NULL) return NULL;
     PyObject *view = PyObject_GetItem(zeros, p->key);
     PyObject *src =
-        view ? nd_reshape_array(st, a[0], array_layout(view)->ndim, array_layout(view)->shape)
-             : NULL;
+        view ? array_reshape(st, a[0], array_layout(view)->ndim, array_layout(view)->shape) : NULL;
     nd_status status =
         src ? nd_array_assign(&NDArray_CAST(view)->array, &NDArray_CAST(src)->array) : ND_OK;
     Py_XDECREF(view);
@@ -511,8 +507,7 @@ static PyObject *tuple_get_item_gradient(grad_scope *s, const op_params *p, PyOb
             part = g;
         } else if (ndarray_check(s->st, item)) {
             const nd_layout *l = array_layout(item);
-            part =
-                g_const(s, scope_keep(s, nd_full_like_shape(s->st, item, l->ndim, l->shape, 0.0f)));
+            part = g_const(s, scope_keep(s, array_full_like(s->st, item, l->ndim, l->shape, 0.0f)));
         } else {
             PyErr_SetString(PyExc_TypeError, "a TensorTuple's data must be a tuple of NDArrays");
             return scope_fail(s);
@@ -528,8 +523,8 @@ static PyObject *fused_add_compute(needle_state *st, const op_params *p, PyObjec
                                    Py_ssize_t n) {
     UNUSED(n);
     /* (x + c0, x + c1) */
-    PyObject *first = nd_binary_scalar(st, ND_ADD, a[0], p->scalar, 0);
-    PyObject *second = first ? nd_binary_scalar(st, ND_ADD, a[0], p->scalar2, 0) : NULL;
+    PyObject *first = array_binary_scalar(st, ND_ADD, a[0], p->scalar, 0);
+    PyObject *second = first ? array_binary_scalar(st, ND_ADD, a[0], p->scalar2, 0) : NULL;
     PyObject *pair = second ? PyTuple_Pack(2, first, second) : NULL;
     Py_XDECREF(first);
     Py_XDECREF(second);
@@ -568,20 +563,21 @@ static PyObject *stack_compute(needle_state *st, const op_params *p, PyObject *c
         }
     }
     int axis;
-    if (first->ndim + 1 > ND_MAX_DIMS ||
-        nd_normalize_axis(p->axis, first->ndim + 1, &axis) != ND_OK) {
-        PyErr_Format(PyExc_ValueError, "stack: axis %d out of range", p->axis);
+    if (first->ndim + 1 > ND_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "stack: the result would have more than %d dimensions",
+                     ND_MAX_DIMS);
         return NULL;
     }
+    if (normalize_axis(st, p->axis, first->ndim + 1, &axis) < 0) return NULL;
     int64_t shape[ND_MAX_DIMS];
     for (int i = 0, j = 0; i <= first->ndim; i++) shape[i] = i == axis ? count : first->shape[j++];
-    PyObject *out = nd_empty_like_shape(st, PyTuple_GET_ITEM(items, 0), first->ndim + 1, shape);
+    PyObject *out = array_empty_like(st, PyTuple_GET_ITEM(items, 0), first->ndim + 1, shape);
     if (out == NULL) return NULL;
     for (Py_ssize_t i = 0; i < count; i++) {
         nd_array slot = NDArray_CAST(out)->array;
         nd_layout_slice(&slot.layout, axis, i, 1, 1);
         nd_layout_drop_dim(&slot.layout, axis);
-        if (nd_assign_into(st, out, &slot, &NDArray_CAST(PyTuple_GET_ITEM(items, i))->array) ==
+        if (array_assign_into(st, out, &slot, &NDArray_CAST(PyTuple_GET_ITEM(items, i))->array) ==
             NULL)
             return NULL;
     }
@@ -598,16 +594,13 @@ static PyObject *split_compute(needle_state *st, const op_params *p, PyObject *c
     UNUSED(n);
     const nd_layout *l = array_layout(a[0]);
     int axis;
-    if (nd_normalize_axis(p->axis, l->ndim, &axis) != ND_OK) {
-        PyErr_SetString(PyExc_ValueError, nd_last_error());
-        return NULL;
-    }
+    if (normalize_axis(st, p->axis, l->ndim, &axis) < 0) return NULL;
     PyObject *parts = PyTuple_New(l->shape[axis]);
     for (int64_t i = 0; parts && i < l->shape[axis]; i++) {
         nd_layout view = *l;
         nd_layout_slice(&view, axis, i, 1, 1);
         nd_layout_drop_dim(&view, axis);
-        PyObject *part = nd_layout_view(st, a[0], &view);
+        PyObject *part = array_view(st, a[0], &view);
         if (part == NULL) {
             Py_CLEAR(parts);
             break;

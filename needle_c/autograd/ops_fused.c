@@ -25,7 +25,7 @@ static PyObject *layer_norm_compute(needle_state *st, const op_params *p, PyObje
     nd_array out;
     nd_status status = nd_array_layer_norm(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array,
                                            &NDArray_CAST(a[2])->array, (float)p->scalar, &out);
-    return status == ND_OK ? ndarray_wrap(st, &out) : raise_status(st, status);
+    return array_result(st, status, &out);
 }
 
 /* An engine result array as a constant of the scope, reshaped to `like`'s
@@ -35,7 +35,7 @@ static PyObject *const_shaped_like(grad_scope *s, nd_array *arr, PyObject *like)
     int ndim;
     int64_t shape[ND_MAX_DIMS];
     if (array == NULL || g_shape(s, like, &ndim, shape) < 0) return NULL;
-    return g_const(s, scope_keep(s, nd_reshape_array(s->st, array, ndim, shape)));
+    return g_const(s, scope_keep(s, array_reshape(s->st, array, ndim, shape)));
 }
 
 /* (dx, dw, db) from the engine's fused backward, as constants. */
@@ -114,7 +114,7 @@ static PyObject *attention_softmax_compute(needle_state *st, const op_params *p,
     nd_array out;
     nd_status status = nd_array_attention_softmax(&NDArray_CAST(a[0])->array, (float)p->scalar,
                                                   p->scalar2 != 0.0, &out);
-    return status == ND_OK ? ndarray_wrap(st, &out) : raise_status(st, status);
+    return array_result(st, status, &out);
 }
 
 static PyObject *attention_softmax_gradient(grad_scope *s, const op_params *p, PyObject *g,

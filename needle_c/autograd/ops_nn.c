@@ -14,11 +14,6 @@
 
 #define UNUSED(x) (void)(x)
 
-/* An engine call's result array as an NDArray, or its status raised. */
-static PyObject *engine_result(needle_state *st, nd_status status, nd_array *out) {
-    return status == ND_OK ? ndarray_wrap(st, out) : raise_status(st, status);
-}
-
 static const op_params no_params;
 
 /* ----------------------------------------------- Tensor building blocks */
@@ -70,10 +65,12 @@ static PyObject *g_pad_end(grad_scope *s, PyObject *x, int ndim, const int64_t *
 static PyObject *flip_compute(needle_state *st, const op_params *p, PyObject *const *a,
                               Py_ssize_t n) {
     UNUSED(n);
+    int axes[ND_MAX_DIMS];
+    if (normalize_axes(st, p->naxes, p->axes, array_layout(a[0])->ndim, axes) < 0) return NULL;
     nd_layout out;
-    nd_status status = nd_layout_flip(array_layout(a[0]), p->naxes, p->axes, &out);
+    nd_status status = nd_layout_flip(array_layout(a[0]), p->naxes, axes, &out);
     if (status != ND_OK) return raise_status(st, status);
-    return nd_layout_view(st, a[0], &out);
+    return array_view(st, a[0], &out);
 }
 
 static PyObject *flip_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
@@ -88,17 +85,17 @@ static PyObject *dilate_compute(needle_state *st, const op_params *p, PyObject *
     UNUSED(n);
     const nd_layout *l = array_layout(a[0]);
     uint32_t mask;
-    if (axes_to_mask(p, l->ndim, &mask) < 0) return NULL;
+    if (axes_to_mask(st, p, l->ndim, &mask) < 0) return NULL;
     int64_t step = (int64_t)p->dilation + 1, shape[ND_MAX_DIMS];
     for (int i = 0; i < l->ndim; i++)
         shape[i] = (mask >> i) & 1u ? l->shape[i] * step : l->shape[i];
-    PyObject *out = nd_full_like_shape(st, a[0], l->ndim, shape, 0.0f);
+    PyObject *out = array_full_like(st, a[0], l->ndim, shape, 0.0f);
     if (out == NULL) return NULL;
     /* The input goes to every step-th element of the zeros. */
     nd_array slots = NDArray_CAST(out)->array;
     for (int i = 0; i < l->ndim; i++)
         if ((mask >> i) & 1u) nd_layout_slice(&slots.layout, i, 0, step, l->shape[i]);
-    return nd_assign_into(st, out, &slots, &NDArray_CAST(a[0])->array);
+    return array_assign_into(st, out, &slots, &NDArray_CAST(a[0])->array);
 }
 
 static PyObject *dilate_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
@@ -111,11 +108,11 @@ static PyObject *undilate_compute(needle_state *st, const op_params *p, PyObject
     UNUSED(n);
     nd_layout view = *array_layout(a[0]);
     uint32_t mask;
-    if (axes_to_mask(p, view.ndim, &mask) < 0) return NULL;
+    if (axes_to_mask(st, p, view.ndim, &mask) < 0) return NULL;
     int64_t step = (int64_t)p->dilation + 1;
     for (int i = 0; i < view.ndim; i++)
         if ((mask >> i) & 1u) nd_layout_slice(&view, i, 0, step, (view.shape[i] + step - 1) / step);
-    return nd_layout_view(st, a[0], &view);
+    return array_view(st, a[0], &view);
 }
 
 static PyObject *undilate_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
@@ -170,14 +167,14 @@ static int conv_shapes(const nd_layout *x, const nd_layout *w, const op_params *
 /* x zero-padded by `pad` along H and W, as a compact array. */
 static PyObject *pad_hw(needle_state *st, PyObject *x, int64_t pad) {
     const nd_layout *l = array_layout(x);
-    if (pad == 0) return nd_compact_array(st, x);
+    if (pad == 0) return array_compact(st, x);
     int64_t shape[4] = {l->shape[0], l->shape[1] + 2 * pad, l->shape[2] + 2 * pad, l->shape[3]};
-    PyObject *out = nd_full_like_shape(st, x, 4, shape, 0.0f);
+    PyObject *out = array_full_like(st, x, 4, shape, 0.0f);
     if (out == NULL) return NULL;
     nd_array inner = NDArray_CAST(out)->array;
     nd_layout_slice(&inner.layout, 1, pad, 1, l->shape[1]);
     nd_layout_slice(&inner.layout, 2, pad, 1, l->shape[2]);
-    return nd_assign_into(st, out, &inner, &NDArray_CAST(x)->array);
+    return array_assign_into(st, out, &inner, &NDArray_CAST(x)->array);
 }
 
 static PyObject *conv_compute(needle_state *st, const op_params *p, PyObject *const *a,
@@ -199,19 +196,19 @@ static PyObject *conv_compute(needle_state *st, const op_params *p, PyObject *co
                                 pl->strides[1], pl->strides[2],     pl->strides[3]};
     memcpy(col.shape, shape, sizeof shape);
     memcpy(col.strides, strides, sizeof strides);
-    PyObject *window = nd_layout_view(st, padded, &col);
+    PyObject *window = array_view(st, padded, &col);
     Py_DECREF(padded);
     if (window == NULL) return NULL;
-    PyObject *cols = nd_reshape_array(st, window, 2, (int64_t[]){batch * oh * ow, k * k * cin});
+    PyObject *cols = array_reshape(st, window, 2, (int64_t[]){batch * oh * ow, k * k * cin});
     Py_DECREF(window);
-    PyObject *wm = cols ? nd_reshape_array(st, a[1], 2, (int64_t[]){k * k * cin, cout}) : NULL;
+    PyObject *wm = cols ? array_reshape(st, a[1], 2, (int64_t[]){k * k * cin, cout}) : NULL;
     PyObject *out = NULL;
     if (wm != NULL) {
         nd_array prod;
         nd_status status =
             nd_array_matmul(&NDArray_CAST(cols)->array, &NDArray_CAST(wm)->array, &prod);
-        PyObject *flat = engine_result(st, status, &prod);
-        if (flat != NULL) out = nd_reshape_array(st, flat, 4, (int64_t[]){batch, oh, ow, cout});
+        PyObject *flat = array_result(st, status, &prod);
+        if (flat != NULL) out = array_reshape(st, flat, 4, (int64_t[]){batch, oh, ow, cout});
         Py_XDECREF(flat);
     }
     Py_XDECREF(cols);
@@ -291,19 +288,19 @@ static PyObject *conv_gradient(grad_scope *s, const op_params *p, PyObject *g, P
  * dims; m is the max, clamped to finite values so that an all -inf (or a
  * +inf) slice gives -inf (inf) rather than nan. */
 static PyObject *lse_keepdims(needle_state *st, PyObject *a, uint32_t mask) {
-    PyObject *m = nd_reduce_array(st, ND_REDUCE_MAX, a, mask, 1);
-    PyObject *lo = m ? nd_binary_scalar(st, ND_MAXIMUM, m, -FLT_MAX, 0) : NULL;
-    PyObject *shift = lo ? nd_binary_scalar(st, ND_MINIMUM, lo, FLT_MAX, 0) : NULL;
+    PyObject *m = array_reduce(st, ND_REDUCE_MAX, a, mask, 1);
+    PyObject *lo = m ? array_binary_scalar(st, ND_MAXIMUM, m, -FLT_MAX, 0) : NULL;
+    PyObject *shift = lo ? array_binary_scalar(st, ND_MINIMUM, lo, FLT_MAX, 0) : NULL;
     Py_XDECREF(m);
     Py_XDECREF(lo);
-    PyObject *centred = shift ? nd_binary_arrays(st, ND_SUB, a, shift) : NULL;
-    PyObject *e = centred ? nd_unary_array(st, ND_EXP, centred) : NULL;
+    PyObject *centred = shift ? array_binary(st, ND_SUB, a, shift) : NULL;
+    PyObject *e = centred ? array_unary(st, ND_EXP, centred) : NULL;
     Py_XDECREF(centred);
-    PyObject *sum = e ? nd_reduce_array(st, ND_REDUCE_SUM, e, mask, 1) : NULL;
+    PyObject *sum = e ? array_reduce(st, ND_REDUCE_SUM, e, mask, 1) : NULL;
     Py_XDECREF(e);
-    PyObject *log = sum ? nd_unary_array(st, ND_LOG, sum) : NULL;
+    PyObject *log = sum ? array_unary(st, ND_LOG, sum) : NULL;
     Py_XDECREF(sum);
-    PyObject *r = log ? nd_binary_arrays(st, ND_ADD, log, shift) : NULL;
+    PyObject *r = log ? array_binary(st, ND_ADD, log, shift) : NULL;
     Py_XDECREF(log);
     Py_XDECREF(shift);
     return r;
@@ -321,7 +318,7 @@ static PyObject *logsumexp_compute(needle_state *st, const op_params *p, PyObjec
     UNUSED(n);
     const nd_layout *l = array_layout(a[0]);
     uint32_t mask;
-    if (axes_to_mask(p, l->ndim, &mask) < 0) return NULL;
+    if (axes_to_mask(st, p, l->ndim, &mask) < 0) return NULL;
     int64_t shape[ND_MAX_DIMS];
     int ndim = 0;
     for (int i = 0; i < l->ndim; i++)
@@ -334,11 +331,10 @@ static PyObject *logsumexp_compute(needle_state *st, const op_params *p, PyObjec
     nd_array rows;
     PyObject *kept =
         last_axis_only(l->ndim, l->shape, mask)
-            ? engine_result(st, nd_array_logsumexp_last(&NDArray_CAST(a[0])->array, 1, &rows),
-                            &rows)
+            ? array_result(st, nd_array_logsumexp_last(&NDArray_CAST(a[0])->array, 1, &rows), &rows)
             : lse_keepdims(st, a[0], mask);
     if (kept == NULL) return NULL;
-    PyObject *r = nd_reshape_array(st, kept, ndim, shape);
+    PyObject *r = array_reshape(st, kept, ndim, shape);
     Py_DECREF(kept);
     return r;
 }
@@ -354,9 +350,9 @@ static PyObject *g_max_shift(grad_scope *s, PyObject *z, int ndim, const int64_t
         PyErr_SetString(PyExc_TypeError, "a softmax gradient needs a Tensor holding an NDArray");
         return scope_fail(s);
     }
-    PyObject *m = nd_reduce_array(s->st, ND_REDUCE_MAX, data, mask, 1);
-    PyObject *lo = m ? nd_binary_scalar(s->st, ND_MAXIMUM, m, -FLT_MAX, 0) : NULL;
-    PyObject *shift = lo ? nd_binary_scalar(s->st, ND_MINIMUM, lo, FLT_MAX, 0) : NULL;
+    PyObject *m = array_reduce(s->st, ND_REDUCE_MAX, data, mask, 1);
+    PyObject *lo = m ? array_binary_scalar(s->st, ND_MAXIMUM, m, -FLT_MAX, 0) : NULL;
+    PyObject *shift = lo ? array_binary_scalar(s->st, ND_MINIMUM, lo, FLT_MAX, 0) : NULL;
     Py_XDECREF(m);
     Py_XDECREF(lo);
     return g_broadcast(s, g_const(s, scope_keep(s, shift)), ndim, shape);
@@ -376,7 +372,7 @@ static PyObject *g_softmax(grad_scope *s, PyObject *z, int ndim, const int64_t *
         if (ndarray_check(s->st, data)) {
             nd_array out;
             nd_status status = nd_array_softmax_last(&NDArray_CAST(data)->array, 0, &out);
-            return g_const(s, scope_keep(s, engine_result(s->st, status, &out)));
+            return g_const(s, scope_keep(s, array_result(s->st, status, &out)));
         }
     }
     PyObject *e = g_unary(s, OP_EXP, g_sub(s, z, g_max_shift(s, z, ndim, shape, mask)));
@@ -392,7 +388,7 @@ static PyObject *logsumexp_gradient(grad_scope *s, const op_params *p, PyObject 
     int ndim;
     int64_t shape[ND_MAX_DIMS];
     uint32_t mask;
-    if (g_shape(s, z, &ndim, shape) < 0 || axes_to_mask(p, ndim, &mask) < 0) return NULL;
+    if (g_shape(s, z, &ndim, shape) < 0 || axes_to_mask(s->st, p, ndim, &mask) < 0) return NULL;
     return grads1(s,
                   g_mul(s, g_softmax(s, z, ndim, shape, mask), g_expand(s, g, ndim, shape, mask)));
 }
@@ -408,10 +404,10 @@ static PyObject *logsoftmax_compute(needle_state *st, const op_params *p, PyObje
     }
     if (last_axis_only(2, array_layout(a[0])->shape, 1u << 1)) {
         nd_array out;
-        return engine_result(st, nd_array_softmax_last(&NDArray_CAST(a[0])->array, 1, &out), &out);
+        return array_result(st, nd_array_softmax_last(&NDArray_CAST(a[0])->array, 1, &out), &out);
     }
     PyObject *lse = lse_keepdims(st, a[0], 1u << 1);
-    PyObject *r = lse ? nd_binary_arrays(st, ND_SUB, a[0], lse) : NULL;
+    PyObject *r = lse ? array_binary(st, ND_SUB, a[0], lse) : NULL;
     Py_XDECREF(lse);
     return r;
 }
@@ -439,7 +435,7 @@ static PyObject *gather_rows_compute(needle_state *st, const op_params *p, PyObj
     nd_array out;
     nd_status status =
         nd_array_gather_rows(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array, &out);
-    return engine_result(st, status, &out);
+    return array_result(st, status, &out);
 }
 
 static PyObject *gather_rows_gradient(grad_scope *s, const op_params *p, PyObject *g,
@@ -463,7 +459,7 @@ static PyObject *scatter_add_rows_compute(needle_state *st, const op_params *p, 
     nd_array out;
     nd_status status = nd_array_scatter_add_rows(
         &NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array, (int64_t)p->index, &out);
-    return engine_result(st, status, &out);
+    return array_result(st, status, &out);
 }
 
 static PyObject *scatter_add_rows_gradient(grad_scope *s, const op_params *p, PyObject *g,
@@ -491,7 +487,7 @@ static PyObject *xent_compute(needle_state *st, const op_params *p, PyObject *co
     nd_array loss;
     nd_status status =
         nd_array_softmax_xent(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array, &loss);
-    return engine_result(st, status, &loss);
+    return array_result(st, status, &loss);
 }
 
 /* out_grad * (softmax(z) - one_hot(y)) / N as one constant, from the fused
@@ -509,7 +505,7 @@ static PyObject *xent_grad_fused(grad_scope *s, PyObject *z, PyObject *y, PyObje
         nd_array_softmax_xent_grad(&NDArray_CAST(z)->array, &NDArray_CAST(y)->array,
                                    ndarray_check(s->st, loss) ? &NDArray_CAST(loss)->array : NULL,
                                    &NDArray_CAST(g)->array, &out);
-    return g_const(s, scope_keep(s, engine_result(s->st, status, &out)));
+    return g_const(s, scope_keep(s, array_result(s->st, status, &out)));
 }
 
 static PyObject *xent_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
@@ -543,7 +539,7 @@ static PyObject *xent_grad_compute(needle_state *st, const op_params *p, PyObjec
     nd_status status =
         nd_array_softmax_xent_grad(&NDArray_CAST(a[0])->array, &NDArray_CAST(a[1])->array, NULL,
                                    &NDArray_CAST(a[2])->array, &out);
-    return engine_result(st, status, &out);
+    return array_result(st, status, &out);
 }
 
 static PyObject *xent_grad_gradient(grad_scope *s, const op_params *p, PyObject *adj,

@@ -181,7 +181,7 @@ int is_tensor(needle_state *st, PyObject *obj);
 int is_tensor_tuple(needle_state *st, PyObject *obj);
 int is_value(needle_state *st, PyObject *obj);
 
-/* ---------------------------------------------- tensor.c: the types */
+/* ------------- tensor.c: the node; tensor_type.c: its Python types */
 
 /* The realised data of a Value, a NEW reference (NULL + exception on
  * failure): computing it may run the collector, which may replace the
@@ -199,12 +199,14 @@ int shapes_differ(needle_state *st, PyObject *a, PyObject *b);
 /* Whether data may be a node's cached_data: an NDArray (tuple 0), a tuple of NDArrays
  * (tuple 1), or either (tuple -1). */
 int node_data_ok(needle_state *st, PyObject *data, int tuple);
+/* The Value, Tensor and TensorTuple types (tensor_type.c). */
 int tensor_types_init(PyObject *module, needle_state *st);
 /* The GC slots of Values (tensor.c) and Ops (op.c); scoped.c recognises
  * needle's objects by them. value_clear leaves inputs as the empty tuple
  * (never NULL). */
 int value_traverse(PyObject *op, visitproc visit, void *arg);
 int value_clear(PyObject *op);
+void value_dealloc(PyObject *op);
 int op_traverse(PyObject *op, visitproc visit, void *arg);
 
 /* The registry of memory/scoped.c: link a Value or Op once it is valid
@@ -298,13 +300,11 @@ void ops_fused_register(op_impl *table);
 /* ---------------------------------------- Tensor methods and slots */
 
 /* tensor_ops.c: operators and shape methods of Tensor, sequence methods
- * of TensorTuple; autograd.c: backward. Tensor's type tables (tensor.c)
+ * of TensorTuple; autograd.c: backward. Tensor's type tables (tensor_type.c)
  * name them. */
-/* What the course passes as a scalar: a Python int or float, a NumPy scalar,
- * a 0-d or size-1 NumPy array (np.random.randn(1)). 1 with *out set, 0 when
- * obj is none of these (no exception), -1 on error. Bools count only when
- * allow_bool. */
-int real_scalar(PyObject *obj, double *out, int allow_bool);
+/* An Op's or a Tensor method's axes argument into p (op.c): None leaves
+ * axes_given 0; otherwise array/parse.c's parse_axes. */
+int op_parse_axes(needle_state *st, PyObject *obj, op_params *p);
 PyObject *tensor_add(PyObject *a, PyObject *b);
 PyObject *tensor_sub(PyObject *a, PyObject *b);
 PyObject *tensor_mul(PyObject *a, PyObject *b);

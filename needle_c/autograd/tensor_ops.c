@@ -10,53 +10,6 @@
 
 static const op_params no_params;
 
-int real_scalar(PyObject *obj, double *out, int allow_bool) {
-    if (PyBool_Check(obj) && !allow_bool) return 0;
-    if (PyFloat_Check(obj) || PyLong_Check(obj)) {
-        *out = PyFloat_AsDouble(obj);
-        return (*out == -1.0 && PyErr_Occurred()) ? -1 : 1;
-    }
-    if (PyComplex_Check(obj) || PyUnicode_Check(obj) || PyBytes_Check(obj) || obj == Py_None)
-        return 0;
-    PyObject *value = NULL;
-    if (!PySequence_Check(obj) && PyNumber_Check(obj)) {
-        value = Py_NewRef(obj); /* a NumPy scalar or a 0-d array */
-    } else if (PyObject_HasAttrString(obj, "__array_interface__") &&
-               PyObject_HasAttrString(obj, "item")) {
-        /* A NumPy array: a scalar when it holds exactly one element. */
-        PyObject *size = PyObject_GetAttrString(obj, "size");
-        if (size == NULL) {
-            PyErr_Clear();
-            return 0;
-        }
-        long n = PyLong_Check(size) ? PyLong_AsLong(size) : -1;
-        Py_DECREF(size);
-        if (n != 1) {
-            PyErr_Clear();
-            return 0;
-        }
-        value = PyObject_CallMethod(obj, "item", NULL);
-        if (value == NULL) return -1;
-    } else {
-        return 0;
-    }
-    int rc = 0;
-    if (!PyComplex_Check(value) && (allow_bool || !PyBool_Check(value))) {
-        PyObject *f = PyNumber_Float(value);
-        if (f == NULL) {
-            PyErr_Clear();
-        } else {
-            *out = PyFloat_AS_DOUBLE(f);
-            Py_DECREF(f);
-            rc = 1;
-        }
-    }
-    Py_DECREF(value);
-    return rc;
-}
-
-static int scalar_value(PyObject *obj, double *out) { return real_scalar(obj, out, 1); }
-
 static op_params scalar_params(double s) {
     op_params p = no_params;
     p.scalar = s;
@@ -84,7 +37,7 @@ static PyObject *dispatch(PyObject *a, PyObject *b, pair_fn both, scalar_fn one)
     int ta = is_tensor(st, a), tb = is_tensor(st, b);
     if (ta && tb) return both(st, a, b);
     double s;
-    int r = scalar_value(ta ? b : a, &s);
+    int r = parse_scalar(ta ? b : a, &s);
     if (r < 0) return NULL;
     if (r == 0 && (ta || tb) && PyObject_HasAttrString(ta ? b : a, "__array_interface__")) {
         /* A NumPy array of several elements: say so (NumPy defers to us, so
@@ -168,7 +121,7 @@ static PyObject *pow_scalar(needle_state *st, PyObject *t, double s, int left) {
         PyErr_SetString(PyExc_TypeError, "scalar ** x needs a Tensor holding an NDArray");
     } else {
         const nd_layout *l = &NDArray_CAST(data)->array.layout;
-        PyObject *full = nd_full_like_shape(st, data, l->ndim, l->shape, (float)s);
+        PyObject *full = array_full_like(st, data, l->ndim, l->shape, (float)s);
         base = full ? make_const(st, full, 0) : NULL;
         Py_XDECREF(full);
     }
@@ -242,24 +195,13 @@ PyObject *fold_make_tuple_item(needle_state *st, PyObject *value, Py_ssize_t i) 
 
 /* ---------------------------------------------------------- methods */
 
-static int axes_from_object(PyObject *obj, op_params *p) {
-    p->axes_given = 0;
-    p->naxes = 0;
-    if (obj == NULL || obj == Py_None) return 0;
-    p->axes_given = 1;
-    int64_t values[ND_MAX_DIMS];
-    if (parse_shape(obj, &p->naxes, values) < 0) return -1;
-    for (int i = 0; i < p->naxes; i++) p->axes[i] = (int)values[i];
-    return 0;
-}
-
 PyObject *tensor_sum(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"axes", NULL};
     PyObject *axes = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:sum", kwlist, &axes)) return NULL;
     needle_state *st = state_of_value(self);
     op_params p = no_params;
-    if (st == NULL || axes_from_object(axes, &p) < 0) return NULL;
+    if (st == NULL || op_parse_axes(st, axes, &p) < 0) return NULL;
     return apply1(st, OP_SUMMATION, &p, self);
 }
 
@@ -272,7 +214,8 @@ static PyObject *shape_op(PyObject *self, PyObject *args, op_kind kind, const ch
         return NULL;
     }
     op_params p = no_params;
-    if (parse_shape(shape, &p.ndim, p.shape) < 0) return NULL;
+    shape_rule rule = kind == OP_RESHAPE ? SHAPE_INFER : SHAPE_EXACT;
+    if (parse_shape(shape, rule, &p.ndim, p.shape) < 0) return NULL;
     return apply1(st, kind, &p, self);
 }
 
@@ -290,7 +233,7 @@ PyObject *tensor_transpose(PyObject *self, PyObject *args, PyObject *kwargs) {
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:transpose", kwlist, &axes)) return NULL;
     needle_state *st = state_of_value(self);
     op_params p = no_params;
-    if (st == NULL || axes_from_object(axes, &p) < 0) return NULL;
+    if (st == NULL || op_parse_axes(st, axes, &p) < 0) return NULL;
     return apply1(st, OP_TRANSPOSE, &p, self);
 }
 
