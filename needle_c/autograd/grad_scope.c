@@ -187,7 +187,7 @@ PyObject *g_zeros_like(grad_scope *s, PyObject *value) {
         return scope_fail(s);
     }
     const nd_layout *l = array_layout(data);
-    return g_const(s, scope_keep(s, nd_full_like_shape(s->st, data, l->ndim, l->shape, 0.0f)));
+    return g_const(s, scope_keep(s, array_full_like(s->st, data, l->ndim, l->shape, 0.0f)));
 }
 
 int g_wanted(grad_scope *s, Py_ssize_t i) {

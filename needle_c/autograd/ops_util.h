@@ -16,8 +16,4 @@
  * axes is None): AxisError or ValueError as parse.h says (op.c). */
 int axes_to_mask(needle_state *st, const op_params *p, int ndim, uint32_t *mask);
 
-/* grad_scope.c, edited on another branch, still calls the helper by its
- * old engine-style name; remove this once it says array_full_like. */
-#define nd_full_like_shape array_full_like
-
 #endif /* NEEDLE_OPS_UTIL_H */
