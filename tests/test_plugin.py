@@ -316,7 +316,7 @@ def test_failures_list_the_tests_own_tensors_by_site(pytester, device):
         f"  {op_site}: 2 tensors, 16384 bytes (16.00 KiB)\n"
         "    1 x Tensor(shape=(32, 64), dtype=float32, bytes=8192, op=Exp)\n"
         "    1 x Tensor(shape=(32, 64), dtype=float32, bytes=8192, op=(leaf))\n"
-        f"  {leaf_site}: 1 tensors, 8192 bytes (8.00 KiB)\n"
+        f"  {leaf_site}: 1 tensor, 8192 bytes (8.00 KiB)\n"
         "    1 x Tensor(shape=(32, 64), dtype=float32, bytes=8192, op=(leaf))\n"
     ) in marked
     # Neither the earlier test's leak nor the freed scratch tensor is the culprit.

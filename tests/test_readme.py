@@ -162,6 +162,11 @@ def test_the_pytest_example_fails_on_the_leak_and_passes_the_fix(tmp_path):
     assert "FAILED test_memory.py::test_leaky_step" in out
     assert re.search(r"device memory on cpu \(the default device\) grew by \d+ bytes", out)
     assert "FAILED test_memory.py::test_fixed_step" not in out
+    # The culprit is named: the line of the example that made the kept graph, first.
+    leak_line = 1 + source.splitlines().index("    loss = (model(x) ** 2).sum()")
+    sites = re.findall(r"^  (test_memory\.py:\d+): \d+ tensors?, ", out, re.M)
+    assert sites and sites[0] == f"test_memory.py:{leak_line}", out
+    assert re.search(r"\d+ x Tensor\(shape=\(32, 8\), dtype=float32, bytes=1024, op=", out)
     assert "FAILED test_memory.py::test_forward_fits" not in out
 
 

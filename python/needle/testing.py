@@ -156,6 +156,11 @@ def _short_site(site, rootdir):
     return f"{filename}:{line}"
 
 
+def _count(n, noun):
+    """``n`` and ``noun``, plural unless ``n`` is 1."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _kept_report(dev, snapshot, growth, rootdir=None, history=True, what="the test"):
     """What ``what`` created after ``snapshot`` and still keeps on the Device ``dev``, as text
     lines: one group per allocation site (largest first), each tensor kind in it with its
@@ -171,7 +176,8 @@ def _kept_report(dev, snapshot, growth, rootdir=None, history=True, what="the te
         lines = [f"kept: no tensor that {what} created is still alive on {dev!r}"]
     else:
         lines = [
-            f"kept: {len(records)} tensors that {what} created are still alive on {dev!r}, "
+            f"kept: {_count(len(records), 'tensor')} that {what} created "
+            f"{'is' if len(records) == 1 else 'are'} still alive on {dev!r}, "
             f"{_format_bytes(total)}, by allocation site:"
         ]
     sites = {}
@@ -189,7 +195,9 @@ def _kept_report(dev, snapshot, growth, rootdir=None, history=True, what="the te
     )
     for site, kinds in ordered[:_REPORT_ROWS]:
         site_bytes = sum(kind[3] * n for kind, n in kinds.items())
-        lines.append(f"  {site}: {sum(kinds.values())} tensors, {_format_bytes(site_bytes)}")
+        lines.append(
+            f"  {site}: {_count(sum(kinds.values()), 'tensor')}, {_format_bytes(site_bytes)}"
+        )
         # Most bytes first; an op's output before the leaves it keeps alive.
         rows = sorted(
             kinds.items(),
