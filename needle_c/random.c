@@ -101,6 +101,10 @@ static int parse_random_kwargs(PyObject *kwargs, const char *name, int takes_p, 
     }
     if (check_dtype(dtype) < 0) return -1;
     if (p_obj == NULL) return 0;
+    if (PyBool_Check(p_obj)) { /* init.randb refuses a bool as p too */
+        PyErr_Format(PyExc_TypeError, "%s(): p must be a number, not bool", name);
+        return -1;
+    }
     *p = PyFloat_AsDouble(p_obj);
     if (*p == -1.0 && PyErr_Occurred()) return -1;
     if (!(*p >= 0.0 && *p <= 1.0)) { /* NaN fails too */

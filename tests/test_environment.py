@@ -354,7 +354,9 @@ def run_setup(**variables):
 def test_build_variables_accepted(variables):
     proc = run_setup(**variables)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == "needle"
+    assert (
+        proc.stdout.strip().splitlines()[-1] == "needle-gc"
+    )  # the distribution (the import name is needle)
 
 
 @pytest.mark.parametrize(

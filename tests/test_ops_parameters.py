@@ -35,6 +35,15 @@ def _raised(fn):
     return type(info.value), str(info.value)
 
 
+def _assert_same_error(surfaces, kind, message):
+    """Every way in (name -> call) raises ``kind`` with ``message``, and the same text."""
+    seen = {name: _raised(fn) for name, fn in surfaces.items()}
+    for name, (raised, text) in seen.items():
+        assert raised is kind, (name, raised, text)
+        assert message in text, (name, text)
+    assert len({text for _, text in seen.values()}) == 1, seen
+
+
 def _sum_surfaces(device, axes):
     """One reduction over axes through each of the four surfaces."""
     x = _tensor(device)
@@ -68,11 +77,7 @@ BAD_AXES = [
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("axes, kind, message", BAD_AXES)
 def test_a_bad_axis_raises_the_same_everywhere(device, axes, kind, message):
-    seen = {name: _raised(fn) for name, fn in _sum_surfaces(device, axes).items()}
-    for name, (raised, text) in seen.items():
-        assert raised is kind, (name, raised, text)
-        assert message in text, (name, text)
-    assert len({text for _, text in seen.values()}) == 1, seen
+    _assert_same_error(_sum_surfaces(device, axes), kind, message)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -172,11 +177,7 @@ BAD_SHAPES = [
 @pytest.mark.parametrize("shape, kind, message", BAD_SHAPES)
 @pytest.mark.parametrize("surfaces", [_reshape_surfaces, _broadcast_surfaces])
 def test_a_bad_shape_raises_the_same_everywhere(device, surfaces, shape, kind, message):
-    seen = {name: _raised(fn) for name, fn in surfaces(device, shape).items()}
-    for name, (raised, text) in seen.items():
-        assert raised is kind, (name, raised, text)
-        assert message in text, (name, text)
-    assert len({text for _, text in seen.values()}) == 1, seen
+    _assert_same_error(surfaces(device, shape), kind, message)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -424,6 +424,8 @@ def test_bad_input(device, mode):
                 init.randb(3, p=p, device=device)
         with pytest.raises(TypeError):
             device.randb(3, p="half")
+        with pytest.raises(TypeError, match="p must be a number, not bool"):
+            device.randb(3, p=True)
         with pytest.raises(TypeError, match="float32 only"):
             device.rand(3, dtype="float64")
         with pytest.raises(TypeError, match="float32 only"):
