@@ -165,10 +165,13 @@ PyObject *unbroadcast(grad_scope *s, PyObject *g, PyObject *like) {
     int gnd, lnd;
     int64_t gs[ND_MAX_DIMS], ls[ND_MAX_DIMS];
     if (g_shape(s, g, &gnd, gs) < 0 || g_shape(s, like, &lnd, ls) < 0) return NULL;
+    /* Only axes of g longer than 1 are summed: a dropped leading axis of
+     * length 1 sums one element, which the reshape alone does, as a view of
+     * g rather than a copy the graph would hold. */
     uint32_t mask = 0;
     for (int i = 0; i < gnd; i++) {
         int li = i - (gnd - lnd);
-        if (li < 0 || (ls[li] == 1 && gs[i] != 1)) mask |= 1u << i;
+        if (gs[i] != 1 && (li < 0 || ls[li] == 1)) mask |= 1u << i;
     }
     return g_reshape(s, mask ? g_sum_mask(s, g, gnd, mask) : g, lnd, ls);
 }
