@@ -210,7 +210,8 @@ class AttentionLayer(Module):
         k = project(k, self.prenorm_k, self.k_projection, keys_values_len)
         v = project(v, self.prenorm_v, self.v_projection, keys_values_len)
 
-        result, self.probs = self.attn(q, k, v)
+        result, probs = self.attn(q, k, v)
+        self.probs = probs.detach()
         result = result.transpose((1, 2)).reshape((batch_size, queries_len, heads * dim))
         return self.out_projection(result)
 
