@@ -245,7 +245,8 @@ def choose_archs(requested, supported, toolkit):
                 raise SystemExit(
                     f"needle: NEEDLE_CUDA_ARCH={os.environ['NEEDLE_CUDA_ARCH']!r}: {toolkit} "
                     f"cannot compile for sm_{', sm_'.join(bad)} (it compiles for sm_"
-                    f"{', sm_'.join(supported)}; the V100, sm_70, needs CUDA 12)"
+                    f"{', sm_'.join(supported)})"
+                    + ("; sm_70 (V100) needs CUDA 12" if "70" in bad else "")
                 )
         return requested
     if supported is None:
