@@ -6,6 +6,8 @@ Environment:
                     -Werror all-warnings and -Werror for its host compiler
   NEEDLE_DEBUG=1    -O0 -g, for debugging the C code (nvcc: -g -lineinfo)
   NEEDLE_CUDA=auto  build the CUDA backend when nvcc is found (the default);
+                    an nvcc that fails (its --version, or compiling
+                    csrc/cuda) gives a CPU-only build with a warning;
                     1: it must be built (the build fails loudly if it cannot);
                     0: never;
                     sim: build it for needle's CUDA simulator instead of a GPU:
@@ -26,21 +28,32 @@ Environment:
                     (-fsanitize=address,undefined, no recovery, -O1 -g) and
                     without CUDA; run Python with the sanitizer runtime
                     preloaded: see tests/sanitize.sh
-  NEEDLE_CUDA_ARCH  the GPU architectures to compile for, e.g. "80;90"
-                    (default: 75;80;86;89;90, plus compute_90 PTX; the PTX of
-                    the highest one listed is always embedded)
+  NEEDLE_CUDA_ARCH  the GPU architectures to compile for, e.g. "80;90"; each
+                    must be one the toolkit lists (nvcc --list-gpu-code), else
+                    the build stops (default: those of 70;75;80;86;89;90 the
+                    toolkit compiles for: sm_70..sm_90 with CUDA 12, sm_75..sm_90
+                    with CUDA 13, which has no Volta; the PTX of the highest one
+                    is always embedded, so newer GPUs run it through the
+                    driver's JIT). The list is compiled into the backend, and
+                    device discovery leaves out a GPU it has no code for
+                    (csrc/cuda_arch.c: ndl.cuda.unavailable_reason() says so)
 
 The CUDA toolkit is looked for in $CUDA_HOME, $CUDA_PATH, the directory of
 the nvcc on PATH, then /usr/local/cuda. Each csrc/cuda/*.cu is compiled by
 nvcc into an object file that is linked into needle_c together with the
 static CUDA runtime (so the module imports on machines without a CUDA
-runtime, driver or GPU; running needs a driver of the R580 branch or newer,
-which CUDA 13 requires). cuBLAS is not linked: the backend loads it at run
+runtime, driver or GPU; running needs a driver the toolkit's major version
+supports: R525+ for CUDA 12, R580+ for CUDA 13). cuBLAS is not linked: the
+backend loads the libcublas.so.<major> of the runtime's major version at run
 time (NEEDLE_CUBLAS=<path> names it) and falls back to its own SGEMM kernel
 where it is missing; the libcublas found here at build time, if any, is
-remembered as the first place to look, then the nvidia-cublas wheel that the
-`cuda` extra installs (pip install ".[cuda]"), whose directory needle.cuda
-hands the loader at import.
+remembered as the first place to look, then the wheel that the `cuda` extra
+(nvidia-cublas, CUDA 13) or the `cuda12` extra (nvidia-cublas-cu12) installs,
+whose directory needle.cuda hands the loader at import.
+
+`python setup.py cuda_compile --build-temp DIR` compiles csrc/cuda/*.cu with
+the same toolkit, architectures and flags as build_ext and stops there (no
+link): tests/cuda12_compile.sh runs it with CUDA 12 for sm_70.
 
 Run-time variables are listed in README.md (NEEDLE_CUBLAS, NEEDLE_MEMORY_LIMIT,
 NEEDLE_GC*, and NEEDLE_REQUIRE_CUDA=1 for the tests: CUDA tests fail instead
@@ -51,12 +64,13 @@ import glob
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy
-from setuptools import Extension, setup
+from setuptools import Command, Extension, setup
 from setuptools.command.build_ext import build_ext
 
 
@@ -106,7 +120,17 @@ CUDA_SOURCES = sorted(glob.glob("csrc/cuda/*.cu"))
 CUDA_HEADERS = sorted(glob.glob("csrc/cuda/*.cuh") + glob.glob("csrc/cuda/*.h"))
 SIM_SOURCES = sorted(glob.glob("csrc/cuda/sim/*.cc"))
 SIM_HEADERS = sorted(glob.glob("csrc/cuda/sim/*.h"))
-DEFAULT_ARCHS = ["75", "80", "86", "89", "90"]
+# What a default build compiles for, of what the toolkit can: V100, T4, A100, A10/RTX 30,
+# L4/RTX 40, H100 (newer GPUs run the embedded compute_90 PTX).
+CANDIDATE_ARCHS = ["70", "75", "80", "86", "89", "90"]
+# The toolkit majors needle builds with; the simulator stands for CUDA 13 (its
+# CUDART_VERSION), which compiles from sm_75 on.
+SUPPORTED_CUDA_MAJORS = (12, 13)
+SIM_OLDEST_ARCH = 75
+
+
+class ToolkitError(Exception):
+    """The toolkit cannot build the CUDA backend: NEEDLE_CUDA=1 stops, auto builds for the CPU."""
 
 
 def _cuda_lib_dir(home):
@@ -150,9 +174,10 @@ def find_cuda():
     return None, looked
 
 
-def find_cublas(cuda_home, lib_dir):
-    """A libcublas.so.* to try first at run time: the toolkit's, else a pip-installed
-    nvidia-cublas (nvidia/cu13/lib, nvidia/cublas/lib). None when there is none."""
+def find_cublas(cuda_home, lib_dir, major):
+    """The libcublas.so.<major> (the toolkit's major: the runtime needle links) to try first at
+    run time: the toolkit's, else a pip-installed nvidia-cublas (nvidia/cu13/lib) or
+    nvidia-cublas-cu12 (nvidia/cublas/lib). None when there is none."""
     dirs = [lib_dir, os.path.join(cuda_home, "lib64")]
     try:
         import importlib.util
@@ -163,19 +188,81 @@ def find_cublas(cuda_home, lib_dir):
     except (ImportError, ValueError):
         pass
     for d in dirs:
-        # The shortest name is the soname (libcublas.so.13), not a full version.
-        libs = sorted(glob.glob(os.path.join(d, "libcublas.so.*[0-9]")), key=len)
-        if libs:
-            return os.path.abspath(libs[0])
+        lib = os.path.join(d, f"libcublas.so.{major}")
+        if os.path.isfile(lib):
+            return os.path.abspath(lib)
     return None
 
 
+def _run_nvcc(nvcc, option):
+    """The output of `nvcc option`; ToolkitError when it cannot be run or fails."""
+    try:
+        proc = subprocess.run([nvcc, option], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as err:
+        raise ToolkitError(f"{nvcc} {option} could not run: {err}") from None
+    if proc.returncode != 0:
+        said = (proc.stderr or proc.stdout).strip().splitlines()
+        raise ToolkitError(
+            f"{nvcc} {option} failed (exit {proc.returncode})" + (f": {said[-1]}" if said else "")
+        )
+    return proc.stdout
+
+
+def toolkit_version(nvcc):
+    """(major, minor) of the toolkit, from `nvcc --version` ("release 12.4, V12.4.131")."""
+    out = _run_nvcc(nvcc, "--version")
+    match = re.search(r"release (\d+)\.(\d+)", out)
+    if match is None:
+        raise ToolkitError(f"{nvcc} --version does not say its release: {out.strip()[-200:]!r}")
+    version = (int(match.group(1)), int(match.group(2)))
+    if version[0] not in SUPPORTED_CUDA_MAJORS:
+        raise ToolkitError(
+            f"{nvcc} is CUDA {version[0]}.{version[1]}; needle builds with CUDA 12 or 13"
+        )
+    return version
+
+
+def toolkit_archs(nvcc):
+    """The real architectures the toolkit compiles for (`nvcc --list-gpu-code`): ["75", ...]."""
+    archs = re.findall(r"\bsm_(\d+)\b", _run_nvcc(nvcc, "--list-gpu-code"))
+    if not archs:
+        raise ToolkitError(f"{nvcc} --list-gpu-code lists no sm_XX architecture")
+    return archs
+
+
+def _arch_number(arch):
+    return int(re.match(r"\d+", arch).group())
+
+
+def choose_archs(requested, supported, toolkit):
+    """What to compile for: NEEDLE_CUDA_ARCH (each checked against what the toolkit lists; one
+    it cannot compile for stops the build, whatever NEEDLE_CUDA says) or the candidates it
+    can. `supported` None (the simulator): anything well formed."""
+    if requested:
+        if supported is not None:
+            bad = [a for a in requested if str(_arch_number(a)) not in supported]
+            if bad:
+                raise SystemExit(
+                    f"needle: NEEDLE_CUDA_ARCH={os.environ['NEEDLE_CUDA_ARCH']!r}: {toolkit} "
+                    f"cannot compile for sm_{', sm_'.join(bad)} (it compiles for sm_"
+                    f"{', sm_'.join(supported)})"
+                    + ("; sm_70 (V100) needs CUDA 12" if "70" in bad else "")
+                )
+        return requested
+    if supported is None:
+        return [a for a in CANDIDATE_ARCHS if int(a) >= SIM_OLDEST_ARCH]
+    archs = [a for a in CANDIDATE_ARCHS if a in supported]
+    if not archs:
+        raise ToolkitError(f"{toolkit} compiles for none of sm_{', sm_'.join(CANDIDATE_ARCHS)}")
+    return archs
+
+
 def cuda_archs():
-    """The architectures NEEDLE_CUDA_ARCH names (the defaults when unset); the build stops
-    for a malformed value, whether or not CUDA is built this time."""
+    """The architectures NEEDLE_CUDA_ARCH names (None when unset: the toolkit decides); the
+    build stops for a malformed value, whether or not CUDA is built this time."""
     text = os.environ.get("NEEDLE_CUDA_ARCH", "").strip()
     if not text:
-        return DEFAULT_ARCHS
+        return None
     archs = [a.strip().replace(".", "") for a in re.split(r"[;, ]+", text) if a.strip()]
     bad = [a for a in archs if not re.fullmatch(r"\d{2,3}[af]?", a)]
     if bad or not archs:
@@ -184,6 +271,13 @@ def cuda_archs():
             "or '9.0' (sm_XX numbers, optionally with an a or f suffix)"
         )
     return archs
+
+
+def arch_defines(archs):
+    """The build's architecture lists for device discovery's check (csrc/cuda_arch.h): SASS
+    for each of `archs`, PTX for the highest (what nvcc_flags embeds)."""
+    ptx = max(archs, key=_arch_number)
+    return [f'-DNEEDLE_CUDA_SASS="{" ".join(archs)}"', f'-DNEEDLE_CUDA_PTX="{ptx}"']
 
 
 def nvcc_flags(archs, cublas):
@@ -204,8 +298,9 @@ def nvcc_flags(archs, cublas):
         flags += ["-g", "-lineinfo"]
     for arch in archs:
         flags += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
-    ptx = max(archs, key=lambda a: int(re.match(r"\d+", a).group()))
+    ptx = max(archs, key=_arch_number)
     flags += ["-gencode", f"arch=compute_{ptx},code=compute_{ptx}"]
+    flags += arch_defines(archs)
     if strict:
         flags += ["-Werror", "all-warnings", "-Xcompiler", "-Werror"]
     if cublas:
@@ -213,8 +308,9 @@ def nvcc_flags(archs, cublas):
     return flags
 
 
-def sim_flags():
-    """C++ compiler flags for the simulated build (the .cu files and csrc/cuda/sim)."""
+def sim_flags(archs):
+    """C++ compiler flags for the simulated build (the .cu files and csrc/cuda/sim); `archs`
+    are those a CUDA 13 build would embed, for device discovery's check."""
     flags = [
         "-std=c++17",
         "-O0" if debug else "-O2",
@@ -229,10 +325,22 @@ def sim_flags():
         "-Icsrc",
         "-DNEEDLE_WITH_CUDA",
         "-DNEEDLE_CUDA_SIM",
+        *arch_defines(archs),
     ]
     if strict:
         flags.append("-Werror")
     return flags
+
+
+def warn_cpu_only(why):
+    """NEEDLE_CUDA=auto and the toolkit failed: say so loudly, and build for the CPU."""
+    print(
+        f"needle: WARNING: building without CUDA: {why}\n"
+        "needle: WARNING: the install goes on CPU-only; NEEDLE_CUDA=1 makes this an error, "
+        "NEEDLE_CUDA=0 skips CUDA without this warning",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def cuda_plan():
@@ -240,7 +348,7 @@ def cuda_plan():
     mode = os.environ.get("NEEDLE_CUDA", "auto").strip().lower() or "auto"
     if mode not in ("auto", "0", "1", "sim"):
         raise SystemExit(f"needle: NEEDLE_CUDA={mode!r}: expected auto, 0, 1 or sim")
-    archs = cuda_archs()
+    requested = cuda_archs()
     if sanitize:
         if mode in ("1", "sim"):
             raise SystemExit(
@@ -257,7 +365,13 @@ def cuda_plan():
             raise SystemExit(f"needle: NEEDLE_CUDA=sim needs a C++17 compiler; {cxx!r} not found")
         if not CUDA_SOURCES or not SIM_SOURCES:
             raise SystemExit("needle: csrc/cuda not found; run setup.py from the repository root")
-        return {"sim": True, "cxx": cxx}
+        archs = choose_archs(requested, None, "the simulator")
+        print(
+            f"needle: building the CUDA backend for needle's CUDA simulator with {cxx} "
+            "(NEEDLE_CUDA=sim: kernels run on the CPU; no cudart, no cuBLAS; it stands for a "
+            f"CUDA 13 build for sm_{', sm_'.join(archs)})"
+        )
+        return {"mode": mode, "sim": True, "cxx": cxx, "archs": archs}
     found, looked = find_cuda()
     if found is None:
         where = ", ".join(looked)
@@ -272,108 +386,170 @@ def cuda_plan():
     home, nvcc, lib_dir = found
     if not CUDA_SOURCES:
         raise SystemExit("needle: csrc/cuda/*.cu not found; run setup.py from the repository root")
-    cublas = find_cublas(home, lib_dir)
-    return {"home": home, "nvcc": nvcc, "lib_dir": lib_dir, "archs": archs, "cublas": cublas}
+    try:
+        version = toolkit_version(nvcc)
+        toolkit = f"CUDA {version[0]}.{version[1]}"
+        archs = choose_archs(requested, toolkit_archs(nvcc), toolkit)
+    except ToolkitError as err:
+        if mode == "1":
+            raise SystemExit(f"needle: NEEDLE_CUDA=1 but the CUDA toolkit failed: {err}") from None
+        warn_cpu_only(str(err))
+        return None
+    cublas = find_cublas(home, lib_dir, version[0])
+    cublas_note = (
+        f"cuBLAS at run time from {cublas} or the loader's path"
+        if cublas
+        else f"no libcublas.so.{version[0]} here: loaded at run time if present, else "
+        "needle's SGEMM kernel"
+    )
+    print(
+        f"needle: building the CUDA backend with {toolkit} at {home} "
+        f"(sm_{', sm_'.join(archs)}); {cublas_note}"
+    )
+    return {
+        "mode": mode,
+        "home": home,
+        "nvcc": nvcc,
+        "lib_dir": lib_dir,
+        "archs": archs,
+        "cublas": cublas,
+        "version": version,
+    }
+
+
+class CudaCompileError(Exception):
+    """nvcc (or, for the simulator, the C++ compiler) failed on a csrc/cuda source."""
+
+
+def compile_cuda(plan, build_temp, force):
+    """Compiles csrc/cuda/*.cu (and the simulator's sources) in parallel into build_temp;
+    returns the object files. Objects newer than their sources and headers, compiled with the
+    same flags, are kept."""
+    sim = plan.get("sim", False)
+    out_dir = os.path.join(build_temp, "cuda-sim" if sim else "cuda")
+    os.makedirs(out_dir, exist_ok=True)
+    flags = sim_flags(plan["archs"]) if sim else nvcc_flags(plan["archs"], plan["cublas"])
+    deps = CUDA_HEADERS + sorted(glob.glob("csrc/*.h")) + (SIM_HEADERS if sim else [])
+    newest_dep = max((os.path.getmtime(p) for p in deps), default=0.0)
+    stamp = os.path.join(out_dir, "flags.txt")
+    old_flags = open(stamp).read() if os.path.exists(stamp) else None
+    jobs = []
+    for src in CUDA_SOURCES + (SIM_SOURCES if sim else []):
+        obj = os.path.join(out_dir, os.path.splitext(os.path.basename(src))[0] + ".o")
+        fresh = (
+            os.path.exists(obj)
+            and old_flags == " ".join(flags)
+            and not force
+            and os.path.getmtime(obj) >= max(os.path.getmtime(src), newest_dep)
+        )
+        jobs.append((src, obj, fresh))
+    todo = [(src, obj) for src, obj, fresh in jobs if not fresh]
+    if todo:
+        compiler = plan["cxx"] if sim else plan["nvcc"]
+        target = "the CUDA simulator" if sim else "sm_" + ", sm_".join(plan["archs"])
+        print(
+            f"needle: compiling {len(todo)} CUDA file(s) with {compiler} for {target}", flush=True
+        )
+        start = time.perf_counter()
+        workers = max(1, min(len(todo), os.cpu_count() or 1))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(lambda job: _compile_one(compiler, flags, sim, *job), todo))
+        with open(stamp, "w") as f:
+            f.write(" ".join(flags))
+        print(
+            f"needle: CUDA compile took {time.perf_counter() - start:.1f} s "
+            f"({workers} parallel {os.path.basename(compiler)})",
+            flush=True,
+        )
+    return [obj for _, obj, _ in jobs]
+
+
+def _compile_one(compiler, flags, sim, src, obj):
+    """nvcc, or for the simulator the C++ compiler (a .cu is read as C++)."""
+    lang = ["-x", "c++"] if src.endswith(".cu") and sim else []
+    cmd = [compiler, *flags, *lang, "-c", src, "-o", obj]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as err:
+        raise CudaCompileError(f"{compiler} could not run on {src}: {err}") from None
+    output = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        name = os.path.basename(compiler)
+        raise CudaCompileError(f"{name} failed on {src}:\n{' '.join(cmd)}\n{output}")
+    if output:
+        print(output, file=sys.stderr)
+
+
+def add_cuda(ext, plan, objects):
+    """Links the compiled CUDA backend into ext: its objects, NEEDLE_WITH_CUDA, and the
+    runtime (the static CUDA runtime, or the simulator's C++ runtime)."""
+    ext.extra_objects = list(ext.extra_objects or []) + objects
+    ext.define_macros = list(ext.define_macros) + [("NEEDLE_WITH_CUDA", "1")]
+    # A changed .cu must relink the module, not only recompile its object.
+    ext.depends = list(ext.depends) + CUDA_SOURCES + CUDA_HEADERS
+    if plan.get("sim"):
+        # No CUDA runtime: the simulator is C++ (its runtime needs libstdc++ and threads).
+        ext.libraries = ["m", "pthread", "dl", "stdc++"]
+        ext.depends += SIM_SOURCES + SIM_HEADERS
+    else:
+        # The static runtime needs librt, libpthread and libdl, and nvcc's host code the
+        # C++ runtime (exception personality, static-init guards); cuBLAS is dlopen'ed.
+        ext.libraries = ["m", "cudart_static", "rt", "pthread", "dl", "stdc++"]
+        ext.library_dirs = list(ext.library_dirs) + [plan["lib_dir"]]
 
 
 class BuildExt(build_ext):
     """build_ext that first compiles csrc/cuda/*.cu with nvcc (in parallel) and links
-    the objects into needle_c."""
+    the objects into needle_c; with NEEDLE_CUDA=auto, a failing nvcc gives a CPU-only
+    needle_c and a warning instead of a failed install."""
 
     cuda = None  # set below from cuda_plan()
 
     def build_extension(self, ext):
-        if self.cuda is not None and ext.name == "needle_c":
-            ext.extra_objects = list(ext.extra_objects or []) + self._compile_cuda()
+        plan = self.cuda
+        if plan is not None and ext.name == "needle_c":
+            try:
+                objects = compile_cuda(plan, self.build_temp, self.force)
+            except CudaCompileError as err:
+                if plan["mode"] != "auto":
+                    raise SystemExit(f"needle: {err}") from None
+                warn_cpu_only(str(err))
+                self.force = True  # relink whatever a CUDA build left there
+            else:
+                add_cuda(ext, plan, objects)
         super().build_extension(ext)
 
-    def _compile_cuda(self):
-        plan = self.cuda
-        sim = plan.get("sim", False)
-        out_dir = os.path.join(self.build_temp, "cuda-sim" if sim else "cuda")
-        os.makedirs(out_dir, exist_ok=True)
-        flags = sim_flags() if sim else nvcc_flags(plan["archs"], plan["cublas"])
-        deps = CUDA_HEADERS + sorted(glob.glob("csrc/*.h")) + (SIM_HEADERS if sim else [])
-        newest_dep = max((os.path.getmtime(p) for p in deps), default=0.0)
-        stamp = os.path.join(out_dir, "flags.txt")
-        old_flags = open(stamp).read() if os.path.exists(stamp) else None
-        jobs = []
-        for src in CUDA_SOURCES + (SIM_SOURCES if sim else []):
-            obj = os.path.join(out_dir, os.path.splitext(os.path.basename(src))[0] + ".o")
-            fresh = (
-                os.path.exists(obj)
-                and old_flags == " ".join(flags)
-                and not self.force
-                and os.path.getmtime(obj) >= max(os.path.getmtime(src), newest_dep)
-            )
-            jobs.append((src, obj, fresh))
-        todo = [(src, obj) for src, obj, fresh in jobs if not fresh]
-        if todo:
-            compiler = plan["cxx"] if sim else plan["nvcc"]
-            target = "the CUDA simulator" if sim else "sm_" + ", sm_".join(plan["archs"])
-            print(
-                f"needle: compiling {len(todo)} CUDA file(s) with {compiler} for {target}",
-                flush=True,
-            )
-            start = time.perf_counter()
-            workers = max(1, min(len(todo), os.cpu_count() or 1))
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                list(pool.map(lambda job: self._compile_one(compiler, flags, *job), todo))
-            with open(stamp, "w") as f:
-                f.write(" ".join(flags))
-            print(
-                f"needle: CUDA compile took {time.perf_counter() - start:.1f} s "
-                f"({workers} parallel {os.path.basename(compiler)})",
-                flush=True,
-            )
-        return [obj for _, obj, _ in jobs]
 
-    def _compile_one(self, compiler, flags, src, obj):
-        """nvcc, or for the simulator the C++ compiler (a .cu is read as C++)."""
-        import subprocess
+class CudaCompile(Command):
+    """Compiles csrc/cuda/*.cu exactly as build_ext would (toolkit, architectures, flags) and
+    stops there: the compile-only check of another toolkit (tests/cuda12_compile.sh)."""
 
-        lang = ["-x", "c++"] if src.endswith(".cu") and self.cuda.get("sim") else []
-        cmd = [compiler, *flags, *lang, "-c", src, "-o", obj]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        output = (proc.stdout + proc.stderr).strip()
-        if proc.returncode != 0:
-            name = os.path.basename(compiler)
-            raise SystemExit(f"needle: {name} failed on {src}:\n{' '.join(cmd)}\n{output}")
-        if output:
-            print(output, file=sys.stderr)
+    description = "compile csrc/cuda/*.cu with the toolkit's nvcc, without linking"
+    user_options = [("build-temp=", None, "directory for the object files")]
+
+    def initialize_options(self):
+        self.build_temp = None
+
+    def finalize_options(self):
+        if not self.build_temp:
+            raise SystemExit("needle: cuda_compile needs --build-temp DIR")
+
+    def run(self):
+        plan = BuildExt.cuda
+        if plan is None or plan.get("sim"):
+            raise SystemExit("needle: cuda_compile needs a CUDA toolkit (NEEDLE_CUDA=1)")
+        try:
+            objects = compile_cuda(plan, self.build_temp, force=True)
+        except CudaCompileError as err:
+            raise SystemExit(f"needle: {err}") from None
+        print(f"needle: cuda_compile: {len(objects)} object(s) in {self.build_temp}")
 
 
-cuda = cuda_plan()
-BuildExt.cuda = cuda
+BuildExt.cuda = cuda_plan()
 
 define_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 libraries = ["m", "dl"]
-library_dirs = []
 depends = sorted(glob.glob("csrc/*.h") + glob.glob("needle_c/**/*.h", recursive=True))
-if cuda is not None and cuda.get("sim"):
-    define_macros.append(("NEEDLE_WITH_CUDA", "1"))
-    # No CUDA runtime: the simulator is C++ (its runtime needs libstdc++ and threads).
-    libraries = ["m", "pthread", "dl", "stdc++"]
-    depends += CUDA_SOURCES + CUDA_HEADERS + SIM_SOURCES + SIM_HEADERS
-    print(
-        f"needle: building the CUDA backend for needle's CUDA simulator with {cuda['cxx']} "
-        "(NEEDLE_CUDA=sim: kernels run on the CPU; no cudart, no cuBLAS)"
-    )
-elif cuda is not None:
-    define_macros.append(("NEEDLE_WITH_CUDA", "1"))
-    # The static runtime needs librt, libpthread and libdl, and nvcc's host code the
-    # C++ runtime (exception personality, static-init guards); cuBLAS is dlopen'ed.
-    libraries = ["m", "cudart_static", "rt", "pthread", "dl", "stdc++"]
-    library_dirs = [cuda["lib_dir"]]
-    # A changed .cu must relink the module, not only recompile its object.
-    depends += CUDA_SOURCES + CUDA_HEADERS
-    cublas_note = (
-        f"cuBLAS at run time from {cuda['cublas']} or the loader's path"
-        if cuda["cublas"]
-        else "cuBLAS not found here: loaded at run time if present, else needle's SGEMM kernel"
-    )
-    archs = ", sm_".join(cuda["archs"])
-    print(f"needle: building the CUDA backend with {cuda['home']} (sm_{archs}); {cublas_note}")
 
 needle_c = Extension(
     "needle_c",
@@ -383,8 +559,7 @@ needle_c = Extension(
     extra_compile_args=compile_args,
     extra_link_args=link_args,
     libraries=libraries,
-    library_dirs=library_dirs,
     depends=depends,
 )
 
-setup(ext_modules=[needle_c], cmdclass={"build_ext": BuildExt})
+setup(ext_modules=[needle_c], cmdclass={"build_ext": BuildExt, "cuda_compile": CudaCompile})

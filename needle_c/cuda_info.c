@@ -2,13 +2,17 @@
  * engine's memory accounting: whether CUDA was compiled in, why it is
  * unavailable, the driver's free/total bytes of a GPU, its name, which GEMM
  * the backend runs, whether the backend is the CPU simulator
- * (NEEDLE_CUDA=sim), and the census of the work it asked of each GPU.
+ * (NEEDLE_CUDA=sim), the census of the work it asked of each GPU, and which
+ * GPU architectures the build has code for (with the decision, cuda_arch.h,
+ * exposed for tests: it is plain C, in every build).
  *
  * Built with and without NEEDLE_WITH_CUDA; without it every function answers
  * "unavailable" (False, None, the reason) instead of failing, so callers need
  * no checks.
  */
 #include "needle_c.h"
+
+#include "cuda_arch.h"
 
 #ifdef NEEDLE_WITH_CUDA
 #include "cuda/cuda_api.h"
@@ -231,7 +235,57 @@ static PyObject *cuda_cublas_dirs(PyObject *module, PyObject *const *args, Py_ss
 #endif
 }
 
+/* {"sass": [...], "ptx": str or None, "runtime_version": int}: what this
+ * build embeds; None without a CUDA backend. */
+static PyObject *cuda_build_info(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    (void)module;
+#ifdef NEEDLE_WITH_CUDA
+    const char *sass = "", *ptx = "";
+    int runtime = 0;
+    nd_cuda_build_archs(&sass, &ptx, &runtime);
+    PyObject *text = PyUnicode_FromString(sass);
+    if (text == NULL) return NULL;
+    PyObject *archs = PyObject_CallMethod(text, "split", NULL);
+    Py_DECREF(text);
+    if (archs == NULL) return NULL;
+    return Py_BuildValue("{s:N,s:z,s:i}", "sass", archs, "ptx", ptx[0] ? ptx : NULL,
+                         "runtime_version", runtime);
+#else
+    Py_RETURN_NONE;
+#endif
+}
+
+/* The availability decision of device discovery for given build lists and
+ * GPU capability: None (usable) or the reason; ValueError for a malformed
+ * list. A test hook: it needs no GPU and no CUDA backend. */
+static PyObject *cuda_arch_check(PyObject *module, PyObject *args) {
+    (void)module;
+    const char *sass, *ptx;
+    int toolkit_major, major, minor;
+    if (!PyArg_ParseTuple(args, "ssiii:_cuda_arch_check", &sass, &ptx, &toolkit_major, &major,
+                          &minor))
+        return NULL;
+    char why[400];
+    int ok = nd_cuda_arch_check(sass, ptx, toolkit_major, major, minor, why, sizeof why);
+    if (ok == 1) Py_RETURN_NONE;
+    if (ok < 0) {
+        PyErr_SetString(PyExc_ValueError, why);
+        return NULL;
+    }
+    return PyUnicode_FromString(why);
+}
+
 PyMethodDef cuda_info_module_functions[] = {
+    {"_cuda_build_info", cuda_build_info, METH_NOARGS,
+     "_cuda_build_info()\n--\n\nWhat this build's CUDA backend embeds: {'sass': the architectures "
+     "compiled to machine code, e.g. ['75', '80', '86', '89', '90'], 'ptx': the one embedded as "
+     "PTX (or None), 'runtime_version': the CUDA runtime linked, e.g. 13000}; None without a "
+     "CUDA backend."},
+    {"_cuda_arch_check", cuda_arch_check, METH_VARARGS,
+     "_cuda_arch_check(sass, ptx, toolkit_major, major, minor, /)\n--\n\nWhether a GPU of "
+     "compute capability major.minor can run a build with SASS for `sass` ('75 80 90') and PTX "
+     "for `ptx` ('90' or ''): None when it can, else the reason ndl.cuda.unavailable_reason() "
+     "gives. ValueError for a malformed list."},
     {"_cuda_compiled", cuda_compiled, METH_NOARGS,
      "_cuda_compiled()\n--\n\nTrue when this build of needle_c contains the CUDA backend."},
     {"_cuda_init_error", cuda_init_error, METH_NOARGS,
@@ -264,7 +318,8 @@ PyMethodDef cuda_info_module_functions[] = {
      "without a CUDA backend."},
     {"_cuda_cublas_dirs", (PyCFunction)(void (*)(void))cuda_cublas_dirs, METH_FASTCALL,
      "_cuda_cublas_dirs(dirs=None, /)\n--\n\nThe directories the cuBLAS loader looks in for "
-     "libcublas.so.13 (then .12) after NEEDLE_CUBLAS and the build's hint; with a sequence of "
+     "libcublas.so.<the runtime's major> after NEEDLE_CUBLAS and the build's hint; with a "
+     "sequence of "
      "str (at most 8), sets them first (needle.cuda passes a pip-installed nvidia-cublas "
      "wheel's). () without a CUDA backend."},
     {NULL, NULL, 0, NULL},

@@ -1,8 +1,9 @@
 """What a user sees of CUDA before any kernel runs: the ``needle.cuda`` namespace in a fresh
 process (``import needle as ndl; ndl.cuda.is_available()``), why CUDA is unavailable
 (``ndl.cuda.unavailable_reason()``), ``NEEDLE_REQUIRE_CUDA=1`` turning the CUDA tests' skips
-into failures, and where the cuBLAS loader looks (the ``nvidia-cublas`` wheel of
-``pip install ".[cuda]"``).
+into failures, where the cuBLAS loader looks (the ``nvidia-cublas`` wheel of
+``pip install ".[cuda]"``), and which GPUs a build has code for (device discovery's check of
+the architectures setup.py compiled for; on the simulator through the capability it reports).
 
 Each runs everywhere; what it asserts depends on whether this machine has a usable GPU, and
 both outcomes are specific.
@@ -130,8 +131,12 @@ def test_unavailable_reason_says_why():
     assert needle_c._cuda_init_error() == reason
     if needle_c._cuda_compiled():
         # The CUDA error of discovery by name, and both sides of a driver mismatch.
+        if reason.startswith("GPU "):  # a GPU this build has no code for
+            assert "needle was built for sm_" in reason and "; this GPU is sm_" in reason
+            return
         assert reason.startswith(("cudaGetDeviceCount failed: cuda", "cudaGetDeviceProperties"))
-        assert "needle's runtime is CUDA 13." in reason
+        major = needle_c._cuda_build_info()["runtime_version"] // 1000
+        assert f"needle's runtime is CUDA {major}." in reason
         assert "the driver supports CUDA" in reason or "no CUDA driver was found" in reason
     else:
         assert reason.startswith("needle was built without CUDA")
@@ -249,3 +254,156 @@ def test_cublas_dirs_rejects_bad_input():
         with pytest.raises(ValueError):
             needle_c._cuda_cublas_dirs(["/" + "x" * 2000])
     assert needle_c._cuda_cublas_dirs() == before
+
+
+# ------------------------------------------- which GPUs a build has code for
+
+DEFAULT_13 = "75 80 86 89 90"  # what setup.py builds with CUDA 13 (and the simulator stands for)
+DEFAULT_12 = "70 75 80 86 89 90"
+
+
+@pytest.mark.parametrize(
+    "sass, ptx, toolkit, capability, reason",
+    [
+        (
+            DEFAULT_13,
+            "90",
+            13,
+            (7, 0),
+            "needle was built for sm_75..sm_90; this GPU is sm_70: "
+            "rebuild with CUDA 12 (CUDA 13 cannot compile for sm_70)",
+        ),
+        (DEFAULT_12, "90", 12, (7, 0), None),  # a V100 under a CUDA 12 build
+        (DEFAULT_13, "90", 13, (7, 5), None),  # a T4
+        (DEFAULT_13, "90", 13, (8, 7), None),  # sm_86's code runs on 8.7 (same major)
+        (DEFAULT_13, "90", 13, (10, 0), None),  # newer than every SASS: the PTX, JIT-compiled
+        (DEFAULT_13, "90", 13, (12, 1), None),
+        (
+            DEFAULT_13,
+            "90",
+            13,
+            (6, 1),
+            "needle was built for sm_75..sm_90; this GPU is sm_61: "
+            "rebuild with CUDA 12 and NEEDLE_CUDA_ARCH naming it "
+            "(CUDA 13 cannot compile for sm_61)",
+        ),
+        (
+            DEFAULT_13,
+            "90",
+            13,
+            (3, 5),
+            "needle was built for sm_75..sm_90; this GPU is sm_35: "
+            "no CUDA toolkit needle builds with compiles for it (CUDA 12 starts at sm_50)",
+        ),
+        (
+            "80 90",
+            "90",
+            12,
+            (7, 5),
+            "needle was built for sm_80, sm_90; this GPU is sm_75: "
+            "rebuild with sm_75 in NEEDLE_CUDA_ARCH",
+        ),
+        (
+            "80 90",
+            "",
+            13,
+            (10, 0),
+            "needle was built for sm_80, sm_90; this GPU is sm_100: the "
+            "build embeds no PTX the driver could compile for it: rebuild with sm_100 in "
+            "NEEDLE_CUDA_ARCH",
+        ),
+        ("90a", "90a", 13, (9, 0), None),
+        (
+            "90a",
+            "90a",
+            13,
+            (10, 0),
+            "needle was built for sm_90a; this GPU is sm_100: rebuild "
+            "with sm_100 in NEEDLE_CUDA_ARCH",
+        ),
+        ("100f", "100f", 13, (10, 3), None),
+        (
+            "100f",
+            "100f",
+            13,
+            (12, 0),
+            "needle was built for sm_100f; this GPU is sm_120: rebuild "
+            "with sm_120 in NEEDLE_CUDA_ARCH",
+        ),
+        (
+            "75 90",
+            "90",
+            13,
+            (8, 0),
+            "needle was built for sm_75, sm_90; this GPU is sm_80: "
+            "rebuild with sm_80 in NEEDLE_CUDA_ARCH",
+        ),
+    ],
+)
+def test_arch_check_decides_as_cuda_does(sass, ptx, toolkit, capability, reason):
+    assert needle_c._cuda_arch_check(sass, ptx, toolkit, *capability) == reason
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("", "90", 13, 9, 0),
+        ("sm_90", "90", 13, 9, 0),
+        ("80 90", "80 90", 13, 9, 0),
+        ("7", "", 13, 9, 0),
+        ("80", "80", 13, 0, 0),
+        ("80", "80", 13, 8, 10),
+    ],
+)
+def test_arch_check_refuses_malformed_input(args):
+    with pytest.raises(ValueError):
+        needle_c._cuda_arch_check(*args)
+    with pytest.raises(TypeError):
+        needle_c._cuda_arch_check("80", "80", 13, 8)
+
+
+def test_build_info_says_what_the_build_embeds():
+    info = needle_c._cuda_build_info()
+    if not needle_c._cuda_compiled():
+        assert info is None
+        return
+    assert info["ptx"] in info["sass"] and info["runtime_version"] // 1000 in (12, 13)
+    if needle_c._cuda_simulated():  # it stands for a default CUDA 13 build
+        assert info == {"sass": DEFAULT_13.split(), "ptx": "90", "runtime_version": 13000}
+
+
+_AVAILABILITY = (
+    "import json, needle as ndl\n"
+    "print(json.dumps([ndl.cuda.is_available(), ndl.cuda.unavailable_reason(),"
+    " ndl.cuda.device_count(), ndl.cuda().enabled()]))\n"
+)
+
+
+def _availability(capability):
+    proc = subprocess.run(
+        [sys.executable, "-c", _AVAILABILITY],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(NEEDLE_SIM_COMPUTE_CAPABILITY=capability),
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not needle_c._cuda_simulated(), reason="needs the CUDA simulator")
+def test_a_gpu_without_code_is_unavailable_with_the_reason():
+    available, reason, count, enabled = _availability("7.0")
+    assert (available, count, enabled) == (False, 0, False)
+    assert reason == (
+        "GPU 0 (needle CUDA simulator (CPU)): needle was built for sm_75..sm_90; this GPU is "
+        "sm_70: rebuild with CUDA 12 (CUDA 13 cannot compile for sm_70)"
+    )
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not needle_c._cuda_simulated(), reason="needs the CUDA simulator")
+@pytest.mark.parametrize("capability", ["7.5", "8.6", "9.0", "10.0"])
+def test_a_gpu_with_code_or_ptx_is_available(capability):
+    assert _availability(capability) == [True, None, 1, True]

@@ -290,6 +290,9 @@ def sim_only(fn):
         ("NEEDLE_SIM_MEMORY", "-5"),
         ("NEEDLE_SIM_MAX_BLOCKS", "many"),
         ("NEEDLE_SIM_PERTURB", "yes"),
+        ("NEEDLE_SIM_COMPUTE_CAPABILITY", "seven"),
+        ("NEEDLE_SIM_COMPUTE_CAPABILITY", "7"),
+        ("NEEDLE_SIM_COMPUTE_CAPABILITY", "7.55"),
     ],
 )
 def test_simulator_switch_bad_values(name, value):
@@ -375,3 +378,122 @@ def test_build_variables_refused(name, value, accepted):
     proc = run_setup(**variables)
     assert proc.returncode != 0
     assert f"needle: {name}={value!r}: {accepted}" in proc.stderr, proc.stderr[-2000:]
+
+
+# ------------------------------------------- the toolkit setup.py finds (a fake one)
+
+CUDA12_ARCHS = "50 52 53 60 61 62 70 72 75 80 86 87 89 90"
+CUDA13_ARCHS = "75 80 86 87 88 89 90 100 103 110 120 121"
+FAKE_NVCC = """#!/bin/sh
+# a stand-in nvcc: the release and architectures a real one reports; compiles by $COMPILE
+case "$1" in
+--version) echo "Cuda compilation tools, release {release}, V{release}.1" ;;
+--list-gpu-code) for a in {archs}; do echo "sm_$a"; done ;;
+*) if [ "{compile}" = ok ]; then
+       while [ "$#" -gt 1 ]; do [ "$1" = -o ] && : > "$2"; shift; done
+   else echo "fake nvcc: cannot compile" >&2; exit 1; fi ;;
+esac
+"""
+
+
+def fake_toolkit(tmp_path, release="13.0", archs=CUDA13_ARCHS, compile="ok", broken=False):
+    """A directory shaped like a CUDA toolkit (bin/nvcc, include/cuda_runtime.h,
+    lib64/libcudart_static.a) whose nvcc is a script: `broken` exits 1 for everything."""
+    home = tmp_path / "cuda"
+    for sub in ("bin", "include", "lib64"):
+        (home / sub).mkdir(parents=True)
+    (home / "include" / "cuda_runtime.h").write_text("")
+    (home / "lib64" / "libcudart_static.a").write_text("")
+    nvcc = home / "bin" / "nvcc"
+    script = FAKE_NVCC.format(release=release, archs=archs, compile=compile)
+    nvcc.write_text("#!/bin/sh\necho 'nvcc: broken' >&2\nexit 1\n" if broken else script)
+    nvcc.chmod(0o755)
+    return str(home)
+
+
+@pytest.mark.parametrize("mode", ["auto", "1"])
+def test_a_failing_nvcc(tmp_path, mode):
+    home = fake_toolkit(tmp_path, broken=True)
+    proc = run_setup(NEEDLE_CUDA=mode, CUDA_HOME=home)
+    said = f"{home}/bin/nvcc --version failed (exit 1): nvcc: broken"
+    if mode == "auto":  # a CPU-only build, with a warning that says why
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip().splitlines()[-1] == "needle-gc"
+        assert f"needle: WARNING: building without CUDA: {said}" in proc.stderr
+        assert "NEEDLE_CUDA=1 makes this an error" in proc.stderr
+    else:
+        assert proc.returncode != 0
+        assert f"needle: NEEDLE_CUDA=1 but the CUDA toolkit failed: {said}" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "release, archs, requested, built",
+    [
+        ("12.4", CUDA12_ARCHS, "", "sm_70, sm_75, sm_80, sm_86, sm_89, sm_90"),
+        ("13.0", CUDA13_ARCHS, "", "sm_75, sm_80, sm_86, sm_89, sm_90"),
+        ("12.4", CUDA12_ARCHS, "7.0", "sm_70"),
+        ("13.0", CUDA13_ARCHS, "100;120", "sm_100, sm_120"),
+    ],
+)
+def test_architectures_follow_the_toolkit(tmp_path, release, archs, requested, built):
+    home = fake_toolkit(tmp_path, release=release, archs=archs)
+    proc = run_setup(NEEDLE_CUDA="1", CUDA_HOME=home, NEEDLE_CUDA_ARCH=requested)
+    assert proc.returncode == 0, proc.stderr
+    assert f"with CUDA {release} at {home} ({built});" in proc.stdout
+
+
+@pytest.mark.parametrize("mode", ["auto", "1"])
+def test_an_architecture_the_toolkit_cannot_build_stops_the_build(tmp_path, mode):
+    home = fake_toolkit(tmp_path)
+    proc = run_setup(NEEDLE_CUDA=mode, CUDA_HOME=home, NEEDLE_CUDA_ARCH="70;90")
+    assert proc.returncode != 0
+    assert "needle: NEEDLE_CUDA_ARCH='70;90': CUDA 13.0 cannot compile for sm_70 (" in proc.stderr
+
+
+def test_an_unsupported_toolkit_falls_back_under_auto(tmp_path):
+    home = fake_toolkit(tmp_path, release="11.8", archs="35 50 70 80 90")
+    proc = run_setup(NEEDLE_CUDA="auto", CUDA_HOME=home)
+    assert proc.returncode == 0, proc.stderr
+    assert "is CUDA 11.8; needle builds with CUDA 12 or 13" in proc.stderr
+
+
+@pytest.mark.parametrize("mode, compile", [("auto", "fails"), ("1", "fails"), ("auto", "ok")])
+def test_nvcc_failing_on_the_sources(tmp_path, mode, compile):
+    """build_ext with a fake nvcc and a fake C compiler that records its arguments and stops
+    the build: under auto a failing nvcc leaves a needle_c compiled without CUDA."""
+    home = fake_toolkit(tmp_path, compile=compile)
+    record = tmp_path / "cc_args"
+    cc = tmp_path / "cc"
+    cc.write_text(f'#!/bin/sh\necho "$@" >> {record}\nexit 1\n')
+    cc.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEEDLE_")}
+    env.update(NEEDLE_CUDA=mode, CUDA_HOME=home, CC=str(cc))
+    out = tmp_path / "build"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "setup.py",
+            "build_ext",
+            "--build-temp",
+            str(out),
+            "--build-lib",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode != 0  # the fake C compiler stops it
+    if mode == "1":
+        assert "needle: nvcc failed on csrc/cuda/" in proc.stderr
+        assert "fake nvcc: cannot compile" in proc.stderr and not record.exists()
+        return
+    args = record.read_text()
+    assert "-DNPY_NO_DEPRECATED_API" in args  # needle_c's own sources reached the compiler
+    if compile == "fails":
+        assert "needle: WARNING: building without CUDA: nvcc failed on csrc/cuda/" in proc.stderr
+        assert "NEEDLE_WITH_CUDA" not in args
+    else:
+        assert "WARNING" not in proc.stderr and "-DNEEDLE_WITH_CUDA=1" in args

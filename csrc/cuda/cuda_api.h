@@ -33,7 +33,7 @@ nd_status nd_cuda_mem_get_info(int ordinal, int64_t *free_bytes, int64_t *total_
  * Loads cuBLAS on first use; never fails. */
 const char *nd_cuda_gemm_description(void);
 
-/* Directories to look for libcublas.so.13 (then .12) in, after NEEDLE_CUBLAS
+/* Directories to look for libcublas.so.<the runtime's major> in, after NEEDLE_CUBLAS
  * and the build's hint and before the loader's path: the host names the lib
  * directory of a pip-installed nvidia-cublas wheel. Replaces earlier ones; a
  * cuBLAS not found before is looked for again. At most 8, each shorter than
@@ -93,6 +93,12 @@ int nd_cuda_simulated(void);
 /* The name of GPU `ordinal` (cudaDeviceProp.name) into buf (NUL-terminated,
  * cut to size). ND_ERR_DEVICE when there is no such registered GPU. */
 nd_status nd_cuda_device_name(int ordinal, char *buf, size_t size);
+
+/* What this build embeds, as setup.py recorded it: the SASS architectures
+ * ("75 80 86 89 90"), the PTX one ("90", "" for none), and the CUDA runtime
+ * it links (CUDART_VERSION: 12080, 13000). Device discovery registers only
+ * the GPUs nd_cuda_arch_check (cuda_arch.h) says can run it. */
+void nd_cuda_build_archs(const char **sass, const char **ptx, int *runtime_version);
 
 #ifdef __cplusplus
 }

@@ -6,9 +6,14 @@
  * Discovery must be harmless without a driver or a GPU (the extension is
  * imported everywhere): a failing cudaGetDeviceCount means zero devices (its
  * error is kept for nd_cuda_init_error), and no CUDA context is created at
- * registration. Never prints, exits or aborts.
+ * registration. A GPU this build has no code for (cuda_arch.h: a V100 under
+ * a CUDA 13 build) is not registered either, with the reason kept, so that
+ * it is "unavailable" rather than a failure at the first kernel. Never
+ * prints, exits or aborts.
  */
 #include "cuda_common.cuh"
+
+#include "../cuda_arch.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -71,6 +76,33 @@ static void record_init_error(const char *what, cudaError_t err) {
 
 extern "C" const char *nd_cuda_init_error(void) { return init_error; }
 
+/* setup.py passes the architectures it compiled for; a build made some other
+ * way has no list and registers every GPU (the first kernel then says). */
+#if defined(NEEDLE_CUDA_SASS) && defined(NEEDLE_CUDA_PTX)
+#define BUILT_SASS NEEDLE_CUDA_SASS
+#define BUILT_PTX NEEDLE_CUDA_PTX
+#else
+#define BUILT_SASS ""
+#define BUILT_PTX ""
+#endif
+
+extern "C" void nd_cuda_build_archs(const char **sass, const char **ptx, int *runtime_version) {
+    *sass = BUILT_SASS;
+    *ptx = BUILT_PTX;
+    *runtime_version = CUDART_VERSION;
+}
+
+/* 1 when GPU `ordinal` can run this build's code; else keeps the reason. */
+static int gpu_has_code(int ordinal, const cudaDeviceProp *prop) {
+    if (BUILT_SASS[0] == '\0') return 1;
+    char why[400];
+    int ok = nd_cuda_arch_check(BUILT_SASS, BUILT_PTX, CUDART_VERSION / 1000, prop->major,
+                                prop->minor, why, sizeof why);
+    if (ok == 1) return 1;
+    snprintf(init_error, sizeof init_error, "GPU %d (%.80s): %.390s", ordinal, prop->name, why);
+    return 0;
+}
+
 extern "C" int nd_cuda_register_devices(void) {
     int count = 0;
     /* No driver, no GPU, a driver older than the runtime: no CUDA devices,
@@ -93,6 +125,7 @@ extern "C" int nd_cuda_register_devices(void) {
             record_init_error("cudaGetDeviceProperties failed", err);
             continue;
         }
+        if (!gpu_has_code(ordinal, &prop)) continue;
         nd_device *dev = nd_device_register(ND_DEVICE_CUDA, ordinal, "cuda", &nd_cuda_backend,
                                             (int64_t)prop.totalGlobalMem, 1);
         if (dev == NULL) break; /* the engine's device table is full */

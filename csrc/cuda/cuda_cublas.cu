@@ -97,9 +97,24 @@ static cublas_gpu gpus[ND_CUDA_MAX_DEVICES];
 
 /* ---------------------------------------------------------------- loading */
 
+/* cuBLAS's libraryPropertyType MAJOR_VERSION. */
+#define CUBLAS_MAJOR_VERSION 0
+typedef int (*cublas_get_property_fn)(int type, int *value);
+
 static int try_open(const char *path) {
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (lib == NULL) return 0;
+    /* cuBLAS must be of the major version of the runtime needle links (each
+     * major's cuBLAS is built for its own runtime and driver): one that says
+     * otherwise (an unversioned libcublas.so, a NEEDLE_CUBLAS path) is not
+     * used. */
+    cublas_get_property_fn get_property = (cublas_get_property_fn)dlsym(lib, "cublasGetProperty");
+    int lib_major = 0;
+    if (get_property != NULL && get_property(CUBLAS_MAJOR_VERSION, &lib_major) == CUBLAS_OK &&
+        lib_major != CUDART_VERSION / 1000) {
+        dlclose(lib);
+        return 0;
+    }
     cublas.create = (cublas_create_fn)dlsym(lib, "cublasCreate_v2");
     cublas.set_stream = (cublas_set_stream_fn)dlsym(lib, "cublasSetStream_v2");
     cublas.set_workspace = (cublas_set_workspace_fn)dlsym(lib, "cublasSetWorkspace_v2");
@@ -118,10 +133,13 @@ static int try_open(const char *path) {
     return 1;
 }
 
-/* The sonames tried in each directory and on the loader's path: CUDA 13's
- * first (needle's runtime), then 12's (same ABI for what is used here). */
-static const char *const SONAMES[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
-#define SONAME_COUNT (sizeof SONAMES / sizeof SONAMES[0])
+/* The soname of the cuBLAS of needle's runtime's major version
+ * (libcublas.so.13 for a CUDA 13 build, .12 for CUDA 12), tried in each
+ * directory and on the loader's path, then the unversioned name on the
+ * loader's path (kept only when it reports that major: try_open). */
+static void cublas_soname(char *buf, size_t size) {
+    snprintf(buf, size, "libcublas.so.%d", CUDART_VERSION / 1000);
+}
 
 /* Loads cuBLAS once (again after new hint directories); 1 when usable. */
 static int load_cublas(void) {
@@ -156,14 +174,13 @@ static int load_cublas(void) {
 #ifdef NEEDLE_CUBLAS_HINT
     if (try_open(NEEDLE_CUBLAS_HINT)) return 1; /* the library setup.py found */
 #endif
-    char path[HINT_DIR_BYTES + 32];
-    for (int d = 0; d < hint_count; d++)
-        for (size_t i = 0; i < SONAME_COUNT - 1; i++) {
-            snprintf(path, sizeof path, "%.1023s/%s", hint_dirs[d], SONAMES[i]);
-            if (try_open(path)) return 1;
-        }
-    for (size_t i = 0; i < SONAME_COUNT; i++)
-        if (try_open(SONAMES[i])) return 1;
+    char soname[32], path[HINT_DIR_BYTES + 32];
+    cublas_soname(soname, sizeof soname);
+    for (int d = 0; d < hint_count; d++) {
+        snprintf(path, sizeof path, "%.1023s/%s", hint_dirs[d], soname);
+        if (try_open(path)) return 1;
+    }
+    if (try_open(soname) || try_open("libcublas.so")) return 1;
     /* Say where it looked, so that a missing wheel or a wrong path shows. */
     size_t size = sizeof cublas.description;
     int n = snprintf(cublas.description, size, "%s (cuBLAS not found in", KERNEL_NAME);

@@ -65,7 +65,12 @@ def check_cuda_variables():
                 "soname of a libcublas",
                 "no such file",
             )
-    sim_switches = ("NEEDLE_SIM_MEMORY", "NEEDLE_SIM_MAX_BLOCKS", "NEEDLE_SIM_PERTURB")
+    sim_switches = (
+        "NEEDLE_SIM_MEMORY",
+        "NEEDLE_SIM_MAX_BLOCKS",
+        "NEEDLE_SIM_PERTURB",
+        "NEEDLE_SIM_COMPUTE_CAPABILITY",
+    )
     if any(read(n) is not None for n in sim_switches) and _c._cuda_simulated():
         # The simulator parses its switches at its first call; make that call now, so that
         # a malformed one is this import's error rather than a missing GPU later. Its own

@@ -103,8 +103,9 @@ def unavailable_reason():
 
     The reason names the CUDA error that device discovery met, with the CUDA version the
     driver supports and the one needle's runtime needs (``cudaErrorInsufficientDriver``:
-    the driver is too old for needle's CUDA 13 runtime), or says that needle was built
-    without CUDA."""
+    the driver is too old for needle's CUDA runtime), that the GPU is one the build has no
+    code for (``"GPU 0 (...): needle was built for sm_75..sm_90; this GPU is sm_70: rebuild
+    with CUDA 12 ..."``), or that needle was built without CUDA."""
     if is_available():
         return None
     reason = _c._cuda_init_error()

@@ -16,6 +16,10 @@
  *       other thread has blocked or returned, and runs the others first to
  *       last or last to first (drawn too), so that a missing __syncthreads
  *       shows as a wrong result; plainly, threads run in thread order
+ *   NEEDLE_SIM_COMPUTE_CAPABILITY=<major>.<minor>  the capability the
+ *       simulated GPU reports (default 9.0, an H100's), so that device
+ *       discovery's check of the build's architectures (cuda_arch.h) meets a
+ *       V100 (7.0) or a GPU newer than the build (10.0) without one
  */
 #ifndef NEEDLE_SIM_INTERNAL_H
 #define NEEDLE_SIM_INTERNAL_H
@@ -28,6 +32,7 @@ typedef struct nd_sim_options {
     int64_t memory;     /* bytes of simulated device memory */
     int64_t max_blocks; /* 0: no cap */
     int perturb;
+    int cc_major, cc_minor; /* the compute capability reported */
 } nd_sim_options;
 
 /* The switches, parsed once (thread-safe). */

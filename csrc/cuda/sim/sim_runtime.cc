@@ -30,7 +30,8 @@ namespace {
 constexpr int64_t kDefaultMemory = (int64_t)4 << 30;
 constexpr size_t kAlign = 256; /* cudaMalloc's alignment */
 /* An H100's (9.0): the GPU needle is measured on, so that what host code
- * decides by capability (cuBLAS's 32 MiB workspace on Hopper) is what CI runs. */
+ * decides by capability (cuBLAS's 32 MiB workspace on Hopper) is what CI runs;
+ * NEEDLE_SIM_COMPUTE_CAPABILITY changes it. */
 constexpr int kCapabilityMajor = 9, kCapabilityMinor = 0;
 constexpr int kMultiprocessors = 4;
 constexpr size_t kSharedPerBlock = 48 * 1024;
@@ -90,6 +91,23 @@ nd_sim_options read_options() {
         } else {
             o.valid = 0;
             snprintf(o.error, sizeof o.error, "NEEDLE_SIM_PERTURB=%.64s: expected 0 or 1", perturb);
+        }
+    }
+    o.cc_major = kCapabilityMajor;
+    o.cc_minor = kCapabilityMinor;
+    const char *cc = getenv("NEEDLE_SIM_COMPUTE_CAPABILITY");
+    if (cc != nullptr && cc[0] != '\0') {
+        int major = 0, minor = 0, used = 0;
+        if (sscanf(cc, "%2d.%1d%n", &major, &minor, &used) == 2 && cc[used] == '\0' && major >= 1 &&
+            minor >= 0) {
+            o.cc_major = major;
+            o.cc_minor = minor;
+        } else {
+            o.valid = 0;
+            snprintf(o.error, sizeof o.error,
+                     "NEEDLE_SIM_COMPUTE_CAPABILITY=%.64s: expected <major>.<minor> such as 7.0 "
+                     "or 9.0",
+                     cc);
         }
     }
     return o;
@@ -301,8 +319,8 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
     prop->maxGridSize[0] = 0x7fffffff;
     prop->maxGridSize[1] = prop->maxGridSize[2] = 65535;
     prop->totalConstMem = 65536;
-    prop->major = kCapabilityMajor;
-    prop->minor = kCapabilityMinor;
+    prop->major = nd_sim_get_options()->cc_major;
+    prop->minor = nd_sim_get_options()->cc_minor;
     prop->multiProcessorCount = kMultiprocessors;
     prop->concurrentKernels = 0; /* launches run one at a time */
     prop->unifiedAddressing = 1;
