@@ -168,8 +168,10 @@ def test_recording_off_records_nothing(device):
     x = ndl.init.rand(1000, device=device)
     snapshot = memory._snapshot(device)
     assert all(trace == [] for trace in snapshot["device_traces"])
-    assert all(b["frames"] == [] or b["frames"][0]["filename"] == "<needle engine>"
-               for b in _blocks(snapshot))
+    assert all(
+        b["frames"] == [] or b["frames"][0]["filename"] == "<needle engine>"
+        for b in _blocks(snapshot)
+    )
     # The map of memory is there all the same.
     assert _allocated(snapshot) == memory.memory_allocated(device)
     del x
@@ -199,6 +201,7 @@ def test_max_entries_keeps_the_latest_events(device):
     assert len(full) > 40
     bounded = run(5)
     assert len(bounded) == 5
+
     def shape(trace):  # the frames inside run(): its callers' lines differ
         return [(e["action"], e["size"], [f["line"] for f in e["frames"][:2]]) for e in trace]
 
