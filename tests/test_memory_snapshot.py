@@ -129,8 +129,10 @@ def test_frames_point_at_the_lines_that_allocated(device):
 
     assert requested_at(x_line) == [300 * 7 * 4]
     assert sorted(requested_at(model_line)) == [37 * 4, 21 * 37 * 4]
-    first = next(b["frames"] for b in _blocks(snapshot) if b["frames"])
-    assert first[0]["name"] == "test_frames_point_at_the_lines_that_allocated"
+    x_frames = next(
+        b["frames"] for b in _blocks(snapshot) if b["frames"] and b["frames"][0]["line"] == x_line
+    )
+    assert x_frames[0]["name"] == "test_frames_point_at_the_lines_that_allocated"
     allocs = [e for e in _trace(snapshot, device) if e["action"] == "alloc"]
     assert any(
         e["frames"][0]["line"] == x_line and e["size"] == 300 * 7 * 4 for e in allocs if e["frames"]
