@@ -124,6 +124,7 @@ nd_status nd_memory_alloc(nd_device *dev, int64_t nbytes, void **out) {
         status = nd_memory_retry(dev, nbytes, try_raw_alloc, &attempt);
         if (status == ND_ERR_OOM) {
             st->num_ooms++;
+            nd_memory_trace(dev, ND_MEMORY_OOM, NULL, nbytes);
             last_oom.device_id = dev->id;
             last_oom.requested = nbytes;
             last_oom.allocated = st->allocated_current;
@@ -143,12 +144,17 @@ nd_status nd_memory_alloc(nd_device *dev, int64_t nbytes, void **out) {
     st->blocks_current++;
     st->blocks_total++;
     if (st->blocks_current > st->blocks_peak) st->blocks_peak = st->blocks_current;
+    if (nbytes > 0) nd_memory_trace(dev, ND_MEMORY_ALLOC, *out, nbytes);
     return ND_OK;
 }
 
 void nd_memory_free(nd_device *dev, void *ptr, int64_t nbytes) {
     nd_memory_stats *st = &dev->alloc.stats;
-    if (ptr != NULL) dev->backend->raw_free(dev, ptr, nbytes);
+    if (ptr != NULL) {
+        /* Before raw_free, so that a segment it gives back comes after. */
+        nd_memory_trace(dev, ND_MEMORY_FREE, ptr, nbytes);
+        dev->backend->raw_free(dev, ptr, nbytes);
+    }
     st->allocated_current -= nbytes;
     st->allocated_freed += nbytes;
     st->blocks_current--;

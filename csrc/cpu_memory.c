@@ -17,7 +17,7 @@
 #include <sys/mman.h>
 #endif
 
-#define LARGE_BLOCK ((int64_t)2 << 20)
+#define LARGE_BLOCK ND_CPU_LARGE_BLOCK /* internal.h */
 #define MAX_CACHED_BYTES ((int64_t)4 << 30)
 
 typedef struct cached_block {
@@ -33,7 +33,7 @@ typedef struct block_cache {
 
 static block_cache caches[ND_MAX_DEVICES];
 
-static int64_t block_size(int64_t nbytes) {
+int64_t nd_cpu_block_size(int64_t nbytes) {
     return nbytes >= LARGE_BLOCK ? (nbytes + LARGE_BLOCK - 1) / LARGE_BLOCK * LARGE_BLOCK : nbytes;
 }
 
@@ -42,7 +42,7 @@ static block_cache *cache_of(const nd_device *dev) {
 }
 
 nd_status nd_cpu_raw_alloc(nd_device *dev, int64_t nbytes, void **out) {
-    int64_t size = block_size(nbytes);
+    int64_t size = nd_cpu_block_size(nbytes);
     block_cache *cache = cache_of(dev);
     if (size >= LARGE_BLOCK && cache != NULL) {
         for (int i = cache->count - 1; i >= 0; i--) {
@@ -66,12 +66,13 @@ nd_status nd_cpu_raw_alloc(nd_device *dev, int64_t nbytes, void **out) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     if (size >= LARGE_BLOCK) (void)madvise(ptr, (size_t)size, MADV_HUGEPAGE);
 #endif
+    nd_memory_trace(dev, ND_MEMORY_SEGMENT_ALLOC, ptr, size);
     *out = ptr;
     return ND_OK;
 }
 
 void nd_cpu_raw_free(nd_device *dev, void *ptr, int64_t nbytes) {
-    int64_t size = block_size(nbytes);
+    int64_t size = nd_cpu_block_size(nbytes);
     block_cache *cache = cache_of(dev);
     if (size >= LARGE_BLOCK && cache != NULL && cache->bytes + size <= MAX_CACHED_BYTES) {
         if (cache->count == cache->capacity) {
@@ -88,6 +89,7 @@ void nd_cpu_raw_free(nd_device *dev, void *ptr, int64_t nbytes) {
             return;
         }
     }
+    nd_memory_trace(dev, ND_MEMORY_SEGMENT_FREE, ptr, size);
     free(ptr);
     nd_memory_unreserve(dev, size);
 }
@@ -97,10 +99,22 @@ int64_t nd_cpu_release_cache(nd_device *dev) {
     if (cache == NULL) return 0;
     int64_t released = cache->bytes;
     for (int i = 0; i < cache->count; i++) {
+        nd_memory_trace(dev, ND_MEMORY_SEGMENT_FREE, cache->blocks[i].ptr, cache->blocks[i].size);
         free(cache->blocks[i].ptr);
         nd_memory_unreserve(dev, cache->blocks[i].size);
     }
     cache->count = 0;
     cache->bytes = 0;
     return released;
+}
+
+int64_t nd_cpu_cached_blocks(const nd_device *dev, nd_memory_block *out, int64_t cap) {
+    const block_cache *cache = cache_of(dev);
+    if (cache == NULL) return 0;
+    for (int i = 0; i < cache->count && i < cap; i++) {
+        uintptr_t address = (uintptr_t)cache->blocks[i].ptr;
+        int64_t size = cache->blocks[i].size;
+        out[i] = (nd_memory_block){address, size, 0, address, size, 0, ND_BLOCK_FREE}; /* large */
+    }
+    return cache->count;
 }

@@ -120,6 +120,59 @@ typedef struct nd_oom_info {
 } nd_oom_info;
 void nd_last_oom(nd_oom_info *out);
 
+/* The allocator's history, for a host that records one (PyTorch's memory
+ * snapshots; csrc/memory_history.c). While tracing is on for a device, the
+ * engine reports each event through one callback. ND_MEMORY_ALLOC and
+ * ND_MEMORY_OOM come on the allocating path with the allocator consistent, so
+ * the callback may run host code there, as a collection may; every other
+ * event may come while a collection frees memory: the callback then must not
+ * run host code or allocate device memory. */
+typedef enum nd_memory_action {
+    ND_MEMORY_ALLOC = 0,         /* a storage got `size` bytes at `address` */
+    ND_MEMORY_FREE = 1,          /* a storage gave them back */
+    ND_MEMORY_SEGMENT_ALLOC = 2, /* the backend took a segment from the system */
+    ND_MEMORY_SEGMENT_FREE = 3,  /* the backend gave one back */
+    ND_MEMORY_OOM = 4            /* an allocation of `size` bytes was refused */
+} nd_memory_action;
+
+typedef struct nd_memory_event {
+    nd_memory_action action;
+    uintptr_t address;   /* 0 for ND_MEMORY_OOM */
+    int64_t size;        /* bytes asked for, or the segment's size */
+    int64_t device_free; /* ND_MEMORY_OOM: bytes left under the limit or capacity */
+} nd_memory_event;
+
+typedef void (*nd_memory_event_fn)(void *ctx, nd_device *dev, const nd_memory_event *event);
+void nd_memory_set_event_callback(nd_memory_event_fn fn, void *ctx);
+void nd_memory_set_tracing(nd_device *dev, int on);
+
+/* What a block of a segment holds. */
+typedef enum nd_block_state {
+    ND_BLOCK_FREE = 0,    /* cached for reuse */
+    ND_BLOCK_STORAGE = 1, /* a live storage's bytes (counted as allocated) */
+    ND_BLOCK_ENGINE = 2   /* the engine's own (scratch, cuBLAS's workspace): reserved only */
+} nd_block_state;
+
+/* One block of memory the device's allocator holds, with its segment (what
+ * was taken from the system in one piece). */
+typedef struct nd_memory_block {
+    uintptr_t segment_address;
+    int64_t segment_size;
+    int segment_small; /* 1: a segment of the small-block pool (CUDA's <= 1 MiB requests) */
+    uintptr_t address;
+    int64_t size;      /* the block's bytes, rounding included */
+    int64_t requested; /* ND_BLOCK_STORAGE: the bytes asked for; else size (engine) or 0 */
+    nd_block_state state;
+} nd_memory_block;
+
+/* Every block of every segment of the device, ordered by segment address,
+ * then address: writes the first cap into out and the number of blocks into
+ * *count (call again with room for *count when it is larger than cap). The
+ * blocks' sizes add up to the reserved bytes and the storage blocks'
+ * requested bytes to the allocated ones. Uses host memory only; calls
+ * nothing. */
+nd_status nd_memory_blocks(nd_device *dev, nd_memory_block *out, int64_t cap, int64_t *count);
+
 /* ------------------------------------------------------------------ storage */
 
 typedef struct nd_storage nd_storage;

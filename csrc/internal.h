@@ -252,6 +252,9 @@ struct nd_storage {
      * release hands it back through release(release_ctx) instead of freeing. */
     void (*release)(void *ctx);
     void *release_ctx;
+    /* The device's live allocator-owned storages, a list that
+     * nd_memory_blocks walks (borrowed ones are not on it). */
+    struct nd_storage *prev_live, *next_live;
 };
 
 /* The iteration space of an elementwise kernel, shared by the backends: drops
@@ -281,6 +284,19 @@ void nd_memory_free(nd_device *dev, void *ptr, int64_t nbytes);
 nd_status nd_memory_reserve(nd_device *dev, int64_t nbytes);
 void nd_memory_unreserve(nd_device *dev, int64_t nbytes);
 
+/* Reports an allocator event to the host when the device is traced
+ * (memory_history.c); backends report their segments through it. */
+void nd_memory_trace(nd_device *dev, nd_memory_action action, const void *address, int64_t size);
+
+/* A live storage's buffer, as nd_storage_live lists it. */
+typedef struct nd_live_storage {
+    uintptr_t address;
+    int64_t nbytes;
+} nd_live_storage;
+/* Writes the first cap of the device's live allocator-owned storages with
+ * bytes into out; returns how many there are (storage.c). */
+int64_t nd_storage_live(const nd_device *dev, nd_live_storage *out, int64_t cap);
+
 /* The out-of-memory ladder around any attempt to get device memory, also
  * memory a library takes outside the allocator (cuBLAS's workspace and
  * handle): attempt(ctx); while it returns ND_ERR_OOM, release the cache and
@@ -302,10 +318,22 @@ extern const nd_backend nd_cpu_backend;
 nd_status nd_cpu_raw_alloc(nd_device *dev, int64_t nbytes, void **out);
 void nd_cpu_raw_free(nd_device *dev, void *ptr, int64_t nbytes);
 int64_t nd_cpu_release_cache(nd_device *dev);
+/* Host blocks of this size and more are rounded to it and cached on free;
+ * smaller ones go straight back to the C library (a "small" segment). */
+#define ND_CPU_LARGE_BLOCK ((int64_t)2 << 20)
+/* The bytes the CPU backend takes for a request of nbytes (rounding included). */
+int64_t nd_cpu_block_size(int64_t nbytes);
+/* Writes the first cap of the device's cached blocks (each its own segment,
+ * ND_BLOCK_FREE) into out; returns how many there are. */
+int64_t nd_cpu_cached_blocks(const nd_device *dev, nd_memory_block *out, int64_t cap);
 
 #ifdef NEEDLE_WITH_CUDA
 /* csrc/cuda: registers one device per GPU (none without a driver or GPU). */
 int nd_cuda_register_devices(void);
+/* Writes the first cap blocks of the GPU's caching allocator into out (the
+ * allocated ones as ND_BLOCK_ENGINE, requested = size; nd_memory_blocks
+ * tells the storages apart); returns how many there are. */
+int64_t nd_cuda_blocks(nd_device *dev, nd_memory_block *out, int64_t cap);
 #endif
 
 /* The CPU's batched matmul (cpu_matmul.c), an entry of nd_cpu_backend. */

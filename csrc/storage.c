@@ -7,6 +7,44 @@
 
 #include <stdlib.h>
 
+/* Per device, the live storages whose memory came from its allocator (the
+ * list nd_memory_blocks reads; linking costs two pointer writes). */
+static nd_storage *live_storages[ND_MAX_DEVICES];
+
+static nd_storage **live_head(const nd_device *dev) {
+    return dev->id >= 0 && dev->id < ND_MAX_DEVICES ? &live_storages[dev->id] : NULL;
+}
+
+static void link_live(nd_storage *s) {
+    nd_storage **head = live_head(s->device);
+    s->prev_live = NULL;
+    s->next_live = NULL;
+    if (head == NULL) return;
+    s->next_live = *head;
+    if (*head != NULL) (*head)->prev_live = s;
+    *head = s;
+}
+
+static void unlink_live(nd_storage *s) {
+    nd_storage **head = live_head(s->device);
+    if (head == NULL) return;
+    if (s->prev_live != NULL) s->prev_live->next_live = s->next_live;
+    else if (*head == s) *head = s->next_live;
+    if (s->next_live != NULL) s->next_live->prev_live = s->prev_live;
+}
+
+int64_t nd_storage_live(const nd_device *dev, nd_live_storage *out, int64_t cap) {
+    nd_storage **head = live_head(dev);
+    int64_t n = 0;
+    for (nd_storage *s = head != NULL ? *head : NULL; s != NULL; s = s->next_live) {
+        if (s->data == NULL) continue; /* empty: holds no memory */
+        if (n < cap)
+            out[n] = (nd_live_storage){(uintptr_t)s->data, s->numel * (int64_t)sizeof(float)};
+        n++;
+    }
+    return n;
+}
+
 nd_status nd_storage_new(nd_device *dev, int64_t numel, nd_storage **out) {
     *out = NULL;
     if (numel < 0) return nd_fail(ND_ERR_VALUE, "negative element count %lld", (long long)numel);
@@ -26,6 +64,7 @@ nd_status nd_storage_new(nd_device *dev, int64_t numel, nd_storage **out) {
     s->device = dev;
     s->release = NULL;
     s->release_ctx = NULL;
+    link_live(s);
     *out = s;
     return ND_OK;
 }
@@ -49,6 +88,8 @@ nd_status nd_storage_wrap(nd_device *dev, float *data, int64_t numel, void (*rel
     s->device = dev;
     s->release = release != NULL ? release : release_nothing;
     s->release_ctx = ctx;
+    s->prev_live = NULL;
+    s->next_live = NULL;
     *out = s;
     return ND_OK;
 }
@@ -58,7 +99,10 @@ void nd_storage_retain(nd_storage *s) { s->refcount++; }
 void nd_storage_release(nd_storage *s) {
     if (s == NULL || --s->refcount > 0) return;
     if (s->release != NULL) s->release(s->release_ctx);
-    else nd_memory_free(s->device, s->data, s->numel * (int64_t)sizeof(float));
+    else {
+        unlink_live(s);
+        nd_memory_free(s->device, s->data, s->numel * (int64_t)sizeof(float));
+    }
     free(s);
 }
 

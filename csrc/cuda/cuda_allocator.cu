@@ -173,6 +173,7 @@ static nd_status new_segment(nd_device *dev, int pool, int64_t seg_size, cuda_bl
     b->allocated = 0;
     b->prev = b->next = NULL;
     allocator_of(dev)->blocks[pool]++;
+    nd_memory_trace(dev, ND_MEMORY_SEGMENT_ALLOC, ptr, seg_size);
     *out = b;
     return ND_OK;
 }
@@ -265,6 +266,7 @@ int64_t nd_cuda_release_cache(nd_device *dev) {
                 v->items[kept++] = b; /* keep it reserved: the driver still has it */
                 continue;
             }
+            nd_memory_trace(dev, ND_MEMORY_SEGMENT_FREE, b->ptr, b->size);
             nd_memory_unreserve(dev, b->size);
             released += b->size;
             a->blocks[pool]--;
@@ -273,4 +275,37 @@ int64_t nd_cuda_release_cache(nd_device *dev) {
         v->count = kept; /* the order by (size, ptr) is kept by the compaction */
     }
     return released;
+}
+
+/* Writes the blocks of the segment that starts at head, in address order. */
+static int64_t segment_blocks(const cuda_block *head, nd_memory_block *out, int64_t n,
+                              int64_t cap) {
+    int64_t seg_size = 0;
+    for (const cuda_block *b = head; b != NULL; b = b->next) seg_size += b->size;
+    for (const cuda_block *b = head; b != NULL; b = b->next, n++) {
+        if (n >= cap) continue;
+        out[n].segment_address = (uintptr_t)head->ptr;
+        out[n].segment_size = seg_size;
+        out[n].segment_small = head->pool == POOL_SMALL;
+        out[n].address = (uintptr_t)b->ptr;
+        out[n].size = b->size;
+        out[n].requested = b->allocated ? b->size : 0;
+        out[n].state = b->allocated ? ND_BLOCK_ENGINE : ND_BLOCK_FREE;
+    }
+    return n;
+}
+
+/* Every segment has its first block (prev == NULL) on the live list or a
+ * free list, so the heads found there reach every block once. */
+int64_t nd_cuda_blocks(nd_device *dev, nd_memory_block *out, int64_t cap) {
+    cuda_allocator *a = allocator_of(dev);
+    int64_t n = 0;
+    for (int64_t i = 0; i < a->live.count; i++)
+        if (a->live.items[i]->prev == NULL) n = segment_blocks(a->live.items[i], out, n, cap);
+    for (int pool = 0; pool < POOL_COUNT; pool++) {
+        const block_vec *v = &a->free_blocks[pool];
+        for (int64_t i = 0; i < v->count; i++)
+            if (v->items[i]->prev == NULL) n = segment_blocks(v->items[i], out, n, cap);
+    }
+    return n;
 }

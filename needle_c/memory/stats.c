@@ -6,7 +6,7 @@
  * policy and its counters live in pressure.c, which adds its figures to
  * memory_stats (pressure_add_stats).
  */
-#include "needle_c.h"
+#include "history.h"
 
 static nd_device *device_arg(PyObject *arg) {
     int id = PyLong_AsLong(arg);
@@ -113,5 +113,16 @@ PyMethodDef memory_module_functions[] = {
     {"_set_memory_limit", (PyCFunction)(void (*)(void))memory_set_limit, METH_FASTCALL,
      "_set_memory_limit(device_id, limit, /)\n--\n\nLimit in bytes on reserved memory; -1 removes "
      "it."},
+    {"_memory_record_history", (PyCFunction)(void (*)(void))history_py_record, METH_FASTCALL,
+     "_memory_record_history(device_id, enabled, context, all_frames, max_entries, skip_mask, "
+     "clear, /)\n--\n\nStarts, changes or stops the device's memory history (history.c)."},
+    {"_memory_snapshot", history_py_snapshot, METH_O,
+     "_memory_snapshot(device_id, /)\n--\n\n(blocks, trace): the device's segments' blocks and "
+     "the recorded events, as tuples (history.c)."},
+    {"_memory_history_prefix", history_py_set_prefix, METH_O,
+     "_memory_history_prefix(path, /)\n--\n\nFrames from files under path are needle's own."},
+    {"_memory_history_actions", history_py_actions, METH_NOARGS,
+     "_memory_history_actions()\n--\n\nThe trace's action names, bit i of skip_mask for "
+     "action i."},
     {NULL, NULL, 0, NULL},
 };

@@ -12,6 +12,8 @@ share the one name::
     ndl.cuda.empty_cache(), ndl.cuda.mem_get_info(), ndl.cuda.memory_summary()
     ndl.cuda.synchronize(), ndl.cuda.work_counters(), ndl.cuda.reset_work_counters(),
     ndl.cuda.launches_by_kernel()
+    ndl.cuda.memory._record_memory_history(), ndl.cuda.memory._snapshot(),
+    ndl.cuda.memory._dump_snapshot("snapshot.pickle")     # PyTorch's memory_viz format
 
 Every function takes ``device=None`` (meaning ``cuda(0)``), a device index, a CUDA
 device object or a name such as ``"cuda"`` / ``"cuda:1"``, and counts bytes. They are
@@ -260,6 +262,43 @@ def _cublas_wheel_dirs():
 # here, before the first matmul loads the library (NEEDLE_CUBLAS still comes first).
 if _c._cuda_compiled():
     _c._cuda_cublas_dirs(_cublas_wheel_dirs())
+
+
+def _record_memory_history(
+    enabled="all",
+    context="all",
+    stacks="python",
+    max_entries=sys.maxsize,
+    device=None,
+    clear_history=False,
+    skip_actions=None,
+):
+    """Records the GPU's memory history (see :func:`needle.memory._record_memory_history`)."""
+    _memory._record_memory_history(
+        enabled, context, stacks, max_entries, _device(device), clear_history, skip_actions
+    )
+
+
+def _snapshot(device=None):
+    """The GPU's memory in PyTorch's snapshot format (see :func:`needle.memory._snapshot`)."""
+    return _memory._snapshot(_device(device))
+
+
+def _dump_snapshot(filename="dump_snapshot.pickle", device=None):
+    """Pickles :func:`_snapshot` into ``filename`` (see :func:`needle.memory._dump_snapshot`)."""
+    _memory._dump_snapshot(filename, _device(device))
+
+
+# ``ndl.cuda.memory``, torch.cuda.memory's spelling: the snapshot functions and the getters.
+memory = types.ModuleType(
+    __name__ + ".memory", "needle.cuda's memory functions under torch.cuda.memory's name."
+)
+for _name in ("_record_memory_history", "_snapshot", "_dump_snapshot") + tuple(
+    n for n in __all__ if "memory" in n or n in ("empty_cache", "mem_get_info")
+):
+    setattr(memory, _name, globals()[_name])
+del _name
+sys.modules[memory.__name__] = memory
 
 
 class _CallableModule(types.ModuleType):

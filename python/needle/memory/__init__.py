@@ -15,14 +15,17 @@ Diagnostics: :func:`live_tensors` and :func:`live_tensors_summary` list the tens
 hold device memory (with ``since=``, those created after a :func:`tensor_snapshot`),
 :func:`find_cycles` the reference cycles that hold it,
 :func:`warn_on_cycles` warns when a collection frees such memory, :func:`record_history`
-records where tensors are created, and :class:`MemoryMonitor` records a timeline. For
+records where tensors are created, and :class:`MemoryMonitor` records a timeline.
+:func:`_record_memory_history`, :func:`_snapshot` and :func:`_dump_snapshot` (PyTorch's
+names, private there too) record and save snapshots that PyTorch's memory viewer draws. For
 :func:`live_tensors`, :func:`live_tensors_summary` and :func:`find_cycles`, ``device=None``
 means every device, not the default one.
 
 The package's modules: :mod:`.stats` (statistics, sizes, limits), :mod:`.policy` (the
 collection policy, ``freeze_heap``, :func:`safe_point`), :mod:`.diagnostics` (live tensors,
-cycles, warnings), :mod:`.summary` (``memory_summary``) and :mod:`.monitor` (timelines and
-allocation history). Each imports only the ones listed before it.
+cycles, warnings), :mod:`.summary` (``memory_summary``), :mod:`.monitor` (timelines and
+allocation history) and :mod:`.snapshot` (PyTorch's memory snapshots). Each imports only the
+ones listed before it.
 """
 
 # Private names that other modules (testing, apps) and the tests reach here:
@@ -49,6 +52,9 @@ from .policy import (
     set_gc_policy,
     set_gc_visible,
 )
+from .snapshot import _dump_snapshot as _dump_snapshot
+from .snapshot import _record_memory_history as _record_memory_history
+from .snapshot import _snapshot as _snapshot
 from .stats import _engine_id as _engine_id
 from .stats import _flag as _flag
 from .stats import _format_bytes as _format_bytes

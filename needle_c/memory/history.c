@@ -1,0 +1,541 @@
+/* history.c: the memory history behind needle.memory._record_memory_history
+ * and _snapshot (PyTorch's snapshot format): per device, the Python frames of
+ * every live block allocated while recording, and a bounded trace of the
+ * allocator's events.
+ *
+ * The engine reports events through one callback (engine.h). Only an
+ * allocation runs Python here (it walks the frames, as a collection could run
+ * at that point anyway); every other event may come while the collector
+ * frees memory, so it only moves C data: a frame stack whose last reference
+ * goes then waits on a pending list and drops its code objects at the next
+ * allocation or call from Python. A snapshot copies the C state first and
+ * builds Python objects afterwards, since building them may run the collector
+ * and so change that state.
+ */
+#include "history.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_FRAMES 64
+
+/* The frames of one allocation, innermost first; shared by the live map and
+ * the trace, freed with its last reference. */
+typedef struct frame_stack {
+    int64_t refs;
+    struct frame_stack *next_pending;
+    int depth;
+    struct {
+        PyObject *code; /* a strong reference to the frame's code object */
+        int line;
+    } frames[];
+} frame_stack;
+
+/* The trace's actions, in PyTorch's names (ACTION_NAMES). */
+enum { A_ALLOC, A_FREE_REQUESTED, A_FREE_COMPLETED, A_SEGMENT_ALLOC, A_SEGMENT_FREE, A_OOM };
+static const char *const ACTION_NAMES[] = {"alloc",         "free_requested", "free_completed",
+                                           "segment_alloc", "segment_free",   "oom"};
+#define ACTION_COUNT ((int)(sizeof ACTION_NAMES / sizeof ACTION_NAMES[0]))
+
+typedef struct trace_entry {
+    int action;
+    uintptr_t address;
+    int64_t size, device_free, time_us;
+    frame_stack *stack; /* NULL: no frames */
+} trace_entry;
+
+/* address -> frames of a live block (open addressing, linear probing; key 0
+ * is empty: no block lives at address 0). */
+typedef struct live_map {
+    uintptr_t *keys;
+    frame_stack **stacks;
+    int64_t cap, count;
+} live_map;
+
+typedef struct device_history {
+    int enabled;    /* HISTORY_OFF, _STATE (frames of live blocks), _ALL (and the trace) */
+    int context;    /* CONTEXT_*: which records get frames */
+    int all_frames; /* also needle's own innermost frames (stacks="all") */
+    unsigned skip;  /* 1 << action: actions the trace leaves out */
+    int64_t max_entries;
+    live_map live;
+    trace_entry *ring; /* the trace; once full, the oldest entry is overwritten */
+    int64_t ring_cap, ring_count, ring_next;
+} device_history;
+
+static device_history histories[ND_MAX_DEVICES];
+static frame_stack *pending = NULL;
+/* needle's package directory: frames from files under it are needle's own. */
+static char *needle_prefix = NULL;
+static size_t needle_prefix_len = 0;
+
+/* ---------------------------------------------------------- frame stacks */
+
+/* Drops a reference without running Python: a stack whose last reference
+ * goes waits for release_pending. */
+static void stack_unref(frame_stack *s) {
+    if (s == NULL || --s->refs > 0) return;
+    s->next_pending = pending;
+    pending = s;
+}
+
+/* Only where Python may run: code objects may be freed. */
+static void release_pending(void) {
+    while (pending != NULL) {
+        frame_stack *s = pending;
+        pending = s->next_pending;
+        for (int i = 0; i < s->depth; i++) Py_DECREF(s->frames[i].code);
+        free(s);
+    }
+}
+
+static int is_needle_file(PyObject *filename) {
+    if (needle_prefix == NULL || !PyUnicode_Check(filename)) return 0;
+    Py_ssize_t n = 0;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(filename, &n);
+    if (utf8 == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    return (size_t)n >= needle_prefix_len && memcmp(utf8, needle_prefix, needle_prefix_len) == 0;
+}
+
+/* The calling Python frames, innermost first, from the innermost one outside
+ * needle's package (all of them with all_frames); NULL when there are none
+ * or no host memory. */
+static frame_stack *capture_stack(int all_frames) {
+    PyObject *codes[MAX_FRAMES];
+    int lines[MAX_FRAMES];
+    int depth = 0;
+    PyFrameObject *frame = PyEval_GetFrame(); /* borrowed */
+    Py_XINCREF(frame);
+    while (frame != NULL && depth < MAX_FRAMES) {
+        PyCodeObject *code = PyFrame_GetCode(frame);
+        if (depth > 0 || all_frames || !is_needle_file(code->co_filename)) {
+            codes[depth] = (PyObject *)code;
+            lines[depth] = PyFrame_GetLineNumber(frame);
+            depth++;
+        } else {
+            Py_DECREF(code);
+        }
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(frame);
+        frame = back;
+    }
+    Py_XDECREF(frame);
+    if (depth == 0) return NULL;
+    frame_stack *s = malloc(sizeof *s + sizeof s->frames[0] * (size_t)depth);
+    if (s == NULL) {
+        for (int i = 0; i < depth; i++) Py_DECREF(codes[i]);
+        return NULL;
+    }
+    s->refs = 1;
+    s->next_pending = NULL;
+    s->depth = depth;
+    for (int i = 0; i < depth; i++) {
+        s->frames[i].code = codes[i];
+        s->frames[i].line = lines[i];
+    }
+    return s;
+}
+
+/* -------------------------------------------------------------- live map */
+
+static int64_t slot_of(const live_map *m, uintptr_t key) {
+    uint64_t h = (uint64_t)key * UINT64_C(0x9E3779B97F4A7C15);
+    return (int64_t)(h >> 20) & (m->cap - 1);
+}
+
+static int64_t find_slot(const live_map *m, uintptr_t key) {
+    if (m->cap == 0) return -1;
+    for (int64_t i = slot_of(m, key);; i = (i + 1) & (m->cap - 1)) {
+        if (m->keys[i] == key) return i;
+        if (m->keys[i] == 0) return -1;
+    }
+}
+
+/* Takes over the caller's reference on s; 0 when the map cannot grow. */
+static int live_put(live_map *m, uintptr_t key, frame_stack *s) {
+    if (2 * (m->count + 1) > m->cap) {
+        int64_t cap = m->cap > 0 ? 2 * m->cap : 1024;
+        uintptr_t *keys = calloc((size_t)cap, sizeof *keys);
+        frame_stack **stacks = calloc((size_t)cap, sizeof *stacks);
+        if (keys == NULL || stacks == NULL) {
+            free(keys);
+            free(stacks);
+            return 0;
+        }
+        live_map grown = {keys, stacks, cap, 0};
+        for (int64_t i = 0; i < m->cap; i++) {
+            if (m->keys[i] == 0) continue;
+            int64_t j = slot_of(&grown, m->keys[i]);
+            while (grown.keys[j] != 0) j = (j + 1) & (cap - 1);
+            grown.keys[j] = m->keys[i];
+            grown.stacks[j] = m->stacks[i];
+            grown.count++;
+        }
+        free(m->keys);
+        free(m->stacks);
+        *m = grown;
+    }
+    int64_t i = slot_of(m, key);
+    while (m->keys[i] != 0 && m->keys[i] != key) i = (i + 1) & (m->cap - 1);
+    if (m->keys[i] == key) stack_unref(m->stacks[i]); /* a block we missed the free of */
+    else m->count++;
+    m->keys[i] = key;
+    m->stacks[i] = s;
+    return 1;
+}
+
+/* Removes key (backward-shift deletion: no tombstones); never allocates. */
+static void live_remove(live_map *m, uintptr_t key) {
+    int64_t i = find_slot(m, key);
+    if (i < 0) return;
+    stack_unref(m->stacks[i]);
+    m->count--;
+    for (int64_t j = (i + 1) & (m->cap - 1); m->keys[j] != 0; j = (j + 1) & (m->cap - 1)) {
+        int64_t home = slot_of(m, m->keys[j]);
+        /* Entry j may fill hole i unless its home lies cyclically in (i, j]. */
+        if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
+            m->keys[i] = m->keys[j];
+            m->stacks[i] = m->stacks[j];
+            i = j;
+        }
+    }
+    m->keys[i] = 0;
+    m->stacks[i] = NULL;
+}
+
+static void live_clear(live_map *m) {
+    for (int64_t i = 0; i < m->cap; i++)
+        if (m->keys[i] != 0) stack_unref(m->stacks[i]);
+    free(m->keys);
+    free(m->stacks);
+    *m = (live_map){NULL, NULL, 0, 0};
+}
+
+/* ----------------------------------------------------------------- trace */
+
+static int64_t now_us(void) {
+    struct timespec ts;
+    if (timespec_get(&ts, TIME_UTC) != TIME_UTC) return 0;
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* Takes over a reference on e->stack. Never runs Python; an entry the host
+ * has no memory for is dropped. */
+static void trace_add(device_history *h, trace_entry e) {
+    if (h->enabled != HISTORY_ALL || (h->skip & (1u << e.action))) {
+        stack_unref(e.stack);
+        return;
+    }
+    if (h->ring_count < h->max_entries) {
+        if (h->ring_count == h->ring_cap) {
+            int64_t cap = h->ring_cap > 0 ? 2 * h->ring_cap : 1024;
+            if (cap > h->max_entries) cap = h->max_entries;
+            trace_entry *ring = realloc(h->ring, sizeof *ring * (size_t)cap);
+            if (ring == NULL) {
+                stack_unref(e.stack);
+                return;
+            }
+            h->ring = ring;
+            h->ring_cap = cap;
+        }
+        h->ring[h->ring_count++] = e;
+        return;
+    }
+    stack_unref(h->ring[h->ring_next].stack);
+    h->ring[h->ring_next] = e;
+    h->ring_next = (h->ring_next + 1) % h->max_entries;
+}
+
+static void trace_clear(device_history *h) {
+    for (int64_t i = 0; i < h->ring_count; i++) stack_unref(h->ring[i].stack);
+    free(h->ring);
+    h->ring = NULL;
+    h->ring_cap = h->ring_count = h->ring_next = 0;
+}
+
+/* --------------------------------------------------------- engine events */
+
+static void on_event(void *ctx, nd_device *dev, const nd_memory_event *event) {
+    (void)ctx;
+    int id = nd_device_id(dev);
+    if (id < 0 || id >= ND_MAX_DEVICES || histories[id].enabled == HISTORY_OFF) return;
+    device_history *h = &histories[id];
+    trace_entry e = {0, event->address, event->size, 0, now_us(), NULL};
+    switch (event->action) {
+    case ND_MEMORY_ALLOC:
+    case ND_MEMORY_OOM: {
+        /* The allocating path: Python may run (and change h meanwhile). */
+        release_pending();
+        frame_stack *s = h->context != CONTEXT_NONE ? capture_stack(h->all_frames) : NULL;
+        if (h->enabled == HISTORY_OFF) {
+            stack_unref(s);
+            return;
+        }
+        if (event->action == ND_MEMORY_OOM) {
+            e.action = A_OOM;
+            e.device_free = event->device_free;
+        } else {
+            e.action = A_ALLOC;
+            if (s != NULL) s->refs++;
+            if (s == NULL || !live_put(&h->live, event->address, s)) stack_unref(s);
+        }
+        if (s != NULL && h->context < CONTEXT_ALLOC) {
+            stack_unref(s);
+            s = NULL;
+        }
+        e.stack = s;
+        trace_add(h, e);
+        return;
+    }
+    case ND_MEMORY_FREE:
+        live_remove(&h->live, event->address);
+        e.action = A_FREE_REQUESTED;
+        trace_add(h, e);
+        e.action = A_FREE_COMPLETED;
+        trace_add(h, e);
+        return;
+    case ND_MEMORY_SEGMENT_ALLOC:
+        e.action = A_SEGMENT_ALLOC;
+        trace_add(h, e);
+        return;
+    case ND_MEMORY_SEGMENT_FREE:
+        e.action = A_SEGMENT_FREE;
+        trace_add(h, e);
+        return;
+    }
+}
+
+static void history_set(nd_device *dev, int enabled, int context, int all_frames,
+                        int64_t max_entries, unsigned skip, int clear) {
+    static int installed = 0;
+    if (!installed) {
+        nd_memory_set_event_callback(on_event, NULL);
+        installed = 1;
+    }
+    device_history *h = &histories[nd_device_id(dev)];
+    if (enabled == HISTORY_OFF || clear) trace_clear(h);
+    if (enabled == HISTORY_OFF) live_clear(&h->live);
+    h->enabled = enabled;
+    h->context = context;
+    h->all_frames = all_frames;
+    h->skip = skip;
+    if (max_entries != h->max_entries) trace_clear(h); /* the ring's order assumes one size */
+    h->max_entries = max_entries;
+    nd_memory_set_tracing(dev, enabled != HISTORY_OFF);
+    release_pending();
+}
+
+static int history_set_prefix(const char *prefix) {
+    char *copy = malloc(strlen(prefix) + 1);
+    if (copy == NULL) return -1;
+    strcpy(copy, prefix);
+    free(needle_prefix);
+    needle_prefix = copy;
+    needle_prefix_len = strlen(copy);
+    return 0;
+}
+
+
+/* -------------------------------------------------------------- snapshot */
+
+/* The frames of s as a tuple of (filename, line, name), one tuple per stack
+ * (memo: stack pointer -> tuple), so that entries of one allocation share it. */
+static PyObject *frames_of(const frame_stack *s, PyObject *memo) {
+    if (s == NULL) return PyTuple_New(0);
+    PyObject *key = PyLong_FromVoidPtr((void *)s);
+    if (key == NULL) return NULL;
+    PyObject *frames = PyDict_GetItemWithError(memo, key); /* borrowed */
+    if (frames != NULL || PyErr_Occurred()) {
+        Py_DECREF(key);
+        return Py_XNewRef(frames);
+    }
+    frames = PyTuple_New(s->depth);
+    for (int i = 0; frames != NULL && i < s->depth; i++) {
+        PyCodeObject *code = (PyCodeObject *)s->frames[i].code;
+        PyObject *f = Py_BuildValue("(OiO)", code->co_filename, s->frames[i].line, code->co_name);
+        if (f == NULL) Py_CLEAR(frames);
+        else PyTuple_SET_ITEM(frames, i, f);
+    }
+    if (frames != NULL && PyDict_SetItem(memo, key, frames) < 0) Py_CLEAR(frames);
+    Py_DECREF(key);
+    return frames;
+}
+
+/* The C state copied out before any Python object is built. */
+typedef struct snapshot_copy {
+    nd_memory_block *blocks;
+    frame_stack **block_stacks;
+    int64_t nblocks;
+    trace_entry *trace;
+    int64_t ntrace;
+} snapshot_copy;
+
+static void copy_release(snapshot_copy *c) {
+    for (int64_t i = 0; c->block_stacks != NULL && i < c->nblocks; i++)
+        stack_unref(c->block_stacks[i]);
+    for (int64_t i = 0; c->trace != NULL && i < c->ntrace; i++) stack_unref(c->trace[i].stack);
+    free(c->blocks);
+    free(c->block_stacks);
+    free(c->trace);
+    release_pending();
+}
+
+/* 0, or -1 with a Python error set or (*failed != ND_OK) the engine's. */
+static int copy_state(nd_device *dev, snapshot_copy *c, nd_status *failed) {
+    *c = (snapshot_copy){NULL, NULL, 0, NULL, 0};
+    *failed = ND_OK;
+    int64_t cap = 0, count = 0;
+    for (;;) {
+        nd_status status = nd_memory_blocks(dev, c->blocks, cap, &count);
+        if (status != ND_OK) {
+            copy_release(c);
+            *failed = status;
+            return -1;
+        }
+        if (count <= cap) break;
+        cap = count + 16;
+        free(c->blocks);
+        c->blocks = malloc(sizeof *c->blocks * (size_t)cap);
+        if (c->blocks == NULL) goto no_memory;
+    }
+    c->nblocks = count;
+    const device_history *h = &histories[nd_device_id(dev)];
+    c->block_stacks = calloc((size_t)(count > 0 ? count : 1), sizeof *c->block_stacks);
+    c->trace = malloc(sizeof *c->trace * (size_t)(h->ring_count > 0 ? h->ring_count : 1));
+    if (c->block_stacks == NULL || c->trace == NULL) goto no_memory;
+    for (int64_t i = 0; i < count; i++) {
+        if (c->blocks[i].state != ND_BLOCK_STORAGE) continue;
+        int64_t slot = find_slot(&h->live, c->blocks[i].address);
+        if (slot < 0 || h->live.stacks[slot] == NULL) continue;
+        c->block_stacks[i] = h->live.stacks[slot];
+        c->block_stacks[i]->refs++;
+    }
+    /* Oldest first: once the ring is full, the oldest entry is the next one. */
+    int64_t start = h->ring_count < h->max_entries ? 0 : h->ring_next;
+    for (int64_t i = 0; i < h->ring_count; i++) {
+        c->trace[i] = h->ring[(start + i) % h->ring_count];
+        if (c->trace[i].stack != NULL) c->trace[i].stack->refs++;
+    }
+    c->ntrace = h->ring_count;
+    return 0;
+no_memory:
+    copy_release(c);
+    PyErr_NoMemory();
+    return -1;
+}
+
+static const char *const BLOCK_STATES[] = {"inactive", "active_allocated", "active_allocated"};
+
+/* (blocks, trace): blocks as (segment_address, segment_size, segment_small,
+ * address, size, requested_size, state, engine, frames), trace entries as
+ * (action, address, size, time_us, device_free, frames). */
+static PyObject *history_snapshot(snapshot_copy *copy) {
+    snapshot_copy c = *copy;
+    PyObject *memo = PyDict_New();
+    PyObject *blocks = PyList_New(0), *trace = PyList_New(0), *result = NULL;
+    if (memo == NULL || blocks == NULL || trace == NULL) goto done;
+    for (int64_t i = 0; i < c.nblocks; i++) {
+        const nd_memory_block *b = &c.blocks[i];
+        PyObject *frames = frames_of(c.block_stacks[i], memo);
+        PyObject *row =
+            frames == NULL
+                ? NULL
+                : Py_BuildValue("(KLiKLLsON)", (unsigned long long)b->segment_address,
+                                (long long)b->segment_size, b->segment_small,
+                                (unsigned long long)b->address, (long long)b->size,
+                                (long long)b->requested, BLOCK_STATES[b->state],
+                                b->state == ND_BLOCK_ENGINE ? Py_True : Py_False, frames);
+        if (row == NULL || PyList_Append(blocks, row) < 0) {
+            Py_XDECREF(row);
+            goto done;
+        }
+        Py_DECREF(row);
+    }
+    for (int64_t i = 0; i < c.ntrace; i++) {
+        const trace_entry *e = &c.trace[i];
+        PyObject *frames = frames_of(e->stack, memo);
+        PyObject *row = frames == NULL ? NULL
+                                       : Py_BuildValue("(sKLLLN)", ACTION_NAMES[e->action],
+                                                       (unsigned long long)e->address,
+                                                       (long long)e->size, (long long)e->time_us,
+                                                       (long long)e->device_free, frames);
+        if (row == NULL || PyList_Append(trace, row) < 0) {
+            Py_XDECREF(row);
+            goto done;
+        }
+        Py_DECREF(row);
+    }
+    result = PyTuple_Pack(2, blocks, trace);
+done:
+    Py_XDECREF(memo);
+    Py_XDECREF(blocks);
+    Py_XDECREF(trace);
+    copy_release(&c);
+    return result;
+}
+
+/* ------------------------------------------------------ Python functions */
+
+static nd_device *device_arg(PyObject *arg) {
+    int id = PyLong_AsLong(arg);
+    if (id == -1 && PyErr_Occurred()) return NULL;
+    nd_device *dev = nd_device_at(id);
+    if (dev == NULL) PyErr_Format(PyExc_ValueError, "no device with engine id %d", id);
+    return dev;
+}
+
+PyObject *history_py_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "_memory_record_history(device_id, enabled, context, "
+                                         "all_frames, max_entries, skip_mask, clear)");
+        return NULL;
+    }
+    nd_device *dev = device_arg(args[0]);
+    if (dev == NULL) return NULL;
+    long enabled = PyLong_AsLong(args[1]), context = PyLong_AsLong(args[2]);
+    int all_frames = PyObject_IsTrue(args[3]), clear = PyObject_IsTrue(args[6]);
+    long long max_entries = PyLong_AsLongLong(args[4]);
+    unsigned long skip = PyLong_AsUnsignedLong(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    if (enabled < HISTORY_OFF || enabled > HISTORY_ALL || context < CONTEXT_NONE ||
+        context > CONTEXT_ALL || max_entries < 1 || skip >= (1ul << ACTION_COUNT)) {
+        PyErr_SetString(PyExc_ValueError, "_memory_record_history: an argument is out of range");
+        return NULL;
+    }
+    history_set(dev, (int)enabled, (int)context, all_frames, max_entries, (unsigned)skip, clear);
+    Py_RETURN_NONE;
+}
+
+PyObject *history_py_snapshot(PyObject *module, PyObject *arg) {
+    nd_device *dev = device_arg(arg);
+    if (dev == NULL) return NULL;
+    snapshot_copy c;
+    nd_status failed;
+    if (copy_state(dev, &c, &failed) < 0)
+        return failed != ND_OK ? raise_status(state_of_module(module), failed) : NULL;
+    return history_snapshot(&c);
+}
+
+PyObject *history_py_set_prefix(PyObject *module, PyObject *arg) {
+    (void)module;
+    const char *prefix = PyUnicode_AsUTF8(arg);
+    if (prefix == NULL) return NULL;
+    if (history_set_prefix(prefix) < 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+PyObject *history_py_actions(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    (void)module;
+    PyObject *names = PyTuple_New(ACTION_COUNT);
+    for (int i = 0; names != NULL && i < ACTION_COUNT; i++) {
+        PyObject *name = PyUnicode_FromString(ACTION_NAMES[i]);
+        if (name == NULL) Py_CLEAR(names);
+        else PyTuple_SET_ITEM(names, i, name);
+    }
+    return names;
+}
