@@ -72,6 +72,9 @@ def _train_step(device):
 @dev
 def test_training_step_renders_in_pytorchs_viewer_with_needles_totals(device):
     _memory_viz = pytest.importorskip("torch.cuda._memory_viz")
+    # With earlier tests' cached blocks released, the step takes new segments for compare().
+    gc.collect()
+    memory.empty_cache(device)
     before = memory._snapshot(device)
     memory._record_memory_history(device=device)
     kept = _train_step(device)
