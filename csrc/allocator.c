@@ -42,6 +42,47 @@ void nd_memory_reset_peaks(nd_device *dev) {
     st->allocated_peak = st->allocated_current;
     st->reserved_peak = st->reserved_current;
     st->blocks_peak = st->blocks_current;
+    nd_memory_stat *fragmentation[] = {&st->segment,
+                                       &st->active,
+                                       &st->active_bytes,
+                                       &st->inactive_split,
+                                       &st->inactive_split_bytes,
+                                       &st->oversize_allocations,
+                                       &st->oversize_segments};
+    for (size_t i = 0; i < sizeof fragmentation / sizeof *fragmentation; i++)
+        fragmentation[i]->peak = fragmentation[i]->current;
+}
+
+void nd_memory_stat_update(nd_memory_stat *stat, int64_t n) {
+    stat->current += n;
+    if (n > 0) stat->allocated += n;
+    else stat->freed -= n;
+    if (stat->current > stat->peak) stat->peak = stat->current;
+}
+
+int nd_memory_oversize(const nd_device *dev, int64_t size) {
+    int64_t max_split = dev->alloc.settings.max_split_size;
+    return max_split > 0 && size >= max_split;
+}
+
+nd_status nd_memory_set_settings(nd_device *dev, const nd_alloc_settings *s) {
+    if (s->max_split_size > 0 && s->max_split_size <= ND_OVERSIZE_SLACK)
+        return nd_fail(ND_ERR_VALUE, "max_split_size must be more than %lld bytes, got %lld",
+                       (long long)ND_OVERSIZE_SLACK, (long long)s->max_split_size);
+    if (!(s->gc_threshold >= 0.0 && s->gc_threshold < 1.0))
+        return nd_fail(ND_ERR_VALUE, "garbage_collection_threshold must be in (0, 1), got %g",
+                       s->gc_threshold);
+    if (s->expandable_segments)
+        return nd_fail(ND_ERR_VALUE,
+                       "expandable_segments is not supported by this build: %s's allocator "
+                       "has no segments that grow in place",
+                       dev->name);
+    dev->alloc.settings = *s;
+    return ND_OK;
+}
+
+void nd_memory_get_settings(const nd_device *dev, nd_alloc_settings *out) {
+    *out = dev->alloc.settings;
 }
 
 int64_t nd_memory_empty_cache(nd_device *dev) {
@@ -54,6 +95,14 @@ void nd_last_oom(nd_oom_info *out) { *out = last_oom; }
  * applies to what is really taken from the device, cache included. */
 nd_status nd_memory_reserve(nd_device *dev, int64_t nbytes) {
     nd_memory_stats *st = &dev->alloc.stats;
+    /* garbage_collection_threshold: the whole cache goes back (not PyTorch's
+     * oldest blocks first) before reserved memory passes the share. */
+    double threshold = dev->alloc.settings.gc_threshold;
+    int64_t budget = st->limit >= 0 ? st->limit : dev->capacity;
+    if (threshold > 0.0 && budget > 0 &&
+        (double)(st->reserved_current + nbytes) > threshold * (double)budget &&
+        nd_memory_empty_cache(dev) > 0)
+        st->num_gc_releases++;
     if (st->limit >= 0 && st->reserved_current + nbytes > st->limit)
         return nd_fail(ND_ERR_OOM, "the memory limit of %s would be passed", dev->name);
     st->reserved_current += nbytes;
@@ -144,6 +193,7 @@ nd_status nd_memory_alloc(nd_device *dev, int64_t nbytes, void **out) {
     st->blocks_current++;
     st->blocks_total++;
     if (st->blocks_current > st->blocks_peak) st->blocks_peak = st->blocks_current;
+    if (nd_memory_oversize(dev, nbytes)) nd_memory_stat_update(&st->oversize_allocations, 1);
     if (nbytes > 0) nd_memory_trace(dev, ND_MEMORY_ALLOC, *out, nbytes);
     return ND_OK;
 }
@@ -159,4 +209,5 @@ void nd_memory_free(nd_device *dev, void *ptr, int64_t nbytes) {
     st->allocated_freed += nbytes;
     st->blocks_current--;
     st->blocks_freed++;
+    if (nd_memory_oversize(dev, nbytes)) nd_memory_stat_update(&st->oversize_allocations, -1);
 }

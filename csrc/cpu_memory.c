@@ -7,6 +7,12 @@
  * and kept on free for reuse by a request of the same size. Cached blocks
  * stay reserved (they count against the device limit, as on a GPU);
  * nd_memory_empty_cache and the out-of-memory ladder give them back.
+ *
+ * Every block is a segment of its own and is never split: a cached block
+ * serves only a request of its exact rounded size, which max_split_size asks
+ * of oversize blocks and this cache does for all (the setting changes only
+ * what the statistics count as oversize); garbage_collection_threshold
+ * applies as on a GPU (allocator.c); segments cannot grow in place.
  */
 #define _DEFAULT_SOURCE /* posix_memalign, madvise: hidden by -std=c11 */
 
@@ -41,6 +47,19 @@ static block_cache *cache_of(const nd_device *dev) {
     return dev->id >= 0 && dev->id < ND_MAX_DEVICES ? &caches[dev->id] : NULL;
 }
 
+/* A block of size bytes is handed out (active) or comes back (n = -1). */
+static void count_active(nd_device *dev, int64_t size, int n) {
+    nd_memory_stat_update(&dev->alloc.stats.active, n);
+    nd_memory_stat_update(&dev->alloc.stats.active_bytes, n * size);
+}
+
+/* A segment of size bytes is taken from the C library or returned (n = -1). */
+static void count_segment(nd_device *dev, int64_t size, int n) {
+    nd_memory_stat_update(&dev->alloc.stats.segment, n);
+    if (nd_memory_oversize(dev, size))
+        nd_memory_stat_update(&dev->alloc.stats.oversize_segments, n);
+}
+
 nd_status nd_cpu_raw_alloc(nd_device *dev, int64_t nbytes, void **out) {
     int64_t size = nd_cpu_block_size(nbytes);
     block_cache *cache = cache_of(dev);
@@ -50,6 +69,7 @@ nd_status nd_cpu_raw_alloc(nd_device *dev, int64_t nbytes, void **out) {
             *out = cache->blocks[i].ptr;
             cache->blocks[i] = cache->blocks[--cache->count];
             cache->bytes -= size;
+            count_active(dev, size, 1);
             return ND_OK;
         }
     }
@@ -67,6 +87,8 @@ nd_status nd_cpu_raw_alloc(nd_device *dev, int64_t nbytes, void **out) {
     if (size >= LARGE_BLOCK) (void)madvise(ptr, (size_t)size, MADV_HUGEPAGE);
 #endif
     nd_memory_trace(dev, ND_MEMORY_SEGMENT_ALLOC, ptr, size);
+    count_segment(dev, size, 1);
+    count_active(dev, size, 1);
     *out = ptr;
     return ND_OK;
 }
@@ -74,6 +96,7 @@ nd_status nd_cpu_raw_alloc(nd_device *dev, int64_t nbytes, void **out) {
 void nd_cpu_raw_free(nd_device *dev, void *ptr, int64_t nbytes) {
     int64_t size = nd_cpu_block_size(nbytes);
     block_cache *cache = cache_of(dev);
+    count_active(dev, size, -1);
     if (size >= LARGE_BLOCK && cache != NULL && cache->bytes + size <= MAX_CACHED_BYTES) {
         if (cache->count == cache->capacity) {
             int capacity = cache->capacity ? cache->capacity * 2 : 16;
@@ -92,6 +115,7 @@ void nd_cpu_raw_free(nd_device *dev, void *ptr, int64_t nbytes) {
     nd_memory_trace(dev, ND_MEMORY_SEGMENT_FREE, ptr, size);
     free(ptr);
     nd_memory_unreserve(dev, size);
+    count_segment(dev, size, -1);
 }
 
 int64_t nd_cpu_release_cache(nd_device *dev) {
@@ -102,6 +126,7 @@ int64_t nd_cpu_release_cache(nd_device *dev) {
         nd_memory_trace(dev, ND_MEMORY_SEGMENT_FREE, cache->blocks[i].ptr, cache->blocks[i].size);
         free(cache->blocks[i].ptr);
         nd_memory_unreserve(dev, cache->blocks[i].size);
+        count_segment(dev, cache->blocks[i].size, -1);
     }
     cache->count = 0;
     cache->bytes = 0;

@@ -71,6 +71,13 @@ int64_t nd_device_capacity(const nd_device *dev);
 
 /* ---------------------------------------------------------------- allocator */
 
+/* One of PyTorch's statistics of the caching allocator: a count or bytes now,
+ * their peak, and the cumulative additions and removals (current = allocated
+ * - freed). */
+typedef struct nd_memory_stat {
+    int64_t current, peak, allocated, freed;
+} nd_memory_stat;
+
 typedef struct nd_memory_stats {
     int64_t allocated_current, allocated_peak, allocated_total, allocated_freed;
     int64_t reserved_current, reserved_peak, reserved_total, reserved_freed;
@@ -85,7 +92,34 @@ typedef struct nd_memory_stats {
     int64_t collect_freed_bytes;
     int64_t limit;   /* bytes; -1 when there is none             */
     int64_t trigger; /* pressure trigger in bytes; -1 when off    */
+    /* Fragmentation, with torch.cuda.memory_stats' meanings: segments taken
+     * from the system; active blocks (in use: storages and the backends'
+     * scratch) and their bytes, rounding included; free blocks that are part
+     * of a segment still in use (inactive splits: the fragments); requests
+     * and segments of max_split_size or more (oversize). */
+    nd_memory_stat segment, active, active_bytes, inactive_split, inactive_split_bytes;
+    nd_memory_stat oversize_allocations, oversize_segments;
+    int64_t num_gc_releases; /* cache releases made by garbage_collection_threshold */
 } nd_memory_stats;
+
+/* The caching allocator's settings (PyTorch's PYTORCH_ALLOC_CONF options). */
+typedef struct nd_alloc_settings {
+    /* Cached blocks of this many bytes or more are never split, and serve only
+     * requests of this size or more that they exceed by less than
+     * ND_OVERSIZE_SLACK; <= 0: no such limit (the default). */
+    int64_t max_split_size;
+    /* In (0, 1): before reserved memory would pass this share of the budget
+     * (the limit, else the capacity), cached blocks are released; 0: off. */
+    double gc_threshold;
+    /* Segments that grow in place (not supported by this build: ND_ERR_VALUE). */
+    int expandable_segments;
+} nd_alloc_settings;
+#define ND_OVERSIZE_SLACK ((int64_t)20 << 20) /* PyTorch's kLargeBuffer */
+
+/* Validates and applies s (ND_ERR_VALUE, nothing changed, for a value the
+ * device cannot use). */
+nd_status nd_memory_set_settings(nd_device *dev, const nd_alloc_settings *s);
+void nd_memory_get_settings(const nd_device *dev, nd_alloc_settings *out);
 
 void nd_memory_get_stats(const nd_device *dev, nd_memory_stats *out);
 void nd_memory_reset_peaks(nd_device *dev);

@@ -230,6 +230,7 @@ typedef struct nd_backend {
 
 typedef struct nd_allocator {
     nd_memory_stats stats;
+    nd_alloc_settings settings;
 } nd_allocator;
 
 struct nd_device {
@@ -283,6 +284,10 @@ void nd_memory_free(nd_device *dev, void *ptr, int64_t nbytes);
 /* Backends take and return device memory through these (limit checked here). */
 nd_status nd_memory_reserve(nd_device *dev, int64_t nbytes);
 void nd_memory_unreserve(nd_device *dev, int64_t nbytes);
+/* Moves one of the fragmentation statistics by n (n < 0: a removal). */
+void nd_memory_stat_update(nd_memory_stat *stat, int64_t n);
+/* 1 when a block or segment of size bytes is oversize under dev's settings. */
+int nd_memory_oversize(const nd_device *dev, int64_t size);
 
 /* Reports an allocator event to the host when the device is traced
  * (memory_history.c); backends report their segments through it. */

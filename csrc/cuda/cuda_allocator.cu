@@ -15,6 +15,13 @@
  * segment would pass the limit or the driver refuses it, a segment of just
  * the request's size is tried, so a limit is never missed by rounding alone.
  *
+ * max_split_size (PyTorch's max_split_size_mb): a block of that size or more
+ * is never split, serves no smaller request, and serves a request of that
+ * size or more only when it exceeds it by less than ND_OVERSIZE_SLACK, so
+ * that large blocks do not fragment into pieces no request fits. Free blocks
+ * of a segment still in use are counted as inactive splits (the fragments),
+ * as torch.cuda.memory_stats counts them.
+ *
  * Host bookkeeping only (malloc'd structs and sorted arrays); raw_free never
  * allocates, never calls the driver and cannot fail, so freeing is safe while
  * a garbage collection runs. Never prints, exits or aborts.
@@ -39,6 +46,7 @@ typedef struct cuda_block {
     int pool;
     int allocated;
     struct cuda_block *prev, *next;
+    int oversize_segment; /* the head of a segment counted in oversize_segments */
 } cuda_block;
 
 /* A sorted array of blocks. */
@@ -117,12 +125,38 @@ static int ensure_room(cuda_allocator *a, int pool) {
 
 static int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
+/* A free block that is part of a segment still in use is a fragment. */
+static void count_inactive_split(nd_device *dev, const cuda_block *b, int n) {
+    if (b->prev == NULL && b->next == NULL) return;
+    nd_memory_stat_update(&dev->alloc.stats.inactive_split, n);
+    nd_memory_stat_update(&dev->alloc.stats.inactive_split_bytes, n * b->size);
+}
+
+/* Every block enters and leaves a free list through these two, and no block
+ * changes its neighbours while it is on one, so the counts stay exact. */
+static void free_insert(nd_device *dev, cuda_block *b) {
+    vec_insert(&allocator_of(dev)->free_blocks[b->pool], b, by_size_less);
+    count_inactive_split(dev, b, 1);
+}
+
+static void free_remove(nd_device *dev, cuda_block *b) {
+    vec_remove(&allocator_of(dev)->free_blocks[b->pool], b, by_size_less);
+    count_inactive_split(dev, b, -1);
+}
+
+/* Whether cached block b may serve a request of size bytes (b->size >= size). */
+static int block_fits(const nd_device *dev, const cuda_block *b, int64_t size) {
+    if (!nd_memory_oversize(dev, b->size)) return 1;
+    return nd_memory_oversize(dev, size) && b->size < size + ND_OVERSIZE_SLACK;
+}
+
 /* Cuts block b down to size; the rest becomes a free block after it. Keeps
  * the whole block when the rest is too small to be useful or when the host
  * cannot provide the bookkeeping. */
-static void split(cuda_allocator *a, cuda_block *b, int64_t size) {
+static void split(nd_device *dev, cuda_block *b, int64_t size) {
     int64_t rest = b->size - size;
     if (b->pool == POOL_SMALL ? rest < ROUND_BYTES : rest <= SMALL_LIMIT) return;
+    if (nd_memory_oversize(dev, size)) return;
     cuda_block *r = (cuda_block *)malloc(sizeof *r);
     if (r == NULL) return;
     r->ptr = b->ptr + size;
@@ -131,11 +165,12 @@ static void split(cuda_allocator *a, cuda_block *b, int64_t size) {
     r->allocated = 0;
     r->prev = b;
     r->next = b->next;
+    r->oversize_segment = 0;
     if (b->next != NULL) b->next->prev = r;
     b->next = r;
     b->size = size;
-    a->blocks[b->pool]++;
-    vec_insert(&a->free_blocks[b->pool], r, by_size_less);
+    allocator_of(dev)->blocks[b->pool]++;
+    free_insert(dev, r);
 }
 
 /* A new segment of seg_size bytes from the driver, as one block. */
@@ -172,7 +207,10 @@ static nd_status new_segment(nd_device *dev, int pool, int64_t seg_size, cuda_bl
     b->pool = pool;
     b->allocated = 0;
     b->prev = b->next = NULL;
+    b->oversize_segment = nd_memory_oversize(dev, seg_size);
     allocator_of(dev)->blocks[pool]++;
+    nd_memory_stat_update(&dev->alloc.stats.segment, 1);
+    if (b->oversize_segment) nd_memory_stat_update(&dev->alloc.stats.oversize_segments, 1);
     nd_memory_trace(dev, ND_MEMORY_SEGMENT_ALLOC, ptr, seg_size);
     *out = b;
     return ND_OK;
@@ -194,12 +232,13 @@ nd_status nd_cuda_raw_alloc(nd_device *dev, int64_t nbytes, void **out) {
 
     /* Best fit: the smallest cached block that holds size. */
     block_vec *free_list = &a->free_blocks[pool];
-    cuda_block key = {NULL, size, pool, 0, NULL, NULL};
+    cuda_block key = {NULL, size, pool, 0, NULL, NULL, 0};
     int64_t at = lower_bound(free_list, &key, by_size_less);
     cuda_block *b = NULL;
-    if (at < free_list->count) {
+    /* The smallest that holds size decides: a larger one fits no better. */
+    if (at < free_list->count && block_fits(dev, free_list->items[at], size)) {
         b = free_list->items[at];
-        vec_remove(free_list, b, by_size_less);
+        free_remove(dev, b);
     } else {
         int64_t seg_size = pool == POOL_SMALL ? SMALL_SEGMENT : round_up(size, LARGE_ROUND);
         nd_status status = new_segment(dev, pool, seg_size, &b);
@@ -207,9 +246,11 @@ nd_status nd_cuda_raw_alloc(nd_device *dev, int64_t nbytes, void **out) {
         if (status == ND_ERR_OOM && seg_size > size) status = new_segment(dev, pool, size, &b);
         if (status != ND_OK) return status;
     }
-    split(a, b, size);
+    split(dev, b, size);
     b->allocated = 1;
     vec_insert(&a->live, b, by_ptr_less);
+    nd_memory_stat_update(&dev->alloc.stats.active, 1);
+    nd_memory_stat_update(&dev->alloc.stats.active_bytes, b->size);
     *out = b->ptr;
     return ND_OK;
 }
@@ -217,17 +258,18 @@ nd_status nd_cuda_raw_alloc(nd_device *dev, int64_t nbytes, void **out) {
 void nd_cuda_raw_free(nd_device *dev, void *ptr, int64_t nbytes) {
     (void)nbytes;
     cuda_allocator *a = allocator_of(dev);
-    cuda_block key = {(char *)ptr, 0, 0, 0, NULL, NULL};
+    cuda_block key = {(char *)ptr, 0, 0, 0, NULL, NULL, 0};
     int64_t at = lower_bound(&a->live, &key, by_ptr_less);
     if (at >= a->live.count || a->live.items[at]->ptr != (char *)ptr) return; /* not ours */
     cuda_block *b = a->live.items[at];
     vec_remove(&a->live, b, by_ptr_less);
     b->allocated = 0;
-    block_vec *free_list = &a->free_blocks[b->pool];
+    nd_memory_stat_update(&dev->alloc.stats.active, -1);
+    nd_memory_stat_update(&dev->alloc.stats.active_bytes, -b->size);
     /* Merge with free neighbours: the segment heals as its blocks come back. */
     cuda_block *next = b->next;
     if (next != NULL && !next->allocated) {
-        vec_remove(free_list, next, by_size_less);
+        free_remove(dev, next);
         b->size += next->size;
         b->next = next->next;
         if (next->next != NULL) next->next->prev = b;
@@ -236,7 +278,7 @@ void nd_cuda_raw_free(nd_device *dev, void *ptr, int64_t nbytes) {
     }
     cuda_block *prev = b->prev;
     if (prev != NULL && !prev->allocated) {
-        vec_remove(free_list, prev, by_size_less);
+        free_remove(dev, prev);
         prev->size += b->size;
         prev->next = b->next;
         if (b->next != NULL) b->next->prev = prev;
@@ -244,7 +286,7 @@ void nd_cuda_raw_free(nd_device *dev, void *ptr, int64_t nbytes) {
         a->blocks[prev->pool]--;
         b = prev;
     }
-    vec_insert(free_list, b, by_size_less);
+    free_insert(dev, b);
 }
 
 int64_t nd_cuda_release_cache(nd_device *dev) {
@@ -268,6 +310,8 @@ int64_t nd_cuda_release_cache(nd_device *dev) {
             }
             nd_memory_trace(dev, ND_MEMORY_SEGMENT_FREE, b->ptr, b->size);
             nd_memory_unreserve(dev, b->size);
+            nd_memory_stat_update(&dev->alloc.stats.segment, -1);
+            if (b->oversize_segment) nd_memory_stat_update(&dev->alloc.stats.oversize_segments, -1);
             released += b->size;
             a->blocks[pool]--;
             free(b);

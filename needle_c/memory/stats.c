@@ -24,6 +24,32 @@ static int set_item(PyObject *dict, const char *key, int64_t value) {
     return rc;
 }
 
+/* The four keys of one of PyTorch's statistics: prefix.current, .peak, .allocated, .freed. */
+static int set_stat(PyObject *dict, const char *prefix, const nd_memory_stat *stat) {
+    const char *fields[] = {"current", "peak", "allocated", "freed"};
+    const int64_t values[] = {stat->current, stat->peak, stat->allocated, stat->freed};
+    for (int i = 0; i < 4; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "%s.%s", prefix, fields[i]);
+        if (set_item(dict, key, values[i]) < 0) return -1;
+    }
+    return 0;
+}
+
+/* The fragmentation keys of torch.cuda.memory_stats (one pool: "all"). */
+static int set_fragmentation(PyObject *dict, const nd_memory_stats *s) {
+    return set_stat(dict, "segment.all", &s->segment) < 0 ||
+                   set_stat(dict, "active.all", &s->active) < 0 ||
+                   set_stat(dict, "active_bytes.all", &s->active_bytes) < 0 ||
+                   set_stat(dict, "inactive_split.all", &s->inactive_split) < 0 ||
+                   set_stat(dict, "inactive_split_bytes.all", &s->inactive_split_bytes) < 0 ||
+                   set_stat(dict, "oversize_allocations", &s->oversize_allocations) < 0 ||
+                   set_stat(dict, "oversize_segments", &s->oversize_segments) < 0 ||
+                   set_item(dict, "num_gc_releases", s->num_gc_releases) < 0
+               ? -1
+               : 0;
+}
+
 static PyObject *memory_stats(PyObject *module, PyObject *arg) {
     (void)module;
     nd_device *dev = device_arg(arg);
@@ -48,7 +74,7 @@ static PyObject *memory_stats(PyObject *module, PyObject *arg) {
         set_item(d, "num_ooms", s.num_ooms) < 0 || set_item(d, "memory_limit_bytes", s.limit) < 0 ||
         set_item(d, "gc_trigger_bytes", s.trigger) < 0 ||
         set_item(d, "device_capacity_bytes", nd_device_capacity(dev)) < 0 ||
-        pressure_add_stats(dev, d) < 0) {
+        set_fragmentation(d, &s) < 0 || pressure_add_stats(dev, d) < 0) {
         Py_DECREF(d);
         return NULL;
     }
@@ -101,6 +127,37 @@ static PyObject *memory_set_limit(PyObject *module, PyObject *const *args, Py_ss
     Py_RETURN_NONE;
 }
 
+/* needle.memory's alloc_conf parses and checks the options; the engine checks again. */
+static PyObject *memory_set_settings(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "_set_allocator_settings(device_id, max_split_bytes, "
+                                         "gc_threshold, expandable_segments)");
+        return NULL;
+    }
+    nd_device *dev = device_arg(args[0]);
+    if (dev == NULL) return NULL;
+    nd_alloc_settings settings;
+    settings.max_split_size = PyLong_AsLongLong(args[1]);
+    if (settings.max_split_size == -1 && PyErr_Occurred()) return NULL;
+    settings.gc_threshold = PyFloat_AsDouble(args[2]);
+    if (settings.gc_threshold == -1.0 && PyErr_Occurred()) return NULL;
+    settings.expandable_segments = PyObject_IsTrue(args[3]);
+    if (settings.expandable_segments < 0) return NULL;
+    nd_status status = nd_memory_set_settings(dev, &settings);
+    if (status != ND_OK) return raise_status(state_of_module(module), status);
+    Py_RETURN_NONE;
+}
+
+static PyObject *memory_get_settings(PyObject *module, PyObject *arg) {
+    (void)module;
+    nd_device *dev = device_arg(arg);
+    if (dev == NULL) return NULL;
+    nd_alloc_settings s;
+    nd_memory_get_settings(dev, &s);
+    return Py_BuildValue("(LdO)", (long long)s.max_split_size, s.gc_threshold,
+                         s.expandable_segments ? Py_True : Py_False);
+}
+
 PyMethodDef memory_module_functions[] = {
     {"_memory_stats", memory_stats, METH_O,
      "_memory_stats(device_id, /)\n--\n\nThe device's allocator statistics as a flat dict."},
@@ -113,6 +170,12 @@ PyMethodDef memory_module_functions[] = {
     {"_set_memory_limit", (PyCFunction)(void (*)(void))memory_set_limit, METH_FASTCALL,
      "_set_memory_limit(device_id, limit, /)\n--\n\nLimit in bytes on reserved memory; -1 removes "
      "it."},
+    {"_set_allocator_settings", (PyCFunction)(void (*)(void))memory_set_settings, METH_FASTCALL,
+     "_set_allocator_settings(device_id, max_split_bytes, gc_threshold, expandable_segments, "
+     "/)\n--\n\nThe caching allocator's settings (<= 0 bytes, 0.0: off)."},
+    {"_get_allocator_settings", memory_get_settings, METH_O,
+     "_get_allocator_settings(device_id, /)\n--\n\n(max_split_bytes, gc_threshold, "
+     "expandable_segments) of the device."},
     {"_memory_record_history", (PyCFunction)(void (*)(void))history_py_record, METH_FASTCALL,
      "_memory_record_history(device_id, enabled, context, all_frames, max_entries, skip_mask, "
      "clear, /)\n--\n\nStarts, changes or stops the device's memory history (history.c)."},

@@ -4,8 +4,8 @@ Every run-time variable is checked when needle is imported, and a value needle c
 a ValueError that names the variable, the value and what is accepted, never a default taken
 in silence (README.md's environment table lists them). Each variable is checked where it is
 read: ``NEEDLE_BLAS``, ``NEEDLE_CPU_ISA``, ``NEEDLE_GEMM_SPLIT`` and ``NEEDLE_NUM_THREADS`` by
-needle_c at its import; ``NEEDLE_MEMORY_LIMIT`` and ``NEEDLE_GC*`` by :mod:`needle.memory`
-with the helpers below; the CUDA backend's (``NEEDLE_CUBLAS``, the simulator's
+needle_c at its import; ``NEEDLE_MEMORY_LIMIT``, ``NEEDLE_ALLOC_CONF`` and ``NEEDLE_GC*`` by
+:mod:`needle.memory` with the helpers below; the CUDA backend's (``NEEDLE_CUBLAS``, the simulator's
 ``NEEDLE_SIM_*``), which C reads only at the first CUDA call, here by
 :func:`check_cuda_variables` when :mod:`needle.cuda` is imported.
 """

@@ -9,7 +9,9 @@ On the CPU a limit emulates a GPU's capacity, so that running out of memory
 (and not running out) can be tested on a machine without a GPU. The
 environment variable ``NEEDLE_MEMORY_LIMIT`` sets limits at import: either
 one size for every device (``"2GiB"``) or per device
-(``"cpu=1GiB,cuda=8GiB"``).
+(``"cpu=1GiB,cuda=8GiB"``). The caching allocators' settings (PyTorch's
+``PYTORCH_ALLOC_CONF`` options) are :func:`set_allocator_settings` and
+``NEEDLE_ALLOC_CONF`` (:mod:`.alloc_conf`).
 
 Diagnostics: :func:`live_tensors` and :func:`live_tensors_summary` list the tensors that
 hold device memory (with ``since=``, those created after a :func:`tensor_snapshot`),
@@ -21,7 +23,8 @@ names, private there too) record and save snapshots that PyTorch's memory viewer
 :func:`live_tensors`, :func:`live_tensors_summary` and :func:`find_cycles`, ``device=None``
 means every device, not the default one.
 
-The package's modules: :mod:`.stats` (statistics, sizes, limits), :mod:`.policy` (the
+The package's modules: :mod:`.stats` (statistics, sizes, limits), :mod:`.alloc_conf`
+(allocator settings), :mod:`.policy` (the
 collection policy, ``freeze_heap``, :func:`safe_point`), :mod:`.diagnostics` (live tensors,
 cycles, warnings), :mod:`.summary` (``memory_summary``), :mod:`.monitor` (timelines and
 allocation history) and :mod:`.snapshot` (PyTorch's memory snapshots). Each imports only the
@@ -31,6 +34,7 @@ ones listed before it.
 # Private names that other modules (testing, apps) and the tests reach here:
 # _format_bytes (the package's one byte formatter), _engine_id, _resolve (the device parser),
 # _flag (the check of a True/False argument), _cycle_callback.
+from .alloc_conf import _settings_from_environment, get_allocator_settings, set_allocator_settings
 from .diagnostics import (
     CycleWarning,
     TensorSnapshot,
@@ -90,6 +94,8 @@ __all__ = [
     "mem_get_info",
     "memory_summary",
     "parse_size",
+    "set_allocator_settings",
+    "get_allocator_settings",
     "set_gc_policy",
     "get_gc_policy",
     "set_gc_visible",
@@ -114,4 +120,5 @@ for _name in __all__:
 del _name
 
 _limits_from_environment()
+_settings_from_environment()
 _policy_from_environment()

@@ -3,6 +3,8 @@ statistics (:mod:`.stats`), the live tensors (:mod:`.diagnostics`) and the colle
 (:mod:`.policy`) of one device.
 """
 
+import needle_c as _c
+
 from .diagnostics import live_tensors_summary
 from .policy import gc_visible, get_gc_policy
 from .stats import _flag, _format_bytes, _resolve, memory_stats
@@ -10,11 +12,12 @@ from .stats import _flag, _format_bytes, _resolve, memory_stats
 
 def memory_summary(device=None, abbreviated=False):
     """A readable report of the device's memory, as one string (``torch.cuda``'s signature):
-    the statistics table (allocated, reserved, blocks), the limit and out-of-memory line, the
-    largest groups of live tensors by op, the gc pressure policy and the collection
-    statistics (num_pressure_collections, num_oom_collections, gc_seconds, gc_freed_bytes)
-    and the ladder's steps (scoped collections, their time, objects examined and bytes freed,
-    full collections and fallbacks).
+    the statistics table (allocated, active, reserved and inactive-split bytes; blocks,
+    active blocks, segments and inactive splits), the allocator's settings, the limit and
+    out-of-memory line, the largest groups of live tensors by op, the gc pressure policy and
+    the collection statistics (num_pressure_collections, num_oom_collections, gc_seconds,
+    gc_freed_bytes) and the ladder's steps (scoped collections, their time, objects examined
+    and bytes freed, full collections and fallbacks).
 
     ``abbreviated=True`` leaves the breakdowns out, as torch's abbreviated summary leaves out
     its per-pool rows: the table, the limit line and one line of collection totals remain,
@@ -33,6 +36,14 @@ def memory_summary(device=None, abbreviated=False):
         f"needle memory summary for {dev!r}",
         f"{'':<12}{'current':>14}{'peak':>14}{'total alloc':>14}{'total freed':>14}",
     ]
+    rows.insert(1, ("active", "active_bytes.all"))
+    rows.append(("inact split", "inactive_split_bytes.all"))
+    counts = [
+        ("blocks", "allocation.all"),
+        ("active blks", "active.all"),
+        ("segments", "segment.all"),
+        ("inact splits", "inactive_split.all"),
+    ]
     for label, key in rows:
         lines.append(
             f"{label:<12}"
@@ -41,12 +52,22 @@ def memory_summary(device=None, abbreviated=False):
                 for field in ("current", "peak", "allocated", "freed")
             )
         )
-    lines.append(
-        f"{'blocks':<12}"
-        + "".join(
-            f"{stats[f'allocation.all.{field}']:>14}"
-            for field in ("current", "peak", "allocated", "freed")
+    for label, key in counts:
+        lines.append(
+            f"{label:<12}"
+            + "".join(
+                f"{stats[f'{key}.{field}']:>14}"
+                for field in ("current", "peak", "allocated", "freed")
+            )
         )
+    settings = _c._get_allocator_settings(dev._id)
+    lines.append(
+        f"allocator: max_split_size "
+        f"{_format_bytes(settings[0]) if settings[0] > 0 else 'none'}; "
+        f"garbage_collection_threshold {settings[1] if settings[1] > 0 else 'none'}; "
+        f"oversize allocations {stats['oversize_allocations.current']}, "
+        f"segments {stats['oversize_segments.current']}; "
+        f"cache releases by the threshold {stats['num_gc_releases']}"
     )
     limit = stats["memory_limit_bytes"]
     lines.append(
