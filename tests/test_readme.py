@@ -52,7 +52,9 @@ def _env():
     """This process's environment with this checkout's needle first on the path, so a block
     imports the needle under test whether or not it is installed."""
     env = dict(os.environ)
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # Absolute: the blocks run in a temporary directory, where a relative entry (the usual
+    # PYTHONPATH=python) would name nothing and an installed needle would be imported instead.
+    paths = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if not any(Path(p).resolve() == (ROOT / "python").resolve() for p in paths):
         # Keep a given path (a build's lib directory) first: it holds the built needle_c.
         paths.append(str(ROOT / "python"))
