@@ -28,9 +28,12 @@ NEEDLE_TYPES = (ndl.autograd.Value, ndl.autograd.Op)
 
 @pytest.fixture(autouse=True)
 def collector_off():
-    """Every test starts from a collected heap with the collector disabled; restores it."""
+    """Every test starts from a collected heap, with the collector disabled and the CPU's
+    cache empty (so a limit set above memory_allocated() is above what is reserved, whatever
+    earlier tests left cached); restores the collector."""
     thresholds = gc.get_threshold()
     gc.collect()
+    memory.empty_cache("cpu")
     gc.disable()
     try:
         yield
@@ -447,7 +450,9 @@ def test_ladder_falls_back_to_a_full_collection_when_scoped_frees_too_little():
 
 def _drive_ladders(count):
     """Makes 1 MiB of needle garbage at a time until `count` more ladders ran, waiting after each
-    collection as long as it took (the pacer's rule at max_gc_fraction 0.5)."""
+    collection twice as long as it took: the pacer's rule at max_gc_fraction 0.5 asks for as
+    long, and the margin keeps a loaded machine's timing from skipping ladders (garbage would
+    then pile up to the limit and end in an out-of-memory collection, seen once in CI)."""
     first = memory.memory_stats()["num_scoped_collections"]
     for _ in range(50 * count):
         before = memory.memory_stats()
@@ -455,7 +460,7 @@ def _drive_ladders(count):
         after = memory.memory_stats()
         if after["num_scoped_collections"] - first >= count:
             return
-        time.sleep(0.002 + after["gc_seconds"] - before["gc_seconds"])
+        time.sleep(0.005 + 2 * (after["gc_seconds"] - before["gc_seconds"]))
     raise AssertionError(f"fewer than {count} ladders ran")
 
 
