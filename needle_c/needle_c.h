@@ -101,6 +101,9 @@ int ndarray_module_init(void); /* NumPy C API import */
 /* Module-level functions defined in other files. */
 extern PyMethodDef ndarray_module_functions[];
 extern PyMethodDef memory_module_functions[];
+/* The device an engine id (a Python int) names, or NULL with ValueError set
+ * (memory/stats.c; the memory, history and pressure functions take ids). */
+nd_device *memory_device_arg(PyObject *arg);
 
 /* Zero-copy interop (interop.c): DLPack and the array interfaces, entries
  * of NDArray's and Tensor's tables and of the module (from_dlpack). */

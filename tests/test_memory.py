@@ -848,3 +848,23 @@ def test_set_gc_policy_takes_numpy_numbers(saved_policy):
     mem.set_gc_policy(growth=np.float32(0.5), high_water=np.float64(0.75))
     policy = mem.get_gc_policy()
     assert policy["growth"] == 0.5 and policy["high_water"] == 0.75
+
+
+def test_engine_ids_out_of_range_are_refused_not_truncated():
+    """The binding's one engine-id parser (memory/stats.c) refuses what names no device,
+    2**32 included (an int cast would have made it device 0)."""
+    import needle_c
+
+    for fn in (
+        needle_c._memory_stats,
+        needle_c._memory_allocated,
+        needle_c._empty_cache,
+        needle_c._memory_snapshot,
+        needle_c._reset_pressure_stats,
+    ):
+        for bad in (2**32, 2**31, -1, 99):
+            with pytest.raises(ValueError, match=f"no device with engine id {bad}$"):
+                fn(bad)
+        with pytest.raises(TypeError):
+            fn("0")
+    assert needle_c._memory_allocated(ndl.memory._engine_id("cpu")) >= 0

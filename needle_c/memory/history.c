@@ -480,13 +480,6 @@ done:
 
 /* ------------------------------------------------------ Python functions */
 
-static nd_device *device_arg(PyObject *arg) {
-    int id = PyLong_AsLong(arg);
-    if (id == -1 && PyErr_Occurred()) return NULL;
-    nd_device *dev = nd_device_at(id);
-    if (dev == NULL) PyErr_Format(PyExc_ValueError, "no device with engine id %d", id);
-    return dev;
-}
 
 PyObject *history_py_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
@@ -495,7 +488,7 @@ PyObject *history_py_record(PyObject *module, PyObject *const *args, Py_ssize_t 
                                          "all_frames, max_entries, skip_mask, clear)");
         return NULL;
     }
-    nd_device *dev = device_arg(args[0]);
+    nd_device *dev = memory_device_arg(args[0]);
     if (dev == NULL) return NULL;
     long enabled = PyLong_AsLong(args[1]), context = PyLong_AsLong(args[2]);
     int all_frames = PyObject_IsTrue(args[3]), clear = PyObject_IsTrue(args[6]);
@@ -512,7 +505,7 @@ PyObject *history_py_record(PyObject *module, PyObject *const *args, Py_ssize_t 
 }
 
 PyObject *history_py_snapshot(PyObject *module, PyObject *arg) {
-    nd_device *dev = device_arg(arg);
+    nd_device *dev = memory_device_arg(arg);
     if (dev == NULL) return NULL;
     snapshot_copy c;
     nd_status failed;

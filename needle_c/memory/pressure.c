@@ -559,13 +559,9 @@ static PyObject *gc_policy_defaults(PyObject *module, PyObject *Py_UNUSED(ignore
 
 static PyObject *reset_pressure_stats(PyObject *module, PyObject *arg) {
     (void)module;
-    int id = PyLong_AsLong(arg);
-    if (id == -1 && PyErr_Occurred()) return NULL;
-    nd_device *dev = nd_device_at(id);
-    if (dev == NULL || id >= ND_MAX_DEVICES) {
-        PyErr_Format(PyExc_ValueError, "no device with engine id %d", id);
-        return NULL;
-    }
+    nd_device *dev = memory_device_arg(arg);
+    if (dev == NULL) return NULL;
+    int id = nd_device_id(dev);
     memset(&pressure[id], 0, sizeof pressure[id]);
     pressure_refresh(dev);
     Py_RETURN_NONE;

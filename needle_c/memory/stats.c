@@ -8,11 +8,13 @@
  */
 #include "history.h"
 
-static nd_device *device_arg(PyObject *arg) {
-    int id = PyLong_AsLong(arg);
+#include <limits.h>
+
+nd_device *memory_device_arg(PyObject *arg) {
+    long id = PyLong_AsLong(arg);
     if (id == -1 && PyErr_Occurred()) return NULL;
-    nd_device *dev = nd_device_at(id);
-    if (dev == NULL) PyErr_Format(PyExc_ValueError, "no device with engine id %d", id);
+    nd_device *dev = id < 0 || id > INT_MAX ? NULL : nd_device_at((int)id);
+    if (dev == NULL) PyErr_Format(PyExc_ValueError, "no device with engine id %ld", id);
     return dev;
 }
 
@@ -52,7 +54,7 @@ static int set_fragmentation(PyObject *dict, const nd_memory_stats *s) {
 
 static PyObject *memory_stats(PyObject *module, PyObject *arg) {
     (void)module;
-    nd_device *dev = device_arg(arg);
+    nd_device *dev = memory_device_arg(arg);
     if (dev == NULL) return NULL;
     nd_memory_stats s;
     nd_memory_get_stats(dev, &s);
@@ -84,7 +86,7 @@ static PyObject *memory_stats(PyObject *module, PyObject *arg) {
 /* The hot getters skip building the dict. */
 static PyObject *memory_allocated(PyObject *module, PyObject *arg) {
     (void)module;
-    nd_device *dev = device_arg(arg);
+    nd_device *dev = memory_device_arg(arg);
     if (dev == NULL) return NULL;
     nd_memory_stats s;
     nd_memory_get_stats(dev, &s);
@@ -93,7 +95,7 @@ static PyObject *memory_allocated(PyObject *module, PyObject *arg) {
 
 static PyObject *memory_reset_peaks(PyObject *module, PyObject *arg) {
     (void)module;
-    nd_device *dev = device_arg(arg);
+    nd_device *dev = memory_device_arg(arg);
     if (dev == NULL) return NULL;
     nd_memory_reset_peaks(dev);
     Py_RETURN_NONE;
@@ -101,7 +103,7 @@ static PyObject *memory_reset_peaks(PyObject *module, PyObject *arg) {
 
 static PyObject *memory_empty_cache(PyObject *module, PyObject *arg) {
     (void)module;
-    nd_device *dev = device_arg(arg);
+    nd_device *dev = memory_device_arg(arg);
     if (dev == NULL) return NULL;
     return PyLong_FromLongLong(nd_memory_empty_cache(dev));
 }
@@ -112,7 +114,7 @@ static PyObject *memory_set_limit(PyObject *module, PyObject *const *args, Py_ss
         PyErr_SetString(PyExc_TypeError, "_set_memory_limit(device_id, bytes or -1)");
         return NULL;
     }
-    nd_device *dev = device_arg(args[0]);
+    nd_device *dev = memory_device_arg(args[0]);
     if (dev == NULL) return NULL;
     long long limit = PyLong_AsLongLong(args[1]);
     if (limit == -1 && PyErr_Occurred()) {
@@ -134,7 +136,7 @@ static PyObject *memory_set_settings(PyObject *module, PyObject *const *args, Py
                                          "gc_threshold, expandable_segments)");
         return NULL;
     }
-    nd_device *dev = device_arg(args[0]);
+    nd_device *dev = memory_device_arg(args[0]);
     if (dev == NULL) return NULL;
     nd_alloc_settings settings;
     settings.max_split_size = PyLong_AsLongLong(args[1]);
@@ -150,7 +152,7 @@ static PyObject *memory_set_settings(PyObject *module, PyObject *const *args, Py
 
 static PyObject *memory_get_settings(PyObject *module, PyObject *arg) {
     (void)module;
-    nd_device *dev = device_arg(arg);
+    nd_device *dev = memory_device_arg(arg);
     if (dev == NULL) return NULL;
     nd_alloc_settings s;
     nd_memory_get_settings(dev, &s);
