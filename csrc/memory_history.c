@@ -67,9 +67,9 @@ static nd_status host_blocks(const nd_device *dev, const nd_live_storage *live, 
                              nd_memory_block *out, int64_t cap, int64_t *count) {
     for (int64_t i = 0; i < nlive && i < cap; i++) {
         int64_t size = nd_cpu_block_size(live[i].nbytes);
-        out[i] = (nd_memory_block){live[i].address, size, size < ND_CPU_LARGE_BLOCK,
-                                   live[i].address, size, live[i].nbytes,
-                                   ND_BLOCK_STORAGE};
+        out[i] = (nd_memory_block){live[i].address,  size, size < ND_CPU_LARGE_BLOCK,
+                                   live[i].address,  size, live[i].nbytes,
+                                   ND_BLOCK_STORAGE, 0};
     }
     int64_t room = cap > nlive ? cap - nlive : 0;
     *count = nlive + nd_cpu_cached_blocks(dev, out + (cap > nlive ? nlive : cap), room);

@@ -1,5 +1,5 @@
-/* sim_internal.h: what the CUDA simulator's two sources share (sim_runtime.cc,
- * sim_grid.cc) and its self-test reads: the switches read from the
+/* sim_internal.h: what the CUDA simulator's sources share (sim_runtime.cc,
+ * sim_grid.cc, sim_vm.cc) and its self-test reads: the switches read from the
  * environment, the recording of an error with the simulator's detail, and
  * the check of a stream handle. Not seen by the backend's .cu files.
  *
@@ -43,6 +43,15 @@ const nd_sim_options *nd_sim_get_options(void);
  * returns code. */
 cudaError_t nd_sim_fail(cudaError_t code, const char *format, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* The simulated GPU's memory, which cudaMalloc and cuMemCreate draw on:
+ * charges bytes and returns 1 when they fit under the capacity, else 0
+ * (nothing charged); uncharge gives them back. */
+int nd_sim_charge(int64_t bytes);
+void nd_sim_uncharge(int64_t bytes);
+
+/* 1 when [p, p + n) lies in accessible chunks mapped by cuMemMap (sim_vm.cc). */
+int nd_sim_vm_mapped(const void *p, size_t n);
 
 /* 1 for the default streams and streams made by cudaStreamCreate*. */
 int nd_sim_stream_valid(cudaStream_t stream);

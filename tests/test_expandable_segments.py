@@ -1,0 +1,283 @@
+"""expandable_segments (NEEDLE_ALLOC_CONF, needle.memory.set_allocator_settings) on the CUDA
+allocator: large blocks carved from one address range per GPU that the driver's virtual
+memory calls give memory page by page (csrc/cuda/cuda_allocator.cu, the calls in
+cuda_census.cu; the simulator's own in csrc/cuda/sim/sim_vm.cc). A free block at the edge of
+the mapped memory grows in place, release gives back the whole pages of free blocks wherever
+they lie, snapshots show each mapped run as an expandable segment; the CPU refuses the
+setting. The CUDA cases run on the simulated build in CI."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import needle as ndl
+import needle_c
+from needle import backend_ndarray as nd
+
+from devices import needs_cuda
+
+MiB = 2**20
+CUDA = ndl.cuda()
+DEFAULTS = "max_split_size_mb:None,garbage_collection_threshold:None"
+
+
+def cuda(test):
+    for mark in needs_cuda:
+        test = mark(test)
+    return test
+
+
+@pytest.fixture(autouse=True)
+def default_settings():
+    """Each test starts and ends with the default settings and no cache."""
+    off = DEFAULTS + (",expandable_segments:False" if needle_c._cuda_compiled() else "")
+    ndl.memory.set_allocator_settings(off)
+    limit = ndl.memory.get_memory_limit(CUDA) if CUDA.enabled() else None
+    yield
+    if CUDA.enabled():
+        ndl.memory.set_memory_limit(CUDA, limit)
+    ndl.memory.set_allocator_settings(off)
+    for device in (ndl.cpu(), CUDA):
+        ndl.memory.empty_cache(device)
+
+
+def expandable_on():
+    ndl.memory.set_allocator_settings("expandable_segments:True")
+    assert ndl.memory.get_allocator_settings(CUDA)["expandable_segments"] is True
+
+
+def block(nbytes):
+    """One allocation of nbytes (a multiple of 4) on the GPU, nothing else."""
+    return CUDA.empty((nbytes // 4,))
+
+
+def stats():
+    return ndl.memory.memory_stats(CUDA)
+
+
+def expandable_segments():
+    return [s for s in ndl.memory._snapshot(CUDA)["segments"] if s["is_expandable"]]
+
+
+def check_consistent():
+    """The fragmentation statistics agree with each other and with the snapshot."""
+    s = stats()
+    for key in ("segment.all", "active.all", "inactive_split.all", "inactive_split_bytes.all"):
+        assert s[f"{key}.current"] == s[f"{key}.allocated"] - s[f"{key}.freed"], key
+        assert 0 <= s[f"{key}.current"] <= s[f"{key}.peak"], key
+    segments = ndl.memory._snapshot(CUDA)["segments"]
+    assert len(segments) == s["segment.all.current"]
+    assert sum(seg["total_size"] for seg in segments) == s["reserved_bytes.all.current"]
+    for seg in segments:
+        assert sum(b["size"] for b in seg["blocks"]) == seg["total_size"]
+        addresses = [b["address"] for b in seg["blocks"]]
+        assert addresses[0] == seg["address"] and addresses == sorted(addresses)
+
+
+# ------------------------------------------------------------- where it is refused
+
+
+def test_cpu_refuses_with_the_reason():
+    with pytest.raises(ValueError, match="host blocks are never split"):
+        ndl.memory.set_allocator_settings("cpu:expandable_segments:True")
+    with pytest.raises(ValueError, match="never splits a host block"):
+        needle_c._set_allocator_settings(ndl.cpu()._id, 0, 0.0, True)
+    assert ndl.memory.get_allocator_settings("cpu")["expandable_segments"] is False
+
+
+def test_cpu_only_build_refuses_with_the_reason():
+    if needle_c._cuda_compiled():
+        pytest.skip("this build has the CUDA backend")
+    with pytest.raises(ValueError, match="CPU-only build"):
+        ndl.memory.set_allocator_settings("expandable_segments:True")
+    done = subprocess.run(
+        [sys.executable, "-c", "import needle"],
+        env=dict(os.environ, NEEDLE_ALLOC_CONF="expandable_segments:True"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "NEEDLE_ALLOC_CONF='expandable_segments:True'" in done.stderr
+    assert "CPU-only build" in done.stderr
+
+
+# ------------------------------------------------------------------ on the GPU
+
+
+@cuda
+def test_a_free_block_grows_in_place():
+    expandable_on()
+    ndl.memory.empty_cache(CUDA)
+    base = ndl.memory.memory_reserved(CUDA)
+    first = block(10 * MiB)
+    (first_segment,) = expandable_segments()
+    assert ndl.memory.memory_reserved(CUDA) == base + 10 * MiB
+    del first
+    grown = block(14 * MiB)  # the cached 10 MiB and 4 MiB more, mapped after them
+    assert ndl.memory.memory_reserved(CUDA) == base + 14 * MiB
+    (segment,) = expandable_segments()
+    assert segment["address"] == first_segment["address"]
+    assert segment["total_size"] == 14 * MiB
+    assert [b["state"] for b in segment["blocks"]] == ["active_allocated"]
+    assert segment["blocks"][0]["requested_size"] == 14 * MiB
+    check_consistent()
+    del grown
+    ndl.memory.empty_cache(CUDA)
+    assert ndl.memory.memory_reserved(CUDA) == base
+    assert expandable_segments() == []
+    check_consistent()
+
+
+@cuda
+def test_data_spanning_pages_reads_back_and_computes():
+    expandable_on()
+    values = np.arange(3 * MiB // 4 * 3, dtype=np.float32)  # 9 MiB: five 2 MiB pages
+    x = nd.array(values, device=CUDA)
+    assert any(s["is_expandable"] for s in ndl.memory._snapshot(CUDA)["segments"])
+    np.testing.assert_array_equal((x + 1).numpy(), values + 1)
+    np.testing.assert_array_equal(x.numpy(), values)
+
+
+@cuda
+def test_release_unmaps_free_pages_in_the_middle():
+    expandable_on()
+    ndl.memory.empty_cache(CUDA)
+    base = ndl.memory.memory_reserved(CUDA)
+    segments = stats()["segment.all.current"]
+    a, b, c = block(10 * MiB), block(10 * MiB), block(10 * MiB)
+    assert stats()["segment.all.current"] == segments + 1  # one mapped run
+    del b
+    assert stats()["inactive_split_bytes.all.current"] >= 10 * MiB
+    ndl.memory.empty_cache(CUDA)
+    # The hole's whole pages went back: two runs now, and 10 MiB less reserved.
+    assert ndl.memory.memory_reserved(CUDA) == base + 20 * MiB
+    assert stats()["segment.all.current"] == segments + 2
+    assert [s["total_size"] for s in expandable_segments()] == [10 * MiB, 10 * MiB]
+    check_consistent()
+    refill = block(10 * MiB)  # mapped into the hole: one run again
+    assert stats()["segment.all.current"] == segments + 1
+    assert ndl.memory.memory_reserved(CUDA) == base + 30 * MiB
+    check_consistent()
+    del a, c, refill
+
+
+def varying_shapes_run():
+    """A training-like pattern whose shapes change every step: each of 3 layers keeps 4
+    activations sized by (batch, seq), frees them in reverse with transient gradients
+    beside them. Returns (peak allocated, peak reserved) above the start."""
+    ndl.memory.empty_cache(CUDA)
+    allocated0 = ndl.memory.memory_allocated(CUDA)
+    reserved0 = ndl.memory.memory_reserved(CUDA)
+    ndl.memory.reset_peak_memory_stats(CUDA)
+    plan = [(8, 40), (32, 120), (16, 72), (24, 192), (8, 16), (32, 88), (16, 160), (24, 56)]
+    for batch, seq in plan:
+        tokens = batch * seq
+        sizes = [tokens * 128, 3 * tokens * 128, batch * 4 * seq * seq, 4 * tokens * 128]
+        saved = [[CUDA.empty((n,)) for n in sizes] for _ in range(3)]
+        while saved:
+            acts = saved.pop()
+            transient = [CUDA.empty((n,)) for n in sizes[1:3]]
+            del transient, acts
+    peak_allocated = ndl.memory.max_memory_allocated(CUDA) - allocated0
+    peak_reserved = ndl.memory.max_memory_reserved(CUDA) - reserved0
+    ndl.memory.empty_cache(CUDA)
+    return peak_allocated, peak_reserved
+
+
+@cuda
+def test_varying_shapes_keep_reserved_near_the_peak():
+    default_allocated, default_reserved = varying_shapes_run()
+    expandable_on()
+    allocated, reserved = varying_shapes_run()
+    assert allocated == default_allocated  # the same requests
+    assert reserved <= 1.1 * allocated
+    assert default_reserved > 1.1 * default_allocated  # what the setting fixes
+    check_consistent()
+
+
+@cuda
+def test_empty_cache_returns_everything():
+    expandable_on()
+    ndl.memory.empty_cache(CUDA)
+    base = ndl.memory.memory_reserved(CUDA)
+    free0, _ = ndl.cuda.mem_get_info()
+    kept = [block(n * MiB) for n in (6, 13, 3, 22)]
+    assert ndl.memory.memory_reserved(CUDA) >= base + 44 * MiB
+    del kept
+    ndl.memory.empty_cache(CUDA)
+    assert ndl.memory.memory_reserved(CUDA) == base
+    free1, _ = ndl.cuda.mem_get_info()
+    if needle_c._cuda_simulated():  # nothing else uses the simulated GPU's memory
+        assert free1 == free0
+    assert expandable_segments() == []
+
+
+@cuda
+def test_out_of_memory_under_a_limit_leaves_the_allocator_usable():
+    expandable_on()
+    ndl.memory.empty_cache(CUDA)
+    base = ndl.memory.memory_reserved(CUDA)
+    ndl.memory.set_memory_limit(CUDA, base + 64 * MiB)
+    first = block(40 * MiB)
+    ooms = stats()["num_ooms"]
+    with pytest.raises(ndl.OutOfMemoryError, match="out of memory"):
+        block(40 * MiB)
+    assert stats()["num_ooms"] == ooms + 1
+    assert ndl.memory.memory_reserved(CUDA) <= base + 64 * MiB
+    check_consistent()
+    del first
+    again = block(60 * MiB)  # the freed pages serve it, grown in place
+    assert ndl.memory.memory_reserved(CUDA) <= base + 64 * MiB
+    check_consistent()
+    del again
+
+
+@cuda
+def test_switching_at_run_time_with_memory_held():
+    values = np.full(4 * MiB // 4, 3.0, np.float32)
+    before = len(ndl.memory._snapshot(CUDA)["segments"])
+    plain = nd.array(values, device=CUDA)  # a cudaMalloc segment, held across the switch
+    expandable_on()
+    grown = nd.array(values * 2, device=CUDA)
+    assert len(expandable_segments()) == 1
+    ndl.memory.set_allocator_settings("expandable_segments:False")
+    later = block(6 * MiB)  # a new cudaMalloc segment: the range no longer grows
+    assert len(expandable_segments()) == 1
+    assert len(ndl.memory._snapshot(CUDA)["segments"]) >= before + 3
+    np.testing.assert_array_equal(plain.numpy(), values)
+    np.testing.assert_array_equal(grown.numpy(), values * 2)
+    del grown
+    ndl.memory.empty_cache(CUDA)  # nothing mapped and the setting off: the range goes
+    assert expandable_segments() == []
+    np.testing.assert_array_equal(plain.numpy(), values)
+    check_consistent()
+    del plain, later
+
+
+@cuda
+def test_driver_out_of_memory_is_an_out_of_memory_error():
+    """The simulated GPU's own capacity (cuMemCreate refusing), not a needle limit."""
+    if not needle_c._cuda_simulated():
+        pytest.skip("sets the simulated GPU's memory size")
+    code = (
+        "import needle as ndl\n"
+        "d = ndl.cuda()\n"
+        "keep = d.empty((200 * 2**18,))\n"  # 200 MiB of 256
+        "try:\n"
+        "    d.empty((100 * 2**18,))\n"
+        "except ndl.OutOfMemoryError as e:\n"
+        "    print('oom', ndl.memory.memory_reserved(d) <= 256 * 2**20)\n"
+        "del keep\n"
+        "x = d.empty((150 * 2**18,))\n"
+        "print('usable', ndl.memory.memory_reserved(d) <= 256 * 2**20)\n"
+    )
+    env = dict(os.environ, NEEDLE_SIM_MEMORY="256MiB", NEEDLE_ALLOC_CONF="expandable_segments:True")
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["oom", "True", "usable", "True"]
