@@ -71,6 +71,16 @@ def check_consistent():
     segments = ndl.memory._snapshot(CUDA)["segments"]
     assert len(segments) == s["segment.all.current"]
     assert sum(seg["total_size"] for seg in segments) == s["reserved_bytes.all.current"]
+    # A free block is an inactive split when its segment (its mapped run) holds others.
+    splits = [
+        b
+        for seg in segments
+        if len(seg["blocks"]) > 1
+        for b in seg["blocks"]
+        if b["state"] == "inactive"
+    ]
+    assert len(splits) == s["inactive_split.all.current"]
+    assert sum(b["size"] for b in splits) == s["inactive_split_bytes.all.current"]
     for seg in segments:
         assert sum(b["size"] for b in seg["blocks"]) == seg["total_size"]
         addresses = [b["address"] for b in seg["blocks"]]
@@ -281,3 +291,40 @@ def test_driver_out_of_memory_is_an_out_of_memory_error():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["oom", "True", "usable", "True"]
+
+
+@cuda
+def test_snapshot_renders_in_pytorchs_viewer():
+    _memory_viz = pytest.importorskip("torch.cuda._memory_viz")
+    expandable_on()
+    ndl.memory.empty_cache(CUDA)
+    ndl.memory._record_memory_history(device=CUDA, clear_history=True)
+    try:
+        kept = [block(n * MiB) for n in (5, 9, 4, 12)]
+        del kept[1]  # a free block between two in use: an inactive split
+        snapshot = ndl.memory._snapshot(CUDA)
+    finally:
+        ndl.memory._record_memory_history(enabled=None, device=CUDA)
+    expandable = [s for s in snapshot["segments"] if s["is_expandable"]]
+    assert len(expandable) == 1
+    states = [b["state"] for b in expandable[0]["blocks"]]
+    assert states == ["active_allocated", "inactive", "active_allocated", "active_allocated"]
+    assert expandable[0]["requested_size"] == 21 * MiB
+    check_consistent()
+    trace = snapshot["device_traces"][CUDA.index]
+    mapped = sum(e["size"] for e in trace if e["action"] == "segment_alloc")
+    assert mapped == expandable[0]["total_size"]  # the pages mapped, as segment_alloc events
+    summary = _memory_viz.segsum(snapshot)
+    assert f"segments: {len(snapshot['segments'])}" in summary
+    lines = _memory_viz.memory(snapshot, format_flamegraph=lambda s: s)
+    allocated_in_lines = sum(
+        int(line.rsplit(" ", 1)[1])
+        for line in lines.splitlines()
+        if ";active_allocated;" in line and "<gaps>" not in line
+    )
+    assert allocated_in_lines == ndl.memory.memory_allocated(CUDA)
+    assert "test_expandable_segments.py" in _memory_viz.segments(snapshot, format_flamegraph=str)
+    assert f"{len(trace)} entries" in _memory_viz.trace(snapshot)
+    for html in (_memory_viz.trace_plot(snapshot), _memory_viz.segment_plot(snapshot)):
+        assert '"base64": "' in html
+    del kept

@@ -22,6 +22,11 @@
  * of a segment still in use are counted as inactive splits (the fragments),
  * as torch.cuda.memory_stats counts them.
  *
+ * expandable_segments (PyTorch's): large requests that no cached block serves
+ * come from one address range per GPU that the driver's virtual memory calls
+ * give memory page by page (see "expandable segments" below); a segment is
+ * then each contiguous mapped run, and reserved bytes are the mapped pages.
+ *
  * Host bookkeeping only (malloc'd structs and sorted arrays); raw_free never
  * allocates, never calls the driver and cannot fail, so freeing is safe while
  * a garbage collection runs. Never prints, exits or aborts.
