@@ -123,12 +123,15 @@ def test_a_free_block_grows_in_place():
     expandable_on()
     ndl.memory.empty_cache(CUDA)
     base = ndl.memory.memory_reserved(CUDA)
+    ndl.cuda.reset_work_counters()
     first = block(10 * MiB)
     (first_segment,) = expandable_segments()
     assert ndl.memory.memory_reserved(CUDA) == base + 10 * MiB
+    assert ndl.cuda.work_counters()["device_mallocs"] == 5  # a 2 MiB chunk mapped per page
     del first
     grown = block(14 * MiB)  # the cached 10 MiB and 4 MiB more, mapped after them
     assert ndl.memory.memory_reserved(CUDA) == base + 14 * MiB
+    assert ndl.cuda.work_counters()["device_mallocs"] == 7
     (segment,) = expandable_segments()
     assert segment["address"] == first_segment["address"]
     assert segment["total_size"] == 14 * MiB
@@ -139,6 +142,8 @@ def test_a_free_block_grows_in_place():
     ndl.memory.empty_cache(CUDA)
     assert ndl.memory.memory_reserved(CUDA) == base
     assert expandable_segments() == []
+    counts = ndl.cuda.work_counters()
+    assert counts["device_frees"] == 7 and counts["host_syncs"] >= 1  # waited, then unmapped
     check_consistent()
 
 
@@ -328,3 +333,35 @@ def test_snapshot_renders_in_pytorchs_viewer():
     for html in (_memory_viz.trace_plot(snapshot), _memory_viz.segment_plot(snapshot)):
         assert '"base64": "' in html
     del kept
+
+
+@cuda
+def test_a_gpu_without_virtual_memory_management_refuses_with_the_reason():
+    if not needle_c._cuda_simulated():
+        pytest.skip("switches the simulated driver's virtual memory calls off")
+    env = dict(os.environ, NEEDLE_SIM_VMM="0", NEEDLE_ALLOC_CONF="expandable_segments:True")
+    done = subprocess.run(
+        [sys.executable, "-c", "import needle"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "NEEDLE_ALLOC_CONF='expandable_segments:True'" in done.stderr
+    assert "does not support the driver's virtual memory calls" in done.stderr
+    code = (
+        "import needle as ndl\n"
+        "try:\n"
+        "    ndl.memory.set_allocator_settings('expandable_segments:True')\n"
+        "except ValueError as e:\n"
+        "    print('refused')\n"
+        "print(ndl.memory.get_allocator_settings('cuda')['expandable_segments'])\n"
+        "print((ndl.cuda().empty((2**22,)).shape))\n"
+    )
+    env.pop("NEEDLE_ALLOC_CONF")
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["refused", "False", "(4194304,)"]

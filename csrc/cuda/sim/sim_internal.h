@@ -20,6 +20,9 @@
  *       simulated GPU reports (default 9.0, an H100's), so that device
  *       discovery's check of the build's architectures (cuda_arch.h) meets a
  *       V100 (7.0) or a GPU newer than the build (10.0) without one
+ *   NEEDLE_SIM_VMM=0           the GPU has no virtual memory management: the
+ *       driver's cuMem* calls (sim_vm.cc) fail with CUDA_ERROR_NOT_SUPPORTED,
+ *       so that expandable_segments' refusal is tested; 1 (the default): they work
  */
 #ifndef NEEDLE_SIM_INTERNAL_H
 #define NEEDLE_SIM_INTERNAL_H
@@ -32,6 +35,7 @@ typedef struct nd_sim_options {
     int64_t memory;     /* bytes of simulated device memory */
     int64_t max_blocks; /* 0: no cap */
     int perturb;
+    int vmm;                /* the driver's virtual memory calls work (NEEDLE_SIM_VMM) */
     int cc_major, cc_minor; /* the compute capability reported */
 } nd_sim_options;
 

@@ -58,6 +58,18 @@ int parse_bytes(const char *text, int64_t *out) {
     return 1;
 }
 
+/* A 0-or-1 switch: *out is left as it is when the variable is unset. */
+void read_flag(nd_sim_options *o, const char *name, int *out) {
+    const char *value = getenv(name);
+    if (value == nullptr || value[0] == '\0') return;
+    if (strcmp(value, "0") == 0 || strcmp(value, "1") == 0) {
+        *out = value[0] == '1';
+    } else {
+        o->valid = 0;
+        snprintf(o->error, sizeof o->error, "%s=%.64s: expected 0 or 1", name, value);
+    }
+}
+
 nd_sim_options read_options() {
     nd_sim_options o;
     memset(&o, 0, sizeof o);
@@ -84,15 +96,9 @@ nd_sim_options read_options() {
             o.max_blocks = n;
         }
     }
-    const char *perturb = getenv("NEEDLE_SIM_PERTURB");
-    if (perturb != nullptr && perturb[0] != '\0') {
-        if (strcmp(perturb, "0") == 0 || strcmp(perturb, "1") == 0) {
-            o.perturb = perturb[0] == '1';
-        } else {
-            o.valid = 0;
-            snprintf(o.error, sizeof o.error, "NEEDLE_SIM_PERTURB=%.64s: expected 0 or 1", perturb);
-        }
-    }
+    read_flag(&o, "NEEDLE_SIM_PERTURB", &o.perturb);
+    o.vmm = 1;
+    read_flag(&o, "NEEDLE_SIM_VMM", &o.vmm);
     o.cc_major = kCapabilityMajor;
     o.cc_minor = kCapabilityMinor;
     const char *cc = getenv("NEEDLE_SIM_COMPUTE_CAPABILITY");

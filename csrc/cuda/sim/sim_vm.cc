@@ -95,6 +95,8 @@ extern "C" {
 
 CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
                                        CUmemAllocationGranularity_flags option) {
+    if (!nd_sim_get_options()->vmm)
+        return fail(CUDA_ERROR_NOT_SUPPORTED, "cuMemGetAllocationGranularity: NEEDLE_SIM_VMM=0");
     if (granularity == nullptr || !prop_valid(prop) ||
         (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
          option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
@@ -105,6 +107,8 @@ CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocatio
 
 CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                              unsigned long long flags) {
+    if (!nd_sim_get_options()->vmm)
+        return fail(CUDA_ERROR_NOT_SUPPORTED, "cuMemAddressReserve: NEEDLE_SIM_VMM=0");
     if (ptr == nullptr || size == 0 || size % kGranularity != 0 || addr != 0 || flags != 0 ||
         (alignment != 0 && alignment != kGranularity))
         return fail(CUDA_ERROR_INVALID_VALUE, "cuMemAddressReserve: bad arguments");
@@ -130,6 +134,8 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                      const CUmemAllocationProp *prop, unsigned long long flags) {
+    if (!nd_sim_get_options()->vmm)
+        return fail(CUDA_ERROR_NOT_SUPPORTED, "cuMemCreate: NEEDLE_SIM_VMM=0");
     if (handle == nullptr || size == 0 || size % kGranularity != 0 || !prop_valid(prop) ||
         flags != 0)
         return fail(CUDA_ERROR_INVALID_VALUE, "cuMemCreate: bad arguments");
