@@ -172,6 +172,10 @@ def test_release_unmaps_free_pages_in_the_middle():
     assert ndl.memory.memory_reserved(CUDA) == base + 20 * MiB
     assert stats()["segment.all.current"] == segments + 2
     assert [s["total_size"] for s in expandable_segments()] == [10 * MiB, 10 * MiB]
+    summary = ndl.memory.memory_summary(CUDA, abbreviated=True)
+    assert "expandable_segments on" in summary
+    rows = {line[:12].strip(): line[12:].split() for line in summary.splitlines()}
+    assert int(rows["segments"][0]) == segments + 2
     check_consistent()
     refill = block(10 * MiB)  # mapped into the hole: one run again
     assert stats()["segment.all.current"] == segments + 1
