@@ -369,3 +369,52 @@ def test_a_gpu_without_virtual_memory_management_refuses_with_the_reason():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:3] == ["refused", "False", "(4194304,)"]
+
+
+@cuda
+def test_random_allocations_keep_the_books_and_the_data():
+    """Allocations of random large sizes, frees in random order and releases between them: the
+    statistics agree with the snapshot after each step, and every live array keeps its
+    values (no two blocks share memory, no page a block uses is unmapped)."""
+    expandable_on()
+    ndl.memory.empty_cache(CUDA)
+    base = ndl.memory.memory_reserved(CUDA)
+    rng = np.random.default_rng(0)
+    live = {}
+    for step in range(60):
+        action = rng.random()
+        if action < 0.55 or not live:
+            n = int(rng.integers(2**18, 6 * 2**20))  # 1 MiB to 24 MiB of float32
+            live[step] = (nd.array(np.full(n, float(step), np.float32), device=CUDA), n)
+        elif action < 0.9:
+            del live[list(live)[int(rng.integers(len(live)))]]
+        else:
+            ndl.memory.empty_cache(CUDA)
+        check_consistent()
+    for value, (array, n) in live.items():
+        got = array.numpy()
+        assert got.shape == (n,) and np.all(got == value), value
+    del array, got
+    live.clear()
+    ndl.memory.empty_cache(CUDA)
+    assert ndl.memory.memory_reserved(CUDA) == base
+
+
+@cuda
+def test_garbage_collection_threshold_releases_free_pages_before_mapping_more():
+    """Mapping 14 MiB more would pass half the budget: the threshold's release unmaps the
+    free 10 MiB first, and the request is planned again against what is left."""
+    expandable_on()
+    ndl.memory.empty_cache(CUDA)
+    base = ndl.memory.memory_reserved(CUDA)
+    ndl.memory.set_memory_limit(CUDA, base + 64 * MiB)
+    ndl.memory.set_allocator_settings("garbage_collection_threshold:0.5")
+    x, y = block(10 * MiB), block(10 * MiB)
+    del x
+    releases = stats()["num_gc_releases"]
+    z = block(14 * MiB)
+    assert stats()["num_gc_releases"] == releases + 1
+    assert ndl.memory.memory_reserved(CUDA) == base + 24 * MiB
+    assert [s["total_size"] for s in expandable_segments()] == [24 * MiB]
+    check_consistent()
+    del y, z
