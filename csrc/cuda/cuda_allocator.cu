@@ -410,6 +410,9 @@ static nd_status expandable_alloc(nd_device *dev, int64_t size, cuda_block **out
     cuda_allocator *a = allocator_of(dev);
     expandable_segment *es = &a->es;
     *out = NULL;
+    /* The driver's calls act in the current context, and the census counts by
+     * the current GPU. */
+    ND_TRY(nd_cuda_set_device(dev->ordinal));
     if (es->base == NULL) ND_TRY(es_create(dev));
     cuda_block *c = NULL;
     int64_t need = 0;
