@@ -208,7 +208,9 @@ static int vm_load(void) {
      * linked, so that the extension never needs libcuda to import. */
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (lib == NULL) {
-        snprintf(vm.why, sizeof vm.why, "libcuda.so.1 could not be loaded: %s", dlerror());
+        const char *why = dlerror();
+        snprintf(vm.why, sizeof vm.why, "libcuda.so.1 could not be loaded: %s",
+                 why != NULL ? why : "no reason given");
         return 0;
     }
     vm.granularity = (granularity_fn)dlsym(lib, "cuMemGetAllocationGranularity");
