@@ -13,12 +13,11 @@ figures are the allocator's, not the kernels'.
 
 Configurations: ``default``; ``max_split_size_mb:32``; ``garbage_collection_threshold:0.8``,
 alone and with ``max_split_size_mb:32``, under a limit of 1.25x the default run's peak
-allocated (the budget the threshold is a share of). ``expandable_segments`` is not
-supported by this build (set_allocator_settings refuses it), so it has no row. Each device
-this process can use is measured (``cuda`` on the
-simulated build too). Prints the machine line, one JSON line per (device, configuration)
-and a table; the ratio reserved/allocated (peaks) is the figure of merit, 1.0 being no
-fragmentation at all.
+allocated (the budget the threshold is a share of); on a GPU also ``expandable_segments:True``
+(the CPU refuses it: its cache never splits a block). Each device this process can use is
+measured (``cuda`` on the simulated build too). Prints the machine line, one JSON line per
+(device, configuration) and a table; the ratio reserved/allocated (peaks) is the figure of
+merit, 1.0 being no fragmentation at all.
 """
 
 import argparse
@@ -31,7 +30,7 @@ from benchutil import print_machine
 
 MiB = 2**20
 LAYERS, D_MODEL, HEADS = 4, 256, 8
-DEFAULTS = "max_split_size_mb:None,garbage_collection_threshold:None"
+DEFAULTS = "max_split_size_mb:None,garbage_collection_threshold:None,expandable_segments:False"
 
 
 def shapes(steps, seed):
@@ -116,6 +115,9 @@ def main():
         gc = "garbage_collection_threshold:0.8"
         for conf in (gc, "max_split_size_mb:32," + gc):
             runs.append((f"{conf} (limit 1.25x)", measure(device, conf, plan, limit)))
+        if name == "cuda":
+            expandable = "expandable_segments:True"
+            runs.append((expandable, measure(device, expandable, plan)))
         for conf, figures in runs:
             ratio = figures["reserved_peak"] / figures["allocated_peak"]
             row = {"device": name, "conf": conf, "steps": args.steps, **figures}

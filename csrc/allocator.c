@@ -72,11 +72,15 @@ nd_status nd_memory_set_settings(nd_device *dev, const nd_alloc_settings *s) {
     if (!(s->gc_threshold >= 0.0 && s->gc_threshold < 1.0))
         return nd_fail(ND_ERR_VALUE, "garbage_collection_threshold must be in (0, 1), got %g",
                        s->gc_threshold);
-    if (s->expandable_segments)
+    if (s->expandable_segments && dev->backend->check_expandable == NULL)
         return nd_fail(ND_ERR_VALUE,
-                       "expandable_segments is not supported by this build: %s's allocator "
-                       "has no segments that grow in place",
+                       "expandable_segments is not supported on %s: its allocator never splits "
+                       "a host block, so there is no segment to grow in place (a CUDA setting)",
                        dev->name);
+    if (s->expandable_segments && !dev->alloc.settings.expandable_segments) {
+        nd_status status = dev->backend->check_expandable(dev);
+        if (status != ND_OK) return status;
+    }
     dev->alloc.settings = *s;
     return ND_OK;
 }

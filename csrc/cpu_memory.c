@@ -139,7 +139,11 @@ int64_t nd_cpu_cached_blocks(const nd_device *dev, nd_memory_block *out, int64_t
     for (int i = 0; i < cache->count && i < cap; i++) {
         uintptr_t address = (uintptr_t)cache->blocks[i].ptr;
         int64_t size = cache->blocks[i].size;
-        out[i] = (nd_memory_block){address, size, 0, address, size, 0, ND_BLOCK_FREE}; /* large */
+        out[i] = (nd_memory_block){.segment_address = address,
+                                   .segment_size = size, /* large */
+                                   .address = address,
+                                   .size = size,
+                                   .state = ND_BLOCK_FREE};
     }
     return cache->count;
 }

@@ -111,7 +111,9 @@ typedef struct nd_alloc_settings {
     /* In (0, 1): before reserved memory would pass this share of the budget
      * (the limit, else the capacity), cached blocks are released; 0: off. */
     double gc_threshold;
-    /* Segments that grow in place (not supported by this build: ND_ERR_VALUE). */
+    /* Large blocks come from one address range per GPU that grows in place
+     * through the driver's virtual memory calls (CUDA only: ND_ERR_VALUE for
+     * a device whose backend cannot, with the reason). */
     int expandable_segments;
 } nd_alloc_settings;
 #define ND_OVERSIZE_SLACK ((int64_t)20 << 20) /* PyTorch's kLargeBuffer */
@@ -192,7 +194,8 @@ typedef enum nd_block_state {
 typedef struct nd_memory_block {
     uintptr_t segment_address;
     int64_t segment_size;
-    int segment_small; /* 1: a segment of the small-block pool (CUDA's <= 1 MiB requests) */
+    int segment_small;      /* 1: a segment of the small-block pool (CUDA's <= 1 MiB requests) */
+    int segment_expandable; /* 1: a mapped run of an expandable segment (expandable_segments) */
     uintptr_t address;
     int64_t size;      /* the block's bytes, rounding included */
     int64_t requested; /* ND_BLOCK_STORAGE: the bytes asked for; else size (engine) or 0 */

@@ -226,6 +226,9 @@ typedef struct nd_backend {
     /* The fused attention softmax (see nd_attn_desc): writes out. */
     nd_status (*attention_softmax)(const nd_attn_desc *d);
     nd_status (*attention_softmax_grad)(const nd_attn_desc *d);
+    /* ND_OK when the device can serve expandable_segments, else ND_ERR_VALUE
+     * saying why; NULL: the backend has no such segments. */
+    nd_status (*check_expandable)(nd_device *dev);
 } nd_backend;
 
 typedef struct nd_allocator {

@@ -67,9 +67,13 @@ static nd_status host_blocks(const nd_device *dev, const nd_live_storage *live, 
                              nd_memory_block *out, int64_t cap, int64_t *count) {
     for (int64_t i = 0; i < nlive && i < cap; i++) {
         int64_t size = nd_cpu_block_size(live[i].nbytes);
-        out[i] = (nd_memory_block){live[i].address, size, size < ND_CPU_LARGE_BLOCK,
-                                   live[i].address, size, live[i].nbytes,
-                                   ND_BLOCK_STORAGE};
+        out[i] = (nd_memory_block){.segment_address = live[i].address,
+                                   .segment_size = size,
+                                   .segment_small = size < ND_CPU_LARGE_BLOCK,
+                                   .address = live[i].address,
+                                   .size = size,
+                                   .requested = live[i].nbytes,
+                                   .state = ND_BLOCK_STORAGE};
     }
     int64_t room = cap > nlive ? cap - nlive : 0;
     *count = nlive + nd_cpu_cached_blocks(dev, out + (cap > nlive ? nlive : cap), room);

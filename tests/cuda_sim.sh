@@ -22,7 +22,7 @@ export PYTHONPATH="$out/lib:$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 # The device must be there (checked below); where the suite reads NEEDLE_REQUIRE_CUDA, a CUDA
 # test case also fails rather than skips without it.
 export NEEDLE_REQUIRE_CUDA=1
-unset NEEDLE_SIM_MEMORY NEEDLE_SIM_MAX_BLOCKS NEEDLE_SIM_PERTURB
+unset NEEDLE_SIM_MEMORY NEEDLE_SIM_MAX_BLOCKS NEEDLE_SIM_PERTURB NEEDLE_SIM_VMM
 python - <<'PY'
 import needle as ndl
 import needle_c

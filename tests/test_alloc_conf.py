@@ -74,7 +74,6 @@ def test_each_option_parsed_with_its_prefix():
         ("garbage_collection_threshold:0", "in (0, 1)"),
         ("garbage_collection_threshold:lots", "in (0, 1)"),
         ("expandable_segments:yes", "True or False"),
-        ("expandable_segments:True", "not supported by this build"),
         ("cpu:expandable_segments:True", "cuda setting"),
         ("roundup_power2_divisions:4", "not supported by needle"),
         ("max_split:64", "unknown allocator option"),

@@ -20,10 +20,13 @@ from devices import needs_cuda
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA_DIR = os.path.join(ROOT, "csrc", "cuda")
 
-# Runtime calls that must go through cuda_census.cu's counted wrappers.
+# Runtime calls, and the driver's virtual memory calls, that must go through cuda_census.cu's
+# counted wrappers.
 UNCOUNTED = re.compile(
     r"\bcuda(Malloc|Free|Memcpy|MemcpyAsync|MemsetAsync|Memset|DeviceSynchronize|"
-    r"StreamSynchronize|EventSynchronize)\s*\(|<<<"
+    r"StreamSynchronize|EventSynchronize)\s*\(|<<<|"
+    r"\bcuMem(AddressReserve|AddressFree|Create|Release|Map|Unmap|SetAccess|"
+    r"GetAllocationGranularity)\s*\("
 )
 
 

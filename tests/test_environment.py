@@ -290,6 +290,7 @@ def sim_only(fn):
         ("NEEDLE_SIM_MEMORY", "-5"),
         ("NEEDLE_SIM_MAX_BLOCKS", "many"),
         ("NEEDLE_SIM_PERTURB", "yes"),
+        ("NEEDLE_SIM_VMM", "no"),
         ("NEEDLE_SIM_COMPUTE_CAPABILITY", "seven"),
         ("NEEDLE_SIM_COMPUTE_CAPABILITY", "7"),
         ("NEEDLE_SIM_COMPUTE_CAPABILITY", "7.55"),

@@ -51,6 +51,7 @@ static const nd_backend nd_cuda_backend = {
     /* .layer_norm_grad = */ nd_cuda_layer_norm_grad,
     /* .attention_softmax = */ nd_cuda_attention_softmax,
     /* .attention_softmax_grad = */ nd_cuda_attention_softmax_grad,
+    /* .check_expandable = */ nd_cuda_check_expandable,
 };
 
 /* Why no GPU was registered ("" when one was): the CUDA error of discovery

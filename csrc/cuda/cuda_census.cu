@@ -17,11 +17,22 @@
  * A cudaMemcpyAsync from pinned memory does not wait, and neither does a
  * wait on an event that has already completed.
  *
+ * The driver's virtual memory calls behind expandable segments
+ * (cuMemAddressReserve, cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap,
+ * cuMemRelease, cuMemAddressFree, cuMemGetAllocationGranularity) are here
+ * too, loaded from libcuda.so.1 at run time (dlopen, as cuBLAS is) so that
+ * the extension needs no libcuda to import; a simulated build takes the
+ * simulator's (sim/cuda.h). Mapping a chunk counts as a device malloc,
+ * unmapping one as a device free.
+ *
  * Plain counters, no locks: the host serialises calls (the GIL). Never
  * prints, exits or aborts.
  */
 #include "cuda_common.cuh"
 
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdio.h>
 #include <string.h>
 
 static nd_cuda_work census[ND_CUDA_MAX_DEVICES];
@@ -145,4 +156,164 @@ cudaError_t nd_cuda_event_wait(cudaEvent_t event) {
     if (err != cudaErrorNotReady) return err;
     here()->host_syncs++;
     return cudaEventSynchronize(event);
+}
+
+/* ------------------------------------- the driver's virtual memory calls */
+
+typedef CUresult (*granularity_fn)(size_t *, const CUmemAllocationProp *,
+                                   CUmemAllocationGranularity_flags);
+typedef CUresult (*address_reserve_fn)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
+                                       unsigned long long);
+typedef CUresult (*address_free_fn)(CUdeviceptr, size_t);
+typedef CUresult (*mem_create_fn)(CUmemGenericAllocationHandle *, size_t,
+                                  const CUmemAllocationProp *, unsigned long long);
+typedef CUresult (*mem_release_fn)(CUmemGenericAllocationHandle);
+typedef CUresult (*mem_map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                               unsigned long long);
+typedef CUresult (*mem_unmap_fn)(CUdeviceptr, size_t);
+typedef CUresult (*set_access_fn)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+typedef CUresult (*error_name_fn)(CUresult, const char **);
+
+/* Loaded once (the host serialises calls); ok stays 0 with the reason in
+ * why when the driver lacks them. */
+static struct {
+    int tried, ok;
+    char why[192];
+    granularity_fn granularity;
+    address_reserve_fn address_reserve;
+    address_free_fn address_free;
+    mem_create_fn create;
+    mem_release_fn release;
+    mem_map_fn map;
+    mem_unmap_fn unmap;
+    set_access_fn set_access;
+    error_name_fn error_name;
+} vm;
+
+static int vm_load(void) {
+    if (vm.tried) return vm.ok;
+    vm.tried = 1;
+#ifdef NEEDLE_CUDA_SIM
+    vm.granularity = cuMemGetAllocationGranularity;
+    vm.address_reserve = cuMemAddressReserve;
+    vm.address_free = cuMemAddressFree;
+    vm.create = cuMemCreate;
+    vm.release = cuMemRelease;
+    vm.map = cuMemMap;
+    vm.unmap = cuMemUnmap;
+    vm.set_access = cuMemSetAccess;
+    vm.error_name = cuGetErrorName;
+#else
+    /* The runtime has loaded the driver already; this finds the same copy. Not
+     * linked, so that the extension never needs libcuda to import. */
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        const char *why = dlerror();
+        snprintf(vm.why, sizeof vm.why, "libcuda.so.1 could not be loaded: %s",
+                 why != NULL ? why : "no reason given");
+        return 0;
+    }
+    vm.granularity = (granularity_fn)dlsym(lib, "cuMemGetAllocationGranularity");
+    vm.address_reserve = (address_reserve_fn)dlsym(lib, "cuMemAddressReserve");
+    vm.address_free = (address_free_fn)dlsym(lib, "cuMemAddressFree");
+    vm.create = (mem_create_fn)dlsym(lib, "cuMemCreate");
+    vm.release = (mem_release_fn)dlsym(lib, "cuMemRelease");
+    vm.map = (mem_map_fn)dlsym(lib, "cuMemMap");
+    vm.unmap = (mem_unmap_fn)dlsym(lib, "cuMemUnmap");
+    vm.set_access = (set_access_fn)dlsym(lib, "cuMemSetAccess");
+    vm.error_name = (error_name_fn)dlsym(lib, "cuGetErrorName");
+    if (!vm.granularity || !vm.address_reserve || !vm.address_free || !vm.create || !vm.release ||
+        !vm.map || !vm.unmap || !vm.set_access) {
+        snprintf(vm.why, sizeof vm.why, "the driver (libcuda.so.1) lacks the virtual memory calls");
+        return 0;
+    }
+#endif
+    vm.ok = 1;
+    return 1;
+}
+
+static nd_status vm_fail(CUresult err, const char *call, int line) {
+    const char *name = NULL;
+    if (vm.error_name == NULL || vm.error_name(err, &name) != CUDA_SUCCESS || name == NULL)
+        name = "an unknown driver error";
+    if (err == CUDA_ERROR_OUT_OF_MEMORY)
+        return nd_fail(ND_ERR_OOM, "%s failed: the GPU is out of memory (%s)", call, name);
+    return nd_fail(ND_ERR_BACKEND, "CUDA driver error %s (%d) at %s:%d: %s", name, (int)err,
+                   __FILE__, line, call);
+}
+
+#define VM_CHECK(call)                                                         \
+    do {                                                                       \
+        CUresult vm_err_ = (call);                                             \
+        if (vm_err_ != CUDA_SUCCESS) return vm_fail(vm_err_, #call, __LINE__); \
+    } while (0)
+
+static CUmemAllocationProp vm_prop(int ordinal) {
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ordinal;
+    return prop;
+}
+
+nd_status nd_cuda_vm_granularity(int ordinal, int64_t *out) {
+    *out = 0;
+    if (!vm_load())
+        return nd_fail(ND_ERR_VALUE, "the driver's virtual memory calls are not available: %s",
+                       vm.why);
+    CUmemAllocationProp prop = vm_prop(ordinal);
+    size_t granularity = 0;
+    CUresult err = vm.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    if (err != CUDA_SUCCESS || granularity == 0)
+        return nd_fail(ND_ERR_VALUE,
+                       "GPU %d does not support the driver's virtual memory calls "
+                       "(cuMemGetAllocationGranularity failed with %d)",
+                       ordinal, (int)err);
+    *out = (int64_t)granularity;
+    return ND_OK;
+}
+
+nd_status nd_cuda_vm_reserve(int64_t bytes, int64_t alignment, char **out) {
+    *out = NULL;
+    CUdeviceptr base = 0;
+    VM_CHECK(vm.address_reserve(&base, (size_t)bytes, (size_t)alignment, 0, 0));
+    *out = (char *)(uintptr_t)base;
+    return ND_OK;
+}
+
+nd_status nd_cuda_vm_release(char *base, int64_t bytes) {
+    VM_CHECK(vm.address_free((CUdeviceptr)(uintptr_t)base, (size_t)bytes));
+    return ND_OK;
+}
+
+nd_status nd_cuda_vm_map(int ordinal, char *ptr, int64_t bytes, unsigned long long *handle) {
+    CUmemAllocationProp prop = vm_prop(ordinal);
+    CUmemGenericAllocationHandle h = 0;
+    CUdeviceptr at = (CUdeviceptr)(uintptr_t)ptr;
+    here()->device_mallocs++;
+    VM_CHECK(vm.create(&h, (size_t)bytes, &prop, 0));
+    CUresult err = vm.map(at, (size_t)bytes, 0, h, 0);
+    if (err == CUDA_SUCCESS) {
+        CUmemAccessDesc access;
+        memset(&access, 0, sizeof access);
+        access.location = prop.location;
+        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        err = vm.set_access(at, (size_t)bytes, &access, 1);
+        if (err != CUDA_SUCCESS) (void)vm.unmap(at, (size_t)bytes);
+    }
+    if (err != CUDA_SUCCESS) {
+        (void)vm.release(h);
+        return vm_fail(err, "cuMemMap/cuMemSetAccess of a new chunk", __LINE__);
+    }
+    *handle = h;
+    return ND_OK;
+}
+
+nd_status nd_cuda_vm_unmap(char *ptr, int64_t bytes, unsigned long long handle) {
+    here()->device_frees++;
+    VM_CHECK(vm.unmap((CUdeviceptr)(uintptr_t)ptr, (size_t)bytes));
+    VM_CHECK(vm.release(handle));
+    return ND_OK;
 }

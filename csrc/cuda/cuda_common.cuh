@@ -149,6 +149,21 @@ cudaError_t nd_cuda_copy_from_pinned(void *device, const void *pinned, size_t by
 cudaError_t nd_cuda_copy_on_device(void *dst, const void *src, size_t bytes, cudaStream_t stream);
 cudaError_t nd_cuda_memset(void *ptr, int value, size_t bytes, cudaStream_t stream);
 cudaError_t nd_cuda_synchronize(void);
+
+/* The driver's virtual memory calls, for expandable segments (loaded from
+ * libcuda at run time by the census; the simulator's own on a sim build).
+ * Each returns ND_OK, ND_ERR_OOM when the GPU is out of memory, or
+ * ND_ERR_BACKEND naming the call. nd_cuda_vm_granularity: the size of GPU
+ * `ordinal`'s physical chunks, or ND_ERR_VALUE saying why the calls cannot
+ * be used there. A chunk is created, mapped at ptr and made read-write in
+ * one nd_cuda_vm_map (counted as a device malloc), unmapped and released in
+ * one nd_cuda_vm_unmap (a device free; the caller waits for the GPU first,
+ * as cudaFree would). */
+nd_status nd_cuda_vm_granularity(int ordinal, int64_t *out);
+nd_status nd_cuda_vm_reserve(int64_t bytes, int64_t alignment, char **out);
+nd_status nd_cuda_vm_release(char *base, int64_t bytes);
+nd_status nd_cuda_vm_map(int ordinal, char *ptr, int64_t bytes, unsigned long long *handle);
+nd_status nd_cuda_vm_unmap(char *ptr, int64_t bytes, unsigned long long handle);
 /* Waits for event; a host sync only when it had not completed yet. */
 cudaError_t nd_cuda_event_wait(cudaEvent_t event);
 
@@ -158,6 +173,7 @@ cudaError_t nd_cuda_event_wait(cudaEvent_t event);
 nd_status nd_cuda_raw_alloc(nd_device *dev, int64_t nbytes, void **out);
 void nd_cuda_raw_free(nd_device *dev, void *ptr, int64_t nbytes);
 int64_t nd_cuda_release_cache(nd_device *dev);
+nd_status nd_cuda_check_expandable(nd_device *dev);
 
 /* cuda_ewise.cu */
 nd_status nd_cuda_copy(const nd_layout *dst_layout, float *dst, nd_kernel_operand src);

@@ -70,6 +70,7 @@ def check_cuda_variables():
         "NEEDLE_SIM_MAX_BLOCKS",
         "NEEDLE_SIM_PERTURB",
         "NEEDLE_SIM_COMPUTE_CAPABILITY",
+        "NEEDLE_SIM_VMM",
     )
     if any(read(n) is not None for n in sim_switches) and _c._cuda_simulated():
         # The simulator parses its switches at its first call; make that call now, so that

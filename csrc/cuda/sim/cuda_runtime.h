@@ -15,7 +15,8 @@
  * asynchrony, timing, cuBLAS or the hardware's arithmetic.
  *
  * Switches (environment, read once): NEEDLE_SIM_MEMORY, NEEDLE_SIM_MAX_BLOCKS,
- * NEEDLE_SIM_PERTURB; see sim_internal.h.
+ * NEEDLE_SIM_PERTURB, NEEDLE_SIM_COMPUTE_CAPABILITY, NEEDLE_SIM_VMM; see
+ * sim_internal.h.
  */
 #ifndef NEEDLE_SIM_CUDA_RUNTIME_H
 #define NEEDLE_SIM_CUDA_RUNTIME_H

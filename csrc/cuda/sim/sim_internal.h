@@ -1,5 +1,5 @@
-/* sim_internal.h: what the CUDA simulator's two sources share (sim_runtime.cc,
- * sim_grid.cc) and its self-test reads: the switches read from the
+/* sim_internal.h: what the CUDA simulator's sources share (sim_runtime.cc,
+ * sim_grid.cc, sim_vm.cc) and its self-test reads: the switches read from the
  * environment, the recording of an error with the simulator's detail, and
  * the check of a stream handle. Not seen by the backend's .cu files.
  *
@@ -20,6 +20,9 @@
  *       simulated GPU reports (default 9.0, an H100's), so that device
  *       discovery's check of the build's architectures (cuda_arch.h) meets a
  *       V100 (7.0) or a GPU newer than the build (10.0) without one
+ *   NEEDLE_SIM_VMM=0           the GPU has no virtual memory management: the
+ *       driver's cuMem* calls (sim_vm.cc) fail with CUDA_ERROR_NOT_SUPPORTED,
+ *       so that expandable_segments' refusal is tested; 1 (the default): they work
  */
 #ifndef NEEDLE_SIM_INTERNAL_H
 #define NEEDLE_SIM_INTERNAL_H
@@ -32,6 +35,7 @@ typedef struct nd_sim_options {
     int64_t memory;     /* bytes of simulated device memory */
     int64_t max_blocks; /* 0: no cap */
     int perturb;
+    int vmm;                /* the driver's virtual memory calls work (NEEDLE_SIM_VMM) */
     int cc_major, cc_minor; /* the compute capability reported */
 } nd_sim_options;
 
@@ -43,6 +47,15 @@ const nd_sim_options *nd_sim_get_options(void);
  * returns code. */
 cudaError_t nd_sim_fail(cudaError_t code, const char *format, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* The simulated GPU's memory, which cudaMalloc and cuMemCreate draw on:
+ * charges bytes and returns 1 when they fit under the capacity, else 0
+ * (nothing charged); uncharge gives them back. */
+int nd_sim_charge(int64_t bytes);
+void nd_sim_uncharge(int64_t bytes);
+
+/* 1 when [p, p + n) lies in accessible chunks mapped by cuMemMap (sim_vm.cc). */
+int nd_sim_vm_mapped(const void *p, size_t n);
 
 /* 1 for the default streams and streams made by cudaStreamCreate*. */
 int nd_sim_stream_valid(cudaStream_t stream);

@@ -6,10 +6,10 @@
  *
  * Device pointers are host pointers. Every cudaMalloc'd block is kept in a
  * table, so copies and memsets check that the device side of a transfer lies
- * inside one live block (cudaErrorInvalidValue otherwise), and freeing a
- * pointer that is not a block's start fails as CUDA does. New blocks are
- * filled with 0xFF bytes (float NaN) so that reading memory nobody wrote
- * shows. Never prints, exits or aborts.
+ * inside one live block or mapped range (sim_vm.cc; cudaErrorInvalidValue
+ * otherwise), and freeing a pointer that is not a block's start fails as
+ * CUDA does. New blocks are filled with 0xFF bytes (float NaN) so that
+ * reading memory nobody wrote shows. Never prints, exits or aborts.
  */
 #include "sim_internal.h"
 
@@ -58,6 +58,18 @@ int parse_bytes(const char *text, int64_t *out) {
     return 1;
 }
 
+/* A 0-or-1 switch: *out is left as it is when the variable is unset. */
+void read_flag(nd_sim_options *o, const char *name, int *out) {
+    const char *value = getenv(name);
+    if (value == nullptr || value[0] == '\0') return;
+    if (strcmp(value, "0") == 0 || strcmp(value, "1") == 0) {
+        *out = value[0] == '1';
+    } else {
+        o->valid = 0;
+        snprintf(o->error, sizeof o->error, "%s=%.64s: expected 0 or 1", name, value);
+    }
+}
+
 nd_sim_options read_options() {
     nd_sim_options o;
     memset(&o, 0, sizeof o);
@@ -84,15 +96,9 @@ nd_sim_options read_options() {
             o.max_blocks = n;
         }
     }
-    const char *perturb = getenv("NEEDLE_SIM_PERTURB");
-    if (perturb != nullptr && perturb[0] != '\0') {
-        if (strcmp(perturb, "0") == 0 || strcmp(perturb, "1") == 0) {
-            o.perturb = perturb[0] == '1';
-        } else {
-            o.valid = 0;
-            snprintf(o.error, sizeof o.error, "NEEDLE_SIM_PERTURB=%.64s: expected 0 or 1", perturb);
-        }
-    }
+    read_flag(&o, "NEEDLE_SIM_PERTURB", &o.perturb);
+    o.vmm = 1;
+    read_flag(&o, "NEEDLE_SIM_VMM", &o.vmm);
     o.cc_major = kCapabilityMajor;
     o.cc_minor = kCapabilityMinor;
     const char *cc = getenv("NEEDLE_SIM_COMPUTE_CAPABILITY");
@@ -187,9 +193,10 @@ int inside_block(const void *p, size_t n) {
 cudaError_t check_range(const void *p, size_t n, const char *what, const char *call) {
     if (p == nullptr)
         return nd_sim_fail(cudaErrorInvalidValue, "%s: the %s pointer is NULL", call, what);
-    if (!inside_block(p, n))
+    if (!inside_block(p, n) && !nd_sim_vm_mapped(p, n))
         return nd_sim_fail(cudaErrorInvalidValue,
-                           "%s: %zu bytes at %s pointer %p are not inside one cudaMalloc block",
+                           "%s: %zu bytes at %s pointer %p are not inside one cudaMalloc block "
+                           "or mapped range",
                            call, n, what, p);
     return cudaSuccess;
 }
@@ -224,6 +231,18 @@ cudaError_t check_options(const char *call) {
 const nd_sim_options *nd_sim_get_options(void) {
     static const nd_sim_options options = read_options(); /* C++11: initialised once */
     return &options;
+}
+
+int nd_sim_charge(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(memory_mutex);
+    if (bytes > nd_sim_get_options()->memory - used_bytes) return 0;
+    used_bytes += bytes;
+    return 1;
+}
+
+void nd_sim_uncharge(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(memory_mutex);
+    used_bytes -= bytes;
 }
 
 cudaError_t nd_sim_fail(cudaError_t code, const char *format, ...) {

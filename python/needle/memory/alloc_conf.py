@@ -91,13 +91,13 @@ def parse_allocator_settings(settings):
                     "cpu:expandable_segments:True: host blocks are never split, so a segment "
                     "has nothing to grow for; expandable_segments is a cuda setting"
                 )
-            if value:
+            if value and not _c._cuda_compiled():
                 # Also without a GPU at hand: a setting this build cannot honour is an error
                 # where it is written, not when a GPU appears.
                 raise ValueError(
-                    "expandable_segments:True is not supported by this build: its CUDA "
-                    "allocator has no segments that grow in place (the driver's virtual "
-                    "memory calls are not used yet)"
+                    "expandable_segments:True needs needle's CUDA backend, which this build "
+                    "does not have (a CPU-only build: host blocks are never split, so there "
+                    "is no segment to grow in place)"
                 )
             kinds = kinds or ("cuda",)  # PyTorch's CUDA option; the CPU has no such segments
         parsed.append((kinds or _KINDS, option, value))
@@ -127,8 +127,14 @@ def set_allocator_settings(settings):
     - ``garbage_collection_threshold``: before reserved memory would pass this share of the
       budget (the device's memory limit, else its capacity), the cached free blocks are given
       back (all of them, where PyTorch frees the oldest first); ``None`` (the default) is off.
-    - ``expandable_segments``: a cuda setting; True is refused (ValueError) by this build,
-      whose allocators have no segments that grow in place; False is accepted.
+    - ``expandable_segments``: a cuda setting. True: large blocks come from one address range
+      per GPU that is given memory page by page (the driver's virtual memory calls) as it is
+      needed and gives back the whole pages of free blocks when the cache is released, so a
+      changing batch shape grows a free block in place instead of making a new segment.
+      Refused (ValueError, with the reason) for ``cpu:``, by a build without the CUDA
+      backend, and for a GPU whose driver lacks the calls. It may change while memory is
+      held: turned off, the blocks already carved from the range stay in use and the range is
+      given back once a release leaves nothing mapped in it.
 
     Every item is checked before any device changes; a refused value changes nothing."""
     parsed = parse_allocator_settings(settings)

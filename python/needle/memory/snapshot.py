@@ -145,7 +145,18 @@ def _snapshot(device=None):
     cache = {}
     segments = []
     by_address = {}
-    for seg_addr, seg_size, small, addr, size, requested, state, engine, frames in blocks:
+    for (
+        seg_addr,
+        seg_size,
+        small,
+        expandable,
+        addr,
+        size,
+        requested,
+        state,
+        engine,
+        frames,
+    ) in blocks:
         segment = by_address.get(seg_addr)
         if segment is None:
             segment = {
@@ -158,7 +169,7 @@ def _snapshot(device=None):
                 "stream": 0,
                 "segment_type": "small" if small else "large",
                 "segment_pool_id": (0, 0),
-                "is_expandable": False,
+                "is_expandable": expandable,
                 "frames": [],
                 "blocks": [],
             }

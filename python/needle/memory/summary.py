@@ -65,6 +65,7 @@ def memory_summary(device=None, abbreviated=False):
         f"allocator: max_split_size "
         f"{_format_bytes(settings[0]) if settings[0] > 0 else 'none'}; "
         f"garbage_collection_threshold {settings[1] if settings[1] > 0 else 'none'}; "
+        f"expandable_segments {'on' if settings[2] else 'off'}; "
         f"oversize allocations {stats['oversize_allocations.current']}, "
         f"segments {stats['oversize_segments.current']}; "
         f"cache releases by the threshold {stats['num_gc_releases']}"
