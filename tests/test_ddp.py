@@ -1,0 +1,219 @@
+"""DistributedDataParallel and the rank samplers (needle.distributed.ddp / .sampler).
+
+The process-group cases run once, in tests/ddp_worker.py under ``mpiexec -n 2`` (one MPI start
+for all of them), and are checked here from the JSON each rank writes: two ranks at batch B/2
+against one process at batch B for the course's PTB transformer and LSTM in both graph modes,
+the broadcast at wrap, several buckets, parameters without gradients and BatchNorm's running
+statistics. Bad input and the samplers run in this process.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import needle as ndl
+import needle.distributed as dist
+from needle import nn
+from needle.distributed import DistributedSampler, ptb_rank_columns
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "ddp_worker.py")
+MPI_TIMEOUT_S = 300
+EQUIVALENCE_CASES = [
+    "transformer/cycle_free",
+    "transformer/needle",
+    "lstm/cycle_free",
+    "lstm/needle",
+]
+
+
+def _mpi_missing():
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py is not installed"
+    if shutil.which("mpiexec") is None:
+        return "mpiexec is not on PATH"
+    return None
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """The two ranks' results of tests/ddp_worker.py (a list of two dicts)."""
+    reason = _mpi_missing()
+    if reason:
+        pytest.skip(reason)
+    outdir = tmp_path_factory.mktemp("ddp")
+    env = dict(os.environ)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+    python_dir = os.path.join(os.path.dirname(HERE), "python")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), python_dir) if p)
+    cmd = ["mpiexec", "-n", "2", "--oversubscribe", sys.executable, WORKER, str(outdir)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=MPI_TIMEOUT_S)
+    assert proc.returncode == 0, (
+        f"mpiexec failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    )
+    results = []
+    for rank in (0, 1):
+        with open(os.path.join(outdir, f"rank{rank}.json")) as f:
+            results.append(json.load(f))
+    assert [r["world_size"] for r in results] == [2, 2]
+    return results
+
+
+def _arrays(params):
+    return [np.asarray(p, dtype=np.float32) for p in params]
+
+
+@pytest.mark.parametrize("case", EQUIVALENCE_CASES)
+def test_two_ranks_train_like_one_process(ranks, case):
+    r0, r1 = ranks[0][case], ranks[1][case]
+    # the replicas stay identical: same averaged gradients, same updates (rank 1 was built from
+    # another seed, so this also shows the wrap's broadcast)
+    for a, b in zip(_arrays(r0["params"]), _arrays(r1["params"])):
+        np.testing.assert_array_equal(a, b)
+    for ref, got in zip(_arrays(r0["ref_params"]), _arrays(r0["params"])):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    # each rank's loss is the mean over its half of the batch: their mean is the batch's
+    step_losses = (np.asarray(r0["losses"]) + np.asarray(r1["losses"])) / 2
+    np.testing.assert_allclose(step_losses, r0["ref_losses"], rtol=1e-5)
+    assert not np.allclose(r0["losses"], r1["losses"])  # the ranks did see different data
+    # epoch_general_ptb's figures cover both ranks' tokens
+    for r in (r0, r1):
+        assert r["loss"] == pytest.approx(r0["ref_loss"], rel=1e-5)
+        assert r["acc"] == pytest.approx(r0["ref_acc"], abs=1e-9)
+
+
+def test_bucket_layout(ranks):
+    for case in EQUIVALENCE_CASES:
+        got = ranks[0][case]
+        assert sum(got["buckets"]) == got["grad_elements"]
+        assert got["buckets"] == ranks[1][case]["buckets"]
+    # a tiny bucket_cap_mb splits the model; 25 MiB holds it whole
+    assert len(ranks[0]["transformer/needle"]["buckets"]) > 3
+    assert len(ranks[0]["lstm/cycle_free"]["buckets"]) > 3
+    assert len(ranks[0]["transformer/cycle_free"]["buckets"]) == 1
+
+
+def test_parameters_without_gradients(ranks):
+    r0, r1 = ranks[0]["partial"], ranks[1]["partial"]
+    # rank r's input is all (r + 1): used.weight's gradient is 4 * (r + 1) per element
+    for r in (r0, r1):
+        np.testing.assert_array_equal(r["grads"]["used_weight"], np.full((3, 2), 6.0))
+        # only rank 0 had one: the mean counts rank 1's as zeros
+        np.testing.assert_array_equal(
+            r["grads"]["rank0_only_weight"], np.asarray(r0["local_rank0_grad"]) / 2
+        )
+        assert r["grads"]["unused_weight"] is None  # no rank had one: stays None
+        assert r["grads"]["frozen_weight"] is None
+        # used, rank0_only and unused (3x2 weight + 1x2 bias each); frozen is left out
+        assert r["buckets"] == [24]
+    assert r1["local_rank0_grad"] is None
+
+
+def test_running_statistics_follow_rank_0(ranks):
+    means = np.array([2.0, 3.0, 4.0, 5.0])  # per-feature batch mean on rank 0; (r + 1)x on rank r
+    first0 = 0.9 * 1.0 + 0.1 * means  # rank 0's statistics after its first forward
+    for rank in (0, 1):
+        got = ranks[rank]["buffers"]
+        np.testing.assert_allclose(got["at_wrap"], [1.0] * 4)  # rank 0's value, broadcast
+        expected = 0.9 * first0 + 0.1 * means * (rank + 1)
+        np.testing.assert_allclose(got["after"], expected, rtol=1e-6)
+
+
+# -- in this process: bad input and samplers ---------------------------------------------------
+
+
+def test_ddp_bad_input():
+    with pytest.raises(TypeError, match="nn.Module"):
+        dist.DistributedDataParallel(object())
+    with pytest.raises(ValueError, match="bucket_cap_mb"):
+        dist.DistributedDataParallel(nn.Linear(2, 2), bucket_cap_mb=0)
+    with pytest.raises(TypeError, match="bucket_cap_mb"):
+        dist.DistributedDataParallel(nn.Linear(2, 2), bucket_cap_mb="25")
+
+
+def test_ddp_needs_a_process_group():
+    if dist.is_initialized():
+        pytest.skip("a process group is up in this process")
+    with pytest.raises(dist.DistributedError, match="init_process_group"):
+        dist.DistributedDataParallel(nn.Linear(2, 2), aligned=False)
+    assert nn.DistributedDataParallel is dist.DistributedDataParallel
+
+
+def test_ptb_rank_columns_split_the_batch():
+    batches = ndl.data.batchify(list(range(60)), 6, None, "float32")  # (10, 6)
+    parts = [ptb_rank_columns(batches, rank=r, world_size=3) for r in range(3)]
+    assert all(p.shape == (10, 2) and p.flags["C_CONTIGUOUS"] for p in parts)
+    np.testing.assert_array_equal(np.concatenate(parts, axis=1), batches)
+    np.testing.assert_array_equal(parts[1], batches[:, 2:4])
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        (dict(rank=0, world_size=4), ValueError),  # 6 columns over 4 ranks
+        (dict(rank=2, world_size=2), ValueError),
+        (dict(rank=-1, world_size=2), ValueError),
+        (dict(rank=0, world_size=0), ValueError),
+        (dict(rank=0.5, world_size=2), TypeError),
+    ],
+)
+def test_ptb_rank_columns_bad_input(kwargs, error):
+    batches = np.zeros((5, 6), dtype=np.float32)
+    with pytest.raises(error):
+        ptb_rank_columns(batches, **kwargs)
+
+
+def test_ptb_rank_columns_needs_2d():
+    with pytest.raises(ValueError, match="shape"):
+        ptb_rank_columns(np.zeros(12, dtype=np.float32), rank=0, world_size=2)
+
+
+def test_distributed_sampler_pads_and_drops():
+    data = list(range(10))
+    padded = [list(DistributedSampler(data, 3, r, shuffle=False)) for r in range(3)]
+    assert padded == [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]]
+    dropped = [
+        list(DistributedSampler(data, 3, r, shuffle=False, drop_last=True)) for r in range(3)
+    ]
+    assert dropped == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+    assert len(DistributedSampler(data, 3, 0, drop_last=True)) == 3
+
+
+def test_distributed_sampler_shuffles_alike_on_every_rank():
+    data = list(range(17))
+    samplers = [DistributedSampler(data, 2, r, seed=5, drop_last=True) for r in range(2)]
+    first = [list(s) for s in samplers]
+    assert sorted(first[0] + first[1]) == sorted(
+        np.random.default_rng(5).permutation(17)[:16].tolist()
+    )
+    assert not set(first[0]) & set(first[1])
+    for s in samplers:
+        s.set_epoch(1)
+    second = [list(s) for s in samplers]
+    assert second != first
+    assert not set(second[0]) & set(second[1])
+
+
+def test_distributed_sampler_subset_feeds_the_dataloader():
+    xs = np.arange(12, dtype=np.float32).reshape(6, 2)
+    dataset = ndl.data.NDArrayDataset(xs)
+    sampler = DistributedSampler(dataset, 2, 1, shuffle=False)
+    loader = ndl.data.DataLoader(sampler.subset(), batch_size=3)
+    (batch,) = next(iter(loader))
+    np.testing.assert_array_equal(batch.numpy(), xs[[1, 3, 5]])
+
+
+def test_distributed_sampler_bad_input():
+    with pytest.raises(ValueError, match="empty"):
+        DistributedSampler([], 2, 0)
+    with pytest.raises(ValueError):
+        DistributedSampler([1, 2], 2, 2)
+    with pytest.raises(TypeError):
+        DistributedSampler([1, 2], 2, 0, seed=1.5)
