@@ -1,0 +1,50 @@
+"""``needle.distributed``: data parallelism over MPI (any device) and NCCL (CUDA), with
+PyTorch's names::
+
+    import needle.distributed as dist
+    dist.init_process_group()            # under mpiexec -n N (or python -m needle.distributed.run)
+    dist.all_reduce(grad, op=dist.ReduceOp.AVG)
+    dist.broadcast(param, src=0)
+    dist.all_gather(outputs, x)
+    dist.barrier(); dist.destroy_process_group()
+
+Collectives work in place on NDArrays and Tensors (a Tensor's data), on their device, and
+return None (or a :class:`Work` with ``async_op=True``). Every failure is a
+:class:`DistributedError` that names the rank(s). mpi4py is imported by init_process_group,
+not here: importing needle.distributed starts no MPI.
+"""
+
+from ._group import DistributedError, ReduceOp
+from .collectives import (
+    Work,
+    all_gather,
+    all_reduce,
+    barrier,
+    broadcast,
+    destroy_process_group,
+    get_device,
+    get_local_rank,
+    get_rank,
+    get_world_size,
+    init_process_group,
+    is_available,
+    is_initialized,
+)
+
+__all__ = [
+    "DistributedError",
+    "ReduceOp",
+    "Work",
+    "all_gather",
+    "all_reduce",
+    "barrier",
+    "broadcast",
+    "destroy_process_group",
+    "get_device",
+    "get_local_rank",
+    "get_rank",
+    "get_world_size",
+    "init_process_group",
+    "is_available",
+    "is_initialized",
+]

