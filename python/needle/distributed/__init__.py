@@ -30,9 +30,13 @@ from .collectives import (
     is_available,
     is_initialized,
 )
+from .ddp import DistributedDataParallel
+from .sampler import DistributedSampler, ptb_rank_columns
 
 __all__ = [
+    "DistributedDataParallel",
     "DistributedError",
+    "DistributedSampler",
     "ReduceOp",
     "Work",
     "all_gather",
@@ -47,4 +51,5 @@ __all__ = [
     "init_process_group",
     "is_available",
     "is_initialized",
+    "ptb_rank_columns",
 ]

@@ -219,7 +219,17 @@ class DistributedDataParallel(Module):
         last = state.buckets[-1]
         present = np.zeros(len(params), dtype=np.float32)
         index = {id(p): i for i, p in enumerate(params)}
+        # refuse a bad gradient before any rank's collective starts (a rank that stopped
+        # half-way would leave the others waiting)
+        for p in params:
+            if p.grad is not None and tuple(p.grad.shape) != tuple(p.shape):
+                raise ValueError(
+                    f"DistributedDataParallel: a gradient of shape {tuple(p.grad.shape)} for a "
+                    f"parameter of shape {tuple(p.shape)}"
+                )
         with no_grad():
+            # each bucket's all-reduce runs while the next one is packed
+            works = []
             for bucket in state.buckets:
                 self._pack(bucket, present, index)
                 if bucket is last:
@@ -228,7 +238,9 @@ class DistributedDataParallel(Module):
                         wants = np.asarray(_alignment.local_wants(), dtype=np.float32)
                         tail = np.concatenate([present, wants])
                     last.flat[last.grad_size :] = NDArray(tail, device=last.device)
-                dist.all_reduce(bucket.flat, op=dist.ReduceOp.SUM)
+                works.append(dist.all_reduce(bucket.flat, op=dist.ReduceOp.SUM, async_op=True))
+            for bucket, work in zip(state.buckets, works):
+                work.wait()
                 if bucket.grad_size:
                     grads = bucket.flat[: bucket.grad_size]
                     bucket.flat[: bucket.grad_size] = grads / self.world_size
@@ -250,11 +262,6 @@ class DistributedDataParallel(Module):
                 if n:
                     bucket.flat[offset : offset + n].fill(0.0)
                 continue
-            if tuple(grad.shape) != tuple(p.shape):
-                raise ValueError(
-                    f"DistributedDataParallel: a gradient of shape {tuple(grad.shape)} for a "
-                    f"parameter of shape {tuple(p.shape)}"
-                )
             present[index[id(p)]] = 1.0
             if n:
                 bucket.flat[offset : offset + n] = grad.realize_cached_data().reshape((n,))
