@@ -14,6 +14,7 @@ import numpy as np
 
 import needle as ndl
 import needle.distributed as dist
+import needle.distributed.ddp as ddp_module
 from needle import nn, optim
 from needle.apps.models import LanguageModel
 from needle.apps.simple_ml import epoch_general_ptb
@@ -145,6 +146,48 @@ def buffers(rank):
     return {"at_wrap": at_wrap, "after": bn.running_mean.numpy().tolist()}
 
 
+class _FakeAlignment:
+    """Stands in for needle.memory.alignment (the contract's NUM_WANTS / local_wants / agreed /
+    enable) to check what DDP carries: rank 1 wants the first collection, both the second."""
+
+    NUM_WANTS = 2
+
+    def __init__(self, rank):
+        self.rank = rank
+        self.agreed_with = []
+        self.enabled = None
+
+    def enable(self, on):
+        self.enabled = bool(on)
+
+    def local_wants(self):
+        return np.array([float(self.rank == 1), 1.0], dtype=np.float32)
+
+    def agreed(self, summed):
+        self.agreed_with.append(np.asarray(summed).tolist())
+
+
+def aligned_flags(rank):
+    """The wants ride in the last bucket: summed over the ranks, beside averaged gradients."""
+    fake = _FakeAlignment(rank)
+    saved, ddp_module._alignment = ddp_module._alignment, fake
+    try:
+        np.random.seed(11)
+        model = nn.Linear(3, 2)
+        ddp = dist.DistributedDataParallel(model, bucket_cap_mb=TINY_BUCKET_MB / 16, aligned=True)
+        x = ndl.Tensor(np.full((1, 3), rank + 1.0, dtype=np.float32))
+        ddp(x).sum().backward()
+        ddp.sync_gradients()
+    finally:
+        ddp_module._alignment = saved
+    return {
+        "enabled": fake.enabled,
+        "agreed": fake.agreed_with,
+        "weight_grad": model.weight.grad.numpy().tolist(),
+        "buckets": ddp.bucket_sizes,
+    }
+
+
 def main(outdir):
     dist.init_process_group(backend="mpi")
     rank = dist.get_rank()
@@ -159,6 +202,7 @@ def main(outdir):
         results[f"{seq_model}/{mode}"] = equivalence(rank, seq_model, mode, bucket_mb, optimizer)
     results["partial"] = partial_grads(rank)
     results["buffers"] = buffers(rank)
+    results["aligned"] = aligned_flags(rank)
     dist.barrier()
     dist.destroy_process_group()
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:

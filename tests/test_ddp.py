@@ -126,6 +126,16 @@ def test_running_statistics_follow_rank_0(ranks):
         np.testing.assert_allclose(got["after"], expected, rtol=1e-6)
 
 
+def test_alignment_wants_ride_in_the_last_bucket(ranks):
+    for r in ranks:
+        got = r["aligned"]
+        assert got["enabled"] is True
+        assert got["agreed"] == [[1.0, 2.0]]  # rank 1's want, and both ranks' second want
+        assert len(got["buckets"]) == 2  # weight and bias apart: the flags follow the last
+        # rank r's input is all (r + 1): the weight's gradient averages to 1.5
+        np.testing.assert_array_equal(got["weight_grad"], np.full((3, 2), 1.5))
+
+
 # -- in this process: bad input and samplers ---------------------------------------------------
 
 
