@@ -61,6 +61,19 @@
  * run (a free-threaded build) means a full one; one refused because a
  * collection is already running means none. The full collection on the out-of-memory path runs after
  * gc.unfreeze(); the engine then releases cached blocks and retries.
+ *
+ * Aligned collections (needle.distributed; python/needle/memory/alignment.py):
+ * in data-parallel training every step ends in an all-reduce that waits for
+ * the slowest rank, so a collection on one rank stalls all of them, and
+ * independent collectors add their stalls up. With alignment on, a soft
+ * collection that would run (allocation path or safe point, past every
+ * check above) only records a want; the want travels with the next gradient
+ * all-reduce, and when any rank wanted one, every rank runs the ladder at
+ * the next safe point (schedule_aligned: the same point of the same step
+ * everywhere), unpaced, since all ranks agreed. Python's own generational
+ * collections are driven the same way (alignment.py disables the automatic
+ * ones and asks for a generation here). The out-of-memory path stays local:
+ * a rank that cannot allocate collects at once.
  */
 #include "needle_c.h"
 
@@ -104,6 +117,11 @@ typedef struct device_pressure {
     /* The fallback back-off: useless fallbacks in a row, and how many soft
      * ladders are still to run without one. */
     int useless_fallbacks, fallback_skips_left;
+    /* Alignment: a soft collection is wanted (and since when), the wants
+     * recorded, all-reduce rounds they waited, aligned ladders run here. */
+    int wants;
+    double want_since;
+    int64_t aligned_wants, aligned_rounds_waited, aligned_collections;
 } device_pressure;
 
 enum { MAX_FALLBACK_SKIPS = 64 };
@@ -124,6 +142,14 @@ static const gc_policy default_policy = {
 };
 static gc_policy policy = default_policy;
 static device_pressure pressure[ND_MAX_DEVICES];
+
+/* Alignment (the header): on or off; an aligned collection agreed for the
+ * next safe point (and the Python generation to collect with it, -1: none);
+ * the seconds the last aligned collections took, until reported. */
+static int aligned = 0;
+static int aligned_scheduled = 0;
+static int aligned_generation = -1;
+static double aligned_unreported_seconds = 0.0;
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -309,7 +335,8 @@ static int64_t soft_path_asked(const nd_device *dev, int64_t level) {
 static int soft_collection_allowed(const nd_device *dev, device_pressure *ps, int64_t before,
                                    int64_t requested, double now, int at_safe_point,
                                    int64_t asked) {
-    if (!PyGC_IsEnabled()) return 0;
+    /* Under alignment the automatic collector is off by alignment.py's hand. */
+    if (!aligned && !PyGC_IsEnabled()) return 0;
     int64_t budget = budget_of(dev);
     double fraction = policy.max_gc_fraction;
     if (budget > 0 && (double)(before + requested) > 0.9 * (double)budget) fraction = 0.5;
@@ -349,6 +376,14 @@ static void collect_and_account(nd_device *dev, device_pressure *ps, nd_collect_
     nd_memory_set_trigger(dev, next_trigger(dev, after));
 }
 
+/* Alignment: a soft collection is due here; it waits for every rank. */
+static void record_want(device_pressure *ps, double now) {
+    if (ps->wants) return;
+    ps->wants = 1;
+    ps->want_since = now;
+    ps->aligned_wants++;
+}
+
 static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested,
                                nd_collect_reason reason) {
     (void)ctx;
@@ -376,6 +411,10 @@ static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested,
             ps->skipped++;
             return;
         }
+        if (aligned) {
+            record_want(ps, start);
+            return;
+        }
     }
     collect_and_account(dev, ps, reason, start, before, asked);
     /* Garbage found between safe points (the first ones, with no graph yet
@@ -383,7 +422,54 @@ static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested,
     if (reason == ND_COLLECT_PRESSURE && !ps->last_freed_little) ps->safe_point_useless = 0;
 }
 
+/* The aligned collection every rank agreed on: the ladder on the device
+ * that asks the most of it (one scoped collection covers every device's
+ * graph), then the agreed Python generation unless the ladder ran a full
+ * collection. Every rank runs it, wanted or not: that is the alignment. */
+static void run_aligned_collection(double now) {
+    aligned_scheduled = 0;
+    int generation = aligned_generation;
+    aligned_generation = -1;
+    nd_device *chosen = NULL;
+    int64_t most = -1;
+    for (int id = 0; id < nd_device_count() && id < ND_MAX_DEVICES; id++) {
+        nd_device *dev = nd_device_at(id);
+        if (dev == NULL) continue;
+        int64_t asked = soft_path_asked(dev, allocated_of(dev));
+        if (chosen == NULL || asked > most || (pressure[id].wants && asked == most)) {
+            chosen = dev;
+            most = asked;
+        }
+        pressure[id].wants = 0;
+    }
+    if (chosen == NULL) return;
+    device_pressure *ps = &pressure[nd_device_id(chosen)];
+    int64_t before = allocated_of(chosen);
+    collect_and_account(chosen, ps, ND_COLLECT_PRESSURE, now, before, most > 0 ? most : 0);
+    ps->aligned_collections++;
+    ps->safe_point_collections++;
+    ps->safe_point_useless = ps->last_freed_little;
+    ps->safe_baseline = ps->survivors;
+    for (int id = 0; id < ND_MAX_DEVICES; id++)
+        if (pressure[id].last_safe_point > 0.0) pressure[id].last_safe_point = now;
+    if (generation >= 0 && !ps->last_ran_full) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyObject *gc = PyImport_ImportModule("gc");
+        PyObject *result = gc ? PyObject_CallMethod(gc, "collect", "i", generation) : NULL;
+        Py_XDECREF(result);
+        Py_XDECREF(gc);
+        if (PyErr_Occurred()) PyErr_WriteUnraisable(NULL);
+        PyErr_Restore(type, value, traceback);
+    }
+    aligned_unreported_seconds += now_seconds() - now;
+}
+
 void pressure_safe_point(void) {
+    if (aligned && aligned_scheduled && !other_thread_collecting()) {
+        run_aligned_collection(now_seconds());
+        return;
+    }
     if (!policy.enabled || watermark_set() || other_thread_collecting()) return;
     double now = now_seconds();
     int count = nd_device_count();
@@ -407,6 +493,10 @@ void pressure_safe_point(void) {
         int64_t asked = soft_path_asked(dev, before);
         if (!soft_collection_allowed(dev, ps, before, 0, now, 1, asked)) {
             ps->skipped++;
+            continue;
+        }
+        if (aligned) {
+            record_want(ps, now);
             continue;
         }
         collect_and_account(dev, ps, ND_COLLECT_PRESSURE, now, before, asked);
@@ -440,7 +530,12 @@ void pressure_install(void) {
  *   scoped_freed_bytes        allocated bytes that dropped during them
  *   num_full_collections      full collections run (gc.collect)
  *   num_full_fallbacks        of which after a scoped one that freed too little
- *   num_fallbacks_skipped     fallbacks the back-off skipped (the header) */
+ *   num_fallbacks_skipped     fallbacks the back-off skipped (the header)
+ * Alignment (the header):
+ *   num_aligned_wants         soft collections turned into wants
+ *   aligned_rounds_waited     all-reduce rounds those wants waited for (one each when every
+ *                             step carries them)
+ *   num_aligned_collections   aligned collections run with this device's ladder */
 int pressure_add_stats(const nd_device *dev, PyObject *dict) {
     int id = nd_device_id(dev);
     device_pressure empty = {0};
@@ -466,6 +561,9 @@ int pressure_add_stats(const nd_device *dev, PyObject *dict) {
         {"num_full_collections", PyLong_FromLongLong(ps->full_collections)},
         {"num_full_fallbacks", PyLong_FromLongLong(ps->full_fallbacks)},
         {"num_fallbacks_skipped", PyLong_FromLongLong(ps->fallbacks_skipped)},
+        {"num_aligned_wants", PyLong_FromLongLong(ps->aligned_wants)},
+        {"aligned_rounds_waited", PyLong_FromLongLong(ps->aligned_rounds_waited)},
+        {"num_aligned_collections", PyLong_FromLongLong(ps->aligned_collections)},
     };
     int rc = 0;
     for (size_t i = 0; i < sizeof items / sizeof items[0]; i++) {
@@ -573,7 +671,67 @@ static PyObject *safe_point(PyObject *module, PyObject *Py_UNUSED(ignored)) {
     Py_RETURN_NONE;
 }
 
+static PyObject *set_collection_alignment(PyObject *module, PyObject *arg) {
+    (void)module;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    int previous = aligned;
+    aligned = on;
+    if (!on) {
+        /* Back to local collections: pending wants fall to the next trigger. */
+        aligned_scheduled = 0;
+        aligned_generation = -1;
+        for (int id = 0; id < ND_MAX_DEVICES; id++) pressure[id].wants = 0;
+    }
+    return PyBool_FromLong(previous);
+}
+
+/* This round's wants: whether any device wants a collection, and the seconds
+ * the aligned collections took since the last call (then zeroed). Called once
+ * per all-reduce round: each pending want waited one more. */
+static PyObject *collection_wants(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    (void)module;
+    int wanted = 0;
+    for (int id = 0; id < ND_MAX_DEVICES; id++) {
+        if (!pressure[id].wants) continue;
+        wanted = 1;
+        pressure[id].aligned_rounds_waited++;
+    }
+    double seconds = aligned_unreported_seconds;
+    aligned_unreported_seconds = 0.0;
+    return Py_BuildValue("(Od)", wanted ? Py_True : Py_False, seconds);
+}
+
+static PyObject *schedule_aligned_collection(PyObject *module, PyObject *arg) {
+    (void)module;
+    long generation = PyLong_AsLong(arg);
+    if (generation == -1 && PyErr_Occurred()) return NULL;
+    if (generation < -1 || generation > 2) {
+        PyErr_Format(PyExc_ValueError, "generation must be -1 (none), 0, 1 or 2, got %ld",
+                     generation);
+        return NULL;
+    }
+    if (!aligned) {
+        PyErr_SetString(PyExc_RuntimeError, "an aligned collection needs alignment on "
+                                            "(needle.memory.alignment.enable(True))");
+        return NULL;
+    }
+    aligned_scheduled = 1;
+    if (generation > aligned_generation) aligned_generation = (int)generation;
+    Py_RETURN_NONE;
+}
+
 PyMethodDef pressure_module_functions[] = {
+    {"_set_collection_alignment", set_collection_alignment, METH_O,
+     "_set_collection_alignment(on, /)\n--\n\nTurns aligned collections on or off (soft "
+     "collections become wants); returns the previous setting."},
+    {"_collection_wants", collection_wants, METH_NOARGS,
+     "_collection_wants()\n--\n\n(wanted, seconds): whether a soft collection is wanted on "
+     "any device, and the seconds aligned collections took since the last call."},
+    {"_schedule_aligned_collection", schedule_aligned_collection, METH_O,
+     "_schedule_aligned_collection(generation, /)\n--\n\nRuns the aligned collection at the "
+     "next safe point, with gc.collect(generation) unless it ran a full one (-1: no "
+     "generation)."},
     {"_gc_safe_point", safe_point, METH_NOARGS,
      "_gc_safe_point()\n--\n\nTells the pressure policy that a training step's old graph has "
      "probably just "
