@@ -147,10 +147,8 @@ def buffers(rank):
 
 
 class _FakeAlignment:
-    """Stands in for needle.memory.alignment (the contract's NUM_WANTS / local_wants / agreed /
-    enable) to check what DDP carries: rank 1 wants the first collection, both the second."""
-
-    NUM_WANTS = 2
+    """Stands in for needle.memory.alignment (num_wants / local_wants / agreed / enable) to
+    check what DDP carries: rank 1 wants the first collection, both ranks the second."""
 
     def __init__(self, rank):
         self.rank = rank
@@ -160,8 +158,12 @@ class _FakeAlignment:
     def enable(self, on):
         self.enabled = bool(on)
 
-    def local_wants(self):
-        return np.array([float(self.rank == 1), 1.0], dtype=np.float32)
+    def num_wants(self, world_size):
+        return 2
+
+    def local_wants(self, rank, world_size):
+        assert (rank, world_size) == (self.rank, 2)
+        return np.array([float(rank == 1), 1.0], dtype=np.float32)
 
     def agreed(self, summed):
         self.agreed_with.append(np.asarray(summed).tolist())

@@ -101,7 +101,7 @@ class DistributedDataParallel(Module):
 
     Aligned collections: with ``aligned`` (default True when ``needle.memory.alignment`` is
     available) the wrap turns alignment on, and each synchronisation appends this rank's
-    ``alignment.local_wants()`` to the last bucket and hands the summed wants to
+    ``alignment.local_wants(rank, world_size)`` to the last bucket and hands the summed wants to
     ``alignment.agreed()`` on every rank, so that pressure collections happen on all ranks at
     the same step.
 
@@ -135,6 +135,7 @@ class DistributedDataParallel(Module):
         self.aligned = bool(aligned)
         self.broadcast_buffers = bool(broadcast_buffers)
         self.world_size = dist.get_world_size()
+        self.rank = dist.get_rank()
         self._state = _State()
         self._state.params = [p for p in module.parameters() if p.requires_grad]
         self._state.buffers = _buffer_owners(module)
@@ -175,7 +176,7 @@ class DistributedDataParallel(Module):
         return buckets
 
     def _num_wants(self):
-        return _alignment.NUM_WANTS if self.aligned else 0
+        return _alignment.num_wants(self.world_size) if self.aligned else 0
 
     @property
     def bucket_sizes(self):
@@ -235,7 +236,8 @@ class DistributedDataParallel(Module):
                 if bucket is last:
                     tail = present
                     if self.aligned:
-                        wants = np.asarray(_alignment.local_wants(), dtype=np.float32)
+                        wants = _alignment.local_wants(self.rank, self.world_size)
+                        wants = np.asarray(wants, dtype=np.float32)
                         tail = np.concatenate([present, wants])
                     last.flat[last.grad_size :] = NDArray(tail, device=last.device)
                 works.append(dist.all_reduce(bucket.flat, op=dist.ReduceOp.SUM, async_op=True))
