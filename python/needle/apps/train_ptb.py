@@ -15,6 +15,13 @@ Examples::
     python -m needle.apps.train_ptb
     python -m needle.apps.train_ptb --model lstm --epochs 3
     python -m needle.apps.train_ptb --data ../shared/data/ptb --max-lines 2000
+    python -m needle.distributed.run -n 2 -m needle.apps.train_ptb --distributed mpi
+
+With ``--distributed mpi|nccl``, started by ``mpiexec -n N`` or ``python -m
+needle.distributed.run -n N``, each rank trains on its ``--batch-size / N`` columns of every
+batch with the model wrapped in ``needle.distributed.DistributedDataParallel`` (aligned
+collections on), so N ranks train like one process at ``--batch-size``; rank 0 prints, and the
+figures are over every rank's tokens.
 """
 
 import argparse
@@ -84,6 +91,13 @@ def parse_args(argv=None):
         "until the garbage collector runs)",
     )
     p.add_argument("--seed", type=int, default=0, help="NumPy seed for the model's parameters")
+    p.add_argument(
+        "--distributed",
+        choices=("mpi", "nccl"),
+        default=None,
+        help="data-parallel over the ranks of mpiexec / needle.distributed.run with this "
+        "backend; --batch-size is the global batch, split evenly over the ranks",
+    )
     p.add_argument("--progress", action="store_true", help="show per-step progress")
     args = p.parse_args(argv)
     for name in (
@@ -150,11 +164,31 @@ def _load_corpus(args, tmpdir):
     return corpus
 
 
+def _join_group(args):
+    """(rank, world size): joins the process group for --distributed (the group of one
+    otherwise). The global batch must split evenly over the ranks."""
+    if args.distributed is None:
+        return 0, 1
+    from needle import distributed
+
+    try:
+        distributed.init_process_group(backend=args.distributed)
+    except distributed.DistributedError as err:
+        fail(str(err))
+    world = distributed.get_world_size()
+    if args.batch_size % world:
+        fail(f"--batch-size {args.batch_size} is not a multiple of the {world} ranks")
+    return distributed.get_rank(), world
+
+
 def main(argv=None):
     """Runs the command line; returns 0 on success (errors exit with status 1 or 2)."""
     args = parse_args(argv)
     device = _device(args.device)
     ndl.autograd.set_graph_mode(args.graph_mode)
+    rank, world = _join_group(args)
+    if rank != 0:  # rank 0 speaks for the job; errors still reach stderr
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
     with tempfile.TemporaryDirectory(prefix="needle-ptb-") as tmpdir:
         corpus = _load_corpus(args, tmpdir)
     vocab = len(corpus.dictionary)
@@ -166,7 +200,9 @@ def main(argv=None):
         )
     if len(corpus.test) < 2:
         fail("the evaluation text has fewer than 2 tokens")
-    eval_bs = min(bs, len(corpus.test) // 2)
+    eval_bs = min(bs, len(corpus.test) // 2) // world * world
+    if eval_bs < 1:
+        fail(f"the evaluation text has {len(corpus.test)} tokens, too few for {world} ranks")
     if eval_bs < bs:
         print(
             f"note: the evaluation text has {len(corpus.test)} tokens; evaluating with batch "
@@ -179,6 +215,12 @@ def main(argv=None):
         f"batches of {args.seq_len} x {bs}: train {train_data.shape[0]} rows, "
         f"test {test_data.shape[0]} rows"
     )
+    if world > 1:
+        from needle.distributed import ptb_rank_columns
+
+        train_data = ptb_rank_columns(train_data)
+        test_data = ptb_rank_columns(test_data)
+        print(f"data-parallel: {world} ranks ({args.distributed}), {bs // world} columns each")
 
     np.random.seed(args.seed)
     model = LanguageModel(
@@ -192,6 +234,10 @@ def main(argv=None):
         dtype="float32",
     )
     n_params = sum(int(np.prod(p.shape)) for p in model.parameters())
+    if args.distributed is not None:
+        from needle.distributed import DistributedDataParallel
+
+        model = DistributedDataParallel(model)
     opt_cls = optim.Adam if args.optimizer == "adam" else optim.SGD
     opt = opt_cls(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     print(
@@ -234,6 +280,10 @@ def main(argv=None):
             f"time {elapsed:.1f}s  peak memory {format_bytes(peak)}",
             flush=True,
         )
+    if args.distributed is not None:
+        from needle import distributed
+
+        distributed.destroy_process_group()
     return 0
 
 
