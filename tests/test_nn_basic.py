@@ -274,6 +274,22 @@ def test_dropout_mask_matches_numpy(device, p):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.usefixtures("host_rng")
+def test_dropout_of_zero_is_its_input(device):
+    # no mask, product or quotient in the graph (the course's graph mode would keep them
+    # until reset_grad()); with NumPy's draws the course's one draw is still made
+    x = _t(np.random.randn(6, 7), device)
+    np.random.seed(13)
+    assert nn.Dropout(0.0)(x) is x
+    after = np.random.rand()
+    np.random.seed(13)
+    draws = 0 if ndl.random.uses_device_generator(x.device) else 1
+    for _ in range(draws):
+        np.random.rand(6, 7)
+    assert np.random.rand() == after
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_dropout_gradient_and_eval(device):
     np.random.seed(12)
     x = _t(np.random.randn(4, 5), device)

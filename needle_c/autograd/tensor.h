@@ -23,50 +23,52 @@ typedef enum op_input_kind {
 
 /* The built-in ops: X(kind, class name, constructor signature, arity, input
  * kind, tuple output). */
-#define NEEDLE_OPS(X)                                                            \
-    X(OP_EWISE_ADD, "EWiseAdd", SIG_NONE, 2, IN_ARRAYS, 0)                       \
-    X(OP_ADD_SCALAR, "AddScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                   \
-    X(OP_EWISE_MUL, "EWiseMul", SIG_NONE, 2, IN_ARRAYS, 0)                       \
-    X(OP_MUL_SCALAR, "MulScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                   \
-    X(OP_EWISE_POW, "EWisePow", SIG_NONE, 2, IN_ARRAYS, 0)                       \
-    X(OP_POWER_SCALAR, "PowerScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)               \
-    X(OP_EWISE_DIV, "EWiseDiv", SIG_NONE, 2, IN_ARRAYS, 0)                       \
-    X(OP_DIV_SCALAR, "DivScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                   \
-    X(OP_TRANSPOSE, "Transpose", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                  \
-    X(OP_RESHAPE, "Reshape", SIG_SHAPE, 1, IN_ARRAYS, 0)                         \
-    X(OP_BROADCAST_TO, "BroadcastTo", SIG_SHAPE, 1, IN_ARRAYS, 0)                \
-    X(OP_SUMMATION, "Summation", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                  \
-    X(OP_MATMUL, "MatMul", SIG_NONE, 2, IN_ARRAYS, 0)                            \
-    X(OP_MATMUL_BIAS, "MatMulBias", SIG_NONE, 3, IN_ARRAYS, 0)                   \
-    X(OP_NEGATE, "Negate", SIG_NONE, 1, IN_ARRAYS, 0)                            \
-    X(OP_LOG, "Log", SIG_NONE, 1, IN_ARRAYS, 0)                                  \
-    X(OP_EXP, "Exp", SIG_NONE, 1, IN_ARRAYS, 0)                                  \
-    X(OP_RELU, "ReLU", SIG_NONE, 1, IN_ARRAYS, 0)                                \
-    X(OP_TANH, "Tanh", SIG_NONE, 1, IN_ARRAYS, 0)                                \
-    X(OP_SIGMOID, "Sigmoid", SIG_NONE, 1, IN_ARRAYS, 0)                          \
-    X(OP_SQRT, "Sqrt", SIG_NONE, 1, IN_ARRAYS, 0)                                \
-    X(OP_MAX, "Max", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                              \
-    X(OP_STACK, "Stack", SIG_AXIS, 1, IN_TUPLE, 0)                               \
-    X(OP_SPLIT, "Split", SIG_AXIS, 1, IN_ARRAYS, 1)                              \
-    X(OP_FLIP, "Flip", SIG_AXES, 1, IN_ARRAYS, 0)                                \
-    X(OP_DILATE, "Dilate", SIG_AXES_DILATION, 1, IN_ARRAYS, 0)                   \
-    X(OP_UNDILATE, "UnDilate", SIG_AXES_DILATION, 1, IN_ARRAYS, 0)               \
-    X(OP_CONV, "Conv", SIG_CONV, 2, IN_ARRAYS, 0)                                \
-    X(OP_LOG_SOFTMAX, "LogSoftmax", SIG_NONE, 1, IN_ARRAYS, 0)                   \
-    X(OP_LOG_SUM_EXP, "LogSumExp", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                \
-    X(OP_MAKE_TUPLE, "MakeTensorTuple", SIG_NONE, ARITY_ANY, IN_ARRAYS, 1)       \
-    X(OP_TUPLE_GET_ITEM, "TupleGetItem", SIG_INDEX, 1, IN_TUPLE, 0)              \
-    X(OP_FUSED_ADD_SCALARS, "FusedAddScalars", SIG_TWO_SCALARS, 1, IN_ARRAYS, 1) \
-    X(OP_GET_ITEM, "GetItem", SIG_KEY, 1, IN_ARRAYS, 0)                          \
-    X(OP_SET_ITEM_GRAD, "ScatterSlice", SIG_KEY_SHAPE, 1, IN_ARRAYS, 0)          \
-    X(OP_GATHER_ROWS, "GatherRows", SIG_NONE, 2, IN_ARRAYS, 0)                   \
-    X(OP_SCATTER_ADD_ROWS, "ScatterAddRows", SIG_ROWS, 2, IN_ARRAYS, 0)          \
-    X(OP_SOFTMAX_XENT, "SoftmaxCrossEntropy", SIG_NONE, 2, IN_ARRAYS, 0)         \
-    X(OP_LSTM_CELL, "FusedLSTMCell", SIG_NONE, ARITY_ANY, IN_ARRAYS, 1)          \
-    X(OP_LSTM, "FusedLSTM", SIG_NONE, ARITY_ANY, IN_ARRAYS, 1)                   \
-    X(OP_LAYER_NORM, "LayerNorm", SIG_SCALAR, 3, IN_ARRAYS, 0)                   \
-    X(OP_ATTN_SOFTMAX, "AttentionSoftmax", SIG_TWO_SCALARS, 1, IN_ARRAYS, 0)     \
-    X(OP_SOFTMAX_XENT_GRAD, "SoftmaxCrossEntropyGrad", SIG_NONE, 3, IN_ARRAYS, 0)
+#define NEEDLE_OPS(X)                                                             \
+    X(OP_EWISE_ADD, "EWiseAdd", SIG_NONE, 2, IN_ARRAYS, 0)                        \
+    X(OP_ADD_SCALAR, "AddScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                    \
+    X(OP_EWISE_MUL, "EWiseMul", SIG_NONE, 2, IN_ARRAYS, 0)                        \
+    X(OP_MUL_SCALAR, "MulScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                    \
+    X(OP_EWISE_POW, "EWisePow", SIG_NONE, 2, IN_ARRAYS, 0)                        \
+    X(OP_POWER_SCALAR, "PowerScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                \
+    X(OP_EWISE_DIV, "EWiseDiv", SIG_NONE, 2, IN_ARRAYS, 0)                        \
+    X(OP_DIV_SCALAR, "DivScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                    \
+    X(OP_TRANSPOSE, "Transpose", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                   \
+    X(OP_RESHAPE, "Reshape", SIG_SHAPE, 1, IN_ARRAYS, 0)                          \
+    X(OP_BROADCAST_TO, "BroadcastTo", SIG_SHAPE, 1, IN_ARRAYS, 0)                 \
+    X(OP_SUMMATION, "Summation", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                   \
+    X(OP_MATMUL, "MatMul", SIG_NONE, 2, IN_ARRAYS, 0)                             \
+    X(OP_MATMUL_BIAS, "MatMulBias", SIG_NONE, 3, IN_ARRAYS, 0)                    \
+    X(OP_NEGATE, "Negate", SIG_NONE, 1, IN_ARRAYS, 0)                             \
+    X(OP_LOG, "Log", SIG_NONE, 1, IN_ARRAYS, 0)                                   \
+    X(OP_EXP, "Exp", SIG_NONE, 1, IN_ARRAYS, 0)                                   \
+    X(OP_RELU, "ReLU", SIG_NONE, 1, IN_ARRAYS, 0)                                 \
+    X(OP_TANH, "Tanh", SIG_NONE, 1, IN_ARRAYS, 0)                                 \
+    X(OP_SIGMOID, "Sigmoid", SIG_NONE, 1, IN_ARRAYS, 0)                           \
+    X(OP_SQRT, "Sqrt", SIG_NONE, 1, IN_ARRAYS, 0)                                 \
+    X(OP_MAX, "Max", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                               \
+    X(OP_STACK, "Stack", SIG_AXIS, 1, IN_TUPLE, 0)                                \
+    X(OP_SPLIT, "Split", SIG_AXIS, 1, IN_ARRAYS, 1)                               \
+    X(OP_FLIP, "Flip", SIG_AXES, 1, IN_ARRAYS, 0)                                 \
+    X(OP_DILATE, "Dilate", SIG_AXES_DILATION, 1, IN_ARRAYS, 0)                    \
+    X(OP_UNDILATE, "UnDilate", SIG_AXES_DILATION, 1, IN_ARRAYS, 0)                \
+    X(OP_CONV, "Conv", SIG_CONV, 2, IN_ARRAYS, 0)                                 \
+    X(OP_LOG_SOFTMAX, "LogSoftmax", SIG_NONE, 1, IN_ARRAYS, 0)                    \
+    X(OP_LOG_SUM_EXP, "LogSumExp", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                 \
+    X(OP_MAKE_TUPLE, "MakeTensorTuple", SIG_NONE, ARITY_ANY, IN_ARRAYS, 1)        \
+    X(OP_TUPLE_GET_ITEM, "TupleGetItem", SIG_INDEX, 1, IN_TUPLE, 0)               \
+    X(OP_FUSED_ADD_SCALARS, "FusedAddScalars", SIG_TWO_SCALARS, 1, IN_ARRAYS, 1)  \
+    X(OP_GET_ITEM, "GetItem", SIG_KEY, 1, IN_ARRAYS, 0)                           \
+    X(OP_SET_ITEM_GRAD, "ScatterSlice", SIG_KEY_SHAPE, 1, IN_ARRAYS, 0)           \
+    X(OP_GATHER_ROWS, "GatherRows", SIG_NONE, 2, IN_ARRAYS, 0)                    \
+    X(OP_SCATTER_ADD_ROWS, "ScatterAddRows", SIG_ROWS, 2, IN_ARRAYS, 0)           \
+    X(OP_SOFTMAX_XENT, "SoftmaxCrossEntropy", SIG_NONE, 2, IN_ARRAYS, 0)          \
+    X(OP_LSTM_CELL, "FusedLSTMCell", SIG_NONE, ARITY_ANY, IN_ARRAYS, 1)           \
+    X(OP_LSTM, "FusedLSTM", SIG_NONE, ARITY_ANY, IN_ARRAYS, 1)                    \
+    X(OP_LAYER_NORM, "LayerNorm", SIG_SCALAR, 3, IN_ARRAYS, 0)                    \
+    X(OP_ATTN_SOFTMAX, "AttentionSoftmax", SIG_TWO_SCALARS, 1, IN_ARRAYS, 0)      \
+    X(OP_SOFTMAX_XENT_GRAD, "SoftmaxCrossEntropyGrad", SIG_NONE, 3, IN_ARRAYS, 0) \
+    X(OP_LAYER_NORM_GRAD, "LayerNormGrad", SIG_TWO_SCALARS, 3, IN_ARRAYS, 0)      \
+    X(OP_ATTN_SOFTMAX_GRAD, "AttentionSoftmaxGrad", SIG_SCALAR, 2, IN_ARRAYS, 0)
 
 typedef enum op_kind {
     OP_PYTHON = 0, /* a TensorOp/TensorTupleOp subclass written in Python */

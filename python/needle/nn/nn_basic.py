@@ -249,7 +249,8 @@ class Dropout(Module):
     identity. Where draws are NumPy's (the CPU by default; see needle.random) each call
     draws one np.random.rand(*x.shape), also when p == 0, as in the course. Where they
     come from the device generator (CUDA by default) the mask is one bernoulli kernel, and
-    p == 0 returns x (no draw, no kernel) and p == 1 returns x * 0 (no draw)."""
+    p == 0 returns x (no draw, no kernel) and p == 1 returns x * 0 (no draw). With NumPy's
+    draws p == 0 draws and returns x."""
 
     def __init__(self, p=0.5):
         super().__init__()
@@ -261,6 +262,10 @@ class Dropout(Module):
         if self.p in (0.0, 1.0) and _random.uses_device_generator(x.device):
             return x if self.p == 0.0 else x * 0.0
         mask = init.randb(*x.shape, p=1 - self.p, device=x.device, dtype=x.dtype)
+        if self.p == 0.0:
+            # the course's draw is kept (the NumPy stream), but x * ones / 1 is x exactly: no
+            # mask, product or quotient in the graph (the course's graph mode keeps them)
+            return x
         if self.p == 1.0:
             return x * mask
         return x * mask / (1 - self.p)
