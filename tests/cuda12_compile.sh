@@ -55,7 +55,7 @@ EOF
 # names the same packages), and makes the directory of Debian's nvcc look like a toolkit to
 # setup.py: include/ and lib64/ links beside its bin/.
 unpack_debian() {
-    local deb=$out/debian stamp tmp downloads entry name path sha file url err
+    local deb=$out/debian stamp tmp downloads entry name path sha file url got err
     stamp=$(printf '%s\n' "${packages[@]}")
     if [ -f "$deb/.packages" ] && [ "$(cat "$deb/.packages")" = "$stamp" ]; then
         return
