@@ -31,7 +31,7 @@ from . import _group, _staging, faults
 from ._group import DistributedError, ReduceOp
 
 # Bytes of one rank's signature in the exchange that names the ranks that disagree.
-_SIGNATURE_BYTES = 200
+_SIGNATURE_BYTES = 1024
 
 _GROUP = None
 
@@ -218,7 +218,12 @@ class Work:
         """Waits for the collective and writes its result; returns True."""
         if not self._done:
             if self._request is not None:
-                self._pg.wait(self._request, self._what, self._keep)
+                try:
+                    self._pg.wait(self._request, self._what, self._keep)
+                except DistributedError:
+                    if self._pg.nccl is not None:
+                        self._pg.nccl.abort()
+                    raise
             self._done = True
             self._finish()
         return True
@@ -245,7 +250,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, async_op=False):
     arr = _staging.ndarray_of(tensor, "all_reduce")
     what = f"all_reduce({op.value})"
     if pg.check:
-        _agree(pg, "all_reduce", what, arr.shape)
+        _agree(pg, what, what, arr.shape)
     if pg.nccl is not None:
         return _run(pg.nccl.all_reduce(arr, op, what), async_op)
     staged = _staging.Staged(arr, pg.cuda_aware)
@@ -273,7 +278,7 @@ def broadcast(tensor, src=0, async_op=False):
         raise ValueError(f"broadcast: src must be a rank in 0..{pg.size - 1}, got {src!r}")
     arr = _staging.ndarray_of(tensor, "broadcast")
     what = f"broadcast(src={src})"
-    _agree(pg, "broadcast", what, arr.shape)
+    _agree(pg, what, what, arr.shape)
     if pg.nccl is not None:
         return _run(pg.nccl.broadcast(arr, src, what), async_op)
     staged = _staging.Staged(arr, pg.cuda_aware, read=pg.rank == src)
