@@ -194,6 +194,12 @@ def test_launcher_command_and_errors(monkeypatch, capsys):
         "1",
     ]
     assert "--oversubscribe" not in run.command(2, ["-m", "m"], "mpiexec", cpus=2)
+    # The script's own options reach it, -m takes the rest.
+    assert run.split(["-n", "2", "s.py", "-n", "5", "--help"]) == (
+        ["-n", "2"],
+        ["s.py", "-n", "5", "--help"],
+    )
+    assert run.split(["-n3", "-m", "pkg.mod", "-h"]) == (["-n3"], ["-m", "pkg.mod", "-h"])
     monkeypatch.setattr(run, "find_mpiexec", lambda: None)
     assert run.main(["-n", "2", "script.py"]) == 127
     assert "mpiexec not found" in capsys.readouterr().err

@@ -48,23 +48,38 @@ def environment(base=None):
     return env
 
 
+def split(argv):
+    """(the launcher's own arguments, the target): the target starts at the first argument
+    that is not the launcher's (the script), or is ``-m module`` and all that follows, so
+    that the script's own options (``--help``, ``-n``) reach it untouched."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-n", "--nproc"):
+            i += 2
+        elif arg.startswith(("-n", "--nproc=")) and arg not in ("-n", "--nproc"):
+            i += 1
+        elif arg in ("-h", "--help"):
+            i += 1
+        else:  # the script, or -m module
+            return argv[:i], argv[i:]
+    return argv, []
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(
         prog="python -m needle.distributed.run",
+        usage="%(prog)s [-n N] (script.py | -m module) [args...]",
         description="Runs a script (or -m module) on N ranks through mpiexec; "
         "`mpiexec -n N python script.py` is equivalent.",
     )
     parser.add_argument("-n", "--nproc", type=int, default=2, help="ranks (default 2)")
-    parser.add_argument("-m", dest="module", help="run a module (as python -m) on every rank")
-    parser.add_argument("target", nargs=argparse.REMAINDER, help="script.py [args...]")
-    args = parser.parse_args(argv)
+    own, target = split(argv)
+    args = parser.parse_args(own)
     if args.nproc < 1:
         parser.error(f"-n must be at least 1, got {args.nproc}")
-    if args.module:
-        target = ["-m", args.module] + args.target
-    elif args.target:
-        target = args.target
-    else:
+    if not target or target == ["-m"]:
         parser.error("name a script (script.py [args]) or a module (-m module [args])")
     mpiexec = find_mpiexec()
     if mpiexec is None:
