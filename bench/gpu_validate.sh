@@ -13,6 +13,9 @@
 #               compute capability, NEEDLE_STRICT=1, given to setup.py alone); the compilers
 #               (CC, CXX, CFLAGS) are the environment's, untouched; no pip, no network
 #   cuda        ndl.cuda.is_available(), the GEMM backend, or why CUDA is unavailable
+#   nccl        needle.distributed on the GPU, one rank: the collectives through the MPI backend
+#               (staged through host memory), then through NCCL (the nvidia-nccl-cu13 wheel's
+#               library, or NEEDLE_NCCL): tests/distributed/collectives.py; needs mpi4py
 #   suite       the CUDA tests (-m cuda) with NEEDLE_REQUIRE_CUDA=1 (they fail, not skip, when
 #               the GPU cannot be used), junit XML kept; NEEDLE_VALIDATE_SUITE=all runs the whole
 #               suite instead (the CPU tests in parallel pytest processes over disjoint files,
@@ -52,7 +55,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 2
 
-ALL_STEPS=(build cuda suite census ptb real_oom repro_real repro_heap ncu reduce bmm repro
+ALL_STEPS=(build cuda nccl suite census ptb real_oom repro_real repro_heap ncu reduce bmm repro
     memcheck racecheck)
 REPORT=""
 BUDGET=520
@@ -385,6 +388,7 @@ MEMCHECK_TESTS=(tests/test_cuda_ops.py tests/test_cuda_transfer.py tests/test_cu
     tests/test_cuda_device.py tests/test_cuda_cublas.py)
 RACE_TESTS=(tests/test_reduce_outer.py tests/test_sum_accuracy.py)
 CENSUS_SCRIPT=bench/gpu_census.py
+NCCL_SCRIPT=tests/distributed/collectives.py
 NCU_STEPS=(bench/ncu_steps.py --warmup 3 --steps 2)
 NCU_ARGS=(--nvtx --nvtx-include "needle_steps/" --metrics gpu__time_duration.sum
     --clock-control none --csv)
@@ -403,6 +407,10 @@ the environment: ${COMPILERS}$(if [ -z "$COMPUTE_CAP" ]; then
         check build "cmd:$NVCC" "file:setup.py" "module:setuptools" "module:numpy" "build:"
     fi
     if wanted cuda; then check cuda "module:needle"; fi
+    if wanted nccl; then
+        check nccl "module:mpi4py" "file:$NCCL_SCRIPT" \
+            "note:libnccl.so.2 from the nvidia-nccl-cu13 wheel or NEEDLE_NCCL, on the GPU machine"
+    fi
     if wanted suite; then check suite "module:pytest" "collect:-m cuda tests"; fi
     if wanted census; then
         if [ -e "$ROOT/$CENSUS_SCRIPT" ]; then
@@ -475,6 +483,15 @@ assert ndl.cuda.is_available(), ndl.cuda.unavailable_reason()
 '
         record cuda "$STATUS" "$SECS" "$(grep -m 1 '^gemm:' "$LOG" | cut -c7- || echo '-')" \
             "$(tail_of "$LOG" 8)"
+    fi
+
+    if wanted nccl; then
+        # nccl: a one-rank group on the GPU (MPI's singleton start), the MPI backend's staging
+        # first, then NCCL's calls on needle's stream; each run prints "done" when all passed.
+        run nccl 60 bash -c "$(quoted "$PY" "$NCCL_SCRIPT" cuda) &&
+            $(quoted "$PY" "$NCCL_SCRIPT" --nccl cuda)"
+        record nccl "$STATUS" "$SECS" "$(grep -c '^done' "$LOG") of 2 runs done" \
+            "$(tail_of "$LOG" 12)"
     fi
 
     export NEEDLE_REQUIRE_CUDA=1

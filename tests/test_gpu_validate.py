@@ -22,6 +22,7 @@ REPORT_TOOL = ROOT / "bench" / "gpu_report.py"
 STEPS = [
     "build",
     "cuda",
+    "nccl",
     "suite",
     "census",
     "ptb",

@@ -240,10 +240,10 @@ def reset_work_counters(device=None):
     work_counters(device, reset=True)
 
 
-def _cublas_wheel_dirs():
-    """The lib directories of pip-installed cuBLAS wheels, found without importing them:
-    ``nvidia-cublas`` (CUDA 13, what ``pip install ".[cuda]"`` brings) installs
-    ``nvidia/cu13/lib/libcublas.so.13``, ``nvidia-cublas-cu12`` ``nvidia/cublas/lib``."""
+def nvidia_wheel_lib_dirs(subdirs):
+    """The lib directories ``nvidia/<sub>/lib`` of pip-installed NVIDIA wheels, for each name
+    in ``subdirs``, found without importing them (their ``nvidia`` namespace package); also
+    how needle.distributed finds NCCL's wheel."""
     try:
         spec = importlib.util.find_spec("nvidia")
     except (ImportError, ValueError):
@@ -251,11 +251,18 @@ def _cublas_wheel_dirs():
     roots = list(spec.submodule_search_locations or []) if spec is not None else []
     dirs = []
     for root in roots:
-        for sub in ("cu13", "cublas"):
+        for sub in subdirs:
             lib = os.path.join(root, sub, "lib")
             if os.path.isdir(lib) and lib not in dirs:
                 dirs.append(lib)
     return dirs[:8]
+
+
+def _cublas_wheel_dirs():
+    """The lib directories of pip-installed cuBLAS wheels: ``nvidia-cublas`` (CUDA 13, what
+    ``pip install ".[cuda]"`` brings) installs ``nvidia/cu13/lib/libcublas.so.13``,
+    ``nvidia-cublas-cu12`` ``nvidia/cublas/lib``."""
+    return nvidia_wheel_lib_dirs(("cu13", "cublas"))
 
 
 # The engine never calls Python, so the wheel's directory is handed to its cuBLAS loader

@@ -1,5 +1,6 @@
 """Run under mpiexec -n 2 by tests/test_distributed.py: every collective against NumPy on
 every rank, on the devices named in argv (cpu, cuda), then the errors ranks must agree on.
+``--nccl``: the NCCL backend (CUDA arrays only; bench/gpu_validate.sh runs it on one rank).
 
 Prints one "ok NAME" line per check on rank 0 and "done" at the end; any failure raises (and
 so aborts the job, naming the rank)."""
@@ -11,7 +12,10 @@ import numpy as np
 import needle as ndl
 import needle.distributed as dist
 
-dist.init_process_group()
+args = sys.argv[1:]
+backend = "nccl" if "--nccl" in args else "mpi"
+devices = [a for a in args if a != "--nccl"]
+dist.init_process_group(backend=backend)
 rank, size = dist.get_rank(), dist.get_world_size()
 assert size >= 1 and 0 <= rank < size, (rank, size)
 
@@ -33,7 +37,7 @@ def expect(got, want, name):
     np.testing.assert_array_equal(got, want, err_msg=f"rank {rank}: {name}")
 
 
-for device_name in sys.argv[1:]:
+for device_name in devices:
     device = ndl.cpu() if device_name == "cpu" else ndl.cuda()
     for shape in [(7,), (3, 5), (1,), (0,), (2, 0, 3), (257, 3)]:
         every = [values(shape, r) for r in range(size)]
@@ -92,9 +96,11 @@ for device_name in sys.argv[1:]:
     expect(a.numpy(), np.sum([values((9,), r) for r in range(size)], axis=0), "async sum")
     ok(f"{device_name} async")
 
-# Errors every rank meets together, after which the group still works.
+# Errors every rank meets together, after which the group still works; on the group's device
+# (NCCL's is the GPU).
+home = dist.get_device()
 try:
-    dist.all_reduce(ndl.NDArray(np.ones(3 + rank, np.float32)))
+    dist.all_reduce(ndl.NDArray(np.ones(3 + rank, np.float32), device=home))
 except dist.DistributedError as e:
     message = str(e)
     assert size > 1, message
@@ -103,24 +109,32 @@ except dist.DistributedError as e:
 else:
     assert size == 1, "mismatched shapes were not caught"
 try:
-    dist.broadcast(ndl.NDArray(np.ones(2, np.float32)), src=rank)
+    dist.broadcast(ndl.NDArray(np.ones(2, np.float32), device=home), src=rank)
 except dist.DistributedError as e:
     assert "rank 0 called broadcast(src=0)" in str(e) and "broadcast(src=1)" in str(e), str(e)
 else:
     assert size == 1
 for bad, kind in [
-    (lambda: dist.all_reduce(ndl.NDArray(np.ones(2, np.float32)), op="max"), ValueError),
-    (lambda: dist.broadcast(ndl.NDArray(np.ones(2, np.float32)), src=size), ValueError),
+    (
+        lambda: dist.all_reduce(ndl.NDArray(np.ones(2, np.float32), device=home), op="max"),
+        ValueError,
+    ),
+    (
+        lambda: dist.broadcast(ndl.NDArray(np.ones(2, np.float32), device=home), src=size),
+        ValueError,
+    ),
     (lambda: dist.all_reduce(np.ones(2, np.float32)), TypeError),
     (
         lambda: dist.all_gather(
-            [ndl.NDArray(np.ones(2, np.float32))] * (size + 1), ndl.NDArray(np.ones(2, np.float32))
+            [ndl.NDArray(np.ones(2, np.float32), device=home)] * (size + 1),
+            ndl.NDArray(np.ones(2, np.float32), device=home),
         ),
         ValueError,
     ),
     (
         lambda: dist.all_gather(
-            [ndl.NDArray(np.ones(3, np.float32))] * size, ndl.NDArray(np.ones(2, np.float32))
+            [ndl.NDArray(np.ones(3, np.float32), device=home)] * size,
+            ndl.NDArray(np.ones(2, np.float32), device=home),
         ),
         ValueError,
     ),
@@ -132,7 +146,7 @@ for bad, kind in [
         pass
     else:
         raise AssertionError(f"rank {rank}: no {kind.__name__}")
-a = ndl.NDArray(np.full(2, rank + 1.0, np.float32))
+a = ndl.NDArray(np.full(2, rank + 1.0, np.float32), device=home)
 dist.all_reduce(a)
 expect(a.numpy(), np.full(2, size * (size + 1) / 2, np.float32), "after the errors")
 ok("errors")

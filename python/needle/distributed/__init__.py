@@ -14,7 +14,8 @@ return None (or a :class:`Work` with ``async_op=True``). Every failure is a
 not here: importing needle.distributed starts no MPI.
 """
 
-from ._group import DistributedError, ReduceOp
+from .. import _environ
+from ._group import DistributedError, ReduceOp, timeout_seconds
 from .collectives import (
     Work,
     all_gather,
@@ -32,6 +33,11 @@ from .collectives import (
 )
 from .ddp import DistributedDataParallel
 from .sampler import DistributedSampler, ptb_rank_columns
+
+# needle checks its variables at import (needle._environ): a malformed one is this import's
+# error, not the first collective's.
+timeout_seconds(None)
+_environ.switch("NEEDLE_DIST_CUDA_AWARE", None)
 
 __all__ = [
     "DistributedDataParallel",

@@ -31,6 +31,8 @@ class DistributedError(RuntimeError):
     disagree on a collective's shape, dtype or arguments, a timeout, a backend that cannot
     serve the device. The message names the rank(s)."""
 
+    __module__ = "needle.distributed"
+
 
 class ReduceOp(str, enum.Enum):
     """The reductions of :func:`all_reduce`: ``SUM``, and ``AVG`` (the sum divided by the

@@ -10,8 +10,14 @@ Every collective is in place on its array's device and goes in two steps:
    ``init_process_group(check=False)`` skips it for all_reduce (DDP's buckets, whose
    shapes are the same on every rank by construction); broadcast and all_gather always
    check.
-2. the transfer: a non-blocking MPI request (or an NCCL call on needle's stream) waited for
-   with the group's timeout.
+2. the transfer. After the agreement every rank has entered the same collective, so a
+   blocking MPI call cannot wait for a rank that went elsewhere; a rank that dies inside it
+   is a dead process, which the launcher notices and ends the job for (measured: Open MPI's
+   mpiexec exits 0.3 s after a SIGKILL, naming the rank). Blocking calls are used there
+   because Open MPI's non-blocking collectives (libnbc) took about twice as long on large
+   buffers. Without the agreement (all_reduce with check=False) and with ``async_op=True``
+   the transfer is a non-blocking request polled with the group's timeout instead. NCCL's
+   calls are queued on needle's stream.
 """
 
 import os
@@ -25,7 +31,7 @@ from . import _group, _staging, faults
 from ._group import DistributedError, ReduceOp
 
 # Bytes of one rank's signature in the exchange that names the ranks that disagree.
-_SIGNATURE_BYTES = 200
+_SIGNATURE_BYTES = 1024
 
 _GROUP = None
 
@@ -212,7 +218,12 @@ class Work:
         """Waits for the collective and writes its result; returns True."""
         if not self._done:
             if self._request is not None:
-                self._pg.wait(self._request, self._what, self._keep)
+                try:
+                    self._pg.wait(self._request, self._what, self._keep)
+                except DistributedError:
+                    if self._pg.nccl is not None:
+                        self._pg.nccl.abort()
+                    raise
             self._done = True
             self._finish()
         return True
@@ -239,14 +250,18 @@ def all_reduce(tensor, op=ReduceOp.SUM, async_op=False):
     arr = _staging.ndarray_of(tensor, "all_reduce")
     what = f"all_reduce({op.value})"
     if pg.check:
-        _agree(pg, "all_reduce", what, arr.shape)
+        _agree(pg, what, what, arr.shape)
     if pg.nccl is not None:
         return _run(pg.nccl.all_reduce(arr, op, what), async_op)
     staged = _staging.Staged(arr, pg.cuda_aware)
     if arr.size == 0:
         return _run(Work(pg, what, None, lambda: None, ()), async_op)
-    mpi = pg.MPI
-    request = pg.comm.Iallreduce(mpi.IN_PLACE, staged.mpi_buffer(mpi), op=mpi.SUM)
+    mpi, buf = pg.MPI, staged.mpi_buffer(pg.MPI)
+    if pg.check and not async_op:
+        pg.comm.Allreduce(mpi.IN_PLACE, buf, op=mpi.SUM)
+        request = None
+    else:
+        request = pg.comm.Iallreduce(mpi.IN_PLACE, buf, op=mpi.SUM)
 
     def finish():
         if op is ReduceOp.AVG:
@@ -263,13 +278,17 @@ def broadcast(tensor, src=0, async_op=False):
         raise ValueError(f"broadcast: src must be a rank in 0..{pg.size - 1}, got {src!r}")
     arr = _staging.ndarray_of(tensor, "broadcast")
     what = f"broadcast(src={src})"
-    _agree(pg, "broadcast", what, arr.shape)
+    _agree(pg, what, what, arr.shape)
     if pg.nccl is not None:
         return _run(pg.nccl.broadcast(arr, src, what), async_op)
     staged = _staging.Staged(arr, pg.cuda_aware, read=pg.rank == src)
     if arr.size == 0:
         return _run(Work(pg, what, None, lambda: None, ()), async_op)
-    request = pg.comm.Ibcast(staged.mpi_buffer(pg.MPI), root=src)
+    if async_op:
+        request = pg.comm.Ibcast(staged.mpi_buffer(pg.MPI), root=src)
+    else:
+        pg.comm.Bcast(staged.mpi_buffer(pg.MPI), root=src)
+        request = None
     finish = staged.finish if pg.rank != src else (lambda: None)
     return _run(Work(pg, what, request, finish, staged), async_op)
 
@@ -304,7 +323,11 @@ def all_gather(tensor_list, tensor, async_op=False):
     every = np.empty((pg.size,) + tuple(arr.shape), np.float32)
     if arr.size == 0:
         return _run(Work(pg, what, None, lambda: None, ()), async_op)
-    request = pg.comm.Iallgather(mine.buf, every)
+    if async_op:
+        request = pg.comm.Iallgather(mine.buf, every)
+    else:
+        pg.comm.Allgather(mine.buf, every)
+        request = None
 
     def finish():
         for out, values in zip(outs, every):

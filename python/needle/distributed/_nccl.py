@@ -1,0 +1,262 @@
+"""The NCCL backend: NCCL's collectives on CUDA arrays, loaded at run time with ctypes.
+
+The library comes from ``NEEDLE_NCCL`` (a path or soname), the ``nvidia-nccl-cu13`` wheel
+(``nvidia/nccl/lib`` or ``nvidia/cu13/lib``, found the way needle.cuda finds cuBLAS's wheel),
+then the loader's path. Rank 0 makes the unique id and broadcasts it over MPI; each rank
+joins with ``ncclCommInitRank`` on its local rank's GPU.
+
+Streams: needle runs all its CUDA work on the legacy default stream (see README.md's
+interoperability section), so NCCL's calls are queued on stream 0 (NULL, the legacy default
+stream for a library built without per-thread default streams, as NCCL is): they start after
+needle's kernels that produced the data and needle's later kernels wait for them, with no
+synchronisation. :meth:`Communicator` works' waits poll that stream (``cuStreamQuery``) and
+NCCL's asynchronous error under the group's timeout; on a timeout the communicator is
+aborted (``ncclCommAbort``) so that no kernel stays waiting for a dead peer.
+
+Buffers NCCL needs beyond the arrays (all_gather's gathered block, a compact copy of a view)
+come from needle's allocator, so they are counted and go through its out-of-memory ladder.
+"""
+
+import ctypes
+import os
+
+import needle_c as _c
+
+from .. import _environ
+from ._group import DistributedError, ReduceOp
+
+_NCCL_SUCCESS = 0
+_NCCL_IN_PROGRESS = 7
+_NCCL_FLOAT32 = 7
+_NCCL_OPS = {ReduceOp.SUM: 0, ReduceOp.AVG: 4}  # ncclSum, ncclAvg (NCCL >= 2.10)
+_CUDA_SUCCESS = 0
+_CUDA_ERROR_NOT_READY = 600
+_UNIQUE_ID_BYTES = 128
+
+
+class _UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * _UNIQUE_ID_BYTES)]
+
+
+def _candidates():
+    """Where libnccl.so.2 is looked for, in order."""
+    explicit = _environ.read("NEEDLE_NCCL")
+    if explicit is not None:
+        return [explicit]
+    from .. import cuda
+
+    found = [os.path.join(d, "libnccl.so.2") for d in cuda.nvidia_wheel_lib_dirs(("nccl", "cu13"))]
+    return [p for p in found if os.path.isfile(p)] + ["libnccl.so.2"]
+
+
+_LIBRARIES = {}
+
+
+def _load(name):
+    """The CDLL of ``name`` (cached), or the OSError of loading it."""
+    if name not in _LIBRARIES:
+        try:
+            _LIBRARIES[name] = ctypes.CDLL(name)
+        except OSError as e:
+            _LIBRARIES[name] = e
+    return _LIBRARIES[name]
+
+
+def library():
+    """(the NCCL CDLL, its path); DistributedError listing what was tried."""
+    tried = []
+    for path in _candidates():
+        lib = _load(path)
+        if not isinstance(lib, OSError):
+            return lib, path
+        tried.append(f"{path}: {lib}")
+    raise DistributedError(
+        "NCCL not found (pip install nvidia-nccl-cu13, or NEEDLE_NCCL=/path/libnccl.so.2); "
+        "tried " + "; ".join(tried)
+    )
+
+
+def unavailable_reason(device):
+    """Why this rank cannot use NCCL on ``device`` (its local rank's device), or None."""
+    if device.name != "cuda":
+        from .. import cuda
+
+        return f"backend='nccl' needs a CUDA device: {cuda.unavailable_reason()}"
+    if _c._cuda_simulated():
+        return (
+            "backend='nccl' needs a GPU: this needle runs CUDA on its simulator "
+            "(NEEDLE_CUDA=sim), whose device memory NCCL cannot reach; use backend='mpi'"
+        )
+    try:
+        library()
+    except DistributedError as e:
+        return str(e)
+    driver = _load("libcuda.so.1")
+    if isinstance(driver, OSError):
+        return f"backend='nccl': the CUDA driver library libcuda.so.1 did not load: {driver}"
+    return None
+
+
+class _StreamRequest:
+    """An NCCL call in flight, as an MPI-request-like object for ProcessGroup.wait: done when
+    the legacy default stream is idle; raises NCCL's asynchronous error."""
+
+    def __init__(self, comm):
+        self._comm = comm
+
+    def Test(self):  # noqa: N802 - the name ProcessGroup.wait calls, as on an MPI request
+        self._comm.check_async()
+        status = self._comm.driver.cuStreamQuery(None)
+        if status == _CUDA_ERROR_NOT_READY:
+            return False
+        if status != _CUDA_SUCCESS:
+            raise DistributedError(
+                f"rank {self._comm.pg.rank}: the CUDA stream of an NCCL collective failed "
+                f"(CUresult {status})"
+            )
+        return True
+
+
+class Communicator:
+    """This rank's NCCL communicator on its local rank's GPU (``pg.device``)."""
+
+    def __init__(self, pg):
+        self.pg = pg
+        self.lib, self.path = library()
+        self.driver = _load("libcuda.so.1")
+        self.lib.ncclGetErrorString.restype = ctypes.c_char_p
+        self._make_current()
+        uid = _UniqueId()
+        status = ctypes.c_int(0)
+        if pg.rank == 0:
+            status.value = self.lib.ncclGetUniqueId(ctypes.byref(uid))
+        packet = bytearray(bytes(uid) + bytes([1 if status.value else 0]))
+        pg.wait(pg.comm.Ibcast(packet, root=0), "init_process_group(backend='nccl')", packet)
+        if packet[-1]:
+            raise DistributedError(
+                f"rank {pg.rank}: init_process_group(backend='nccl'): rank 0's "
+                "ncclGetUniqueId failed"
+            )
+        ctypes.memmove(ctypes.byref(uid), bytes(packet[:_UNIQUE_ID_BYTES]), _UNIQUE_ID_BYTES)
+        self.comm = ctypes.c_void_p()
+        self._check(
+            self.lib.ncclCommInitRank(ctypes.byref(self.comm), pg.size, uid, pg.rank),
+            "ncclCommInitRank",
+        )
+
+    def _make_current(self):
+        """Makes the rank's GPU current on this thread (its primary context, the one needle's
+        runtime uses): NCCL binds a communicator to the current device."""
+        d = self.driver
+        device, context = ctypes.c_int(), ctypes.c_void_p()
+        for name, result in (
+            ("cuInit", d.cuInit(0)),
+            ("cuDeviceGet", d.cuDeviceGet(ctypes.byref(device), self.pg.device.index)),
+            ("cuDevicePrimaryCtxRetain", d.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)),
+            ("cuCtxSetCurrent", d.cuCtxSetCurrent(context)),
+        ):
+            if result != _CUDA_SUCCESS:
+                raise DistributedError(f"rank {self.pg.rank}: {name} failed (CUresult {result})")
+
+    def _check(self, status, call):
+        if status not in (_NCCL_SUCCESS, _NCCL_IN_PROGRESS):
+            text = self.lib.ncclGetErrorString(status).decode(errors="replace")
+            raise DistributedError(f"rank {self.pg.rank}: {call} failed: {text} ({status})")
+
+    def check_async(self):
+        """Raises NCCL's asynchronous error (a peer lost, a network failure), if any."""
+        error = ctypes.c_int(0)
+        self._check(
+            self.lib.ncclCommGetAsyncError(self.comm, ctypes.byref(error)), "ncclCommGetAsyncError"
+        )
+        if error.value not in (_NCCL_SUCCESS, _NCCL_IN_PROGRESS):
+            self._check(error.value, "an NCCL collective")
+
+    def _compact(self, arr, what):
+        """``arr`` itself when compact on the group's GPU, else a compact copy (written back
+        by the work's finish)."""
+        if arr.device != self.pg.device:
+            raise DistributedError(
+                f"rank {self.pg.rank}: {what}: the NCCL group of this rank is on "
+                f"{self.pg.device!r}; the array is on {arr.device!r}"
+            )
+        return arr if arr.is_compact() else arr.compact()
+
+    @staticmethod
+    def _pointer(arr):
+        return ctypes.c_void_p(arr.__cuda_array_interface__["data"][0])
+
+    def _work(self, what, finish, keep):
+        from .collectives import Work
+
+        return Work(self.pg, what, _StreamRequest(self), finish, keep)
+
+    def _write_back(self, arr, buf):
+        return (lambda: arr.__setitem__(Ellipsis, buf)) if buf is not arr else (lambda: None)
+
+    def all_reduce(self, arr, op, what):
+        buf = self._compact(arr, what)
+        if buf.size:
+            ptr = self._pointer(buf)
+            self._check(
+                self.lib.ncclAllReduce(
+                    ptr,
+                    ptr,
+                    ctypes.c_size_t(buf.size),
+                    _NCCL_FLOAT32,
+                    _NCCL_OPS[op],
+                    self.comm,
+                    None,
+                ),
+                "ncclAllReduce",
+            )
+        return self._work(what, self._write_back(arr, buf), (arr, buf))
+
+    def broadcast(self, arr, src, what):
+        buf = self._compact(arr, what)
+        if buf.size:
+            ptr = self._pointer(buf)
+            self._check(
+                self.lib.ncclBroadcast(
+                    ptr, ptr, ctypes.c_size_t(buf.size), _NCCL_FLOAT32, src, self.comm, None
+                ),
+                "ncclBroadcast",
+            )
+        return self._work(what, self._write_back(arr, buf), (arr, buf))
+
+    def all_gather(self, outs, arr, what):
+        buf = self._compact(arr, what)
+        every = _c.empty((self.pg.size,) + tuple(arr.shape), device=arr.device)
+        if buf.size:
+            self._check(
+                self.lib.ncclAllGather(
+                    self._pointer(buf),
+                    self._pointer(every),
+                    ctypes.c_size_t(buf.size),
+                    _NCCL_FLOAT32,
+                    self.comm,
+                    None,
+                ),
+                "ncclAllGather",
+            )
+
+        def finish():
+            for r, out in enumerate(outs):
+                out[...] = every[r]
+
+        return self._work(what, finish, (buf, every, outs))
+
+    def abort(self):
+        """Aborts the communicator (after a timeout), so that no kernel keeps waiting for a
+        lost peer; idempotent."""
+        if self.comm:
+            comm, self.comm = self.comm, ctypes.c_void_p()
+            self._check(self.lib.ncclCommAbort(comm), "ncclCommAbort")
+
+    def destroy(self):
+        """Destroys the communicator (aborts it when the group is broken)."""
+        if self.pg.broken is not None:
+            self.abort()
+        elif self.comm:
+            comm, self.comm = self.comm, ctypes.c_void_p()
+            self._check(self.lib.ncclCommDestroy(comm), "ncclCommDestroy")
