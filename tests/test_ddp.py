@@ -9,9 +9,6 @@ statistics. Bad input and the samplers run in this process.
 
 import json
 import os
-import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,9 +18,10 @@ import needle.distributed as dist
 from needle import nn
 from needle.distributed import DistributedSampler, ptb_rank_columns
 
+from mpi_run import launch, require_mpi
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ddp_worker.py")
-MPI_TIMEOUT_S = 300
 EQUIVALENCE_CASES = [
     "transformer/cycle_free",
     "transformer/needle",
@@ -32,32 +30,13 @@ EQUIVALENCE_CASES = [
 ]
 
 
-def _mpi_missing():
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return "mpi4py is not installed"
-    if shutil.which("mpiexec") is None:
-        return "mpiexec is not on PATH"
-    return None
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     """The two ranks' results of tests/ddp_worker.py (a list of two dicts)."""
-    reason = _mpi_missing()
-    if reason:
-        pytest.skip(reason)
+    require_mpi()
     outdir = tmp_path_factory.mktemp("ddp")
-    env = dict(os.environ)
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
-    python_dir = os.path.join(os.path.dirname(HERE), "python")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), python_dir) if p)
-    cmd = ["mpiexec", "-n", "2", "--oversubscribe", sys.executable, WORKER, str(outdir)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=MPI_TIMEOUT_S)
-    assert proc.returncode == 0, (
-        f"mpiexec failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    )
+    done, _ = launch(WORKER, str(outdir))
+    assert done.returncode == 0, f"the job failed ({done.returncode}):\n{done.stdout}"
     results = []
     for rank in (0, 1):
         with open(os.path.join(outdir, f"rank{rank}.json")) as f:

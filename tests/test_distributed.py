@@ -8,9 +8,7 @@ without mpi4py or mpiexec (``pip install ".[distributed]"``).
 """
 
 import os
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -20,44 +18,17 @@ import needle.distributed as dist
 from needle.distributed import _nccl, run
 
 from devices import DEVICES
+from mpi_run import launch, needs_mpi
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "distributed")
-MPIEXEC = run.find_mpiexec()
-
-needs_mpi = pytest.mark.skipif(
-    not dist.is_available() or MPIEXEC is None,
-    reason="needs mpi4py and mpiexec (pip install '.[distributed]')",
-)
-
-# Seconds a whole job may take before the test calls it a hang: far above a healthy run
-# (about 3 s here), far below the collectives' own default timeout (300 s).
-JOB_TIMEOUT_S = 90
-
-
-def launch(script, *args, n=2, env=None, timeout=JOB_TIMEOUT_S):
-    """Runs tests/distributed/SCRIPT on n ranks through the launcher; the CompletedProcess
-    (stdout and stderr merged) and the wall time."""
-    environ = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **(env or {}))
-    cmd = [sys.executable, "-m", "needle.distributed.run", "-n", str(n)]
-    cmd += [os.path.join(SCRIPTS, script), *args]
-    start = time.monotonic()
-    done = subprocess.run(
-        cmd,
-        env=environ,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-    )
-    return done, time.monotonic() - start
 
 
 @needs_mpi
 @pytest.mark.parametrize("device", DEVICES)
 def test_collectives_two_ranks(device):
     name = "cuda" if device.name == "cuda" else "cpu"
-    done, _ = launch("collectives.py", name)
+    done, _ = launch(os.path.join(SCRIPTS, "collectives.py"), name)
     assert done.returncode == 0, done.stdout
     for check in (f"{name} shapes", f"{name} views", f"{name} tensors", f"{name} async"):
         assert f"ok {check}" in done.stdout, done.stdout
@@ -160,7 +131,7 @@ def test_nccl_library_not_found(monkeypatch, tmp_path):
 def test_a_failing_rank_ends_the_job(mode):
     """Rank 1 raises, or SIGKILLs itself with an all_reduce in flight, while rank 0 waits in
     an all_reduce: the job ends (long before the 300 s timeout) and the output names rank 1."""
-    done, _ = launch("faults.py", mode)
+    done, _ = launch(os.path.join(SCRIPTS, "faults.py"), mode)
     assert done.returncode != 0, done.stdout
     assert "step 2 done" not in done.stdout
     if mode == "raise":
@@ -175,7 +146,7 @@ def test_a_failing_rank_ends_the_job(mode):
 @needs_mpi
 def test_a_rank_that_leaves_times_out_the_others():
     """Rank 1 exits without an exception; rank 0's all_reduce times out (2 s) naming it."""
-    done, _ = launch("faults.py", "exit", "2")
+    done, _ = launch(os.path.join(SCRIPTS, "faults.py"), "exit", "2")
     assert done.returncode != 0, done.stdout
     assert "rank 0: all_reduce(sum) timed out after 2 s waiting for rank 1 of 2" in done.stdout
     assert "step 2 done" not in done.stdout

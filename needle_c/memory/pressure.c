@@ -423,8 +423,8 @@ static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested,
 }
 
 /* The aligned collection every rank agreed on: the ladder on the device
- * that asks the most of it (one scoped collection covers every device's
- * graph), then the agreed Python generation unless the ladder ran a full
+ * that wanted it (else the one that asks the most of it; one scoped
+ * collection covers every device's graph), then the agreed Python generation unless the ladder ran a full
  * collection. Every rank runs it, wanted or not: that is the alignment. */
 static void run_aligned_collection(double now) {
     aligned_scheduled = 0;
@@ -432,13 +432,17 @@ static void run_aligned_collection(double now) {
     aligned_generation = -1;
     nd_device *chosen = NULL;
     int64_t most = -1;
+    int chosen_wants = 0;
     for (int id = 0; id < nd_device_count() && id < ND_MAX_DEVICES; id++) {
         nd_device *dev = nd_device_at(id);
         if (dev == NULL) continue;
         int64_t asked = soft_path_asked(dev, allocated_of(dev));
-        if (chosen == NULL || asked > most || (pressure[id].wants && asked == most)) {
+        int wants = pressure[id].wants;
+        /* A device that wanted it first, then the one that asks the most. */
+        if (chosen == NULL || wants > chosen_wants || (wants == chosen_wants && asked > most)) {
             chosen = dev;
             most = asked;
+            chosen_wants = wants;
         }
         pressure[id].wants = 0;
     }

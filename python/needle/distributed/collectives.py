@@ -27,6 +27,7 @@ import numpy as np
 
 import needle_c as _c
 
+from ..memory import alignment
 from . import _group, _staging, faults
 from ._group import DistributedError, ReduceOp
 
@@ -152,11 +153,13 @@ def init_process_group(backend="mpi", timeout=None, check=True):
 
 def destroy_process_group():
     """Leaves the process group (the NCCL communicator is destroyed, the fault handler
-    removed); init_process_group may be called again. MPI itself stays up until exit."""
+    removed, aligned collections turned off); init_process_group may be called again. MPI
+    itself stays up until exit."""
     global _GROUP
     pg = group("destroy_process_group")
     _GROUP = None
     faults.uninstall()
+    alignment.enable(False)  # each rank's collector is its own again
     if pg.nccl is not None:
         pg.nccl.destroy()
     if pg.broken is None:

@@ -8,12 +8,8 @@ import numpy as np
 from .._checks import check_real
 from ..autograd import Tensor, is_grad_enabled, no_grad
 from ..backend_ndarray import NDArray, empty
+from ..memory import alignment as _alignment
 from ..nn import Module
-
-try:  # the main engineer's module; DDP carries its flags when it is there
-    from ..memory import alignment as _alignment
-except ImportError:  # pragma: no cover - depends on the branch this file is merged into
-    _alignment = None
 
 __all__ = ["DistributedDataParallel"]
 
@@ -95,19 +91,21 @@ class DistributedDataParallel(Module):
     a detached Tensor that is a view of the bucket (no copy back): the gradients stay valid
     until the next synchronisation overwrites the buckets. A parameter whose ``grad`` was None
     on every rank keeps ``grad = None`` (the optimizers skip it, as in one process); the
-    presence flags that decide this ride in the last bucket, with no extra round trip. The
-    all-reduces run one after the other after the whole backward (needle's backward has no
-    hooks and the collectives are blocking, so there is nothing to overlap them with).
+    presence flags that decide this ride in the last bucket, with no extra round trip. Each
+    bucket's all-reduce starts (``async_op=True``) while the next bucket is packed; none
+    overlaps the backward itself, which needle runs whole before the synchronisation (its
+    backward has no per-parameter hooks).
 
-    Aligned collections: with ``aligned`` (default True when ``needle.memory.alignment`` is
-    available) the wrap turns alignment on, and each synchronisation appends this rank's
+    Aligned collections: with ``aligned=True`` (the default) the wrap turns alignment on
+    (``needle.memory.alignment``; process-wide: the last wrap decides, and
+    ``destroy_process_group()`` turns it off), and each synchronisation appends this rank's
     ``alignment.local_wants(rank, world_size)`` to the last bucket and hands the summed wants to
-    ``alignment.agreed()`` on every rank, so that pressure collections happen on all ranks at
-    the same step.
+    ``alignment.agreed()`` on every rank, so that collections happen on all ranks at the same
+    step. ``aligned=False`` leaves every rank's collector to itself.
 
     Raises ``needle.distributed.DistributedError`` when no process group is up, TypeError for a
     ``module`` that is not an ``nn.Module``, TypeError / ValueError for a bad ``bucket_cap_mb``
-    (a real number > 0), and RuntimeError for ``aligned=True`` without the alignment module.
+    (a real number > 0), and TypeError for an ``aligned`` that is not a bool.
     """
 
     def __init__(self, module, bucket_cap_mb=25, aligned=None, broadcast_buffers=True):
@@ -118,12 +116,9 @@ class DistributedDataParallel(Module):
             )
         bucket_cap_mb = check_real("bucket_cap_mb", bucket_cap_mb, low=0.0, low_open=True)
         if aligned is None:
-            aligned = _alignment is not None
-        if aligned and _alignment is None:
-            raise RuntimeError(
-                "DistributedDataParallel(aligned=True) needs needle.memory.alignment, which "
-                "this needle does not have; pass aligned=False"
-            )
+            aligned = True
+        if not isinstance(aligned, bool):
+            raise TypeError(f"aligned must be True or False, got {type(aligned).__name__}")
         dist = _dist()
         if not dist.is_initialized():
             raise dist.DistributedError(
@@ -144,8 +139,8 @@ class DistributedDataParallel(Module):
                 dist.broadcast(p, src=0)
             self._broadcast_buffers()
         self._state.buckets = self._build_buckets(int(bucket_cap_mb * _MIB))
-        if self.aligned:
-            _alignment.enable(True)
+        # Process-wide: the last wrap decides; destroy_process_group() turns it off.
+        _alignment.enable(self.aligned)
 
     # -- layout -------------------------------------------------------------------------------
 
