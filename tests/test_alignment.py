@@ -67,7 +67,7 @@ def test_a_soft_collection_waits_for_agreement(aligned_cpu):
     assert stats["aligned_rounds_waited"] == before["aligned_rounds_waited"] + 1
     assert stats["num_pressure_collections"] == before["num_pressure_collections"] + 1
     figures = alignment.stats()
-    assert figures["rounds"] == 1 and figures["aligned_collections"] == 1
+    assert figures["rounds"] == 1 and figures["collections_agreed"] == 1
     assert figures["wait_saved_seconds"] == pytest.approx(0.0)  # only one rank collected
 
     # The next round reports this rank's collection time in its own slot; the wait saved is the

@@ -437,6 +437,7 @@ static void run_aligned_collection(double now) {
         nd_device *dev = nd_device_at(id);
         if (dev == NULL) continue;
         int64_t asked = soft_path_asked(dev, allocated_of(dev));
+        if (asked < 0) asked = 0; /* below high water asks nothing, like no budget */
         int wants = pressure[id].wants;
         /* A device that wanted it first, then the one that asks the most. */
         if (chosen == NULL || wants > chosen_wants || (wants == chosen_wants && asked > most)) {
@@ -449,7 +450,7 @@ static void run_aligned_collection(double now) {
     if (chosen == NULL) return;
     device_pressure *ps = &pressure[nd_device_id(chosen)];
     int64_t before = allocated_of(chosen);
-    collect_and_account(chosen, ps, ND_COLLECT_PRESSURE, now, before, most > 0 ? most : 0);
+    collect_and_account(chosen, ps, ND_COLLECT_PRESSURE, now, before, most);
     ps->aligned_collections++;
     ps->safe_point_collections++;
     ps->safe_point_useless = ps->last_freed_little;

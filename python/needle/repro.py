@@ -26,17 +26,22 @@ is garbage: its peak is the least any collector can give the "needle" graph mode
 own working set).
 
 On the CPU the limit emulates a GPU's capacity; by default it is 1.3x the peak of a short
-calibration run of ``manual`` (two steps), so that ``leak`` runs out within a few steps while
-the fixes do not. ``--limit none`` sets no limit: on a GPU the modes meet its own memory (a
-real out-of-memory error, where one comes). ``--extra-objects N`` keeps N more tracked Python
-objects alive in each mode's process (a Jupyter kernel's heap is about 150k objects more than
-a script's), which every full collection has to scan; the table's "gc %" is the share of the
-loop's time spent in the mode's collections.
+calibration run of ``manual`` (two steps; ``floor`` with ``--ranks``), so that ``leak`` runs out
+within a few steps while the fixes do not. ``--limit none`` sets no limit: on a GPU the modes
+meet its own memory (a real out-of-memory error, where one comes). ``--extra-objects N`` keeps N
+more tracked Python objects alive in each mode's process (a Jupyter kernel's heap is about 150k
+objects more than a script's), which every full collection has to scan; the table's "gc %" is
+the share of the loop's time spent in the mode's collections.
 Prints a table and each mode's memory over the steps, writes ``repro.json`` (each mode's
 ``REPORT_KEYS``, with a record per step: allocated and reserved bytes, and the driver's free bytes
 on a GPU) and a PNG timeline of allocated bytes to ``--out``. While a mode trains, its progress
 goes to stderr (a tqdm bar when tqdm is installed, otherwise a line every tenth of the steps);
 ``--no-progress`` turns it off. The table and the file's contents go to stdout.
+
+``--ranks N`` runs each mode data-parallel on N ranks (``python -m needle.distributed.run``,
+the MPI backend): each rank trains on its ``--batch-size / N`` columns of every batch with the
+model in ``DistributedDataParallel`` (aligned collections on), the limit is each rank's, and the
+figures are rank 0's. A rank that runs out of memory stops every rank at that step.
 """
 
 import argparse
@@ -75,6 +80,7 @@ REPORT_KEYS = (
     "limit_bytes",
     "extra_objects",
     "tracked_objects",
+    "ranks",
     "samples",
 )
 # One record of a mode's "samples": the device's memory after a step.
@@ -124,6 +130,13 @@ def _parse_args(argv):
         action="store_false",
         help="no progress bar or lines on stderr while a mode trains",
     )
+    parser.add_argument(
+        "--ranks",
+        type=int,
+        default=1,
+        help="run each mode data-parallel on this many ranks (MPI; --batch-size is the global "
+        "batch)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--corpus-dir", help=argparse.SUPPRESS)
     parser.add_argument("--limit-bytes", type=int, help=argparse.SUPPRESS)
@@ -138,6 +151,10 @@ def _parse_args(argv):
         parser.error("--steps must be at least 1")
     if args.extra_objects < 0:
         parser.error("--extra-objects must be >= 0")
+    if args.ranks < 1:
+        parser.error("--ranks must be at least 1")
+    if args.batch_size % args.ranks:
+        parser.error(f"--batch-size {args.batch_size} is not a multiple of --ranks {args.ranks}")
     if args.limit is not None and args.limit.strip().lower() == "none":
         args.limit = "none"
         if args.device == "cpu" and "gc_blind" in modes:
@@ -205,11 +222,18 @@ def _run_worker(args):
     from needle.data import get_batch
 
     mode = args.worker
+    group = _join_group(args.ranks)
     device = ndl.cpu() if args.device == "cpu" else ndl.cuda()
+    if group is not None and args.device == "cuda":
+        device = group.get_device()
     # corpus stays alive, as in the course notebook: its token lists are part of the heap.
     corpus, train, model, opt, loss_fn = course_setup(
         args.corpus_dir, args.batch_size, args.seq_len, device
     )
+    if group is not None:
+        train = group.ptb_rank_columns(train)
+        model = group.DistributedDataParallel(model)
+        model.wrap_optimizer(opt)
     # The heap a notebook adds: small tracked objects that every full collection scans.
     heap = [[i] for i in range(args.extra_objects)]
     _configure(mode, device, args.limit_bytes)
@@ -251,6 +275,17 @@ def _run_worker(args):
                 raise
             oom, oom_step = True, step
             samples.append(_memory_sample(step, device))
+            _ranks_stop(group, True)
+            break
+        except Exception as err:
+            # Another rank stopped (out of memory) while this one was in a gradient all-reduce:
+            # its stop call and this all-reduce disagree, and both ranks are told.
+            if group is None or not isinstance(err, group.DistributedError):
+                raise
+            oom, oom_step = True, step
+            break
+        if _ranks_stop(group, False):
+            oom, oom_step = True, step
             break
         step_times.append(time.perf_counter() - t0)
         position += args.seq_len
@@ -283,6 +318,7 @@ def _run_worker(args):
         "limit_bytes": args.limit_bytes,
         "extra_objects": len(heap),
         "tracked_objects": tracked_objects,
+        "ranks": args.ranks,
         "samples": samples,
     }
     if mode in ("manual", "floor"):
@@ -299,7 +335,43 @@ def _run_worker(args):
     result["held_beyond_arrays_bytes"] = memory.memory_reserved(device) - memory.memory_allocated(
         device
     )
-    print(json.dumps(result))
+    if group is None or group.get_rank() == 0:
+        print(json.dumps(result))
+
+
+def _join_group(ranks):
+    """needle.distributed with its process group up for a worker of ``--ranks`` > 1 (the ranks
+    past 0 print nothing); None for one rank."""
+    if ranks == 1:
+        return None
+    from needle import distributed
+
+    distributed.init_process_group()
+    if distributed.get_world_size() != ranks:
+        raise SystemExit(
+            f"needle.repro: started on {distributed.get_world_size()} ranks, expected {ranks}"
+        )
+    if distributed.get_rank() != 0:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
+    return distributed
+
+
+def _ranks_stop(group, stopping):
+    """Whether any rank stops here (out of memory): every rank calls it at the end of each step,
+    and a rank that ran out of memory calls it at once; True when one did. A rank still in a
+    gradient all-reduce then gets a DistributedError instead (the calls disagree)."""
+    if group is None:
+        return stopping
+    import numpy as np
+
+    import needle as ndl
+
+    flag = ndl.NDArray(np.array([1.0 if stopping else 0.0], dtype=np.float32))
+    try:
+        group.all_reduce(flag)
+    except group.DistributedError:
+        return True
+    return bool(flag.numpy()[0] > 0)
 
 
 def _memory_sample(step, device):
@@ -319,10 +391,13 @@ def _memory_sample(step, device):
 def _spawn(mode, args, corpus_dir, limit_bytes, steps, label=None):
     """Runs ``mode`` in a worker process, showing its progress under ``label`` (default: the
     mode); returns the worker's result."""
-    cmd = [
-        sys.executable,
-        "-m",
+    cmd = [sys.executable, "-m"]
+    if args.ranks > 1:
+        cmd += ["needle.distributed.run", "-n", str(args.ranks), "-m"]
+    cmd += [
         "needle.repro",
+        "--ranks",
+        str(args.ranks),
         "--worker",
         mode,
         "--corpus-dir",
@@ -485,11 +560,16 @@ def main(argv=None):
             # 1.3x that: room for the workaround and the hook, not for garbage that piles up.
             # A limit counts reserved bytes: the device also holds what is not an array
             # (cuBLAS's workspace on a GPU), which the calibration measures and adds.
-            calibration = _spawn("manual", args, corpus_dir, None, 2, label="calibration")
+            # DistributedDataParallel's averaged .grad holds no graph, so on several ranks
+            # the workaround frees more than the course loop can; there the measure is `floor`
+            # (the previous step's graph alive, through the loop's names, until reset_grad).
+            base = "manual" if args.ranks == 1 else "floor"
+            calibration = _spawn(base, args, corpus_dir, None, 2, label="calibration")
             held = calibration["held_beyond_arrays_bytes"]
             limit_bytes = int(calibration["peak_allocated_bytes"] * 1.3) + held
+            what = "the course's workaround" if base == "manual" else "the floor"
             print(
-                "calibration: two steps of the course's workaround peak at "
+                f"calibration: two steps of {what} peak at "
                 f"{_mib(calibration['peak_allocated_bytes'])} MiB, and the device holds "
                 f"{_mib(held)} MiB beyond arrays; "
                 f"emulated device limit {_mib(limit_bytes)} MiB"

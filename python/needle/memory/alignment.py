@@ -163,15 +163,16 @@ def agreed(summed):
 
 def stats():
     """This process's alignment figures: ``enabled``, ``rounds`` (all-reduce rounds that
-    carried flags), ``aligned_collections`` (collections agreed), ``generation_collections``
-    (of which with Python generation 0, 1, 2), ``collection_seconds`` (this rank's time in
+    carried flags), ``collections_agreed`` (aligned collections scheduled: each runs at the
+    next safe point, so the last may not have run yet), ``generation_collections`` (of which
+    with Python generation 0, 1, 2), ``collection_seconds`` (this rank's time in
     them) and ``wait_saved_seconds`` (the sum minus the max of every rank's time in them:
     what independent collections would have added to the all-reduce waits). Per-device
     figures (wants, rounds waited, collections) are in ``memory_stats()``."""
     return {
         "enabled": _state["enabled"],
         "rounds": _state["rounds"],
-        "aligned_collections": _state["agreed"],
+        "collections_agreed": _state["agreed"],
         "generation_collections": tuple(_state["generation_collections"]),
         "collection_seconds": _state["collection_seconds"],
         "wait_saved_seconds": _state["wait_saved_seconds"],
