@@ -18,7 +18,8 @@ import needle.distributed as dist
 from needle import nn
 from needle.distributed import DistributedSampler, ptb_rank_columns
 
-from mpi_run import launch, require_mpi
+from devices import DEVICES
+from mpi_run import launch, needs_mpi, require_mpi
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ddp_worker.py")
@@ -206,3 +207,34 @@ def test_distributed_sampler_bad_input():
         DistributedSampler([1, 2], 2, 2)
     with pytest.raises(TypeError):
         DistributedSampler([1, 2], 2, 0, seed=1.5)
+
+
+@needs_mpi
+@pytest.mark.parametrize("device", DEVICES)
+def test_ddp_in_a_group_of_one_on_every_device(device):
+    """The whole path on the device (buckets, the all-reduce through the staging, the views
+    handed back as .grad) in a group of one in this process: the gradients are unchanged and
+    live on the device; aligned=True takes Python's collector over until destroy."""
+    import gc
+
+    dist.init_process_group(timeout=30)
+    try:
+        np.random.seed(0)
+        model = nn.Sequential(
+            nn.Linear(5, 4, device=device), nn.ReLU(), nn.Linear(4, 3, device=device)
+        )
+        x = ndl.Tensor(np.random.randn(6, 5).astype(np.float32), device=device)
+        model(x).sum().backward()
+        plain = [p.grad.numpy() for p in model.parameters()]
+        for p in model.parameters():
+            p.grad = None
+        ddp = dist.DistributedDataParallel(model, bucket_cap_mb=64 / 2**20)  # several buckets
+        assert not gc.isenabled()
+        ddp(x).sum().backward()
+        ddp.sync_gradients()
+        for p, expected in zip(model.parameters(), plain):
+            assert p.grad.device == device
+            np.testing.assert_allclose(p.grad.numpy(), expected, rtol=1e-6)
+    finally:
+        dist.destroy_process_group()
+    assert gc.isenabled()
