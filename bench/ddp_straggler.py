@@ -178,7 +178,8 @@ def summarize(results, args):
 def print_table(rows):
     print(
         f"{'run':<13}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'r1 p50':>8}{'r1 p99':>8}"
-        f"{'pressure r0/r1':>16}{'oom r0/r1':>11}{'full r0/r1':>12}{'aligned r0/r1':>15}{'gc s r0/r1':>13}"
+        f"{'pressure r0/r1':>16}{'oom r0/r1':>11}{'full r0/r1':>12}{'aligned r0/r1':>15}"
+        f"{'gc s r0/r1':>13}"
         f"{'py gen2 r0/r1':>15}"
     )
     for r in rows:
