@@ -21,6 +21,12 @@ waits for rank 1 in each gradient all-reduce. Four runs, each in its own ``mpiex
   and ``gc.collect()`` on every rank every ``--gc-every`` steps (default 10), ``aligned=False``
   (needle's pressure hook stays on).
 
+``--ladder``: ``scoped`` (needle's default: a pressure collection first collects needle's own
+objects only, which does not scan the extra heap, and falls back to a full collection when that
+frees too little) or ``full`` (full collections only, the repro's ``hook_full``: every pressure
+collection scans the whole heap, the cost a straggler has when its garbage is not only
+needle's; the default here, since it is the case alignment is for).
+
 Reported per run: rank 0's step-time p50 and p99 (and rank 1's), the collections each rank ran
 in the timed steps (``memory_stats()``: num_pressure_collections, num_oom_collections,
 num_full_collections, num_aligned_collections, gc_seconds; Python's own automatic collections
@@ -30,8 +36,9 @@ course's batch (global ``--batch 64``, 32 per rank) so that 4 x 220 steps run in
 minutes on a 2-core box; ``--batch 256`` is the course's.
 
     python bench/ddp_straggler.py [--steps 200] [--warmup 20] [--batch 64]
-                                  [--extra-objects 150000] [--limit-factor 1.5] [--gc-every 10]
+                                  [--extra-objects 150000] [--limit-factor 3] [--gc-every 10]
                                   [--runs baseline,independent,aligned,manual_gc]
+                                  [--ladder full|scoped]
 """
 
 import argparse
@@ -70,6 +77,19 @@ def python_collections():
     return [s["collections"] for s in gc.get_stats()]
 
 
+def _timed(fn, spent, key):
+    """``fn`` adding its seconds to ``spent[key]``."""
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[key] += time.perf_counter() - start
+
+    return timed
+
+
 def calibrate_limit(step, device, factor):
     """Runs one step with the garbage collected before and after it; returns ``factor`` x the
     peak bytes reserved during it (what a limit counts)."""
@@ -86,6 +106,7 @@ def calibrate_limit(step, device, factor):
 def worker(args):
     import needle as ndl
     import needle.distributed as dist
+    import needle_c as _c
     from needle import memory, nn, optim
     from needle.memory import alignment
 
@@ -99,10 +120,17 @@ def worker(args):
         gc.collect()
     ndl.autograd.set_graph_mode("needle")
     memory.set_gc_policy(enabled=True)
+    _c._set_scoped_enabled(args.ladder == "scoped")
     dist.init_process_group(backend="mpi")
     batches, vocab = ddputil.rank_batches(args.data, args.batch, rank, world, args.vocab)
     model = ddputil.needle_model(COURSE, vocab, args.seq_len)
     ddp = dist.DistributedDataParallel(model, aligned=args.run == "aligned")
+    # where rank 1's time goes: the all-reduce round (its waits included) and, inside it, the
+    # alignment flags' bookkeeping (local_wants, agreed)
+    spent = {"sync": 0.0, "flags": 0.0}
+    ddp.sync_gradients = _timed(ddp.sync_gradients, spent, "sync")
+    alignment.local_wants = _timed(alignment.local_wants, spent, "flags")
+    alignment.agreed = _timed(alignment.agreed, spent, "flags")
     opt = optim.Adam(model.parameters(), lr=COURSE.lr)
     loss_fn = nn.SoftmaxLoss()
     rows = ddputil.batch_rows(batches.shape[0], args.seq_len, args.warmup + args.steps + 1)
@@ -127,6 +155,7 @@ def worker(args):
         if n == args.warmup:
             stats0, python0 = memory.memory_stats(device), python_collections()
             alignment.reset_stats()
+            spent.update(sync=0.0, flags=0.0)
         start = time.perf_counter()
         if manual and n % args.gc_every == 0:
             gc.collect()  # Megatron collects at the start of the step
@@ -143,6 +172,8 @@ def worker(args):
         "counters": {k: stats[k] - stats0[k] for k in COUNTERS},
         "python_collections": [b - a for a, b in zip(python0, python1)],
         "alignment": alignment.stats(),
+        "sync_seconds": spent["sync"],
+        "flags_seconds": spent["flags"],
     }
     dist.destroy_process_group()
     ddputil.write_result(args.out, rank, result)
@@ -159,6 +190,7 @@ def summarize(results, args):
     t1 = [t * 1e3 for t in r1["times"]]
     return {
         "run": r0["run"],
+        "ladder": args.ladder,
         "steps": len(t0),
         "batch_per_rank": args.batch // 2,
         "extra_objects_rank1": r1["extra_objects"],
@@ -172,6 +204,8 @@ def summarize(results, args):
         "counters": [r["counters"] for r in results],
         "python_collections": [r["python_collections"] for r in results],
         "alignment": [r["alignment"] for r in results],
+        "sync_ms_per_step": [r["sync_seconds"] * 1e3 / len(r["times"]) for r in results],
+        "flags_ms_per_step": [r["flags_seconds"] * 1e3 / len(r["times"]) for r in results],
     }
 
 
@@ -179,8 +213,7 @@ def print_table(rows):
     print(
         f"{'run':<13}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'r1 p50':>8}{'r1 p99':>8}"
         f"{'pressure r0/r1':>16}{'oom r0/r1':>11}{'full r0/r1':>12}{'aligned r0/r1':>15}"
-        f"{'gc s r0/r1':>13}"
-        f"{'py gen2 r0/r1':>15}"
+        f"{'gc s r0/r1':>13}{'py gen2 r0/r1':>15}{'sync ms r0/r1':>15}{'flags ms r1':>13}"
     )
     for r in rows:
         c0, c1 = r["counters"]
@@ -196,6 +229,8 @@ def print_table(rows):
             f"{pair('num_full_collections'):>12}"
             f"{pair('num_aligned_collections'):>15}"
             f"{c0['gc_seconds']:>6.2f}/{c1['gc_seconds']:<6.2f}{f'{py0[2]}/{py1[2]}':>15}"
+            f"{'{:.1f}/{:.1f}'.format(*r['sync_ms_per_step']):>15}"
+            f"{r['flags_ms_per_step'][1]:>13.2f}"
         )
 
 
@@ -210,11 +245,19 @@ def main():
     parser.add_argument(
         "--limit-factor",
         type=float,
-        default=1.5,
-        help="rank 1's limit: this x the peak reserved bytes of a step",
+        default=3.0,
+        help="rank 1's limit: this x the peak reserved bytes of a step (at 1.5 an aligned "
+        "collection, deferred to the next step's safe point, comes after the next forward has "
+        "already hit the limit)",
     )
     parser.add_argument("--gc-every", type=int, default=10, help="manual_gc's interval (steps)")
     parser.add_argument("--runs", default=",".join(RUNS))
+    parser.add_argument(
+        "--ladder",
+        choices=("full", "scoped"),
+        default="full",
+        help="pressure collections: full ones only, or needle's scoped-first ladder",
+    )
     parser.add_argument("--json", action="store_true", help="only the JSON lines, no table")
     parser.add_argument("--run", choices=RUNS, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -256,6 +299,7 @@ def main():
                 *("--batch", str(args.batch), "--seq-len", str(args.seq_len)),
                 *("--vocab", str(args.vocab), "--extra-objects", str(args.extra_objects)),
                 *("--limit-factor", str(args.limit_factor), "--gc-every", str(args.gc_every)),
+                *("--ladder", args.ladder),
             ]
             row = summarize(ddputil.launch(2, argv, tmp), args)
             rows.append(row)
@@ -273,7 +317,8 @@ def main():
         f"needle {info['needle']}; 2 ranks, one thread each; course Transformer, global batch "
         f"{args.batch} ({args.batch // 2} per rank) x seq_len {args.seq_len}; rank 1: "
         f"{args.extra_objects} extra objects (not in baseline), limit {args.limit_factor} x a "
-        f"step's peak; {args.steps} timed steps; manual_gc every {args.gc_every} steps"
+        f"step's peak; {args.ladder} ladder; {args.steps} timed steps; manual_gc every "
+        f"{args.gc_every} steps"
     )
     print("step times on rank 0 (r1: rank 1's); collections in the timed steps, rank 0/rank 1")
     print_table(rows)

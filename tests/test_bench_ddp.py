@@ -109,6 +109,9 @@ def test_straggler_runs_and_collections():
         for counters in r["counters"]:
             for key, value in counters.items():
                 assert value >= 0, key
+        assert r["ladder"] == "full"
+        assert all(_positive(ms) for ms in r["sync_ms_per_step"])
+        assert all(ms >= 0 for ms in r["flags_ms_per_step"])
         on = [a["enabled"] for a in r["alignment"]]
         assert on == [r["run"] == "aligned"] * 2
     aligned = rows[2]
