@@ -27,22 +27,26 @@ frees too little) or ``full`` (full collections only, the repro's ``hook_full``:
 collection scans the whole heap, the cost a straggler has when its garbage is not only
 needle's; the default here, since it is the case alignment is for).
 
-Reported per run: rank 0's step-time p50 and p99 (and rank 1's), the collections each rank ran
-in the timed steps (``memory_stats()``: num_pressure_collections, num_oom_collections,
-num_full_collections, num_aligned_collections, gc_seconds; Python's own automatic collections
-per generation from ``gc.get_stats()``; ``needle.memory.alignment.stats()``), and the ratio
-aligned p99 / baseline p99 (the issue's target: within 5%). Defaults are smaller than the
+``--rounds R`` runs the four R times, interleaved, and pools each run's steps (on a shared
+box the other load then falls on every run alike). Reported per run: rank 0's step-time p50
+and p99 (and rank 1's), the collections each rank ran in the timed steps (``memory_stats()``:
+num_pressure_collections, num_oom_collections, num_full_collections, num_aligned_collections,
+gc_seconds; Python's own collections per generation from ``gc.get_stats()``;
+``needle.memory.alignment.stats()``), each rank's time per step in ``sync_gradients()`` (its
+waits for the other rank included) and rank 1's in the alignment flags, and the ratio aligned
+p99 / baseline p99 (the issue's target: within 5%). Defaults are smaller than the
 course's batch (global ``--batch 64``, 32 per rank) so that 4 x 220 steps run in a few
 minutes on a 2-core box; ``--batch 256`` is the course's.
 
     python bench/ddp_straggler.py [--steps 200] [--warmup 20] [--batch 64]
                                   [--extra-objects 150000] [--limit-factor 3] [--gc-every 10]
                                   [--runs baseline,independent,aligned,manual_gc]
-                                  [--ladder full|scoped]
+                                  [--ladder full|scoped] [--rounds 1]
 """
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import sys
@@ -184,6 +188,34 @@ def worker(args):
 # --------------------------------------------------------------------------
 
 
+def merge_rounds(rounds):
+    """One run's results over its rounds (each a list of the ranks' results): per rank, the
+    step times one after the other and every count and time summed."""
+    merged = []
+    for per_rank in zip(*rounds):
+        first = per_rank[0]
+        alignment = dict(first["alignment"])
+        for key in ("rounds", "aligned_collections", "collection_seconds", "wait_saved_seconds"):
+            alignment[key] = sum(r["alignment"][key] for r in per_rank)
+        alignment["generation_collections"] = [
+            sum(gens) for gens in zip(*(r["alignment"]["generation_collections"] for r in per_rank))
+        ]
+        merged.append(
+            dict(
+                first,
+                times=[t for r in per_rank for t in r["times"]],
+                counters={k: sum(r["counters"][k] for r in per_rank) for k in COUNTERS},
+                python_collections=[
+                    sum(gens) for gens in zip(*(r["python_collections"] for r in per_rank))
+                ],
+                alignment=alignment,
+                sync_seconds=sum(r["sync_seconds"] for r in per_rank),
+                flags_seconds=sum(r["flags_seconds"] for r in per_rank),
+            )
+        )
+    return merged
+
+
 def summarize(results, args):
     r0, r1 = results[0], results[STRAGGLER]
     t0 = [t * 1e3 for t in r0["times"]]
@@ -192,6 +224,7 @@ def summarize(results, args):
         "run": r0["run"],
         "ladder": args.ladder,
         "steps": len(t0),
+        "rounds": args.rounds,
         "batch_per_rank": args.batch // 2,
         "extra_objects_rank1": r1["extra_objects"],
         "limit_bytes_rank1": r1["limit_bytes"],
@@ -253,6 +286,13 @@ def main():
     parser.add_argument("--gc-every", type=int, default=10, help="manual_gc's interval (steps)")
     parser.add_argument("--runs", default=",".join(RUNS))
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the runs this many times, interleaved (a shared box's load then falls on all "
+        "of them alike); each run's steps are pooled over its rounds",
+    )
+    parser.add_argument(
         "--ladder",
         choices=("full", "scoped"),
         default="full",
@@ -270,8 +310,8 @@ def main():
     for r in runs:
         if r not in RUNS:
             parser.error(f"unknown run {r!r} (choose from {', '.join(RUNS)})")
-    if args.steps < 1 or args.warmup < 0 or args.gc_every < 1 or args.extra_objects < 0:
-        parser.error("need --steps >= 1, --warmup >= 0, --gc-every >= 1, --extra-objects >= 0")
+    if min(args.steps, args.gc_every, args.rounds) < 1 or min(args.warmup, args.extra_objects) < 0:
+        parser.error("need --steps, --gc-every, --rounds >= 1 and --warmup, --extra-objects >= 0")
     if args.batch % 2 or args.limit_factor <= 1:
         parser.error("need an even --batch and --limit-factor > 1")
     ddputil.mpiexec_path()
@@ -288,7 +328,8 @@ def main():
                 os.path.join(tmp, "corpus"), total, args.batch, args.seq_len, args.vocab
             )
         )
-        for run in runs:
+        launches = {run: [] for run in runs}
+        for _, run in itertools.product(range(args.rounds), runs):
             argv = [
                 os.path.abspath(__file__),
                 "--run",
@@ -301,7 +342,9 @@ def main():
                 *("--limit-factor", str(args.limit_factor), "--gc-every", str(args.gc_every)),
                 *("--ladder", args.ladder),
             ]
-            row = summarize(ddputil.launch(2, argv, tmp), args)
+            launches[run].append(ddputil.launch(2, argv, tmp))
+        for run in runs:
+            row = summarize(merge_rounds(launches[run]), args)
             rows.append(row)
             print(json.dumps(row), flush=True)
     by_run = {r["run"]: r for r in rows}
@@ -317,7 +360,8 @@ def main():
         f"needle {info['needle']}; 2 ranks, one thread each; course Transformer, global batch "
         f"{args.batch} ({args.batch // 2} per rank) x seq_len {args.seq_len}; rank 1: "
         f"{args.extra_objects} extra objects (not in baseline), limit {args.limit_factor} x a "
-        f"step's peak; {args.ladder} ladder; {args.steps} timed steps; manual_gc every "
+        f"step's peak; {args.ladder} ladder; {args.steps} timed steps x {args.rounds} "
+        f"round(s), interleaved; manual_gc every "
         f"{args.gc_every} steps"
     )
     print("step times on rank 0 (r1: rank 1's); collections in the timed steps, rank 0/rank 1")
