@@ -27,16 +27,16 @@ frees too little) or ``full`` (full collections only, the repro's ``hook_full``:
 collection scans the whole heap, the cost a straggler has when its garbage is not only
 needle's; the default here, since it is the case alignment is for).
 
-``--rounds R`` runs the four R times, interleaved, and pools each run's steps (on a shared
-box the other load then falls on every run alike). Reported per run: rank 0's step-time p50
-and p99 (and rank 1's), the collections each rank ran in the timed steps (``memory_stats()``:
-num_pressure_collections, num_oom_collections, num_full_collections, num_aligned_collections,
-gc_seconds; Python's own collections per generation from ``gc.get_stats()``;
-``needle.memory.alignment.stats()``), each rank's time per step in ``sync_gradients()`` (its
-waits for the other rank included) and rank 1's in the alignment flags, and the ratio aligned
-p99 / baseline p99 (the issue's target: within 5%). Defaults are smaller than the
-course's batch (global ``--batch 64``, 32 per rank) so that 4 x 220 steps run in a few
-minutes on a 2-core box; ``--batch 256`` is the course's.
+``--rounds R`` runs the four R times, interleaved, and pools each run's steps (on a shared box
+the other load then falls on every run alike). Reported per run: rank 0's step-time p50 and p99
+(and rank 1's), the collections each rank ran in the timed steps (``memory_stats()`` of the host
+devices cpu and cpu_numpy: num_pressure_collections, num_oom_collections, num_full_collections,
+num_aligned_collections, gc_seconds; Python's own collections per generation from
+``gc.get_stats()``; ``needle.memory.alignment.stats()``), each rank's time per step in
+``sync_gradients()`` (its waits for the other rank included) and rank 1's in the alignment
+flags, and the ratio aligned p99 / baseline p99 (the issue's target: within 5%). Defaults are
+smaller than the course's batch (global ``--batch 64``, 32 per rank) so that 4 x 220 steps run
+in a few minutes on a 2-core box; ``--batch 256`` is the course's.
 
     python bench/ddp_straggler.py [--steps 200] [--warmup 20] [--batch 64]
                                   [--extra-objects 150000] [--limit-factor 3] [--gc-every 10]
@@ -74,6 +74,17 @@ COUNTERS = (
 # --------------------------------------------------------------------------
 # the ranks
 # --------------------------------------------------------------------------
+
+
+def host_stats():
+    """``memory_stats()`` of needle's host devices (``cpu`` and ``cpu_numpy``), summed over
+    COUNTERS: an aligned collection on a CPU with a memory limit is charged to ``cpu_numpy``
+    (needle_c/memory/pressure.c, run_aligned_collection picks the device that asks the most),
+    so ``cpu``'s figures alone would miss it."""
+    from needle import memory
+
+    every = [memory.memory_stats(d) for d in ("cpu", "cpu_numpy")]
+    return {k: sum(s.get(k, 0) for s in every) for k in COUNTERS}
 
 
 def python_collections():
@@ -157,16 +168,17 @@ def worker(args):
     times = []
     for n in range(args.warmup + args.steps):
         if n == args.warmup:
-            stats0, python0 = memory.memory_stats(device), python_collections()
+            stats0, python0 = host_stats(), python_collections()
             alignment.reset_stats()
             spent.update(sync=0.0, flags=0.0)
+            memory.reset_peak_memory_stats(device)
         start = time.perf_counter()
         if manual and n % args.gc_every == 0:
             gc.collect()  # Megatron collects at the start of the step
         step()
         if n >= args.warmup:
             times.append(time.perf_counter() - start)
-    stats, python1 = memory.memory_stats(device), python_collections()
+    stats, python1 = host_stats(), python_collections()
     result = {
         "rank": rank,
         "run": args.run,
@@ -176,6 +188,8 @@ def worker(args):
         "counters": {k: stats[k] - stats0[k] for k in COUNTERS},
         "python_collections": [b - a for a, b in zip(python0, python1)],
         "alignment": alignment.stats(),
+        "allocated_bytes_end": memory.memory_allocated(device),
+        "peak_allocated_bytes": memory.max_memory_allocated(device),
         "sync_seconds": spent["sync"],
         "flags_seconds": spent["flags"],
     }
@@ -237,6 +251,9 @@ def summarize(results, args):
         "counters": [r["counters"] for r in results],
         "python_collections": [r["python_collections"] for r in results],
         "alignment": [r["alignment"] for r in results],
+        # the last round's: garbage that no collection freed shows here
+        "allocated_mib_end": [r["allocated_bytes_end"] / 2**20 for r in results],
+        "peak_allocated_mib": [r["peak_allocated_bytes"] / 2**20 for r in results],
         "sync_ms_per_step": [r["sync_seconds"] * 1e3 / len(r["times"]) for r in results],
         "flags_ms_per_step": [r["flags_seconds"] * 1e3 / len(r["times"]) for r in results],
     }
@@ -247,6 +264,7 @@ def print_table(rows):
         f"{'run':<13}{'p50 ms':>8}{'p99 ms':>8}{'max ms':>8}{'r1 p50':>8}{'r1 p99':>8}"
         f"{'pressure r0/r1':>16}{'oom r0/r1':>11}{'full r0/r1':>12}{'aligned r0/r1':>15}"
         f"{'gc s r0/r1':>13}{'py gen2 r0/r1':>15}{'sync ms r0/r1':>15}{'flags ms r1':>13}"
+        f"{'peak MiB r0/r1':>16}"
     )
     for r in rows:
         c0, c1 = r["counters"]
@@ -264,6 +282,7 @@ def print_table(rows):
             f"{c0['gc_seconds']:>6.2f}/{c1['gc_seconds']:<6.2f}{f'{py0[2]}/{py1[2]}':>15}"
             f"{'{:.1f}/{:.1f}'.format(*r['sync_ms_per_step']):>15}"
             f"{r['flags_ms_per_step'][1]:>13.2f}"
+            f"{'{:.0f}/{:.0f}'.format(*r['peak_allocated_mib']):>16}"
         )
 
 
