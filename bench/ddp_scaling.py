@@ -16,10 +16,12 @@ after backward; PyTorch: DDP's hooks during backward), Adam step, reading the lo
 median step time (for each step the slowest rank's), tokens/s = B x 20 / step time, and the
 2-rank efficiency = tokens/s(2 ranks) / (2 x tokens/s(1 rank)); for needle also the median
 time in ``sync_gradients()`` (packing, all-reduce, unpacking). Without PyTorch only needle's
-numbers are printed. The machine's other load counts: on a shared box, rerun.
+numbers are printed. The machine's other load counts: on a shared box, ``--rounds R`` launches
+every run R times, interleaved, and takes the median over all their steps.
 
     python bench/ddp_scaling.py [--steps 10] [--warmup 2] [--batch 256]
                                 [--configs transformer,lstm] [--frameworks needle,torch]
+                                [--rounds 1]
 """
 
 import argparse
@@ -143,8 +145,8 @@ def torch_version():
     return torch.__version__
 
 
-def measure(args, config, framework, ranks, data_dir, out_dir):
-    """One (configuration, framework, ranks) run; returns its row."""
+def launch_run(args, config, framework, ranks, data_dir, out_dir):
+    """One (configuration, framework, ranks) launch; returns the ranks' results."""
     argv = [
         os.path.abspath(__file__),
         "--worker",
@@ -167,15 +169,23 @@ def measure(args, config, framework, ranks, data_dir, out_dir):
     env = {}
     if framework == "torch":
         env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ddputil.free_port())}
-    results = ddputil.launch(ranks, argv, out_dir, env)
-    step = statistics.median(ddputil.step_times(results))
-    sync = results[0]["sync"]
+    return ddputil.launch(ranks, argv, out_dir, env)
+
+
+def summarize(args, config, framework, ranks, launches):
+    """The row of one (configuration, framework, ranks) over its launches (rounds): the
+    median over all their steps."""
+    steps = [t for results in launches for t in ddputil.step_times(results)]
+    step = statistics.median(steps)
+    sync = [t for results in launches for t in results[0]["sync"]]
+    results = launches[0]
     return {
         "config": config,
         "framework": framework,
         "ranks": ranks,
         "batch_per_rank": args.batch // ranks,
-        "steps": len(results[0]["times"]),
+        "steps": len(steps),
+        "rounds": len(launches),
         "step_ms": step * 1e3,
         "tokens_per_s": args.batch * args.seq_len / step,
         "sync_ms": statistics.median(sync) * 1e3 if sync else None,
@@ -217,6 +227,13 @@ def main():
     parser.add_argument("--vocab", type=int, default=COURSE.vocab_size)
     parser.add_argument("--configs", default="transformer,lstm")
     parser.add_argument("--frameworks", default="needle,torch")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="launch every run this many times, interleaved (a shared box's load then falls on "
+        "all of them alike); the median is over all their steps",
+    )
     parser.add_argument("--json", action="store_true", help="only the JSON lines, no table")
     parser.add_argument("--worker", choices=("needle", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--config", choices=tuple(CONFIGS), help=argparse.SUPPRESS)
@@ -226,8 +243,8 @@ def main():
     if args.worker:
         worker(args)
         return
-    if args.steps < 1 or args.warmup < 0:
-        parser.error("--steps must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.rounds < 1 or args.warmup < 0:
+        parser.error("--steps and --rounds must be >= 1 and --warmup >= 0")
     if args.batch % max(RANKS) != 0:
         parser.error(f"--batch must be a multiple of {max(RANKS)} (each rank gets an equal share)")
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
@@ -248,7 +265,6 @@ def main():
     from benchutil import print_machine
 
     info = print_machine(torch=torch, threads_per_rank=1)
-    rows = []
     with tempfile.TemporaryDirectory(prefix="needle-ddp-scaling-") as tmp:
         data_dir = str(
             ddputil.write_corpus(
@@ -259,10 +275,12 @@ def main():
                 args.vocab,
             )
         )
-        for c in configs:
-            for fw in frameworks:
-                for n in RANKS:
-                    rows.append(measure(args, c, fw, n, data_dir, tmp))
+        keys = [(c, fw, n) for c in configs for fw in frameworks for n in RANKS]
+        launches = {key: [] for key in keys}
+        for _ in range(args.rounds):
+            for key in keys:
+                launches[key].append(launch_run(args, *key, data_dir, tmp))
+        rows = [summarize(args, *key, launches[key]) for key in keys]
     add_efficiency(rows)
     for r in rows:
         print(json.dumps(r), flush=True)
@@ -272,7 +290,8 @@ def main():
     print(
         f"machine: {info['cpu']}, {info['cpus']} cpus, Python {info['python']}, "
         f"needle {info['needle']}, PyTorch {torch or 'absent'}; one thread per rank, "
-        f"global batch {args.batch} x seq_len {args.seq_len}, {args.steps} timed steps"
+        f"global batch {args.batch} x seq_len {args.seq_len}, {args.steps} timed steps x "
+        f"{args.rounds} round(s), interleaved"
     )
     print_table(rows)
 

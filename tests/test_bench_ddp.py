@@ -66,7 +66,7 @@ def test_scaling_rows_and_efficiency():
     ]
     by = {(r["framework"], r["ranks"]): r for r in rows}
     for r in rows:
-        assert r["config"] == "lstm" and r["steps"] == 2
+        assert r["config"] == "lstm" and r["steps"] == 2 and r["rounds"] == 1
         assert r["batch_per_rank"] == 8 // r["ranks"]
         assert _positive(r["step_ms"]) and _positive(r["tokens_per_s"])
         assert r["tokens_per_s"] == pytest.approx(8 * 20 / (r["step_ms"] / 1e3))
