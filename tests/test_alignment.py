@@ -1,7 +1,8 @@
 """Aligned collections in one process (needle.memory.alignment; the two-rank behaviour is in
-tests/test_ddp.py): a soft collection becomes a want, the want goes out in the flags, and the
-collection runs only at the safe point after the ranks agreed; the out-of-memory path stays
-local; Python's automatic collector is taken over and given back."""
+tests/test_aligned_ranks.py): a soft collection becomes a want, the want goes out in the flags,
+and the collection runs only when the ranks agreed, right after the all-reduce that carried the
+wants; the out-of-memory path stays local; Python's automatic collector is taken over and given
+back."""
 
 import gc
 
@@ -53,14 +54,12 @@ def test_a_soft_collection_waits_for_agreement(aligned_cpu):
     assert flags.shape == (alignment.num_wants(2),) == (6,)
     assert flags.dtype == np.float32
     assert flags[0] == 1.0
-    memory.safe_point()  # not agreed yet: still nothing
+    memory.safe_point()  # not agreed: a safe point does not collect either
     assert all(r() is not None for r in refs)
 
     other_rank = np.zeros_like(flags)
     other_rank[4] = 0.25  # rank 0's last aligned collection took 0.25 s
     assert alignment.agreed(flags + other_rank) is True
-    assert all(r() is not None for r in refs)  # scheduled, not run
-    memory.safe_point()
     assert all(r() is None for r in refs)
     stats = memory.memory_stats()
     assert stats["num_aligned_collections"] == before["num_aligned_collections"] + 1
@@ -87,8 +86,6 @@ def test_every_rank_collects_when_one_wanted(aligned_cpu):
     wanting_rank = np.zeros_like(flags)
     wanting_rank[0] = 1.0
     assert alignment.agreed(flags + wanting_rank)
-    assert ref() is not None
-    memory.safe_point()
     assert ref() is None
 
 
@@ -100,11 +97,34 @@ def test_python_generations_are_taken_over_and_aligned(aligned_cpu):
     assert flags[1] == 1.0
     count0 = gc.get_count()[0]
     assert count0 > threshold0
+    scoped = memory.memory_stats()["num_scoped_collections"]
     assert alignment.agreed(flags)
     assert alignment.stats()["generation_collections"][0] == 1
-    memory.safe_point()
-    assert gc.get_count()[0] < count0  # generation 0 was collected at the safe point
+    assert gc.get_count()[0] < count0  # generation 0 was collected
+    assert memory.memory_stats()["num_scoped_collections"] == scoped  # and nothing else
     del junk
+
+
+def test_full_collections_run_with_the_automatic_collector_off(aligned_cpu):
+    """Alignment switched Python's automatic collector off: the ladder's full collection must
+    still collect (gc.collect(), not PyGC_Collect(), which does nothing then)."""
+    assert not gc.isenabled()
+    _c._set_scoped_enabled(False)  # the ladder is a full collection alone
+    try:
+        memory.set_gc_policy(watermark="4MiB")
+        for _ in range(8):
+            dict_cycle(MiB)  # garbage only a full collection frees
+        flags = alignment.local_wants()
+        assert flags[0] == 1.0
+        before = memory.memory_stats()
+        assert alignment.agreed(flags)
+        after = memory.memory_stats()
+        assert after["num_full_collections"] == before["num_full_collections"] + 1
+        assert (
+            after["allocated_bytes.all.current"] <= before["allocated_bytes.all.current"] - 8 * MiB
+        )
+    finally:
+        _c._set_scoped_enabled(True)
 
 
 def test_the_out_of_memory_path_stays_local(aligned_cpu):
@@ -125,7 +145,7 @@ def test_turning_alignment_off_drops_pending_wants_and_gives_gc_back(aligned_cpu
     assert gc.isenabled()
     assert alignment.local_wants()[0] == 0.0  # off: no flags
     with pytest.raises(RuntimeError, match="alignment on"):
-        _c._schedule_aligned_collection(-1)
+        _c._run_aligned_collection(True, -1)
     assert alignment.agreed(np.ones(5, dtype=np.float32)) is False  # off: nothing scheduled
 
 
@@ -156,7 +176,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="non-negative"):
         alignment.agreed(np.array([np.nan, 0, 0, 0, 0]))
     with pytest.raises(ValueError):
-        _c._schedule_aligned_collection(3)
+        _c._run_aligned_collection(True, 3)
     with pytest.raises(TypeError):
-        _c._schedule_aligned_collection("0")
+        _c._run_aligned_collection(True, "0")
     assert nd.empty((4,)).shape == (4,)  # the process works after every refusal

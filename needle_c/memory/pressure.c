@@ -68,12 +68,16 @@
  * independent collectors add their stalls up. With alignment on, a soft
  * collection that would run (allocation path or safe point, past every
  * check above) only records a want; the want travels with the next gradient
- * all-reduce, and when any rank wanted one, every rank runs the ladder at
- * the next safe point (schedule_aligned: the same point of the same step
- * everywhere), unpaced, since all ranks agreed. Python's own generational
- * collections are driven the same way (alignment.py disables the automatic
- * ones and asks for a generation here). The out-of-memory path stays local:
- * a rank that cannot allocate collects at once.
+ * all-reduce, and when any rank wanted one, every rank runs the ladder right
+ * after that all-reduce (run_aligned: the same point of the same step
+ * everywhere; the previous step's graph is garbage there, and collecting
+ * before the next forward pass keeps the peak down), unpaced, since all
+ * ranks agreed. Python's own generational collections are driven the same
+ * way (alignment.py disables the automatic ones and asks for a generation
+ * here; a generation alone runs without the ladder). Full collections then
+ * go through gc.collect(), which the disabled collector does not stop, as
+ * PyGC_Collect() would. The out-of-memory path stays local: a rank that
+ * cannot allocate collects at once.
  */
 #include "needle_c.h"
 
@@ -143,12 +147,9 @@ static const gc_policy default_policy = {
 static gc_policy policy = default_policy;
 static device_pressure pressure[ND_MAX_DEVICES];
 
-/* Alignment (the header): on or off; an aligned collection agreed for the
- * next safe point (and the Python generation to collect with it, -1: none);
- * the seconds the last aligned collections took, until reported. */
+/* Alignment (the header): on or off; the seconds the last aligned
+ * collections took, until reported. */
 static int aligned = 0;
-static int aligned_scheduled = 0;
-static int aligned_generation = -1;
 static double aligned_unreported_seconds = 0.0;
 
 static double now_seconds(void) {
@@ -240,18 +241,21 @@ static int other_thread_collecting(void) {
  * ignores gc.disable(), after gc.unfreeze(): objects frozen by
  * needle.memory.freeze_heap() (or anyone's gc.freeze()) are invisible to
  * collections, and frozen cycles holding device memory must not cause an
- * out-of-memory error. They stay unfrozen afterwards. */
+ * out-of-memory error. They stay unfrozen afterwards. Under alignment the
+ * soft path's full collections go through gc.collect() too (the header). */
 static void run_full_collection(nd_collect_reason reason) {
-    if (reason == ND_COLLECT_PRESSURE) {
+    if (reason == ND_COLLECT_PRESSURE && !aligned) {
         PyGC_Collect();
-    } else {
-        PyObject *gc = PyImport_ImportModule("gc");
-        PyObject *thawed = gc ? PyObject_CallMethod(gc, "unfreeze", NULL) : NULL;
-        PyObject *result = thawed ? PyObject_CallMethod(gc, "collect", NULL) : NULL;
-        Py_XDECREF(result);
-        Py_XDECREF(thawed);
-        Py_XDECREF(gc);
+        return;
     }
+    PyObject *gc = PyImport_ImportModule("gc");
+    PyObject *thawed = gc == NULL                      ? NULL
+                       : reason == ND_COLLECT_PRESSURE ? Py_NewRef(Py_None)
+                                                       : PyObject_CallMethod(gc, "unfreeze", NULL);
+    PyObject *result = thawed ? PyObject_CallMethod(gc, "collect", NULL) : NULL;
+    Py_XDECREF(result);
+    Py_XDECREF(thawed);
+    Py_XDECREF(gc);
 }
 
 /* After a fallback that freed `freed` bytes out of `before`: end the
@@ -422,59 +426,56 @@ static void collect_for_engine(void *ctx, nd_device *dev, int64_t requested,
     if (reason == ND_COLLECT_PRESSURE && !ps->last_freed_little) ps->safe_point_useless = 0;
 }
 
-/* The aligned collection every rank agreed on: the ladder on the device
- * that wanted it (else the one that asks the most of it; one scoped
- * collection covers every device's graph), then the agreed Python generation unless the ladder ran a full
- * collection. Every rank runs it, wanted or not: that is the alignment. */
-static void run_aligned_collection(double now) {
-    aligned_scheduled = 0;
-    int generation = aligned_generation;
-    aligned_generation = -1;
-    nd_device *chosen = NULL;
-    int64_t most = -1;
-    int chosen_wants = 0;
-    for (int id = 0; id < nd_device_count() && id < ND_MAX_DEVICES; id++) {
-        nd_device *dev = nd_device_at(id);
-        if (dev == NULL) continue;
-        int64_t asked = soft_path_asked(dev, allocated_of(dev));
-        if (asked < 0) asked = 0; /* below high water asks nothing, like no budget */
-        int wants = pressure[id].wants;
-        /* A device that wanted it first, then the one that asks the most. */
-        if (chosen == NULL || wants > chosen_wants || (wants == chosen_wants && asked > most)) {
-            chosen = dev;
-            most = asked;
-            chosen_wants = wants;
+/* Runs gc.collect(generation) with the caller's exception kept aside. */
+static void collect_generation(int generation) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *gc = PyImport_ImportModule("gc");
+    PyObject *result = gc ? PyObject_CallMethod(gc, "collect", "i", generation) : NULL;
+    Py_XDECREF(result);
+    Py_XDECREF(gc);
+    if (PyErr_Occurred()) PyErr_WriteUnraisable(NULL);
+    PyErr_Restore(type, value, traceback);
+}
+
+/* The aligned collection every rank agreed on, run by each of them, wanted or
+ * not (that is the alignment): with `ladder`, the ladder on the device that
+ * wanted it (else the one that asks the most; one scoped collection covers
+ * every device's graph); then the agreed Python generation (-1: none) unless
+ * the ladder ran a full collection. */
+static void run_aligned_collection(int ladder, int generation) {
+    double start = now_seconds();
+    int ran_full = 0;
+    if (ladder) {
+        nd_device *chosen = NULL;
+        int64_t most = -1;
+        int chosen_wants = 0;
+        for (int id = 0; id < nd_device_count() && id < ND_MAX_DEVICES; id++) {
+            nd_device *dev = nd_device_at(id);
+            if (dev == NULL) continue;
+            int64_t asked = soft_path_asked(dev, allocated_of(dev));
+            if (asked < 0) asked = 0; /* below high water asks nothing, like no budget */
+            int wants = pressure[id].wants;
+            /* A device that wanted it first, then the one that asks the most. */
+            if (chosen == NULL || wants > chosen_wants || (wants == chosen_wants && asked > most)) {
+                chosen = dev;
+                most = asked;
+                chosen_wants = wants;
+            }
+            pressure[id].wants = 0;
         }
-        pressure[id].wants = 0;
+        if (chosen != NULL) {
+            device_pressure *ps = &pressure[nd_device_id(chosen)];
+            collect_and_account(chosen, ps, ND_COLLECT_PRESSURE, start, allocated_of(chosen), most);
+            ps->aligned_collections++;
+            ran_full = ps->last_ran_full;
+        }
     }
-    if (chosen == NULL) return;
-    device_pressure *ps = &pressure[nd_device_id(chosen)];
-    int64_t before = allocated_of(chosen);
-    collect_and_account(chosen, ps, ND_COLLECT_PRESSURE, now, before, most);
-    ps->aligned_collections++;
-    ps->safe_point_collections++;
-    ps->safe_point_useless = ps->last_freed_little;
-    ps->safe_baseline = ps->survivors;
-    for (int id = 0; id < ND_MAX_DEVICES; id++)
-        if (pressure[id].last_safe_point > 0.0) pressure[id].last_safe_point = now;
-    if (generation >= 0 && !ps->last_ran_full) {
-        PyObject *type, *value, *traceback;
-        PyErr_Fetch(&type, &value, &traceback);
-        PyObject *gc = PyImport_ImportModule("gc");
-        PyObject *result = gc ? PyObject_CallMethod(gc, "collect", "i", generation) : NULL;
-        Py_XDECREF(result);
-        Py_XDECREF(gc);
-        if (PyErr_Occurred()) PyErr_WriteUnraisable(NULL);
-        PyErr_Restore(type, value, traceback);
-    }
-    aligned_unreported_seconds += now_seconds() - now;
+    if (generation >= 0 && !ran_full) collect_generation(generation);
+    aligned_unreported_seconds += now_seconds() - start;
 }
 
 void pressure_safe_point(void) {
-    if (aligned && aligned_scheduled && !other_thread_collecting()) {
-        run_aligned_collection(now_seconds());
-        return;
-    }
     if (!policy.enabled || watermark_set() || other_thread_collecting()) return;
     double now = now_seconds();
     int count = nd_device_count();
@@ -684,8 +685,6 @@ static PyObject *set_collection_alignment(PyObject *module, PyObject *arg) {
     aligned = on;
     if (!on) {
         /* Back to local collections: pending wants fall to the next trigger. */
-        aligned_scheduled = 0;
-        aligned_generation = -1;
         for (int id = 0; id < ND_MAX_DEVICES; id++) pressure[id].wants = 0;
     }
     return PyBool_FromLong(previous);
@@ -707,12 +706,12 @@ static PyObject *collection_wants(PyObject *module, PyObject *Py_UNUSED(ignored)
     return Py_BuildValue("(Od)", wanted ? Py_True : Py_False, seconds);
 }
 
-static PyObject *schedule_aligned_collection(PyObject *module, PyObject *arg) {
+static PyObject *run_aligned(PyObject *module, PyObject *args) {
     (void)module;
-    long generation = PyLong_AsLong(arg);
-    if (generation == -1 && PyErr_Occurred()) return NULL;
+    int ladder, generation;
+    if (!PyArg_ParseTuple(args, "pi:_run_aligned_collection", &ladder, &generation)) return NULL;
     if (generation < -1 || generation > 2) {
-        PyErr_Format(PyExc_ValueError, "generation must be -1 (none), 0, 1 or 2, got %ld",
+        PyErr_Format(PyExc_ValueError, "generation must be -1 (none), 0, 1 or 2, got %d",
                      generation);
         return NULL;
     }
@@ -721,8 +720,8 @@ static PyObject *schedule_aligned_collection(PyObject *module, PyObject *arg) {
                                             "(needle.memory.alignment.enable(True))");
         return NULL;
     }
-    aligned_scheduled = 1;
-    if (generation > aligned_generation) aligned_generation = (int)generation;
+    /* Another thread's collection is running: it is this rank's collection. */
+    if (!other_thread_collecting()) run_aligned_collection(ladder, generation);
     Py_RETURN_NONE;
 }
 
@@ -733,10 +732,10 @@ PyMethodDef pressure_module_functions[] = {
     {"_collection_wants", collection_wants, METH_NOARGS,
      "_collection_wants()\n--\n\n(wanted, seconds): whether a soft collection is wanted on "
      "any device, and the seconds aligned collections took since the last call."},
-    {"_schedule_aligned_collection", schedule_aligned_collection, METH_O,
-     "_schedule_aligned_collection(generation, /)\n--\n\nRuns the aligned collection at the "
-     "next safe point, with gc.collect(generation) unless it ran a full one (-1: no "
-     "generation)."},
+    {"_run_aligned_collection", run_aligned, METH_VARARGS,
+     "_run_aligned_collection(ladder, generation, /)\n--\n\nRuns the collection the ranks "
+     "agreed on: the ladder (when ladder is true), then gc.collect(generation) unless the ladder "
+     "ran a full one (-1: no generation)."},
     {"_gc_safe_point", safe_point, METH_NOARGS,
      "_gc_safe_point()\n--\n\nTells the pressure policy that a training step's old graph has "
      "probably just "

@@ -7,8 +7,10 @@ pressure policy records that a rank *wants* a collection instead of running it
 (needle_c/memory/pressure.c, "Aligned collections"), Python's automatic collector is switched
 off and its generations are asked for the same way, and the wants travel beside the gradients
 in the all-reduce (:func:`local_wants` before it, :func:`agreed` after it: no extra round trip).
-When any rank wanted one, every rank collects at the next safe point (``Optimizer.reset_grad()``
-or ``Tensor.backward()``). The out-of-memory path stays local.
+When any rank wanted one, every rank collects right after that all-reduce, inside :func:`agreed`:
+the same point of the same step on every rank, before the next forward pass. A want of Python's
+generations alone collects that generation only; needle's want runs the pressure ladder. The
+out-of-memory path stays local.
 
 The flags (float32, summed by the all-reduce): ``[needle, gen0, gen1, gen2, seconds per rank]``;
 a flag > 0 after the sum means some rank wanted it; each rank writes the seconds its last aligned
@@ -131,9 +133,10 @@ def local_wants(rank=0, world_size=1):
 
 
 def agreed(summed):
-    """After the all-reduce (a sum over ranks) of :func:`local_wants`: schedules the aligned
-    collection for the next safe point when any rank wanted one. Every rank must call it with
-    the same flags. Returns whether a collection was scheduled."""
+    """After the all-reduce (a sum over ranks) of :func:`local_wants`: runs the aligned
+    collection now when any rank wanted one (needle's ladder when a rank's pressure asked for
+    it, then the oldest Python generation any rank had due). Every rank must call it, at the
+    same point, with the same flags. Returns whether a collection ran."""
     summed = np.asarray(summed, dtype=np.float64).reshape(-1)
     if summed.size <= NUM_FLAGS:
         raise ValueError(
@@ -153,8 +156,8 @@ def agreed(summed):
             generation = g
     if summed[_NEEDLE] <= 0 and generation < 0:
         return False
-    _c._schedule_aligned_collection(generation)
     _state["agreed"] += 1
+    _c._run_aligned_collection(bool(summed[_NEEDLE] > 0), generation)
     if generation >= 0:
         _state["generation_collections"][generation] += 1
         _state["recount_long_lived"] = generation == 2
@@ -163,9 +166,8 @@ def agreed(summed):
 
 def stats():
     """This process's alignment figures: ``enabled``, ``rounds`` (all-reduce rounds that
-    carried flags), ``collections_agreed`` (aligned collections scheduled: each runs at the
-    next safe point, so the last may not have run yet), ``generation_collections`` (of which
-    with Python generation 0, 1, 2), ``collection_seconds`` (this rank's time in
+    carried flags), ``collections_agreed`` (aligned collections run), ``generation_collections``
+    (of which with Python generation 0, 1, 2), ``collection_seconds`` (this rank's time in
     them) and ``wait_saved_seconds`` (the sum minus the max of every rank's time in them:
     what independent collections would have added to the all-reduce waits). Per-device
     figures (wants, rounds waited, collections) are in ``memory_stats()``."""
