@@ -48,9 +48,9 @@ def test_collections_happen_at_the_same_steps_on_every_rank(tmp_path):
     assert r1["figures"]["num_aligned_wants"] <= waited <= r1["figures"]["num_aligned_wants"] + 1
     for r in (r0, r1):
         assert r["figures"]["num_oom_collections"] == 0
-        # agreed: the ones that ran, and perhaps one agreed in the last step, never reached
-        ran = r1["figures"]["num_aligned_collections"]
-        assert ran <= r["alignment"]["collections_agreed"] <= ran + 1
+        # agreed: the ladders that ran, and the Python generations that ran alone
+        assert r["alignment"]["collections_agreed"] >= r1["figures"]["num_aligned_collections"]
+        assert r["alignment"]["collections_agreed"] == r0["alignment"]["collections_agreed"]
         assert r["alignment"]["rounds"] >= 30  # one round per training step
         assert r["gc_enabled_during"] is False  # Python's automatic collector was taken over
         assert r["gc_enabled_after"] is True  # and given back by destroy_process_group()
