@@ -67,8 +67,11 @@ def memory_stats(device=None):
     ``num_collect_calls`` (the two together), ``num_pressure_skips`` (paced out),
     ``num_pressure_deferrals`` (left to the next safe point), ``gc_seconds`` (time spent),
     ``gc_freed_bytes`` (allocated bytes that dropped during them; ``collect_freed_bytes``
-    is the same figure under its older name) and ``gc_survivor_bytes``. An unavailable
-    device gives ``{}``.
+    is the same figure under its older name) and ``gc_survivor_bytes``. Under aligned
+    collections (``needle.memory.alignment``, data-parallel training): ``num_aligned_wants``
+    (soft collections turned into wants), ``aligned_rounds_waited`` (the all-reduces they
+    waited for) and ``num_aligned_collections`` (agreed ladders run with this device's). An
+    unavailable device gives ``{}``.
     """
     engine_id = _engine_id(device)
     return _c._memory_stats(engine_id) if engine_id >= 0 else {}
