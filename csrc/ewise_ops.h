@@ -19,6 +19,11 @@
  * (the CPU's are cpu_math.h's vectorizable versions, CUDA's the device
  * library's), so the two backends agree on everything but the last ulps of
  * the transcendental functions.
+ *
+ * A storage type (dtype) is added once per backend: its compute type and
+ * conversions (cpu_loops.inc: ND_COMPUTE_T, ND_LOAD_T, ND_STORE_T;
+ * cuda_ewise.cu: ewise_type<T>), then one expansion of every op for it
+ * (ND_CPU_EWISE_LOOPS(T) and its table entries; binary_op<T>, unary_op<T>).
  */
 #ifndef NEEDLE_EWISE_OPS_H
 #define NEEDLE_EWISE_OPS_H
