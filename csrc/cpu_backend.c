@@ -71,13 +71,10 @@ static nd_status cpu_binary(nd_binary_op op, const nd_layout *out_layout, float 
     const nd_cpu_loops *loops = nd_cpu_loops_current();
     nd_inner_fn fn = loops->binary[op];
     if (op == ND_POW && b.data == NULL) {
-        /* 0*y keeps y "used" so these share the binary signature; y is a
-         * finite constant here, so the term is exactly 0 unless x is inf/nan,
-         * where x*x (or 1/x) already decides the result. */
-        if (b.scalar == 2.0f) fn = loops->square;
-        else if (b.scalar == 3.0f) fn = loops->cube;
-        else if (b.scalar == -1.0f) fn = loops->reciprocal;
-        if (fn != loops->binary[ND_POW]) b.scalar = 0.0f;
+        nd_pow_form form = nd_pow_form_of(b.scalar);
+        fn = loops->pow_form[form];
+        /* The exact forms' loops add 0*y to use y (cpu_loops.inc). */
+        if (form != ND_POW_GENERAL) b.scalar = 0.0f;
     }
     float sa = a.scalar, sb = b.scalar;
     const nd_layout *layouts[3] = {out_layout, a.data ? a.layout : NULL, b.data ? b.layout : NULL};

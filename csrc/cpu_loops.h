@@ -16,8 +16,9 @@ typedef struct nd_row_apply_ctx {
 typedef struct nd_cpu_loops {
     nd_inner_fn copy; /* p[0] = p[1] */
     nd_inner_fn binary[ND_BINARY_OP_COUNT];
-    /* x**2, x**3, x**-1 for a scalar exponent (exact forms of ND_POW). */
-    nd_inner_fn square, cube, reciprocal;
+    /* ND_POW by a scalar exponent, by nd_pow_form_of(exponent): the general
+     * loop or an exact form, which takes the exponent zeroed. */
+    nd_inner_fn pow_form[ND_POW_FORM_COUNT];
     nd_inner_fn unary[ND_UNARY_OP_COUNT];
     /* p[0] (stride 0 along reduced dims) combined with p[1]. */
     nd_inner_fn reduce[ND_REDUCE_OP_COUNT];

@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ewise_ops.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -294,34 +296,8 @@ nd_status nd_array_fill(const nd_array *dst, float value);
 nd_status nd_array_to_host(const nd_array *src, float *host);
 nd_status nd_array_from_host(const nd_array *dst, const float *host);
 
-typedef enum nd_binary_op {
-    ND_ADD,
-    ND_SUB,
-    ND_MUL,
-    ND_DIV,
-    ND_POW,
-    ND_MAXIMUM,
-    ND_MINIMUM,
-    ND_EQ,
-    ND_NE,
-    ND_GE,
-    ND_GT,
-    ND_LE,
-    ND_LT,
-    ND_BINARY_OP_COUNT
-} nd_binary_op;
-
-typedef enum nd_unary_op {
-    ND_NEG,
-    ND_LOG,
-    ND_EXP,
-    ND_TANH,
-    ND_SQRT,
-    ND_SIGMOID,
-    ND_ABS,
-    ND_RELU,
-    ND_UNARY_OP_COUNT
-} nd_unary_op;
+/* nd_binary_op and nd_unary_op, the elementwise ops, are made of their list
+ * in ewise_ops.h (included above), which holds their formulas too. */
 
 typedef enum nd_reduce_op {
     ND_REDUCE_SUM,

@@ -10,6 +10,8 @@ marked ``cuda``: they need a GPU or the simulator (tests/cuda_sim.sh).
 
 import json
 import os
+import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -59,6 +61,30 @@ UNARY = {
     "relu": lambda x: x.relu(),
 }
 
+EWISE_OPS_H = pathlib.Path(__file__).resolve().parents[1] / "csrc" / "ewise_ops.h"
+
+
+def listed_ops(macro):
+    """The entries of one X-macro list in csrc/ewise_ops.h, the op list both backends expand:
+    [(name, rest of the entry)] in list order, e.g. ("square", "2.0f, x * x")."""
+    text = EWISE_OPS_H.read_text()
+    body = re.search(rf"#define {macro}\(X, A\)(.*?)\n\n", text, re.S).group(1)
+    return re.findall(r"X\(A, ND_\w+, (\w+), (.*)\)\s*\\?$", body, re.M)
+
+
+# The exponents that run an exact form of pow instead of powf, and three that do not.
+POW_FORM_EXPONENTS = [
+    float(rest.split(",")[0].rstrip("f")) for _, rest in listed_ops("ND_EWISE_POW_FORMS")
+]
+SCALARS = POW_FORM_EXPONENTS + [0.5, -2.5, 0.0]
+
+
+def test_the_checks_here_cover_every_op_in_the_list():
+    """A new op in csrc/ewise_ops.h must get its CPU-against-CUDA check below."""
+    assert [name for name, _ in listed_ops("ND_EWISE_BINARY_OPS")] == list(BINARY)
+    assert [name for name, _ in listed_ops("ND_EWISE_UNARY_OPS")] == list(UNARY)
+    assert POW_FORM_EXPONENTS == [2.0, 3.0, -1.0]
+
 
 @cuda_test
 @pytest.mark.parametrize("name", sorted(BINARY))
@@ -76,7 +102,7 @@ def test_binary_on_views_matches_cpu(name):
 
 
 @cuda_test
-@pytest.mark.parametrize("scalar", [2.0, 3.0, -1.0, 0.5, -2.5, 0.0])
+@pytest.mark.parametrize("scalar", SCALARS)
 def test_scalar_ops_match_cpu(scalar):
     base = random_f32((8, 12), 3)
     for (kind, c), (_, g) in view_pairs(base):
@@ -121,8 +147,11 @@ def test_special_values_match_cpu():
             np.testing.assert_array_equal(
                 BINARY[name](g, g[::-1]).numpy(), BINARY[name](c, c[::-1]).numpy(), err_msg=name
             )
-        np.testing.assert_array_equal((g**2.0).numpy(), (c**2.0).numpy())
-        np.testing.assert_array_equal((g**-1.0).numpy(), (c**-1.0).numpy())
+        # The exact forms: equal on both and to NumPy's (up to the sign of a zero).
+        for e in POW_FORM_EXPONENTS:
+            want = (x.astype(np.float64) ** e).astype(np.float32)
+            np.testing.assert_array_equal((g**e).numpy(), (c**e).numpy(), err_msg=f"**{e}")
+            np.testing.assert_array_equal((c**e).numpy(), want, err_msg=f"**{e}")
 
 
 # ---------------------------------------------------------------- reductions

@@ -1,6 +1,7 @@
 /* cuda_ewise.cu: the elementwise kernels of the CUDA backend: copies and
  * fills into strided views, binary ops (arrays and scalars, broadcast) and
- * unary ops, over strided float32 operands.
+ * unary ops, over strided float32 operands. The ops and their formulas are
+ * ewise_ops.h's list, expanded here into functors and dispatch switches.
  *
  * The host side collapses each iteration space (nd_cuda_iter_make); a space
  * that becomes one dimension runs a flat kernel, others compute offsets per
@@ -16,133 +17,102 @@
 
 /* ----------------------------------------------------------- operations */
 
-struct op_add {
-    __device__ float operator()(float x, float y) const { return x + y; }
-};
-struct op_sub {
-    __device__ float operator()(float x, float y) const { return x - y; }
-};
-struct op_mul {
-    __device__ float operator()(float x, float y) const { return x * y; }
-};
-struct op_div {
-    __device__ float operator()(float x, float y) const { return x / y; }
-};
-struct op_pow {
-    __device__ float operator()(float x, float y) const { return powf(x, y); }
-};
-/* NaN propagates from either side, as in NumPy's maximum/minimum. */
-struct op_maximum {
-    __device__ float operator()(float x, float y) const { return (x >= y || x != x) ? x : y; }
-};
-struct op_minimum {
-    __device__ float operator()(float x, float y) const { return (x <= y || x != x) ? x : y; }
-};
-struct op_eq {
-    __device__ float operator()(float x, float y) const { return x == y ? 1.0f : 0.0f; }
-};
-struct op_ne {
-    __device__ float operator()(float x, float y) const { return x != y ? 1.0f : 0.0f; }
-};
-struct op_ge {
-    __device__ float operator()(float x, float y) const { return x >= y ? 1.0f : 0.0f; }
-};
-struct op_gt {
-    __device__ float operator()(float x, float y) const { return x > y ? 1.0f : 0.0f; }
-};
-struct op_le {
-    __device__ float operator()(float x, float y) const { return x <= y ? 1.0f : 0.0f; }
-};
-struct op_lt {
-    __device__ float operator()(float x, float y) const { return x < y ? 1.0f : 0.0f; }
-};
-/* Exact forms of common scalar powers, as on the CPU (x**2 in norms). */
-struct op_square {
-    __device__ float operator()(float x, float) const { return x * x; }
-};
-struct op_cube {
-    __device__ float operator()(float x, float) const { return x * x * x; }
-};
-struct op_reciprocal {
-    __device__ float operator()(float x, float) const { return 1.0f / x; }
+/* The functions of ewise_ops.h's formulas: the device library's float
+ * versions (a double compute type would add device overloads here). */
+#define ND_EW_LOG(x) logf(x)
+#define ND_EW_EXP(x) expf(x)
+#define ND_EW_TANH(x) tanhf(x)
+#define ND_EW_SQRT(x) sqrtf(x)
+#define ND_EW_SIGMOID(x) nd_cuda_sigmoid(x)
+#define ND_EW_ABS(x) fabsf(x)
+#define ND_EW_POW(x, y) powf(x, y)
+
+/* One functor per op of the list, over operands of any compute type C. */
+#define ND_CUDA_BINARY_FUNCTOR(A, id, name, formula)                                   \
+    struct op_##name {                                                                 \
+        template <class C> __device__ C operator()(C x, C y) const { return formula; } \
+    };
+/* The exact powers ignore the scalar exponent they are passed as y. */
+#define ND_CUDA_POW_FORM_FUNCTOR(A, id, name, exponent, formula)                     \
+    struct pow_##name {                                                              \
+        template <class C> __device__ C operator()(C x, C) const { return formula; } \
+    };
+#define ND_CUDA_UNARY_FUNCTOR(A, id, name, formula)                               \
+    struct op_##name {                                                            \
+        template <class C> __device__ C operator()(C x) const { return formula; } \
+    };
+ND_EWISE_BINARY_OPS(ND_CUDA_BINARY_FUNCTOR, )
+ND_EWISE_POW_FORMS(ND_CUDA_POW_FORM_FUNCTOR, )
+ND_EWISE_UNARY_OPS(ND_CUDA_UNARY_FUNCTOR, )
+
+struct op_identity {
+    template <class C> __device__ C operator()(C x) const { return x; }
 };
 
-struct op_neg {
-    __device__ float operator()(float x) const { return -x; }
+/* A storage type T names the type its formulas compute in and the
+ * conversions between the two. float computes in float. */
+template <class T> struct ewise_type;
+template <> struct ewise_type<float> {
+    typedef float storage, compute;
+    static __device__ __forceinline__ float load(float v) { return v; }
+    static __device__ __forceinline__ float store(float v) { return v; }
 };
-struct op_log {
-    __device__ float operator()(float x) const { return logf(x); }
-};
-struct op_exp {
-    __device__ float operator()(float x) const { return expf(x); }
-};
-struct op_tanh {
-    __device__ float operator()(float x) const { return tanhf(x); }
-};
-struct op_sqrt {
-    __device__ float operator()(float x) const { return sqrtf(x); }
-};
-struct op_sigmoid {
-    __device__ float operator()(float x) const { return nd_cuda_sigmoid(x); }
-};
-struct op_abs {
-    __device__ float operator()(float x) const { return fabsf(x); }
-};
-struct op_relu {
-    __device__ float operator()(float x) const { return (x > 0.0f || x != x) ? x : 0.0f; }
-};
+
+/* Op F of the list over storage type T: what the kernels are instantiated
+ * for (Op::storage in memory, F applied in Op::compute). One parameter, so
+ * the census names the kernels binary_flat_kernel<Op> etc. */
+template <class T, class F> struct on_storage : ewise_type<T>, F {};
 
 /* -------------------------------------------------------------- kernels */
 
 /* Offsets from a 1-D space: out, a, b at i * stride. NULL a/b: the scalar. */
 template <class Op>
-__global__ void binary_flat_kernel(int64_t n, float *out, int64_t so, const float *a, int64_t sa,
-                                   float a_scalar, const float *b, int64_t sb, float b_scalar,
-                                   Op op) {
+__global__ void binary_flat_kernel(int64_t n, typename Op::storage *out, int64_t so,
+                                   const typename Op::storage *a, int64_t sa,
+                                   typename Op::compute a_scalar, const typename Op::storage *b,
+                                   int64_t sb, typename Op::compute b_scalar, Op op) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const float x = a != NULL ? a[i * sa] : a_scalar;
-        const float y = b != NULL ? b[i * sb] : b_scalar;
-        out[i * so] = op(x, y);
+        const typename Op::compute x = a != NULL ? Op::load(a[i * sa]) : a_scalar;
+        const typename Op::compute y = b != NULL ? Op::load(b[i * sb]) : b_scalar;
+        out[i * so] = Op::store(op(x, y));
     }
 }
 
 /* it: (out, a, b) strides over the output's shape. */
 template <class Op>
-__global__ void binary_kernel(nd_cuda_iter it, float *out, const float *a, float a_scalar,
-                              const float *b, float b_scalar, Op op) {
+__global__ void binary_kernel(nd_cuda_iter it, typename Op::storage *out,
+                              const typename Op::storage *a, typename Op::compute a_scalar,
+                              const typename Op::storage *b, typename Op::compute b_scalar, Op op) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < it.numel;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t off[3];
         nd_cuda_offsets<3>(it, i, off);
-        const float x = a != NULL ? a[off[1]] : a_scalar;
-        const float y = b != NULL ? b[off[2]] : b_scalar;
-        out[off[0]] = op(x, y);
+        const typename Op::compute x = a != NULL ? Op::load(a[off[1]]) : a_scalar;
+        const typename Op::compute y = b != NULL ? Op::load(b[off[2]]) : b_scalar;
+        out[off[0]] = Op::store(op(x, y));
     }
 }
 
 template <class Op>
-__global__ void unary_flat_kernel(int64_t n, float *out, int64_t so, const float *a, int64_t sa,
-                                  Op op) {
+__global__ void unary_flat_kernel(int64_t n, typename Op::storage *out, int64_t so,
+                                  const typename Op::storage *a, int64_t sa, Op op) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        out[i * so] = op(a[i * sa]);
+        out[i * so] = Op::store(op(Op::load(a[i * sa])));
 }
 
 /* it: (out, a) strides over the output's shape. */
 template <class Op>
-__global__ void unary_kernel(nd_cuda_iter it, float *out, const float *a, Op op) {
+__global__ void unary_kernel(nd_cuda_iter it, typename Op::storage *out,
+                             const typename Op::storage *a, Op op) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < it.numel;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t off[2];
         nd_cuda_offsets<2>(it, i, off);
-        out[off[0]] = op(a[off[1]]);
+        out[off[0]] = Op::store(op(Op::load(a[off[1]])));
     }
 }
-
-struct op_identity {
-    __device__ float operator()(float x) const { return x; }
-};
 
 /* it: (dst) strides; every element of the view gets value. */
 __global__ void fill_kernel(nd_cuda_iter it, float *dst, float value) {
@@ -157,8 +127,10 @@ __global__ void fill_kernel(nd_cuda_iter it, float *dst, float value) {
 /* ------------------------------------------------------------ launchers */
 
 template <class Op>
-static nd_status binary(const nd_cuda_iter &it, float *out, const float *a, float a_scalar,
-                        const float *b, float b_scalar, Op op, cudaStream_t stream) {
+static nd_status binary(const nd_cuda_iter &it, typename Op::storage *out,
+                        const typename Op::storage *a, typename Op::compute a_scalar,
+                        const typename Op::storage *b, typename Op::compute b_scalar, Op op,
+                        cudaStream_t stream) {
     unsigned int blocks = nd_cuda_blocks(it.numel, ND_CUDA_THREADS);
     if (it.ndim == 1)
         ND_LAUNCH(binary_flat_kernel<Op>, blocks, ND_CUDA_THREADS, 0, stream, it.numel, out,
@@ -172,8 +144,8 @@ static nd_status binary(const nd_cuda_iter &it, float *out, const float *a, floa
 }
 
 template <class Op>
-static nd_status unary(const nd_cuda_iter &it, float *out, const float *a, Op op,
-                       cudaStream_t stream) {
+static nd_status unary(const nd_cuda_iter &it, typename Op::storage *out,
+                       const typename Op::storage *a, Op op, cudaStream_t stream) {
     unsigned int blocks = nd_cuda_blocks(it.numel, ND_CUDA_THREADS);
     if (it.ndim == 1)
         ND_LAUNCH(unary_flat_kernel<Op>, blocks, ND_CUDA_THREADS, 0, stream, it.numel, out,
@@ -181,6 +153,43 @@ static nd_status unary(const nd_cuda_iter &it, float *out, const float *a, Op op
     else ND_LAUNCH(unary_kernel<Op>, blocks, ND_CUDA_THREADS, 0, stream, it, out, a, op);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
+}
+
+/* Every binary op of the list for storage type T; form: how ND_POW by a
+ * scalar exponent runs (nd_pow_form_of). */
+template <class T>
+static nd_status binary_op(nd_binary_op op, nd_pow_form form, const nd_cuda_iter &it, T *o,
+                           const T *x, typename ewise_type<T>::compute xs, const T *y,
+                           typename ewise_type<T>::compute ys, cudaStream_t stream) {
+#define ND_CUDA_POW_FORM_CASE(A, id, name, exponent, formula) \
+    case id: return binary(it, o, x, xs, y, ys, on_storage<T, pow_##name>(), stream);
+#define ND_CUDA_BINARY_CASE(A, id, name, formula) \
+    case id: return binary(it, o, x, xs, y, ys, on_storage<T, op_##name>(), stream);
+    if (op == ND_POW) {
+        switch (form) {
+            ND_EWISE_POW_FORMS(ND_CUDA_POW_FORM_CASE, )
+        default: break; /* ND_POW_GENERAL: the ND_POW case below */
+        }
+    }
+    switch (op) {
+        ND_EWISE_BINARY_OPS(ND_CUDA_BINARY_CASE, )
+    default: return nd_fail(ND_ERR_VALUE, "unknown binary op %d", (int)op);
+    }
+#undef ND_CUDA_POW_FORM_CASE
+#undef ND_CUDA_BINARY_CASE
+}
+
+/* Every unary op of the list for storage type T. */
+template <class T>
+static nd_status unary_op(nd_unary_op op, const nd_cuda_iter &it, T *o, const T *x,
+                          cudaStream_t stream) {
+#define ND_CUDA_UNARY_CASE(A, id, name, formula) \
+    case id: return unary(it, o, x, on_storage<T, op_##name>(), stream);
+    switch (op) {
+        ND_EWISE_UNARY_OPS(ND_CUDA_UNARY_CASE, )
+    default: return nd_fail(ND_ERR_VALUE, "unknown unary op %d", (int)op);
+    }
+#undef ND_CUDA_UNARY_CASE
 }
 
 static nd_status fill(const nd_cuda_iter &it, float *dst, float value, cudaStream_t stream) {
@@ -213,7 +222,7 @@ nd_status nd_cuda_copy(const nd_layout *dst_layout, float *dst, nd_kernel_operan
         ND_CUDA_CHECK(nd_cuda_copy_on_device(d, s, (size_t)it.numel * sizeof(float), stream));
         return ND_OK;
     }
-    return unary(it, d, s, op_identity{}, stream);
+    return unary(it, d, s, on_storage<float, op_identity>(), stream);
 }
 
 nd_status nd_cuda_binary(nd_binary_op op, const nd_layout *out_layout, float *out,
@@ -227,28 +236,9 @@ nd_status nd_cuda_binary(nd_binary_op op, const nd_layout *out_layout, float *ou
     float *o = out + out_layout->offset;
     const float *x = a.data != NULL ? a.data + a.layout->offset : NULL;
     const float *y = b.data != NULL ? b.data + b.layout->offset : NULL;
-    float xs = a.scalar, ys = b.scalar;
-    cudaStream_t stream = 0;
-    switch (op) {
-    case ND_ADD: return binary(it, o, x, xs, y, ys, op_add{}, stream);
-    case ND_SUB: return binary(it, o, x, xs, y, ys, op_sub{}, stream);
-    case ND_MUL: return binary(it, o, x, xs, y, ys, op_mul{}, stream);
-    case ND_DIV: return binary(it, o, x, xs, y, ys, op_div{}, stream);
-    case ND_POW:
-        if (y == NULL && ys == 2.0f) return binary(it, o, x, xs, y, ys, op_square{}, stream);
-        if (y == NULL && ys == 3.0f) return binary(it, o, x, xs, y, ys, op_cube{}, stream);
-        if (y == NULL && ys == -1.0f) return binary(it, o, x, xs, y, ys, op_reciprocal{}, stream);
-        return binary(it, o, x, xs, y, ys, op_pow{}, stream);
-    case ND_MAXIMUM: return binary(it, o, x, xs, y, ys, op_maximum{}, stream);
-    case ND_MINIMUM: return binary(it, o, x, xs, y, ys, op_minimum{}, stream);
-    case ND_EQ: return binary(it, o, x, xs, y, ys, op_eq{}, stream);
-    case ND_NE: return binary(it, o, x, xs, y, ys, op_ne{}, stream);
-    case ND_GE: return binary(it, o, x, xs, y, ys, op_ge{}, stream);
-    case ND_GT: return binary(it, o, x, xs, y, ys, op_gt{}, stream);
-    case ND_LE: return binary(it, o, x, xs, y, ys, op_le{}, stream);
-    case ND_LT: return binary(it, o, x, xs, y, ys, op_lt{}, stream);
-    default: return nd_fail(ND_ERR_VALUE, "unknown binary op %d", (int)op);
-    }
+    nd_pow_form form = b.data == NULL ? nd_pow_form_of(b.scalar) : ND_POW_GENERAL;
+    /* One binary_op<storage type> per dtype. */
+    return binary_op<float>(op, form, it, o, x, a.scalar, y, b.scalar, 0);
 }
 
 nd_status nd_cuda_unary(nd_unary_op op, const nd_layout *out_layout, float *out,
@@ -258,18 +248,6 @@ nd_status nd_cuda_unary(nd_unary_op op, const nd_layout *out_layout, float *out,
     nd_cuda_iter_make(&it, out_layout->ndim, out_layout->shape, 2, layouts);
     if (it.numel == 0) return ND_OK;
     ND_TRY(nd_cuda_activate(out, NULL));
-    float *o = out + out_layout->offset;
-    const float *x = a + a_layout->offset;
-    cudaStream_t stream = 0;
-    switch (op) {
-    case ND_NEG: return unary(it, o, x, op_neg{}, stream);
-    case ND_LOG: return unary(it, o, x, op_log{}, stream);
-    case ND_EXP: return unary(it, o, x, op_exp{}, stream);
-    case ND_TANH: return unary(it, o, x, op_tanh{}, stream);
-    case ND_SQRT: return unary(it, o, x, op_sqrt{}, stream);
-    case ND_SIGMOID: return unary(it, o, x, op_sigmoid{}, stream);
-    case ND_ABS: return unary(it, o, x, op_abs{}, stream);
-    case ND_RELU: return unary(it, o, x, op_relu{}, stream);
-    default: return nd_fail(ND_ERR_VALUE, "unknown unary op %d", (int)op);
-    }
+    /* One unary_op<storage type> per dtype. */
+    return unary_op<float>(op, it, out + out_layout->offset, a + a_layout->offset, 0);
 }
