@@ -97,6 +97,19 @@ BINARY_OPS = {
 EXACT_OPS = {"maximum", "nd.maximum", "eq", "ne", "ge", "gt", "le", "lt"}
 
 
+@pytest.mark.parametrize("exponent", [2.0, 3.0, -1.0])
+@pytest.mark.parametrize("device", DEVICES)
+def test_exact_powers_keep_numpy_signed_zeros_and_infinities(exponent, device):
+    """The exact forms of x**2, x**3 and x**-1 give NumPy's values bit for bit, signs of zeros
+    and infinities included: (-0)**3 and (-inf)**-1 are -0."""
+    x = np.array([-0.0, 0.0, -np.inf, np.inf, 2.0, -3.0, 0.5], dtype=np.float32)
+    got = (nd.array(x, device=device) ** exponent).numpy()
+    with np.errstate(divide="ignore"):
+        expected = x ** np.float32(exponent)
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(expected))
+
+
 @pytest.mark.parametrize("op", list(BINARY_OPS))
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 @pytest.mark.parametrize("device", DEVICES)
