@@ -78,9 +78,8 @@ COUNTERS = (
 
 def host_stats():
     """``memory_stats()`` of needle's host devices (``cpu`` and ``cpu_numpy``), summed over
-    COUNTERS: an aligned collection on a CPU with a memory limit is charged to ``cpu_numpy``
-    (needle_c/memory/pressure.c, run_aligned_collection picks the device that asks the most),
-    so ``cpu``'s figures alone would miss it."""
+    COUNTERS: an aligned ladder is charged to the device that wanted it, else to the first
+    device (needle_c/memory/pressure.c, run_aligned_collection), so the sum holds them all."""
     from needle import memory
 
     every = [memory.memory_stats(d) for d in ("cpu", "cpu_numpy")]
@@ -209,7 +208,7 @@ def merge_rounds(rounds):
     for per_rank in zip(*rounds):
         first = per_rank[0]
         alignment = dict(first["alignment"])
-        for key in ("rounds", "aligned_collections", "collection_seconds", "wait_saved_seconds"):
+        for key in ("rounds", "collections_agreed", "collection_seconds", "wait_saved_seconds"):
             alignment[key] = sum(r["alignment"][key] for r in per_rank)
         alignment["generation_collections"] = [
             sum(gens) for gens in zip(*(r["alignment"]["generation_collections"] for r in per_rank))

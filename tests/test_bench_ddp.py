@@ -119,7 +119,7 @@ def test_straggler_runs_and_collections():
     # every flag round is one all-reduce: one per timed step, on both ranks, and both ranks
     # agreed on the same collections
     assert [a["rounds"] for a in aligned["alignment"]] == [12, 12]
-    counts = [a["aligned_collections"] for a in aligned["alignment"]]
+    counts = [a["collections_agreed"] for a in aligned["alignment"]]
     assert counts[0] == counts[1]
     manual = rows[3]
     assert manual["gc_every"] == 2
