@@ -69,6 +69,63 @@ def test_gradients_equal_the_plain_models_with_dropout(device, mode):
     assert (ckpt_grad.op is None) == (plain_grad.op is None) == (mode == "cycle_free")
 
 
+def _unread_draws_run(device, mode, use_checkpoint, rng_mode):
+    """Dropout(0) (an unread draw), then Dropout(0.5) (a read one), inside a block; returns the
+    gradients, the RNG state after the step and how many unread draws the backward made."""
+    np.random.seed(3)
+    lin = nn.Linear(6, 6, device=device)
+    zero, half = nn.Dropout(0.0), nn.Dropout(0.5)
+
+    def block(x):
+        return half(zero(lin(x))) * 2.0
+
+    x = _tensor((5, 6), device)
+    run = checkpoint if use_checkpoint else (lambda f, *a: f(*a))
+    calls = []
+    real = {name: getattr(np.random, name) for name in ("rand", "random_sample")}
+
+    def spy(name):
+        return lambda *a: calls.append(name) or real[name](*a)
+
+    with ndl.random.rng_mode(rng_mode), ndl.autograd.graph_mode(mode):
+        loss = (run(block, x) ** 2).sum()
+        try:  # the arrays of doubles NumPy makes in the backward (needle's host draws)
+            for name in real:
+                setattr(np.random, name, spy(name))
+            loss.backward()
+        finally:
+            for name, function in real.items():
+                setattr(np.random, name, function)
+    grads = [x.grad.numpy(), lin.weight.grad.numpy(), lin.bias.grad.numpy()]
+    return grads, np.random.get_state()[1].copy(), calls
+
+
+@dev
+@mode_param
+@pytest.mark.parametrize("rng_mode", ["host", "device"])
+def test_the_recomputation_does_not_redraw_unread_draws(device, mode, rng_mode):
+    """Dropout(0)'s draw (the course's, with NumPy's draws) is not made again in the
+    recomputation: the state it left is set instead, so the read draw after it (Dropout(0.5))
+    gets the forward's mask and the gradients and the stream after the step are the plain
+    model's."""
+    plain, plain_rng, _ = _unread_draws_run(device, mode, False, rng_mode)
+    ckpt, ckpt_rng, redrawn = _unread_draws_run(device, mode, True, rng_mode)
+    _assert_same(plain, ckpt)
+    np.testing.assert_array_equal(ckpt_rng, plain_rng)
+    # NumPy's draws: the recomputation draws Dropout(0.5)'s mask again, not Dropout(0)'s; the
+    # device generator draws no array of doubles on the host
+    assert redrawn == (["rand"] if rng_mode == "host" else [])
+
+
+def test_unread_draws_advance_the_stream_as_the_course_draw_does():
+    np.random.seed(7)
+    ndl.random.unread_draw((3, 4))
+    after_unread = np.random.rand()
+    np.random.seed(7)
+    np.random.rand(3, 4)
+    assert after_unread == np.random.rand()
+
+
 def _nested_run(device, mode, use_checkpoint):
     np.random.seed(1)
     W = nn.Parameter(_tensor((5, 5), device))

@@ -23,7 +23,9 @@ run time:
 """
 
 import contextlib
+import math
 import operator
+import threading
 
 import numpy as np
 
@@ -72,3 +74,59 @@ def uses_device_generator(device=None):
     """True when a draw on ``device`` (None: the CPU) comes from the device generator
     under the current mode, False when it is NumPy's."""
     return _c._rng_uses_device(device)
+
+
+# Draws whose values nobody reads (Dropout with p 0 or 1 still makes the course's draw, so that
+# NumPy's stream stays the course's). A checkpointed forward pass records the stream's state
+# after each of them; its recomputation, which replays the stream from the forward's start,
+# sets the state to the recorded one instead of drawing again (a full array of doubles each).
+_journals = threading.local()
+
+
+def _journal_stack():
+    stack = getattr(_journals, "stack", None)
+    if stack is None:
+        stack = _journals.stack = []
+    return stack
+
+
+@contextlib.contextmanager
+def recording_unread_draws():
+    """Records, for the block, NumPy's state after each :func:`unread_draw`; yields the list
+    that :func:`replaying_unread_draws` takes (gradient checkpointing's forward pass)."""
+    states = []
+    stack = _journal_stack()
+    stack.append(("record", states, [0]))
+    try:
+        yield states
+    finally:
+        stack.pop()
+
+
+@contextlib.contextmanager
+def replaying_unread_draws(states):
+    """Runs the block as a replay of a recorded one from the same starting state: its
+    :func:`unread_draw` calls set NumPy's state to the recorded ones, in order, instead of
+    drawing (gradient checkpointing's recomputation)."""
+    stack = _journal_stack()
+    stack.append(("replay", states, [0]))
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def unread_draw(shape):
+    """Advances NumPy's global stream as ``np.random.rand(*shape)`` does, for a draw whose
+    values are not read; inside a replay, by setting the state that draw left in the recorded
+    block (no numbers are made). Not for the device generator, which needs no such draw."""
+    stack = _journal_stack()
+    if stack and stack[-1][0] == "replay":
+        _, states, position = stack[-1]
+        if position[0] < len(states):
+            np.random.set_state(states[position[0]])
+            position[0] += 1
+            return
+    np.random.random_sample(math.prod(shape))
+    if stack and stack[-1][0] == "record":
+        stack[-1][1].append(np.random.get_state())

@@ -250,7 +250,8 @@ class Dropout(Module):
     draws one np.random.rand(*x.shape), also when p == 0, as in the course. Where they
     come from the device generator (CUDA by default) the mask is one bernoulli kernel, and
     p == 0 returns x (no draw, no kernel) and p == 1 returns x * 0 (no draw). With NumPy's
-    draws p == 0 draws and returns x."""
+    draws p == 0 and p == 1 advance NumPy's stream as the course's draw does, without making a
+    mask (``needle.random.unread_draw``), and return x and x * 0."""
 
     def __init__(self, p=0.5):
         super().__init__()
@@ -259,15 +260,13 @@ class Dropout(Module):
     def forward(self, x):
         if not self.training:
             return x
-        if self.p in (0.0, 1.0) and _random.uses_device_generator(x.device):
+        if self.p in (0.0, 1.0):
+            # No mask to apply: x * ones / 1 is x and x * zeros is x * 0 exactly. With NumPy's
+            # draws the course's draw is still made (the stream stays the course's), unread.
+            if not _random.uses_device_generator(x.device):
+                _random.unread_draw(x.shape)
             return x if self.p == 0.0 else x * 0.0
         mask = init.randb(*x.shape, p=1 - self.p, device=x.device, dtype=x.dtype)
-        if self.p == 0.0:
-            # the course's draw is kept (the NumPy stream), but x * ones / 1 is x exactly: no
-            # mask, product or quotient in the graph (the course's graph mode keeps them)
-            return x
-        if self.p == 1.0:
-            return x * mask
         return x * mask / (1 - self.p)
 
 

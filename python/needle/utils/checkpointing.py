@@ -6,7 +6,9 @@ inputs are the tensor arguments and the tensors requiring grad that ``fn`` reads
 elsewhere (a module's parameters), and whose data is ``fn``'s result: ``fn``'s intermediate
 tensors are freed as soon as the forward has run. Its gradient runs ``fn`` again, with
 NumPy's RNG state (and needle's RNG mode) as they were before the forward, so dropout draws
-the same masks, and backpropagates through that recomputation:
+the same masks (a draw whose values are not read, ``Dropout(0)``'s, is not made again: the
+recomputation sets the state the forward's left), and backpropagates through that
+recomputation:
 
 - when the backward records nothing (``"cycle_free"`` mode, the default), the recomputation
   runs on fresh leaves holding the inputs' data and a cycle_free backward of its own;
@@ -43,6 +45,15 @@ class _RngState:
     def __init__(self):
         self.numpy = np.random.get_state()
         self.mode = _random.get_rng_mode()
+        # NumPy's state after each unread draw of the forward (Dropout(0)'s), which the
+        # recomputation sets instead of drawing again.
+        self.unread = []
+
+    @contextlib.contextmanager
+    def recorded(self):
+        with _random.recording_unread_draws() as states:
+            yield
+        self.unread = states
 
     @contextlib.contextmanager
     def replayed(self):
@@ -50,7 +61,8 @@ class _RngState:
         np.random.set_state(self.numpy)
         _random.set_rng_mode(self.mode)
         try:
-            yield
+            with _random.replaying_unread_draws(self.unread):
+                yield
         finally:
             np.random.set_state(outer_numpy)
             _random.set_rng_mode(outer_mode)
@@ -296,7 +308,9 @@ def checkpoint(function, *args, preserve_rng_state=True, determinism_check="defa
     if not autograd.is_grad_enabled():
         return function(*args)
     rng = _RngState() if preserve_rng_state else None
-    outputs, single = _output_tensors(function(*args))
+    with rng.recorded() if rng is not None else contextlib.nullcontext():
+        result = function(*args)
+    outputs, single = _output_tensors(result)
     positions = [k for k, arg in enumerate(args) if isinstance(arg, Tensor)]
     tensor_args = [args[k] for k in positions]
     captured = _captured_tensors(outputs, tensor_args)
