@@ -4,8 +4,10 @@ transformer with each layer checkpointed (ndl.utils.checkpoint_wrapper) against 
 Two models at COURSE's sizes with num_layers=4: the whole LanguageModel (embedding,
 transformer, the vocabulary's Linear and SoftmaxLoss) and its nn.Transformer stack alone
 (with the sum of squares of its output as the loss). A step is forward, loss, backward and
-an Adam step; the peak is that of the last step (after a warm-up step, so Adam's state is in
-both), the time the median over the steps. Targets: peak <= 0.6x, time <= 1.4x.
+an Adam step; the peak is that of a step after a warm-up step (so Adam's state is in both), each
+configuration alone in the process; the time is the median over the steps, the two
+configurations' steps interleaved (plain, checkpointed, plain, ...) so that the machine's drift
+falls on both alike. Targets: peak <= 0.6x, time <= 1.4x.
 
     python bench/checkpoint_bench.py [--steps 3] [--batch 256] [--vocab 10000] [--dropout 0.0]
         [--device cpu|cuda]
@@ -75,26 +77,48 @@ def build(kind, args, device, use_checkpoint):
     return model, loss_fn
 
 
-def measure(kind, args, device, use_checkpoint):
-    model, loss_fn = build(kind, args, device, use_checkpoint)
-    opt = ndl.optim.Adam(model.parameters(), lr=COURSE.lr)
-    times = []
-    for _ in range(args.steps + 1):
-        ndl.memory.reset_peak_memory_stats(device)
+class _Run:
+    """One configuration (plain or checkpointed) ready to step."""
+
+    def __init__(self, kind, args, device, use_checkpoint):
+        self.model, self.loss_fn = build(kind, args, device, use_checkpoint)
+        self.opt = ndl.optim.Adam(self.model.parameters(), lr=COURSE.lr)
+        self.device = device
+
+    def step(self):
+        """One training step; returns its wall time in seconds."""
         start = time.perf_counter()
-        opt.reset_grad()
-        loss = loss_fn()
+        self.opt.reset_grad()
+        loss = self.loss_fn()
         loss.backward()
-        opt.step()
+        self.opt.step()
         loss.numpy()  # the step has finished (a GPU's work too)
-        times.append(time.perf_counter() - start)
-        del loss
-    return {
-        "model": kind,
-        "checkpoint": use_checkpoint,
-        "peak_bytes": ndl.memory.max_memory_allocated(device),
-        "step_s": statistics.median(times[1:]),
-    }
+        return time.perf_counter() - start
+
+
+def peak_bytes(kind, args, device, use_checkpoint):
+    """max_memory_allocated() over a step after a warm-up step (Adam's state made), with this
+    configuration alone in the process."""
+    run = _Run(kind, args, device, use_checkpoint)
+    run.step()
+    ndl.memory.reset_peak_memory_stats(device)
+    run.step()
+    peak = ndl.memory.max_memory_allocated(device)
+    del run
+    return peak
+
+
+def step_times(kind, args, device):
+    """The median step time of each configuration, their steps interleaved (plain, checkpointed,
+    plain, ...) after a warm-up step each, so that a machine's drift falls on both alike."""
+    runs = [_Run(kind, args, device, False), _Run(kind, args, device, True)]
+    for run in runs:
+        run.step()
+    times = [[], []]
+    for _ in range(args.steps):
+        for k, run in enumerate(runs):
+            times[k].append(run.step())
+    return [statistics.median(t) for t in times]
 
 
 def main():
@@ -110,9 +134,13 @@ def main():
     print_machine(device=args.device)
     print(json.dumps({"config": vars(args) | {"layers": LAYERS, "seq_len": COURSE.seq_len}}))
     for kind in args.models.split(","):
-        plain = measure(kind, args, device, False)
+        peaks = [peak_bytes(kind, args, device, use) for use in (False, True)]
+        seconds = step_times(kind, args, device)
+        plain, ckpt = (
+            {"model": kind, "checkpoint": use, "peak_bytes": peak, "step_s": step_s}
+            for use, peak, step_s in zip((False, True), peaks, seconds)
+        )
         print(json.dumps(plain), flush=True)
-        ckpt = measure(kind, args, device, True)
         print(json.dumps(ckpt), flush=True)
         ratios = {
             "model": kind,
