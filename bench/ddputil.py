@@ -132,17 +132,8 @@ def batch_rows(nbatch, seq_len, count):
 def needle_model(cfg, vocab, seq_len):
     """The course's LanguageModel for ``cfg`` on the CPU, seeded with 0 (the same weights on
     every rank before DDP broadcasts them anyway)."""
-    from needle.apps.models import LanguageModel
-
     np.random.seed(0)
-    model = LanguageModel(
-        cfg.embedding_size,
-        vocab,
-        cfg.hidden_size,
-        num_layers=cfg.num_layers,
-        seq_model=cfg.seq_model,
-        seq_len=seq_len,
-    )
+    model = cfg.language_model(vocab, seq_len)
     model.train()
     return model
 

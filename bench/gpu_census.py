@@ -44,7 +44,6 @@ TARGETS = {
 def needle_census(name, cfg, vocab, batch, steps, warmup):
     import needle as ndl
     from needle import nn, optim
-    from needle.apps.models import LanguageModel
 
     device = ndl.cuda()
     if not device.enabled():
@@ -52,15 +51,7 @@ def needle_census(name, cfg, vocab, batch, steps, warmup):
     np.random.seed(0)
     rows = (warmup + steps + 1) * ptb_train.COURSE.seq_len + 1
     batches = np.random.randint(0, vocab, size=(rows, batch)).astype(np.float32)
-    model = LanguageModel(
-        cfg.embedding_size,
-        vocab,
-        cfg.hidden_size,
-        num_layers=cfg.num_layers,
-        seq_model=cfg.seq_model,
-        seq_len=ptb_train.COURSE.seq_len,
-        device=device,
-    )
+    model = cfg.language_model(vocab, ptb_train.COURSE.seq_len, device)
     model.train()
     opt = optim.Adam(model.parameters(), lr=ptb_train.COURSE.lr)
     loss_fn = nn.SoftmaxLoss()

@@ -143,21 +143,12 @@ def needle_step(model, opt, loss_fn, batches, i, h, device):
 def run_needle(cfg, batches, vocab, steps, warmup, device_name="cpu"):
     import needle as ndl
     from needle import nn, optim
-    from needle.apps.models import LanguageModel
 
     device = ndl.cuda() if device_name == "cuda" else ndl.cpu()
     if not device.enabled():
         raise SystemExit(f"ptb_train: CUDA is unavailable: {ndl.cuda.unavailable_reason()}")
     np.random.seed(0)
-    model = LanguageModel(
-        cfg.embedding_size,
-        vocab,
-        cfg.hidden_size,
-        num_layers=cfg.num_layers,
-        seq_model=cfg.seq_model,
-        seq_len=COURSE.seq_len,
-        device=device,
-    )
+    model = cfg.language_model(vocab, COURSE.seq_len, device)
     model.train()
     opt = optim.Adam(model.parameters(), lr=COURSE.lr)
     loss_fn = nn.SoftmaxLoss()
@@ -273,17 +264,8 @@ def copy_needle_parameters(model, cfg, vocab):
     (out, in) and (out,). Both create their parameters in the same order."""
     import torch
 
-    from needle.apps.models import LanguageModel
-
     np.random.seed(0)
-    ref = LanguageModel(
-        cfg.embedding_size,
-        vocab,
-        cfg.hidden_size,
-        num_layers=cfg.num_layers,
-        seq_model=cfg.seq_model,
-        seq_len=COURSE.seq_len,
-    )
+    ref = cfg.language_model(vocab, COURSE.seq_len)
     transposed = {
         f"{name}.weight" for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)
     }

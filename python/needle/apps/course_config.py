@@ -32,5 +32,20 @@ class CourseConfig:
     def tokens_per_step(self):
         return self.seq_len * self.batch_size
 
+    def language_model(self, vocab_size=None, seq_len=None, device=None):
+        """This configuration's ``LanguageModel`` (``vocab_size`` and ``seq_len`` default to
+        the configuration's), on ``device``; the caller seeds NumPy first."""
+        from .models import LanguageModel
+
+        return LanguageModel(
+            self.embedding_size,
+            self.vocab_size if vocab_size is None else vocab_size,
+            self.hidden_size,
+            num_layers=self.num_layers,
+            seq_model=self.seq_model,
+            seq_len=self.seq_len if seq_len is None else seq_len,
+            device=device,
+        )
+
 
 COURSE = CourseConfig()
