@@ -14,18 +14,32 @@ void nd_array_release(nd_array *a) {
     memset(a, 0, sizeof *a);
 }
 
-nd_status nd_array_empty(nd_device *dev, int ndim, const int64_t *shape, nd_array *out) {
+nd_status nd_array_empty_typed(nd_device *dev, int ndim, const int64_t *shape, nd_dtype dtype,
+                               nd_array *out) {
     memset(out, 0, sizeof *out);
     if (dev == NULL) return nd_fail(ND_ERR_DEVICE, "no device");
     nd_layout layout;
     nd_status status = nd_layout_contiguous(ndim, shape, &layout);
     if (status != ND_OK) return status;
     nd_storage *storage;
-    status = nd_storage_new(dev, nd_layout_numel(&layout), &storage);
+    status = nd_storage_new_typed(dev, nd_layout_numel(&layout), dtype, &storage);
     if (status != ND_OK) return status;
     out->storage = storage;
     out->layout = layout;
     return ND_OK;
+}
+
+nd_status nd_array_empty(nd_device *dev, int ndim, const int64_t *shape, nd_array *out) {
+    return nd_array_empty_typed(dev, ndim, shape, ND_FLOAT32, out);
+}
+
+nd_dtype nd_array_dtype(const nd_array *a) { return a->storage->dtype; }
+
+nd_status nd_array_require_float32(const nd_array *a, const char *what) {
+    if (a->storage->dtype == ND_FLOAT32) return ND_OK;
+    return nd_fail(ND_ERR_DTYPE,
+                   "%s is not implemented for %s arrays: convert with astype('float32')", what,
+                   nd_dtype_name(a->storage->dtype));
 }
 
 static const nd_backend *backend_of(const nd_array *a) { return a->storage->device->backend; }
@@ -43,31 +57,51 @@ static nd_kernel_operand array_operand(const nd_array *a, const nd_layout *layou
     return op;
 }
 
+/* dst's view = src (src_layout: src broadcast to dst's shape), on one device,
+ * any dtypes: the float32 copy kernels when both are float32. */
+static nd_status copy_view(const nd_array *dst, const nd_array *src, const nd_layout *src_layout) {
+    if (dst->storage->dtype == ND_FLOAT32 && src->storage->dtype == ND_FLOAT32)
+        return backend_of(dst)->copy(&dst->layout, nd_storage_data(dst->storage),
+                                     array_operand(src, src_layout));
+    return backend_of(dst)->convert(&dst->layout, nd_storage_ptr(dst->storage), dst->storage->dtype,
+                                    src_layout, nd_storage_ptr(src->storage), src->storage->dtype,
+                                    0.0);
+}
+
+/* Moves src (any dtype, compact or not) into dst (compact, src's dtype and
+ * shape) on another device, through host memory. */
 static nd_status copy_between_devices(const nd_array *src, const nd_array *dst) {
     nd_device *from = src->storage->device, *to = dst->storage->device;
-    float *dst_data = nd_storage_data(dst->storage);
     if (from->kind == ND_DEVICE_CPU && to->kind == ND_DEVICE_CPU)
-        return nd_cpu_backend.copy(&dst->layout, dst_data, array_operand(src, &src->layout));
-    if (to->kind == ND_DEVICE_CPU)
-        return from->backend->to_host(&src->layout, nd_storage_data(src->storage), dst_data);
-    int64_t numel = nd_layout_numel(&src->layout);
-    float *host = malloc((size_t)(numel > 0 ? numel : 1) * sizeof(float));
+        return copy_view(dst, src, &src->layout);
+    if (to->kind == ND_DEVICE_CPU) return nd_array_to_host(src, nd_storage_ptr(dst->storage));
+    int64_t nbytes = nd_layout_numel(&src->layout) * nd_dtype_size(src->storage->dtype);
+    void *host = malloc((size_t)(nbytes > 0 ? nbytes : 1));
     if (host == NULL) return nd_fail(ND_ERR_OOM, "out of host memory for a device transfer");
-    nd_status status = from->backend->to_host(&src->layout, nd_storage_data(src->storage), host);
-    if (status == ND_OK) status = to->backend->from_host(&dst->layout, dst_data, host);
+    nd_status status = nd_array_to_host(src, host);
+    if (status == ND_OK) status = nd_array_from_host(dst, host);
     free(host);
     return status;
 }
 
 nd_status nd_array_compact_copy(const nd_array *src, nd_device *dev, nd_array *out) {
     if (dev == NULL) dev = src->storage->device;
-    nd_status status = nd_array_empty(dev, src->layout.ndim, src->layout.shape, out);
+    nd_status status =
+        nd_array_empty_typed(dev, src->layout.ndim, src->layout.shape, src->storage->dtype, out);
     if (status != ND_OK) return status;
-    if (dev == src->storage->device)
-        status = backend_of(src)->copy(&out->layout, nd_storage_data(out->storage),
-                                       array_operand(src, &src->layout));
+    if (dev == src->storage->device) status = copy_view(out, src, &src->layout);
     else status = copy_between_devices(src, out);
     if (status != ND_OK) nd_array_release(out);
+    return status;
+}
+
+nd_status nd_array_astype(const nd_array *src, nd_dtype dtype, nd_array *out) {
+    memset(out, 0, sizeof *out);
+    if (nd_dtype_size(dtype) == 0) return nd_fail(ND_ERR_VALUE, "unknown dtype %d", (int)dtype);
+    nd_status status =
+        nd_array_empty_typed(src->storage->device, src->layout.ndim, src->layout.shape, dtype, out);
+    if (status != ND_OK) return status;
+    if ((status = copy_view(out, src, &src->layout)) != ND_OK) nd_array_release(out);
     return status;
 }
 
@@ -77,33 +111,66 @@ nd_status nd_array_assign(const nd_array *dst, const nd_array *src) {
     nd_layout src_layout;
     status = nd_layout_broadcast_to(&src->layout, dst->layout.ndim, dst->layout.shape, &src_layout);
     if (status != ND_OK) return status;
-    if (src->storage != dst->storage)
-        return backend_of(dst)->copy(&dst->layout, nd_storage_data(dst->storage),
-                                     array_operand(src, &src_layout));
+    if (src->storage != dst->storage) return copy_view(dst, src, &src_layout);
     /* Source and destination may overlap: copy the source out first. */
     nd_array tmp;
     status = nd_array_compact_copy(src, NULL, &tmp);
     if (status != ND_OK) return status;
     status = nd_layout_broadcast_to(&tmp.layout, dst->layout.ndim, dst->layout.shape, &src_layout);
-    if (status == ND_OK)
-        status = backend_of(dst)->copy(&dst->layout, nd_storage_data(dst->storage),
-                                       array_operand(&tmp, &src_layout));
+    if (status == ND_OK) status = copy_view(dst, &tmp, &src_layout);
     nd_array_release(&tmp);
     return status;
 }
 
-nd_status nd_array_fill(const nd_array *dst, float value) {
-    nd_kernel_operand scalar = {NULL, NULL, value};
+nd_status nd_array_fill(const nd_array *dst, double value) {
+    if (dst->storage->dtype != ND_FLOAT32)
+        return backend_of(dst)->convert(&dst->layout, nd_storage_ptr(dst->storage),
+                                        dst->storage->dtype, NULL, NULL, ND_FLOAT32, value);
+    nd_kernel_operand scalar = {NULL, NULL, (float)value};
     return backend_of(dst)->copy(&dst->layout, nd_storage_data(dst->storage), scalar);
 }
 
-nd_status nd_array_to_host(const nd_array *src, float *host) {
-    return backend_of(src)->to_host(&src->layout, nd_storage_data(src->storage), host);
+/* The float32 transfers gather and scatter strided views themselves; the
+ * other dtypes are compacted on the device and moved as bytes. */
+nd_status nd_array_to_host(const nd_array *src, void *host) {
+    if (src->storage->dtype == ND_FLOAT32)
+        return backend_of(src)->to_host(&src->layout, nd_storage_data(src->storage), host);
+    int64_t nbytes = nd_layout_numel(&src->layout) * nd_dtype_size(src->storage->dtype);
+    if (nd_layout_is_contiguous(&src->layout))
+        return backend_of(src)->bytes_to_host((const char *)nd_storage_ptr(src->storage) +
+                                                  src->layout.offset *
+                                                      nd_dtype_size(src->storage->dtype),
+                                              host, nbytes);
+    nd_array tmp;
+    nd_status status = nd_array_compact_copy(src, NULL, &tmp);
+    if (status != ND_OK) return status;
+    status = backend_of(src)->bytes_to_host(nd_storage_ptr(tmp.storage), host, nbytes);
+    nd_array_release(&tmp);
+    return status;
 }
 
-nd_status nd_array_from_host(const nd_array *dst, const float *host) {
-    return backend_of(dst)->from_host(&dst->layout, nd_storage_data(dst->storage), host);
+nd_status nd_array_from_host(const nd_array *dst, const void *host) {
+    if (dst->storage->dtype == ND_FLOAT32)
+        return backend_of(dst)->from_host(&dst->layout, nd_storage_data(dst->storage), host);
+    int64_t itemsize = nd_dtype_size(dst->storage->dtype);
+    int64_t nbytes = nd_layout_numel(&dst->layout) * itemsize;
+    if (nd_layout_is_contiguous(&dst->layout))
+        return backend_of(dst)->bytes_from_host(
+            (char *)nd_storage_ptr(dst->storage) + dst->layout.offset * itemsize, host, nbytes);
+    nd_array tmp;
+    nd_status status = nd_array_empty_typed(dst->storage->device, dst->layout.ndim,
+                                            dst->layout.shape, dst->storage->dtype, &tmp);
+    if (status != ND_OK) return status;
+    status = backend_of(dst)->bytes_from_host(nd_storage_ptr(tmp.storage), host, nbytes);
+    if (status == ND_OK) status = copy_view(dst, &tmp, &tmp.layout);
+    nd_array_release(&tmp);
+    return status;
 }
+
+#define ND_EWISE_NAME(A, id, name, formula) [id] = #name,
+static const char *const binary_names[ND_BINARY_OP_COUNT] = {ND_EWISE_BINARY_OPS(ND_EWISE_NAME, )};
+static const char *const unary_names[ND_UNARY_OP_COUNT] = {ND_EWISE_UNARY_OPS(ND_EWISE_NAME, )};
+#undef ND_EWISE_NAME
 
 nd_status nd_array_binary(nd_binary_op op, nd_operand a, nd_operand b, nd_array *out) {
     memset(out, 0, sizeof *out);
@@ -113,6 +180,11 @@ nd_status nd_array_binary(nd_binary_op op, nd_operand a, nd_operand b, nd_array 
         return nd_fail(ND_ERR_VALUE, "a binary op needs at least one array operand");
     const nd_array *any = a.array != NULL ? a.array : b.array;
     nd_status status;
+    if ((a.array != NULL &&
+         (status = nd_array_require_float32(a.array, binary_names[op])) != ND_OK) ||
+        (b.array != NULL &&
+         (status = nd_array_require_float32(b.array, binary_names[op])) != ND_OK))
+        return status;
     if (a.array != NULL && b.array != NULL && (status = nd_same_device(a.array, b.array)) != ND_OK)
         return status;
     int ndim;
@@ -149,7 +221,9 @@ nd_status nd_array_binary(nd_binary_op op, nd_operand a, nd_operand b, nd_array 
 nd_status nd_array_unary(nd_unary_op op, const nd_array *a, nd_array *out) {
     memset(out, 0, sizeof *out);
     if ((unsigned)op >= ND_UNARY_OP_COUNT) return nd_fail(ND_ERR_VALUE, "unknown unary op %d", op);
-    nd_status status = nd_array_empty(a->storage->device, a->layout.ndim, a->layout.shape, out);
+    nd_status status = nd_array_require_float32(a, unary_names[op]);
+    if (status != ND_OK) return status;
+    status = nd_array_empty(a->storage->device, a->layout.ndim, a->layout.shape, out);
     if (status != ND_OK) return status;
     status = backend_of(a)->unary(op, &out->layout, nd_storage_data(out->storage), &a->layout,
                                   nd_storage_data(a->storage));
@@ -162,6 +236,8 @@ nd_status nd_array_reduce(nd_reduce_op op, const nd_array *a, uint32_t axes_mask
     memset(out, 0, sizeof *out);
     if ((unsigned)op >= ND_REDUCE_OP_COUNT)
         return nd_fail(ND_ERR_VALUE, "unknown reduction %d", op);
+    nd_status status = nd_array_require_float32(a, "a reduction");
+    if (status != ND_OK) return status;
     const nd_layout *in = &a->layout;
     if (in->ndim < 32 && (axes_mask >> in->ndim) != 0)
         return nd_fail(ND_ERR_AXIS, "reduction axis out of bounds for an array of dimension %d",
@@ -176,7 +252,7 @@ nd_status nd_array_reduce(nd_reduce_op op, const nd_array *a, uint32_t axes_mask
         return nd_fail(ND_ERR_VALUE,
                        "zero-size array to reduction operation %s which has no identity",
                        op == ND_REDUCE_MAX ? "maximum" : "minimum");
-    nd_status status = nd_array_empty(a->storage->device, in->ndim, kept_shape, out);
+    status = nd_array_empty(a->storage->device, in->ndim, kept_shape, out);
     if (status != ND_OK) return status;
     nd_layout kernel_out = out->layout;
     for (int i = 0; i < in->ndim; i++) {
@@ -224,7 +300,9 @@ static int blas_strides(const nd_layout *l, int64_t rows, int64_t cols, int64_t 
 nd_status nd_array_matmul(const nd_array *a, const nd_array *b, nd_array *out) {
     memset(out, 0, sizeof *out);
     nd_status status = nd_same_device(a, b);
-    if (status != ND_OK) return status;
+    if (status != ND_OK || (status = nd_array_require_float32(a, "matmul")) != ND_OK ||
+        (status = nd_array_require_float32(b, "matmul")) != ND_OK)
+        return status;
     if (a->layout.ndim == 0 || b->layout.ndim == 0)
         return nd_fail(ND_ERR_SHAPE, "matmul: operands must have at least one dimension");
     nd_array a_view = *a, b_view = *b;
@@ -300,7 +378,9 @@ nd_status nd_array_linear(const nd_array *x, const nd_array *w, const nd_array *
                           nd_array *out) {
     memset(out, 0, sizeof *out);
     nd_status status;
-    if (bias != NULL && (status = nd_same_device(x, bias)) != ND_OK) return status;
+    if (bias != NULL && ((status = nd_same_device(x, bias)) != ND_OK ||
+                         (status = nd_array_require_float32(bias, "linear")) != ND_OK))
+        return status;
     if ((status = nd_array_matmul(x, w, out)) != ND_OK || bias == NULL) return status;
     /* The bias is added in place: the product is the only (m, n) array. */
     nd_layout bias_layout;
@@ -318,7 +398,9 @@ nd_status nd_array_linear(const nd_array *x, const nd_array *w, const nd_array *
 
 nd_status nd_array_add_into(const nd_array *dst, const nd_array *src) {
     nd_status status = nd_same_device(dst, src);
-    if (status != ND_OK) return status;
+    if (status != ND_OK || (status = nd_array_require_float32(dst, "an in-place add")) != ND_OK ||
+        (status = nd_array_require_float32(src, "an in-place add")) != ND_OK)
+        return status;
     const nd_layout *l = &dst->layout;
     for (int i = 0; i < l->ndim; i++)
         if (l->strides[i] == 0 && l->shape[i] > 1)

@@ -232,4 +232,7 @@ const nd_backend nd_cpu_backend = {
     .layer_norm_grad = nd_cpu_layer_norm_grad,
     .attention_softmax = nd_cpu_attention_softmax,
     .attention_softmax_grad = nd_cpu_attention_softmax_grad,
+    .convert = nd_cpu_convert,
+    .bytes_to_host = nd_cpu_bytes_to_host,
+    .bytes_from_host = nd_cpu_bytes_from_host,
 };

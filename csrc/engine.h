@@ -1,8 +1,9 @@
 /* engine.h: the public interface of needle's array engine.
  *
  * The engine owns devices, the per-device allocator (accounting, limits, the
- * collection callback), refcounted storages and strided float32 arrays, and
- * runs operations on them through a per-device backend table.
+ * collection callback), refcounted storages and strided arrays of one
+ * element type (nd_dtype) each, and runs operations on them through a
+ * per-device backend table.
  *
  * It must not include Python.h, call Python, print, exit or abort: every
  * function reports an nd_status and, on failure, leaves a message that
@@ -42,11 +43,35 @@ typedef enum nd_status {
     ND_ERR_DEVICE,       /* mixing devices, device unavailable    -> DeviceError  */
     ND_ERR_OOM,          /* allocation refused after the retries  -> OutOfMemoryError */
     ND_ERR_BACKEND,      /* a backend (CUDA) call failed          -> DeviceError  */
-    ND_ERR_INTERNAL      /* a bug in the engine                   -> RuntimeError */
+    ND_ERR_INTERNAL,     /* a bug in the engine                   -> RuntimeError */
+    ND_ERR_DTYPE         /* an operation given a dtype it lacks   -> TypeError    */
 } nd_status;
 
 /* The message of the last failure on this thread (never NULL). */
 const char *nd_last_error(void);
+
+/* ------------------------------------------------------------------- dtypes */
+
+/* The element types of a storage. float32 is the default and the one every
+ * operation computes in; the others are storage formats: float16 (IEEE
+ * binary16) and bfloat16 (float32's upper half) convert to and from float32
+ * with round-to-nearest-even, float64 to and from it as C does. */
+typedef enum nd_dtype {
+    ND_FLOAT32 = 0,
+    ND_FLOAT16,
+    ND_BFLOAT16,
+    ND_FLOAT64,
+    ND_DTYPE_COUNT
+} nd_dtype;
+
+/* Bytes per element (0 for a value outside the enum). */
+int64_t nd_dtype_size(nd_dtype dtype);
+/* "float32", "float16", "bfloat16", "float64" (NumPy's and PyTorch's names);
+ * "unknown" outside the enum. */
+const char *nd_dtype_name(nd_dtype dtype);
+/* The dtype called name (the names above, or "half", "float", "double" as
+ * PyTorch spells them); ND_ERR_VALUE listing the names otherwise. */
+nd_status nd_dtype_from_name(const char *name, nd_dtype *out);
 
 /* ------------------------------------------------------------------ devices */
 
@@ -216,25 +241,32 @@ nd_status nd_memory_blocks(nd_device *dev, nd_memory_block *out, int64_t cap, in
 
 typedef struct nd_storage nd_storage;
 
-/* A refcounted buffer of `numel` float32 on a device (64-byte aligned on the
- * host). The new storage has one reference. */
+/* A refcounted buffer of `numel` elements of dtype on a device (64-byte
+ * aligned on the host). The new storage has one reference. */
+nd_status nd_storage_new_typed(nd_device *dev, int64_t numel, nd_dtype dtype, nd_storage **out);
+/* nd_storage_new_typed for float32. */
 nd_status nd_storage_new(nd_device *dev, int64_t numel, nd_storage **out);
 void nd_storage_retain(nd_storage *s);
 void nd_storage_release(nd_storage *s);
+/* The buffer as float32: only for a float32 storage (the operations check
+ * their operands' dtype before they take it). */
 float *nd_storage_data(const nd_storage *s);
+/* The buffer, of any dtype. */
+void *nd_storage_ptr(const nd_storage *s);
+nd_dtype nd_storage_dtype(const nd_storage *s);
 int64_t nd_storage_numel(const nd_storage *s);
 nd_device *nd_storage_device(const nd_storage *s);
 int64_t nd_storage_refcount(const nd_storage *s);
 /* 1 for memory another library owns (nd_storage_wrap), 0 for the engine's. */
 int nd_storage_borrowed(const nd_storage *s);
-/* A storage over `numel` float32 at `data` on dev that the engine does not own
+/* A storage over `numel` elements of dtype at `data` on dev that the engine does not own
  * (another library's buffer, for DLPack). The new storage has one reference;
  * when the last is released it calls release(ctx) (if release is non-NULL)
  * instead of freeing data. External memory is not counted by the allocator:
  * it never appears in memory_allocated or limits, since the engine cannot
  * free it under pressure. */
-nd_status nd_storage_wrap(nd_device *dev, float *data, int64_t numel, void (*release)(void *ctx),
-                          void *ctx, nd_storage **out);
+nd_status nd_storage_wrap(nd_device *dev, void *data, int64_t numel, nd_dtype dtype,
+                          void (*release)(void *ctx), void *ctx, nd_storage **out);
 
 /* ------------------------------------------------------------------- layout */
 
@@ -285,16 +317,30 @@ typedef struct nd_array {
 
 /* Drops the storage reference and zeroes the array. */
 void nd_array_release(nd_array *a);
-/* A new contiguous array (uninitialised). */
+/* A new contiguous float32 array (uninitialised). */
 nd_status nd_array_empty(nd_device *dev, int ndim, const int64_t *shape, nd_array *out);
-/* A new contiguous copy of src, on dev (NULL: src's device). */
+/* A new contiguous array of dtype (uninitialised). */
+nd_status nd_array_empty_typed(nd_device *dev, int ndim, const int64_t *shape, nd_dtype dtype,
+                               nd_array *out);
+nd_dtype nd_array_dtype(const nd_array *a);
+/* ND_ERR_VALUE naming `what` and a's dtype unless a is float32: the check of
+ * every operation that computes in float32 only. */
+nd_status nd_array_require_float32(const nd_array *a, const char *what);
+/* A new contiguous copy of src, of src's dtype, on dev (NULL: src's device). */
 nd_status nd_array_compact_copy(const nd_array *src, nd_device *dev, nd_array *out);
-/* Writes src, broadcast to dst's shape, into dst's view in place. */
+/* A new contiguous copy of src converted to dtype, on src's device (rounded
+ * to nearest even when narrowing; a value beyond float16's range becomes
+ * infinite, as in NumPy and PyTorch). */
+nd_status nd_array_astype(const nd_array *src, nd_dtype dtype, nd_array *out);
+/* Writes src, broadcast to dst's shape and converted to dst's dtype, into
+ * dst's view in place. */
 nd_status nd_array_assign(const nd_array *dst, const nd_array *src);
-nd_status nd_array_fill(const nd_array *dst, float value);
-/* Host transfers: host buffers are contiguous, row-major, numel floats. */
-nd_status nd_array_to_host(const nd_array *src, float *host);
-nd_status nd_array_from_host(const nd_array *dst, const float *host);
+/* value converted to dst's dtype into every element of dst's view. */
+nd_status nd_array_fill(const nd_array *dst, double value);
+/* Host transfers: host buffers are contiguous, row-major, numel elements of
+ * the array's dtype. */
+nd_status nd_array_to_host(const nd_array *src, void *host);
+nd_status nd_array_from_host(const nd_array *dst, const void *host);
 
 /* nd_binary_op and nd_unary_op, the elementwise ops, are made of their list
  * in ewise_ops.h (included above), which holds their formulas too. */

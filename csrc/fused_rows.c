@@ -56,6 +56,11 @@ static nd_status check_param(const nd_array *x, const nd_array *p, const char *w
  * grad), and gives x's rows and columns. */
 static nd_status check_inputs(const nd_array *x, const nd_array *w, const nd_array *other, int grad,
                               float eps, int64_t *rows, int64_t *cols) {
+    const nd_array *all[3] = {x, w, other};
+    for (int i = 0; i < 3; i++) {
+        nd_status status = all[i] != NULL ? nd_array_require_float32(all[i], "layer norm") : ND_OK;
+        if (status != ND_OK) return status;
+    }
     const nd_layout *l = &x->layout;
     if (l->ndim < 1 || l->shape[l->ndim - 1] == 0)
         return nd_fail(ND_ERR_SHAPE,
@@ -183,7 +188,8 @@ nd_status nd_array_attention_softmax(const nd_array *x, float divisor, int causa
             ND_ERR_SHAPE, "attention softmax needs an input of at least %d dimension%s%s",
             causal ? 2 : 1, causal ? "s" : "", causal ? " (queries, keys) when causal" : "");
     nd_status status = check_divisor(divisor);
-    if (status != ND_OK) return status;
+    if (status != ND_OK || (status = nd_array_require_float32(x, "attention softmax")) != ND_OK)
+        return status;
     nd_attn_desc d;
     memset(&d, 0, sizeof d);
     rows_of(x, &d.rows, &d.cols);
@@ -205,7 +211,10 @@ nd_status nd_array_attention_softmax_grad(const nd_array *y, const nd_array *g, 
     memset(dx, 0, sizeof *dx);
     const nd_layout *l = &y->layout;
     nd_status status = nd_same_device(y, g);
-    if (status != ND_OK || (status = check_divisor(divisor)) != ND_OK) return status;
+    if (status != ND_OK || (status = check_divisor(divisor)) != ND_OK ||
+        (status = nd_array_require_float32(y, "attention softmax")) != ND_OK ||
+        (status = nd_array_require_float32(g, "attention softmax")) != ND_OK)
+        return status;
     if (l->ndim < 1 || g->layout.ndim != l->ndim ||
         memcmp(g->layout.shape, l->shape, sizeof(int64_t) * (size_t)l->ndim))
         return nd_fail(ND_ERR_SHAPE,

@@ -42,7 +42,9 @@ static nd_status index_ndim_ok(const nd_array *indices) {
 nd_status nd_array_gather_rows(const nd_array *table, const nd_array *indices, nd_array *out) {
     memset(out, 0, sizeof *out);
     nd_status status = nd_same_device(table, indices);
-    if (status != ND_OK) return status;
+    if (status != ND_OK || (status = nd_array_require_float32(table, "gather_rows")) != ND_OK ||
+        (status = nd_array_require_float32(indices, "gather_rows indices")) != ND_OK)
+        return status;
     if (table->layout.ndim != 2)
         return nd_fail(ND_ERR_SHAPE, "gather_rows: the table must be 2-D (rows, dim), got %d-D",
                        table->layout.ndim);
@@ -88,7 +90,10 @@ nd_status nd_array_scatter_add_rows_into(const nd_array *dst, const nd_array *sr
                                          const nd_array *indices) {
     nd_status status = nd_same_device(dst, src);
     if (status == ND_OK) status = nd_same_device(dst, indices);
-    if (status != ND_OK) return status;
+    if (status != ND_OK || (status = nd_array_require_float32(dst, "scatter_add_rows")) != ND_OK ||
+        (status = nd_array_require_float32(src, "scatter_add_rows")) != ND_OK ||
+        (status = nd_array_require_float32(indices, "scatter_add_rows indices")) != ND_OK)
+        return status;
     if (dst->layout.ndim != 2)
         return nd_fail(ND_ERR_SHAPE, "scatter_add_rows: the destination must be 2-D, got %d-D",
                        dst->layout.ndim);
@@ -121,7 +126,9 @@ nd_status nd_array_scatter_add_rows(const nd_array *src, const nd_array *indices
     memset(out, 0, sizeof *out);
     if (num_rows < 0) return nd_fail(ND_ERR_VALUE, "scatter_add_rows: num_rows must be >= 0");
     nd_status status = nd_same_device(src, indices);
-    if (status != ND_OK) return status;
+    if (status != ND_OK || (status = nd_array_require_float32(src, "scatter_add_rows")) != ND_OK ||
+        (status = nd_array_require_float32(indices, "scatter_add_rows indices")) != ND_OK)
+        return status;
     if (src->layout.ndim < 1)
         return nd_fail(ND_ERR_SHAPE, "scatter_add_rows: the source needs at least one dimension");
     int64_t shape[2] = {num_rows, src->layout.shape[src->layout.ndim - 1]};

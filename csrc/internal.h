@@ -229,6 +229,15 @@ typedef struct nd_backend {
     /* ND_OK when the device can serve expandable_segments, else ND_ERR_VALUE
      * saying why; NULL: the backend has no such segments. */
     nd_status (*check_expandable)(nd_device *dev);
+    /* dst[view] (dst_dtype) = src (src_dtype, its layout broadcast to dst's
+     * shape) converted element by element, or = scalar when src is NULL;
+     * any pair of dtypes, the same included. */
+    nd_status (*convert)(const nd_layout *dst_layout, void *dst, nd_dtype dst_dtype,
+                         const nd_layout *src_layout, const void *src, nd_dtype src_dtype,
+                         double scalar);
+    /* nbytes of contiguous device memory to or from the host. */
+    nd_status (*bytes_to_host)(const void *src, void *host, int64_t nbytes);
+    nd_status (*bytes_from_host)(void *dst, const void *host, int64_t nbytes);
 } nd_backend;
 
 typedef struct nd_allocator {
@@ -250,7 +259,8 @@ struct nd_device {
 struct nd_storage {
     int64_t refcount;
     int64_t numel;
-    float *data;
+    nd_dtype dtype;
+    void *data;
     nd_device *device;
     /* Non-NULL for memory another library owns (nd_storage_wrap): the last
      * release hands it back through release(release_ctx) instead of freeing. */
@@ -376,6 +386,14 @@ nd_status nd_cpu_attention_softmax_grad(const nd_attn_desc *d);
  * state (nd_fail included): it only computes. */
 typedef void (*nd_range_fn)(void *ctx, int64_t begin, int64_t end);
 void nd_cpu_parallel_for(int64_t n, int64_t grain, nd_range_fn fn, void *ctx);
+
+/* The CPU's dtype conversions and raw host transfers (cpu_convert.c),
+ * entries of nd_cpu_backend. */
+nd_status nd_cpu_convert(const nd_layout *dst_layout, void *dst, nd_dtype dst_dtype,
+                         const nd_layout *src_layout, const void *src, nd_dtype src_dtype,
+                         double scalar);
+nd_status nd_cpu_bytes_to_host(const void *src, void *host, int64_t nbytes);
+nd_status nd_cpu_bytes_from_host(void *dst, const void *host, int64_t nbytes);
 
 /* The CPU's LSTM step kernels (cpu_lstm.c), entries of nd_cpu_backend. */
 nd_status nd_cpu_lstm_step(const nd_lstm_step_desc *d);

@@ -41,7 +41,9 @@ static nd_status check_2d(const nd_array *a, int64_t rows, int64_t cols, const c
 
 /* ND_ERR_DEVICE unless a (when given) is on x's device. */
 static nd_status on_device(const nd_array *x, const nd_array *a) {
-    return a == NULL ? ND_OK : nd_same_device(x, a);
+    if (a == NULL) return ND_OK;
+    nd_status status = nd_same_device(x, a);
+    return status == ND_OK ? nd_array_require_float32(a, "lstm") : status;
 }
 
 /* Shapes and devices of the layer's inputs, and the sizes they give. */
@@ -49,6 +51,8 @@ static nd_status check_inputs(const nd_array *x, const nd_array *h0, const nd_ar
                               const nd_array *w_ih, const nd_array *w_hh, const nd_array *b_ih,
                               const nd_array *b_hh, lstm_dims *d) {
     memset(d, 0, sizeof *d);
+    nd_status x_status = nd_array_require_float32(x, "lstm");
+    if (x_status != ND_OK) return x_status;
     const nd_array *all[6] = {h0, c0, w_ih, w_hh, b_ih, b_hh};
     for (int i = 0; i < 6; i++) {
         nd_status status = on_device(x, all[i]);

@@ -26,6 +26,8 @@ static const char *shape_text(const nd_layout *l, char *buf) {
 /* a must have param's device and shape; `name` says which operand it is. */
 static nd_status check_like_param(const char *op, const nd_array *param, const nd_array *a,
                                   const char *name) {
+    nd_status status = nd_array_require_float32(param, op);
+    if (status != ND_OK || (status = nd_array_require_float32(a, op)) != ND_OK) return status;
     nd_device *dp = param->storage->device, *da = a->storage->device;
     if (da != dp)
         return nd_fail(ND_ERR_DEVICE, "%s: %s is on %s() but the parameter is on %s()", op, name,

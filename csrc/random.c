@@ -11,6 +11,8 @@
 
 nd_status nd_array_fill_random(const nd_array *dst, const nd_random_params *params) {
     if (params == NULL) return nd_fail(ND_ERR_VALUE, "a random fill needs its parameters");
+    nd_status dtype_status = nd_array_require_float32(dst, "a random fill");
+    if (dtype_status != ND_OK) return dtype_status;
     if ((unsigned)params->kind >= ND_RANDOM_KIND_COUNT)
         return nd_fail(ND_ERR_VALUE, "unknown random distribution %d", (int)params->kind);
     /* Written so that NaN fails too. */

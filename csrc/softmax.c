@@ -23,6 +23,8 @@ typedef struct rows_view {
 
 static nd_status as_rows(const nd_array *a, rows_view *v) {
     memset(v, 0, sizeof *v);
+    nd_status status = nd_array_require_float32(a, "softmax");
+    if (status != ND_OK) return status;
     const nd_layout *l = &a->layout;
     if (l->ndim < 1)
         return nd_fail(ND_ERR_SHAPE, "softmax rows need an array of at least one dimension");
@@ -32,7 +34,7 @@ static nd_status as_rows(const nd_array *a, rows_view *v) {
     v->ld = v->cols;
     if (v->rows == 0 || v->cols == 0) return ND_OK; /* nothing to read */
     nd_layout view;
-    nd_status status = nd_layout_reshape(l, 2, (int64_t[]){v->rows, v->cols}, &view);
+    status = nd_layout_reshape(l, 2, (int64_t[]){v->rows, v->cols}, &view);
     if (status == ND_OK && (v->cols == 1 || view.strides[1] == 1)) {
         v->x = nd_storage_data(a->storage) + view.offset;
         v->ld = view.strides[0];
@@ -126,7 +128,9 @@ static nd_status check_labels(const nd_array *labels, int64_t classes) {
 /* Devices and shapes, then the labels. */
 static nd_status xent_check(const nd_array *logits, const nd_array *labels) {
     nd_status status = nd_same_device(logits, labels);
-    if (status != ND_OK) return status;
+    if (status != ND_OK || (status = nd_array_require_float32(logits, "softmax loss")) != ND_OK ||
+        (status = nd_array_require_float32(labels, "softmax loss labels")) != ND_OK)
+        return status;
     const nd_layout *z = &logits->layout, *y = &labels->layout;
     if (z->ndim != 2 || y->ndim != 1 || y->shape[0] != z->shape[0])
         return nd_fail(ND_ERR_SHAPE,

@@ -39,27 +39,30 @@ int64_t nd_storage_live(const nd_device *dev, nd_live_storage *out, int64_t cap)
     for (nd_storage *s = head != NULL ? *head : NULL; s != NULL; s = s->next_live) {
         if (s->data == NULL) continue; /* empty: holds no memory */
         if (n < cap)
-            out[n] = (nd_live_storage){(uintptr_t)s->data, s->numel * (int64_t)sizeof(float)};
+            out[n] = (nd_live_storage){(uintptr_t)s->data, s->numel * nd_dtype_size(s->dtype)};
         n++;
     }
     return n;
 }
 
-nd_status nd_storage_new(nd_device *dev, int64_t numel, nd_storage **out) {
+nd_status nd_storage_new_typed(nd_device *dev, int64_t numel, nd_dtype dtype, nd_storage **out) {
     *out = NULL;
+    int64_t itemsize = nd_dtype_size(dtype);
+    if (itemsize == 0) return nd_fail(ND_ERR_VALUE, "unknown dtype %d", (int)dtype);
     if (numel < 0) return nd_fail(ND_ERR_VALUE, "negative element count %lld", (long long)numel);
-    if (numel > INT64_MAX / (int64_t)sizeof(float))
+    if (numel > INT64_MAX / itemsize)
         return nd_fail(ND_ERR_VALUE, "array of %lld elements is too large", (long long)numel);
     nd_storage *s = malloc(sizeof *s);
     if (s == NULL) return nd_fail(ND_ERR_OOM, "out of host memory for a storage header");
     void *data = NULL;
-    nd_status status = nd_memory_alloc(dev, numel * (int64_t)sizeof(float), &data);
+    nd_status status = nd_memory_alloc(dev, numel * itemsize, &data);
     if (status != ND_OK) {
         free(s);
         return status;
     }
     s->refcount = 1;
     s->numel = numel;
+    s->dtype = dtype;
     s->data = data;
     s->device = dev;
     s->release = NULL;
@@ -69,21 +72,27 @@ nd_status nd_storage_new(nd_device *dev, int64_t numel, nd_storage **out) {
     return ND_OK;
 }
 
+nd_status nd_storage_new(nd_device *dev, int64_t numel, nd_storage **out) {
+    return nd_storage_new_typed(dev, numel, ND_FLOAT32, out);
+}
+
 /* Stands in for a NULL release so that release != NULL alone marks a
  * borrowed buffer. */
 static void release_nothing(void *ctx) { (void)ctx; }
 
 /* Borrowed memory skips the allocator on both ends, so its books only ever
  * show memory the engine can give back. */
-nd_status nd_storage_wrap(nd_device *dev, float *data, int64_t numel, void (*release)(void *ctx),
-                          void *ctx, nd_storage **out) {
+nd_status nd_storage_wrap(nd_device *dev, void *data, int64_t numel, nd_dtype dtype,
+                          void (*release)(void *ctx), void *ctx, nd_storage **out) {
     *out = NULL;
+    if (nd_dtype_size(dtype) == 0) return nd_fail(ND_ERR_VALUE, "unknown dtype %d", (int)dtype);
     if (numel < 0) return nd_fail(ND_ERR_VALUE, "negative element count %lld", (long long)numel);
     if (data == NULL && numel > 0) return nd_fail(ND_ERR_VALUE, "wrapping a NULL buffer");
     nd_storage *s = malloc(sizeof *s);
     if (s == NULL) return nd_fail(ND_ERR_OOM, "out of host memory for a storage header");
     s->refcount = 1;
     s->numel = numel;
+    s->dtype = dtype;
     s->data = data;
     s->device = dev;
     s->release = release != NULL ? release : release_nothing;
@@ -101,12 +110,14 @@ void nd_storage_release(nd_storage *s) {
     if (s->release != NULL) s->release(s->release_ctx);
     else {
         unlink_live(s);
-        nd_memory_free(s->device, s->data, s->numel * (int64_t)sizeof(float));
+        nd_memory_free(s->device, s->data, s->numel * nd_dtype_size(s->dtype));
     }
     free(s);
 }
 
-float *nd_storage_data(const nd_storage *s) { return s->data; }
+float *nd_storage_data(const nd_storage *s) { return (float *)s->data; }
+void *nd_storage_ptr(const nd_storage *s) { return s->data; }
+nd_dtype nd_storage_dtype(const nd_storage *s) { return s->dtype; }
 int64_t nd_storage_numel(const nd_storage *s) { return s->numel; }
 nd_device *nd_storage_device(const nd_storage *s) { return s->device; }
 int64_t nd_storage_refcount(const nd_storage *s) { return s->refcount; }

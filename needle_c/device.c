@@ -11,6 +11,8 @@
  */
 #include "needle_c.h"
 
+#include "array/parse.h"
+
 PyObject *device_object(needle_state *st, const nd_device *dev) {
     int id = nd_device_id(dev);
     return id >= 0 && id < ND_MAX_DEVICES ? st->devices[id] : NULL;
@@ -152,18 +154,10 @@ static PyObject *device_get_id(PyObject *op, void *Py_UNUSED(closure)) {
 
 /* ---------------------------------------------------------- factories */
 
-int check_dtype(PyObject *dtype) {
+int factory_dtype(PyObject *dtype, nd_dtype *out) {
+    *out = ND_FLOAT32;
     if (dtype == NULL || dtype == Py_None) return 0;
-    PyObject *text = PyObject_Str(dtype);
-    if (text == NULL) return -1;
-    int ok = PyUnicode_CompareWithASCIIString(text, "float32") == 0 ||
-             PyUnicode_CompareWithASCIIString(text, "<class 'numpy.float32'>") == 0;
-    Py_DECREF(text);
-    if (!ok) {
-        PyErr_Format(PyExc_TypeError, "needle arrays hold float32 only, got dtype %R", dtype);
-        return -1;
-    }
-    return 0;
+    return parse_dtype_param(dtype, out);
 }
 
 /* Shapes from varargs: rand(2, 3) or rand((2, 3)). */
@@ -180,7 +174,8 @@ static PyObject *device_one_hot(PyObject *op, PyObject *args, PyObject *kwargs) 
     PyObject *index, *dtype = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nO|O:one_hot", kwlist, &n, &index, &dtype))
         return NULL;
-    if (check_dtype(dtype) < 0) return NULL;
+    nd_dtype dt;
+    if (factory_dtype(dtype, &dt) < 0) return NULL;
     needle_state *st = state_of_type(Py_TYPE(op));
     if (st == NULL) return NULL;
     nd_device *dev = device_from_object(st, op);
@@ -197,7 +192,7 @@ static PyObject *device_one_hot(PyObject *op, PyObject *args, PyObject *kwargs) 
     PyObject *rows = PyObject_GetItem(eye, index);
     Py_DECREF(eye);
     if (rows == NULL) return NULL;
-    PyObject *result = ndarray_from_object(st, rows, dev);
+    PyObject *result = ndarray_from_object(st, rows, dev, &dt);
     Py_DECREF(rows);
     return result;
 }
@@ -205,12 +200,12 @@ static PyObject *device_one_hot(PyObject *op, PyObject *args, PyObject *kwargs) 
 /* empty and full: an array of shape_obj on op's device, filled when fill. */
 static PyObject *device_new_array(PyObject *op, PyObject *shape_obj, PyObject *dtype, int fill,
                                   double value) {
-    if (check_dtype(dtype) < 0) return NULL;
+    nd_dtype dt;
+    if (factory_dtype(dtype, &dt) < 0) return NULL;
     needle_state *st = state_of_type(Py_TYPE(op));
     if (st == NULL) return NULL;
     nd_device *dev = device_from_object(st, op);
-    float fill_value = (float)value;
-    return dev ? ndarray_new_on(st, dev, shape_obj, fill ? &fill_value : NULL) : NULL;
+    return dev ? ndarray_new_on(st, dev, shape_obj, fill ? &value : NULL, dt) : NULL;
 }
 
 static PyObject *device_empty(PyObject *op, PyObject *args, PyObject *kwargs) {

@@ -77,6 +77,7 @@ PyObject *raise_status(needle_state *st, nd_status status) {
     case ND_ERR_BACKEND: PyErr_SetString(st->device_error, nd_last_error()); break;
     case ND_ERR_OOM: return raise_out_of_memory(st);
     case ND_ERR_INTERNAL: PyErr_SetString(PyExc_RuntimeError, nd_last_error()); break;
+    case ND_ERR_DTYPE: PyErr_SetString(PyExc_TypeError, nd_last_error()); break;
     default: PyErr_SetString(PyExc_ValueError, nd_last_error()); break;
     }
     return NULL;

@@ -64,8 +64,9 @@ nd_device *device_from_object(needle_state *st, PyObject *obj);
 /* Module init: the Device type, one Device per engine device, the device
  * functions (cpu, cpu_numpy, cuda, _device) and MAX_DEVICES. */
 int device_module_init(PyObject *module, needle_state *st);
-/* A factory's dtype argument: 0 for None or float32, else -1 with TypeError. */
-int check_dtype(PyObject *dtype);
+/* A factory's dtype argument (parse.h's parse_dtype_param; NULL or None:
+ * float32): 0, or -1 with TypeError. */
+int factory_dtype(PyObject *dtype, nd_dtype *out);
 /* A factory's shape from its varargs: f(2, 3) or f((2, 3)); a new tuple. */
 PyObject *shape_from_args(PyObject *args);
 
@@ -86,15 +87,21 @@ const char *cuda_unavailable_reason(void);
 int ndarray_check(needle_state *st, PyObject *obj);
 /* Wraps arr in a new NDArray, taking over its storage reference. */
 PyObject *ndarray_wrap(needle_state *st, nd_array *arr);
-/* A new NDArray on dev from any array-like (NumPy array, list, scalar). */
-PyObject *ndarray_from_object(needle_state *st, PyObject *obj, nd_device *dev);
+/* A new NDArray on dev from any array-like (NumPy array, list, scalar) of
+ * *dtype; dtype NULL: an NDArray's own dtype, float32 for anything else. */
+PyObject *ndarray_from_object(needle_state *st, PyObject *obj, nd_device *dev,
+                              const nd_dtype *dtype);
+/* array (an NDArray, reference stolen) converted to dtype on its device:
+ * array itself when it has that dtype already. NULL on failure. */
+PyObject *ndarray_steal_as(needle_state *st, PyObject *array, nd_dtype dtype);
 /* obj's items as a new tuple (TypeError with message when obj is no
  * sequence). A tuple, not PySequence_Fast's list: an item's __index__ or a
  * collection's callback could change a list while its items are read. */
 PyObject *sequence_tuple(PyObject *obj, const char *message);
-/* A new array of shape shape_obj on dev (ndarray_ops.c): uninitialised when
- * fill is NULL, else filled with *fill. */
-PyObject *ndarray_new_on(needle_state *st, nd_device *dev, PyObject *shape_obj, const float *fill);
+/* A new array of dtype and shape shape_obj on dev (ndarray_ops.c):
+ * uninitialised when fill is NULL, else filled with *fill. */
+PyObject *ndarray_new_on(needle_state *st, nd_device *dev, PyObject *shape_obj, const double *fill,
+                         nd_dtype dtype);
 extern PyType_Spec ndarray_type_spec;
 int ndarray_module_init(void); /* NumPy C API import */
 

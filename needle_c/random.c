@@ -63,7 +63,7 @@ static int draw_key(needle_state *st, uint64_t *key) {
  * or a failed allocation leaves NumPy's stream where it was. */
 static PyObject *generated_array(needle_state *st, nd_device *dev, PyObject *shape,
                                  nd_random_params *params, int draw) {
-    PyObject *array = ndarray_new_on(st, dev, shape, NULL);
+    PyObject *array = ndarray_new_on(st, dev, shape, NULL, ND_FLOAT32);
     if (array == NULL) return NULL;
     if (draw && draw_key(st, &params->key) < 0) {
         Py_DECREF(array);
@@ -84,14 +84,15 @@ static PyObject *host_array(needle_state *st, nd_device *dev, PyObject *shape, c
     PyObject *values = callable ? PyObject_Call(callable, shape, NULL) : NULL;
     Py_XDECREF(callable);
     if (values == NULL) return NULL;
-    PyObject *result = ndarray_from_object(st, values, dev);
+    PyObject *result = ndarray_from_object(st, values, dev, NULL);
     Py_DECREF(values);
     return result;
 }
 
 /* The keywords of rand/randn (dtype) and randb (p, dtype). 0, or -1 with
  * TypeError or ValueError. */
-static int parse_random_kwargs(PyObject *kwargs, const char *name, int takes_p, double *p) {
+static int parse_random_kwargs(PyObject *kwargs, const char *name, int takes_p, double *p,
+                               nd_dtype *dtype_out) {
     PyObject *dtype = kwargs ? PyDict_GetItemString(kwargs, "dtype") : NULL;
     PyObject *p_obj = kwargs && takes_p ? PyDict_GetItemString(kwargs, "p") : NULL;
     if (kwargs && PyDict_GET_SIZE(kwargs) > (dtype ? 1 : 0) + (p_obj ? 1 : 0)) {
@@ -99,7 +100,7 @@ static int parse_random_kwargs(PyObject *kwargs, const char *name, int takes_p, 
                      takes_p ? "p and dtype" : "dtype");
         return -1;
     }
-    if (check_dtype(dtype) < 0) return -1;
+    if (factory_dtype(dtype, dtype_out) < 0) return -1;
     if (p_obj == NULL) return 0;
     if (PyBool_Check(p_obj)) { /* init.randb refuses a bool as p too */
         PyErr_Format(PyExc_TypeError, "%s(): p must be a number, not bool", name);
@@ -124,7 +125,8 @@ static PyObject *device_random(PyObject *op, PyObject *args, PyObject *kwargs,
     needle_state *st = state_of_type(Py_TYPE(op));
     if (st == NULL) return NULL;
     double p = 0.5;
-    if (parse_random_kwargs(kwargs, name, kind == ND_RANDOM_BERNOULLI, &p) < 0) return NULL;
+    nd_dtype dtype;
+    if (parse_random_kwargs(kwargs, name, kind == ND_RANDOM_BERNOULLI, &p, &dtype) < 0) return NULL;
     nd_device *dev = device_from_object(st, op);
     if (dev == NULL) return NULL;
     PyObject *shape = shape_from_args(args);
@@ -144,7 +146,8 @@ static PyObject *device_random(PyObject *op, PyObject *args, PyObject *kwargs,
         Py_XDECREF(threshold);
     }
     Py_DECREF(shape);
-    return result;
+    /* Drawn in float32, the course's stream, then stored in the dtype. */
+    return result != NULL ? ndarray_steal_as(st, result, dtype) : NULL;
 }
 
 PyObject *device_rand(PyObject *op, PyObject *args, PyObject *kwargs) {

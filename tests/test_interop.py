@@ -204,9 +204,9 @@ def test_from_dlpack_round_trip_needle():
     assert b.numpy()[1, 0] == 50.0
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.int32, np.float16, np.bool_])
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8, np.bool_])
 def test_from_dlpack_rejects_other_dtypes(dtype):
-    with pytest.raises(TypeError, match="float32"):
+    with pytest.raises(TypeError, match="float32, float16, bfloat16 or float64"):
         nd.from_dlpack(np.zeros(3, dtype=dtype))
 
 
@@ -309,10 +309,10 @@ def test_torch_round_trip():
 
 def test_torch_rejects_other_dtypes():
     torch = pytest.importorskip("torch")
-    with pytest.raises(TypeError, match="float64"):
-        nd.from_dlpack(torch.zeros(2, dtype=torch.float64))
-    with pytest.raises(TypeError, match="bfloat16"):
-        nd.from_dlpack(torch.zeros(2, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="got int64"):
+        nd.from_dlpack(torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(TypeError, match="got complex64"):
+        nd.from_dlpack(torch.zeros(2, dtype=torch.complex64))
 
 
 def test_torch_memory_released():

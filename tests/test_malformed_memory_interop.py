@@ -182,8 +182,8 @@ INTEROP = [
     case(
         "from-int32", lambda a: nd.from_dlpack(np.arange(3, dtype=np.int32)), TypeError, "float32"
     ),
-    case("from-float64", lambda a: ndl.from_dlpack(np.zeros(3)), TypeError, "float32"),
-    case("from-float16", lambda a: nd.from_dlpack(np.zeros(3, np.float16)), TypeError, "float32"),
+    case("from-int32", lambda a: ndl.from_dlpack(np.zeros(3, np.int32)), TypeError, "float32"),
+    case("from-int16", lambda a: nd.from_dlpack(np.zeros(3, np.int16)), TypeError, "float32"),
     case("from-bool", lambda a: ndl.from_dlpack(np.zeros(3, bool)), TypeError, "float32"),
     case("from-uint8", lambda a: nd.from_dlpack(np.zeros(3, np.uint8)), TypeError, "float32"),
     case("from-complex64", lambda a: nd.from_dlpack(np.zeros(3, np.complex64)), TypeError),
@@ -309,14 +309,7 @@ def test_interop(bad, exc, match, device):
 def test_torch_producers_of_other_dtypes():
     torch = pytest.importorskip("torch")
     device = nd.cpu()
-    for dtype in (
-        torch.float64,
-        torch.float16,
-        torch.bfloat16,
-        torch.int64,
-        torch.int8,
-        torch.bool,
-    ):
+    for dtype in (torch.int64, torch.int8, torch.bool, torch.complex64):
         producer = torch.zeros(3, dtype=dtype)
         run_case(
             lambda _: ndl.from_dlpack(producer),

@@ -78,7 +78,7 @@ NN = [
     case("linear-in-negative", lambda s: nn.Linear(-1, 3, device=s.device), ValueError),
     case("linear-in-float", lambda s: nn.Linear(4.5, 3, device=s.device), TypeError),
     case("linear-in-nan", lambda s: nn.Linear(NAN, 3, device=s.device), TypeError),
-    case("linear-dtype", lambda s: nn.Linear(4, 3, device=s.device, dtype="float64"), TypeError),
+    case("linear-dtype", lambda s: nn.Linear(4, 3, device=s.device, dtype="int8"), TypeError),
     case("linear-device", lambda s: nn.Linear(4, 3, device="gpu9"), ValueError),
     case(
         "linear-other-device",
@@ -277,7 +277,7 @@ INIT = [
     case("rand-str", lambda s: init.rand("3", device=s.device), TypeError),
     case("rand-float", lambda s: init.rand(2.5, device=s.device), TypeError),
     case("rand-nan", lambda s: init.rand(NAN, device=s.device), TypeError),
-    case("rand-dtype", lambda s: init.rand(3, dtype="float64", device=s.device), TypeError),
+    case("rand-dtype", lambda s: init.rand(3, dtype="int16", device=s.device), TypeError),
     case("randn-float", lambda s: init.randn(2.5, device=s.device), TypeError),
     case("randn-17-dims", lambda s: init.randn(*(1,) * 17, device=s.device), ValueError),
     case("constant-str", lambda s: init.constant(3, c="x", device=s.device), TypeError),
@@ -382,7 +382,7 @@ DATA = [
     case("loader-dataset-int", lambda s: data.DataLoader(5), TypeError),
     case(
         "loader-dtype",
-        lambda s: _first(data.DataLoader(_Items(), dtype="float64", device=s.device)),
+        lambda s: _first(data.DataLoader(_Items(), dtype="int64", device=s.device)),
         TypeError,
     ),
     case("loader-device", lambda s: _first(data.DataLoader(_Items(), device="gpu9")), ValueError),

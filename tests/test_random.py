@@ -426,9 +426,9 @@ def test_bad_input(device, mode):
             device.randb(3, p="half")
         with pytest.raises(TypeError, match="p must be a number, not bool"):
             device.randb(3, p=True)
-        with pytest.raises(TypeError, match="float32 only"):
-            device.rand(3, dtype="float64")
-        with pytest.raises(TypeError, match="float32 only"):
+        with pytest.raises(TypeError, match="float32, float16, bfloat16 or float64"):
+            device.rand(3, dtype="int64")
+        with pytest.raises(TypeError, match="float32, float16, bfloat16 or float64"):
             device.randb(3, dtype="int32")
         with pytest.raises(TypeError, match="keyword arguments p and dtype"):
             device.randb(3, q=0.5)

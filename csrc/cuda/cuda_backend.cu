@@ -52,6 +52,9 @@ static const nd_backend nd_cuda_backend = {
     /* .attention_softmax = */ nd_cuda_attention_softmax,
     /* .attention_softmax_grad = */ nd_cuda_attention_softmax_grad,
     /* .check_expandable = */ nd_cuda_check_expandable,
+    /* .convert = */ nd_cuda_convert,
+    /* .bytes_to_host = */ nd_cuda_bytes_to_host,
+    /* .bytes_from_host = */ nd_cuda_bytes_from_host,
 };
 
 /* Why no GPU was registered ("" when one was): the CUDA error of discovery

@@ -182,6 +182,13 @@ nd_status nd_cuda_binary(nd_binary_op op, const nd_layout *out_layout, float *ou
 nd_status nd_cuda_unary(nd_unary_op op, const nd_layout *out_layout, float *out,
                         const nd_layout *a_layout, const float *a);
 
+/* cuda_convert.cu */
+nd_status nd_cuda_convert(const nd_layout *dst_layout, void *dst, nd_dtype dst_dtype,
+                          const nd_layout *src_layout, const void *src, nd_dtype src_dtype,
+                          double scalar);
+nd_status nd_cuda_bytes_to_host(const void *src, void *host, int64_t nbytes);
+nd_status nd_cuda_bytes_from_host(void *dst, const void *host, int64_t nbytes);
+
 /* cuda_transfer.cu */
 nd_status nd_cuda_to_host(const nd_layout *src_layout, const float *src, float *host);
 nd_status nd_cuda_from_host(const nd_layout *dst_layout, float *dst, const float *host);

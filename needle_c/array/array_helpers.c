@@ -64,8 +64,10 @@ PyObject *array_reduce(needle_state *st, nd_reduce_op op, PyObject *a, uint32_t 
 
 PyObject *array_empty_like(needle_state *st, PyObject *like, int ndim, const int64_t *shape) {
     nd_array out;
+    const nd_array *a = &NDArray_CAST(like)->array;
     return array_result(
-        st, nd_array_empty(nd_storage_device(NDArray_CAST(like)->array.storage), ndim, shape, &out),
+        st,
+        nd_array_empty_typed(nd_storage_device(a->storage), ndim, shape, nd_array_dtype(a), &out),
         &out);
 }
 

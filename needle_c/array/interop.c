@@ -30,7 +30,7 @@
 /* ------------------------------------------------------------ DLPack ABI */
 
 enum { kDLCPU = 1, kDLCUDA = 2 };
-enum { kDLFloat = 2 };
+enum { kDLFloat = 2, kDLBfloat = 4 };
 
 typedef struct {
     int32_t device_type;
@@ -274,16 +274,18 @@ PyObject *interop_ndarray_dlpack(PyObject *op, PyObject *args, PyObject *kwargs)
     }
 #endif
     const nd_layout *l = &source.layout;
+    nd_dtype dtype = nd_array_dtype(&source);
+    int64_t itemsize = nd_dtype_size(dtype);
     memcpy(ctx->shape, l->shape, sizeof(int64_t) * (size_t)l->ndim);
     memcpy(ctx->strides, l->strides, sizeof(int64_t) * (size_t)l->ndim);
     /* data points at the first element, byte_offset 0: consumers then never
      * need a negative byte_offset for views with negative strides, and some
      * ignore byte_offset altogether. */
     DLTensor t = {
-        .data = nd_storage_data(source.storage) + l->offset,
+        .data = (char *)nd_storage_ptr(source.storage) + l->offset * itemsize,
         .device = device,
         .ndim = l->ndim,
-        .dtype = {kDLFloat, 32, 1},
+        .dtype = {dtype == ND_BFLOAT16 ? kDLBfloat : kDLFloat, (uint8_t)(itemsize * 8), 1},
         .shape = ctx->shape,
         .strides = ctx->strides,
         .byte_offset = 0,
@@ -319,6 +321,17 @@ PyObject *interop_ndarray_dlpack_device(PyObject *op, PyObject *Py_UNUSED(ignore
  * to the object that provided it, which keeps the storage alive. */
 static PyObject *array_interface(NDArrayObject *self, int cuda) {
     const nd_layout *l = &self->array.layout;
+    nd_dtype dtype = nd_array_dtype(&self->array);
+    int64_t itemsize = nd_dtype_size(dtype);
+    /* The interfaces' type strings are NumPy's, which has no bfloat16. */
+    static const char *const typestr[ND_DTYPE_COUNT] = {
+        [ND_FLOAT32] = "<f4", [ND_FLOAT16] = "<f2", [ND_FLOAT64] = "<f8"};
+    if (typestr[dtype] == NULL) {
+        PyErr_Format(PyExc_TypeError,
+                     "the array interfaces have no type for %s (NumPy has none): use DLPack",
+                     nd_dtype_name(dtype));
+        return NULL;
+    }
     PyObject *shape = PyTuple_New(l->ndim);
     if (shape == NULL) return NULL;
     for (int i = 0; i < l->ndim; i++) PyTuple_SET_ITEM(shape, i, PyLong_FromLongLong(l->shape[i]));
@@ -332,8 +345,7 @@ static PyObject *array_interface(NDArrayObject *self, int cuda) {
             return NULL;
         }
         for (int i = 0; i < l->ndim; i++)
-            PyTuple_SET_ITEM(strides, i,
-                             PyLong_FromLongLong(l->strides[i] * (int64_t)sizeof(float)));
+            PyTuple_SET_ITEM(strides, i, PyLong_FromLongLong(l->strides[i] * itemsize));
     }
     /* PyTuple_SET_ITEM above may have stored NULL on a failed allocation. */
     if (PyErr_Occurred()) {
@@ -341,14 +353,16 @@ static PyObject *array_interface(NDArrayObject *self, int cuda) {
         Py_DECREF(strides);
         return NULL;
     }
-    PyObject *ptr = PyLong_FromVoidPtr(nd_storage_data(self->array.storage) + l->offset);
+    PyObject *ptr =
+        PyLong_FromVoidPtr((char *)nd_storage_ptr(self->array.storage) + l->offset * itemsize);
     if (ptr == NULL) {
         Py_DECREF(shape);
         Py_DECREF(strides);
         return NULL;
     }
-    PyObject *dict = Py_BuildValue("{s:N,s:s,s:(NO),s:N,s:i}", "shape", shape, "typestr", "<f4",
-                                   "data", ptr, Py_False, "strides", strides, "version", 3);
+    PyObject *dict =
+        Py_BuildValue("{s:N,s:s,s:(NO),s:N,s:i}", "shape", shape, "typestr", typestr[dtype], "data",
+                      ptr, Py_False, "strides", strides, "version", 3);
     /* CUDA Array Interface v3: the stream the consumer must order its work
      * after: needle's, the legacy default stream (1; 0 is not allowed). */
     if (dict != NULL && cuda) {
@@ -458,24 +472,41 @@ static nd_device *device_for(needle_state *st, DLDevice d) {
 
 /* Checks the tensor and computes the layout of a view over it; *base and
  * *numel describe the memory the view spans (what the storage wraps). */
-static int import_layout(needle_state *st, const DLTensor *t, nd_layout *layout, float **base,
-                         int64_t *numel) {
-    if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1) {
-        if (t->dtype.lanes != 1)
-            PyErr_Format(PyExc_TypeError, "from_dlpack: needle arrays hold float32, got %s%d x%d",
-                         dl_type_name(t->dtype.code), (int)t->dtype.bits, (int)t->dtype.lanes);
-        else
-            PyErr_Format(PyExc_TypeError, "from_dlpack: needle arrays hold float32, got %s%d",
-                         dl_type_name(t->dtype.code), (int)t->dtype.bits);
-        return -1;
-    }
+/* The dtype of a DLPack type: 0, or -1 with TypeError for one needle lacks. */
+static int import_dtype(DLDataType type, nd_dtype *out) {
+    int ok = type.lanes == 1;
+    if (ok && type.code == kDLFloat && type.bits == 32) *out = ND_FLOAT32;
+    else if (ok && type.code == kDLFloat && type.bits == 16) *out = ND_FLOAT16;
+    else if (ok && type.code == kDLFloat && type.bits == 64) *out = ND_FLOAT64;
+    else if (ok && type.code == kDLBfloat && type.bits == 16) *out = ND_BFLOAT16;
+    else ok = 0;
+    if (ok) return 0;
+    if (type.lanes != 1)
+        PyErr_Format(PyExc_TypeError,
+                     "from_dlpack: needle arrays hold float32, float16, bfloat16 or float64, got "
+                     "%s%d x%d",
+                     dl_type_name(type.code), (int)type.bits, (int)type.lanes);
+    else
+        PyErr_Format(PyExc_TypeError,
+                     "from_dlpack: needle arrays hold float32, float16, bfloat16 or float64, got "
+                     "%s%d",
+                     dl_type_name(type.code), (int)type.bits);
+    return -1;
+}
+
+static int import_layout(needle_state *st, const DLTensor *t, nd_layout *layout, void **base,
+                         int64_t *numel, nd_dtype *dtype) {
+    if (import_dtype(t->dtype, dtype) < 0) return -1;
+    int64_t itemsize = nd_dtype_size(*dtype);
     if (t->ndim < 0 || t->ndim > ND_MAX_DIMS) {
         PyErr_Format(PyExc_ValueError, "from_dlpack: arrays have at most %d dimensions, got %d",
                      ND_MAX_DIMS, (int)t->ndim);
         return -1;
     }
-    if (t->byte_offset % sizeof(float) != 0) {
-        PyErr_SetString(PyExc_BufferError, "from_dlpack: byte_offset is not a multiple of 4");
+    if (t->byte_offset % (uint64_t)itemsize != 0) {
+        PyErr_Format(PyExc_BufferError,
+                     "from_dlpack: byte_offset is not a multiple of the element size %d",
+                     (int)itemsize);
         return -1;
     }
     memset(layout, 0, sizeof *layout);
@@ -503,8 +534,8 @@ static int import_layout(needle_state *st, const DLTensor *t, nd_layout *layout,
     int64_t lo, hi;
     layout->offset = 0;
     nd_layout_extent(layout, &lo, &hi);
-    float *first = (float *)((char *)t->data + t->byte_offset);
-    *base = first + lo;
+    char *first = (char *)t->data + t->byte_offset;
+    *base = first + lo * itemsize;
     *numel = hi - lo;
     layout->offset = -lo;
     if (hi == lo) { /* empty: nothing to address */
@@ -547,11 +578,12 @@ static PyObject *wrap_managed(needle_state *st, void *managed, int versioned, nd
     nd_device *dev = device_for(st, t->device);
     if (dev == NULL) goto fail;
     nd_layout layout;
-    float *base;
+    void *base;
     int64_t numel;
-    if (import_layout(st, t, &layout, &base, &numel) < 0) goto fail;
+    nd_dtype dtype;
+    if (import_layout(st, t, &layout, &base, &numel, &dtype) < 0) goto fail;
     nd_storage *storage;
-    nd_status status = nd_storage_wrap(dev, base, numel, import_release, ctx, &storage);
+    nd_status status = nd_storage_wrap(dev, base, numel, dtype, import_release, ctx, &storage);
     if (status != ND_OK) {
         raise_status(st, status);
         goto fail;

@@ -49,19 +49,34 @@ PyObject *sequence_tuple(PyObject *obj, const char *message) {
 
 /* ------------------------------------------------------ construction */
 
-PyObject *ndarray_from_object(needle_state *st, PyObject *obj, nd_device *dev) {
+PyObject *ndarray_steal_as(needle_state *st, PyObject *array, nd_dtype dtype) {
+    const nd_array *a = &NDArray_CAST(array)->array;
+    if (nd_array_dtype(a) == dtype) return array;
+    nd_array converted;
+    nd_status status = nd_array_astype(a, dtype, &converted);
+    Py_DECREF(array);
+    return array_result(st, status, &converted);
+}
+
+/* NumPy data goes to the device in the NumPy type that holds the dtype
+ * (dtype_npy_type); bfloat16, which NumPy lacks, goes as float32 and is
+ * converted there. */
+PyObject *ndarray_from_object(needle_state *st, PyObject *obj, nd_device *dev,
+                              const nd_dtype *dtype) {
     nd_status status;
     nd_array arr;
     if (ndarray_check(st, obj)) {
         status = nd_array_compact_copy(&NDArray_CAST(obj)->array, dev, &arr);
-        return array_result(st, status, &arr);
+        PyObject *copy = array_result(st, status, &arr);
+        return copy != NULL && dtype != NULL ? ndarray_steal_as(st, copy, *dtype) : copy;
     }
+    nd_dtype target = dtype != NULL ? *dtype : ND_FLOAT32;
     PyArrayObject *natural = (PyArrayObject *)PyArray_FromAny(obj, NULL, 0, 0, 0, NULL);
     if (natural == NULL) return NULL;
     int type = PyArray_TYPE(natural);
     if (!(PyTypeNum_ISBOOL(type) || PyTypeNum_ISINTEGER(type) || PyTypeNum_ISFLOAT(type))) {
         PyErr_Format(PyExc_TypeError,
-                     "needle arrays hold float32; cannot convert data of dtype %R (from %.100s)",
+                     "needle arrays hold floats; cannot convert data of dtype %R (from %.100s)",
                      (PyObject *)PyArray_DESCR(natural), Py_TYPE(obj)->tp_name);
         Py_DECREF(natural);
         return NULL;
@@ -72,33 +87,39 @@ PyObject *ndarray_from_object(needle_state *st, PyObject *obj, nd_device *dev) {
         Py_DECREF(natural);
         return NULL;
     }
+    int host_type = dtype_npy_type(target);
     PyArrayObject *host = (PyArrayObject *)PyArray_FromArray(
-        natural, PyArray_DescrFromType(NPY_FLOAT32),
+        natural, PyArray_DescrFromType(host_type),
         NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST);
     Py_DECREF(natural);
     if (host == NULL) return NULL;
     int ndim = PyArray_NDIM(host);
     int64_t shape[ND_MAX_DIMS];
     for (int i = 0; i < ndim; i++) shape[i] = PyArray_DIM(host, i);
-    status = nd_array_empty(dev, ndim, shape, &arr);
+    nd_dtype host_dtype = target == ND_BFLOAT16 ? ND_FLOAT32 : target;
+    status = nd_array_empty_typed(dev, ndim, shape, host_dtype, &arr);
     if (status == ND_OK && (status = nd_array_from_host(&arr, PyArray_DATA(host))) != ND_OK)
         nd_array_release(&arr);
     Py_DECREF(host);
-    return array_result(st, status, &arr);
+    PyObject *result = array_result(st, status, &arr);
+    return result != NULL ? ndarray_steal_as(st, result, target) : NULL;
 }
 
 static PyObject *ndarray_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"other", "device", NULL};
-    PyObject *other, *device = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:NDArray", kwlist, &other, &device))
+    static char *kwlist[] = {"other", "device", "dtype", NULL};
+    PyObject *other, *device = Py_None, *dtype_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OO:NDArray", kwlist, &other, &device,
+                                     &dtype_obj))
         return NULL;
     needle_state *st = state_of_type(type);
     if (st == NULL) return NULL;
+    nd_dtype dtype;
+    if (dtype_obj != Py_None && parse_dtype_param(dtype_obj, &dtype) < 0) return NULL;
     nd_device *dev;
     if (device == Py_None && ndarray_check(st, other))
         dev = nd_storage_device(NDArray_CAST(other)->array.storage);
     else if ((dev = device_from_object(st, device)) == NULL) return NULL;
-    PyObject *made = ndarray_from_object(st, other, dev);
+    PyObject *made = ndarray_from_object(st, other, dev, dtype_obj != Py_None ? &dtype : NULL);
     if (made == NULL || type == st->ndarray_type) return made;
     /* A Python subclass: move the new array into an instance of it. */
     PyObject *obj = type->tp_alloc(type, 0);
@@ -112,14 +133,27 @@ static PyObject *ndarray_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
 
 /* ------------------------------------------------------- conversion */
 
+/* float32, float16 and float64 arrays give NumPy arrays of their dtype;
+ * bfloat16 ones (NumPy has no such type) give float32, which holds them
+ * exactly. */
 PyObject *ndarray_numpy(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     NDArrayObject *self = NDArray_CAST(op);
     const nd_layout *l = &self->array.layout;
+    nd_dtype dtype = nd_array_dtype(&self->array);
     npy_intp dims[ND_MAX_DIMS];
     for (int i = 0; i < l->ndim; i++) dims[i] = (npy_intp)l->shape[i];
-    PyObject *result = PyArray_SimpleNew(l->ndim, dims, NPY_FLOAT32);
+    PyObject *result = PyArray_SimpleNew(l->ndim, dims, dtype_npy_type(dtype));
     if (result == NULL) return NULL;
-    nd_status status = nd_array_to_host(&self->array, PyArray_DATA((PyArrayObject *)result));
+    nd_status status;
+    if (dtype == ND_BFLOAT16) {
+        nd_array wide;
+        if ((status = nd_array_astype(&self->array, ND_FLOAT32, &wide)) == ND_OK) {
+            status = nd_array_to_host(&wide, PyArray_DATA((PyArrayObject *)result));
+            nd_array_release(&wide);
+        }
+    } else {
+        status = nd_array_to_host(&self->array, PyArray_DATA((PyArrayObject *)result));
+    }
     if (status != ND_OK) {
         Py_DECREF(result);
         return raise_status(ndarray_state(op), status);
@@ -193,16 +227,20 @@ static PyObject *get_size(PyObject *op, void *c) {
 }
 static PyObject *get_nbytes(PyObject *op, void *c) {
     (void)c;
-    return PyLong_FromLongLong(nd_layout_numel(&NDArray_CAST(op)->array.layout) * 4);
+    const nd_array *a = &NDArray_CAST(op)->array;
+    return PyLong_FromLongLong(nd_layout_numel(&a->layout) * nd_dtype_size(nd_array_dtype(a)));
+}
+static PyObject *get_itemsize(PyObject *op, void *c) {
+    (void)c;
+    return PyLong_FromLongLong(nd_dtype_size(nd_array_dtype(&NDArray_CAST(op)->array)));
 }
 static PyObject *get_ndim(PyObject *op, void *c) {
     (void)c;
     return PyLong_FromLong(NDArray_CAST(op)->array.layout.ndim);
 }
 static PyObject *get_dtype(PyObject *op, void *c) {
-    (void)op;
     (void)c;
-    return PyUnicode_FromString("float32");
+    return PyUnicode_FromString(nd_dtype_name(nd_array_dtype(&NDArray_CAST(op)->array)));
 }
 static PyObject *get_device(PyObject *op, void *c) {
     (void)c;
@@ -351,9 +389,9 @@ static PyObject *ndarray_is_compact(PyObject *op, PyObject *Py_UNUSED(ignored)) 
     return PyBool_FromLong(is_compact_strict(&NDArray_CAST(op)->array));
 }
 
-/* astype(dtype): float32 gives an NDArray copy (NDArray holds float32 only);
- * any other dtype gives a NumPy array of that dtype, as the course's code
- * expects of `cached_data.astype(np.uint8)`. */
+/* astype(dtype): one of needle's dtypes gives an NDArray copy converted on
+ * its device; any other NumPy dtype gives a NumPy array of that dtype, as
+ * the course's code expects of `cached_data.astype(np.uint8)`. */
 static PyObject *ndarray_astype(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames) {
     static const char *const names[] = {"dtype", NULL};
@@ -367,19 +405,16 @@ static PyObject *ndarray_astype(PyObject *op, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "astype() takes one argument (dtype)");
         return NULL;
     }
-    PyArray_Descr *descr = NULL;
-    if (!PyArray_DescrConverter(args[0], &descr)) return NULL;
-    int type = descr->type_num;
-    Py_DECREF(descr);
+    nd_dtype dtype;
+    int rc = parse_dtype(args[0], &dtype, NULL);
+    if (rc < 0) return NULL;
+    if (rc == 1) {
+        nd_array out;
+        return array_result(ndarray_state(op),
+                            nd_array_astype(&NDArray_CAST(op)->array, dtype, &out), &out);
+    }
     PyObject *values = ndarray_numpy(op, NULL);
     if (values == NULL) return NULL;
-    if (type == NPY_FLOAT32) {
-        needle_state *st = ndarray_state(op);
-        PyObject *copy =
-            ndarray_from_object(st, values, nd_storage_device(NDArray_CAST(op)->array.storage));
-        Py_DECREF(values);
-        return copy;
-    }
     PyObject *cast = PyObject_CallMethod(values, "astype", "O", args[0]);
     Py_DECREF(values);
     return cast;
@@ -452,7 +487,7 @@ static PyObject *ndarray_to(PyObject *op, PyObject *device) {
     nd_device *dev = device_from_object(st, device);
     if (dev == NULL) return NULL;
     if (dev == nd_storage_device(self->array.storage)) return Py_NewRef(op);
-    return ndarray_from_object(st, op, dev);
+    return ndarray_from_object(st, op, dev, NULL);
 }
 
 static PyObject *ndarray_fill(PyObject *op, PyObject *value) {
@@ -560,8 +595,9 @@ static int ndarray_setitem(PyObject *op, PyObject *key, PyObject *value) {
                          Py_TYPE(value)->tp_name);
             return -1;
         }
+        nd_dtype dtype = nd_array_dtype(&self->array);
         PyObject *converted =
-            ndarray_from_object(st, value, nd_storage_device(self->array.storage));
+            ndarray_from_object(st, value, nd_storage_device(self->array.storage), &dtype);
         if (converted == NULL) return -1;
         status = nd_array_assign(&view, &NDArray_CAST(converted)->array);
         Py_DECREF(converted);
@@ -644,7 +680,9 @@ static PyGetSetDef ndarray_getset[] = {
     {"size", get_size, NULL, "Number of elements.", NULL},
     {"nbytes", get_nbytes, NULL, "Bytes of data the view covers.", NULL},
     {"ndim", get_ndim, NULL, "Number of dimensions.", NULL},
-    {"dtype", get_dtype, NULL, "Always 'float32'.", NULL},
+    {"dtype", get_dtype, NULL, "The element type: 'float32', 'float16', 'bfloat16' or 'float64'.",
+     NULL},
+    {"itemsize", get_itemsize, NULL, "Bytes per element.", NULL},
     {"device", get_device, NULL, "The device holding the data.", NULL},
     {"flat", get_flat, NULL, "The array reshaped to (size,).", NULL},
     {"_storage_refcount", get_storage_refcount, NULL, "Views sharing the storage.", NULL},

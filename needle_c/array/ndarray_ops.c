@@ -220,8 +220,8 @@ PyObject *ndarray_pad(PyObject *op, PyObject *axes) {
     }
     Py_DECREF(seq);
     nd_array out;
-    nd_status status =
-        nd_array_empty(nd_storage_device(self->array.storage), in->ndim, shape, &out);
+    nd_status status = nd_array_empty_typed(nd_storage_device(self->array.storage), in->ndim, shape,
+                                            nd_array_dtype(&self->array), &out);
     if (status != ND_OK) return raise_status(st, status);
     nd_array interior = out;
     for (int i = 0; i < in->ndim; i++)
@@ -280,7 +280,8 @@ static PyObject *module_stack(PyObject *module, PyObject *args, PyObject *kwargs
     int64_t shape[ND_MAX_DIMS];
     for (int i = 0, j = 0; i < ndim + 1; i++) shape[i] = i == ax ? n : first->layout.shape[j++];
     nd_array out;
-    nd_status status = nd_array_empty(nd_storage_device(first->storage), ndim + 1, shape, &out);
+    nd_status status = nd_array_empty_typed(nd_storage_device(first->storage), ndim + 1, shape,
+                                            nd_array_dtype(first), &out);
     if (status != ND_OK) {
         raise_status(st, status);
         goto done;
@@ -302,12 +303,13 @@ done:
     return result;
 }
 
-PyObject *ndarray_new_on(needle_state *st, nd_device *dev, PyObject *shape_obj, const float *fill) {
+PyObject *ndarray_new_on(needle_state *st, nd_device *dev, PyObject *shape_obj, const double *fill,
+                         nd_dtype dtype) {
     int ndim;
     int64_t shape[ND_MAX_DIMS];
     if (parse_shape(shape_obj, SHAPE_EXACT, &ndim, shape) < 0) return NULL;
     nd_array arr;
-    nd_status status = nd_array_empty(dev, ndim, shape, &arr);
+    nd_status status = nd_array_empty_typed(dev, ndim, shape, dtype, &arr);
     if (status == ND_OK && fill != NULL && (status = nd_array_fill(&arr, *fill)) != ND_OK)
         nd_array_release(&arr);
     return array_result(st, status, &arr);
@@ -320,7 +322,7 @@ static PyObject *module_empty(PyObject *module, PyObject *args, PyObject *kwargs
         return NULL;
     needle_state *st = state_of_module(module);
     nd_device *dev = device_from_object(st, device);
-    return dev ? ndarray_new_on(st, dev, shape_obj, NULL) : NULL;
+    return dev ? ndarray_new_on(st, dev, shape_obj, NULL, ND_FLOAT32) : NULL;
 }
 
 static PyObject *module_full(PyObject *module, PyObject *args, PyObject *kwargs) {
@@ -333,8 +335,7 @@ static PyObject *module_full(PyObject *module, PyObject *args, PyObject *kwargs)
     if (parse_scalar_param(value_obj, &value) < 0) return NULL;
     needle_state *st = state_of_module(module);
     nd_device *dev = device_from_object(st, device);
-    float fill = (float)value;
-    return dev ? ndarray_new_on(st, dev, shape_obj, &fill) : NULL;
+    return dev ? ndarray_new_on(st, dev, shape_obj, &value, ND_FLOAT32) : NULL;
 }
 
 PyMethodDef ndarray_module_functions[] = {

@@ -277,3 +277,47 @@ int parse_scalar_param(PyObject *obj, double *out) {
                      Py_TYPE(obj)->tp_name);
     return rc == 1 ? 0 : -1;
 }
+
+/* --------------------------------------------------------------- dtypes */
+
+int parse_dtype(PyObject *obj, nd_dtype *out, int *npy_type) {
+    if (PyUnicode_Check(obj)) {
+        const char *name = PyUnicode_AsUTF8(obj);
+        if (name == NULL) return -1;
+        if (nd_dtype_from_name(name, out) == ND_OK) return 1;
+    }
+    PyArray_Descr *descr = NULL;
+    if (!PyArray_DescrConverter2(obj, &descr) || descr == NULL) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError,
+                     "%R is not a dtype: expected 'float32', 'float16', 'bfloat16', 'float64' "
+                     "or a NumPy dtype",
+                     obj);
+        return -1;
+    }
+    int type = descr->type_num;
+    Py_DECREF(descr);
+    if (npy_type != NULL) *npy_type = type;
+    switch (type) {
+    case NPY_FLOAT32: *out = ND_FLOAT32; return 1;
+    case NPY_FLOAT16: *out = ND_FLOAT16; return 1;
+    case NPY_FLOAT64: *out = ND_FLOAT64; return 1;
+    default: return 0;
+    }
+}
+
+int parse_dtype_param(PyObject *obj, nd_dtype *out) {
+    int rc = parse_dtype(obj, out, NULL);
+    if (rc == 0)
+        PyErr_Format(PyExc_TypeError,
+                     "needle arrays hold float32, float16, bfloat16 or float64, not %R", obj);
+    return rc == 1 ? 0 : -1;
+}
+
+int dtype_npy_type(nd_dtype dtype) {
+    switch (dtype) {
+    case ND_FLOAT16: return NPY_FLOAT16;
+    case ND_FLOAT64: return NPY_FLOAT64;
+    default: return NPY_FLOAT32;
+    }
+}

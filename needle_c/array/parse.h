@@ -67,4 +67,20 @@ int parse_scalar(PyObject *obj, double *out);
 /* parse_scalar for a parameter that must be a scalar: TypeError when not. */
 int parse_scalar_param(PyObject *obj, double *out);
 
+/* --------------------------------------------------------------- dtypes */
+
+/* A dtype: one of the engine's names ("float32", "float16", "bfloat16",
+ * "float64", or PyTorch's "float", "half", "double") or anything NumPy reads
+ * as a dtype (numpy.float16, numpy.dtype("float64"), "uint8"). 1: one of
+ * needle's, in *out; 0: a NumPy dtype needle does not hold (no exception;
+ * its type number in *npy_type when that is not NULL); -1: not a dtype
+ * (TypeError). None is not read here: its meaning is the caller's. */
+int parse_dtype(PyObject *obj, nd_dtype *out, int *npy_type);
+/* parse_dtype where only needle's dtypes will do: 0, or -1 with a
+ * TypeError naming them. */
+int parse_dtype_param(PyObject *obj, nd_dtype *out);
+/* The NumPy type that holds dtype's values: itself, or float32 for
+ * bfloat16 (NumPy has none). */
+int dtype_npy_type(nd_dtype dtype);
+
 #endif /* NEEDLE_PARSE_H */

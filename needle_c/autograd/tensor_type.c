@@ -25,16 +25,6 @@ static PyObject *device_of_data(needle_state *st, PyObject *data) {
     return NULL;
 }
 
-static int dtype_is_float32(PyObject *dtype) {
-    if (dtype == NULL || dtype == Py_None) return 1;
-    PyObject *text = PyObject_Str(dtype);
-    if (text == NULL) return -1;
-    int ok = PyUnicode_CompareWithASCIIString(text, "float32") == 0 ||
-             PyUnicode_CompareWithASCIIString(text, "<class 'numpy.float32'>") == 0;
-    Py_DECREF(text);
-    return ok;
-}
-
 /* Tensor(array, *, device=None, dtype=None, requires_grad=True, **kwargs) */
 static int tensor_init(PyObject *op, PyObject *args, PyObject *kwargs) {
     needle_state *st = state_of_value(op);
@@ -55,11 +45,12 @@ static int tensor_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         if ((v = PyDict_GetItemString(kwargs, "dtype")) != NULL) dtype = v;
         if ((v = PyDict_GetItemString(kwargs, "requires_grad")) != NULL) requires = v;
     }
-    int ok = dtype_is_float32(dtype);
-    if (ok < 0) return -1;
-    if (!ok) {
-        PyErr_Format(PyExc_TypeError, "needle tensors hold float32 only, got dtype %R", dtype);
-        return -1;
+    /* dtype None: a tensor's or NDArray's own dtype, float32 for other data. */
+    nd_dtype dtype_value;
+    const nd_dtype *wanted = NULL;
+    if (dtype != Py_None) {
+        if (parse_dtype_param(dtype, &dtype_value) < 0) return -1;
+        wanted = &dtype_value;
     }
     int requires_grad = PyObject_IsTrue(requires);
     if (requires_grad < 0) return -1;
@@ -71,11 +62,14 @@ static int tensor_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         int same = device == Py_None;
         if (!same && source_device != NULL)
             same = PyObject_RichCompareBool(device, source_device, Py_EQ);
-        if (same > 0) {
+        if (same > 0 &&
+            (wanted == NULL || *wanted == nd_array_dtype(&NDArray_CAST(source)->array))) {
             data = Py_NewRef(source); /* shares the data, as in the course */
-        } else if (same == 0) {
-            nd_device *dev = device_from_object(st, device);
-            data = dev ? ndarray_from_object(st, source, dev) : NULL;
+        } else if (same >= 0) {
+            nd_device *dev = device == Py_None
+                                 ? nd_storage_device(NDArray_CAST(source)->array.storage)
+                                 : device_from_object(st, device);
+            data = dev ? ndarray_from_object(st, source, dev, wanted) : NULL;
         } else {
             data = NULL;
         }
@@ -92,7 +86,7 @@ static int tensor_init(PyObject *op, PyObject *args, PyObject *kwargs) {
                          Py_TYPE(array)->tp_name);
             return -1;
         }
-        data = ndarray_from_object(st, array, dev);
+        data = ndarray_from_object(st, array, dev, wanted);
     }
     if (data == NULL) return -1;
     TensorObject *self = Tensor_CAST(op);
@@ -265,9 +259,8 @@ static PyObject *get_size(PyObject *op, void *c) {
     return data_attr(op, "size");
 }
 static PyObject *get_dtype(PyObject *op, void *c) {
-    (void)op;
     (void)c;
-    return PyUnicode_FromString("float32");
+    return data_attr(op, "dtype");
 }
 
 /* -------------------------------------------------------- methods */
@@ -422,7 +415,7 @@ static PyGetSetDef tensor_getset[] = {
      "the data in place (the node keeps its identity).",
      NULL},
     {"shape", get_shape, NULL, "The shape, a tuple of ints.", NULL},
-    {"dtype", get_dtype, NULL, "Always 'float32'.", NULL},
+    {"dtype", get_dtype, NULL, "Its data's element type ('float32' unless made otherwise).", NULL},
     {"device", get_device, NULL, "The device holding the data.", NULL},
     {"ndim", get_ndim, NULL, "Number of dimensions.", NULL},
     {"size", get_size, NULL, "Number of elements.", NULL},

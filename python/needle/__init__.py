@@ -16,9 +16,13 @@ from .backend_ndarray import (
     Device,
     NDArray,
     all_devices,
+    bfloat16,
     cpu,
     cpu_numpy,
     default_device,
+    float16,
+    float32,
+    float64,
 )
 from .init import ones, ones_like, zeros, zeros_like
 from .random import manual_seed

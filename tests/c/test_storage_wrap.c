@@ -23,7 +23,7 @@ static void test_wrap_release(void) {
     float buffer[6] = {0, 1, 2, 3, 4, 5};
     int token;
     nd_storage *s;
-    CHECK(nd_storage_wrap(cpu, buffer, 6, on_release, &token, &s) == ND_OK);
+    CHECK(nd_storage_wrap(cpu, buffer, 6, ND_FLOAT32, on_release, &token, &s) == ND_OK);
     CHECK(nd_storage_data(s) == buffer);
     CHECK(nd_storage_numel(s) == 6);
     CHECK(nd_storage_device(s) == cpu);
@@ -43,7 +43,7 @@ static void test_views_write_through(void) {
     float buffer[6] = {0, 1, 2, 3, 4, 5};
     nd_storage *s;
     released = 0;
-    CHECK(nd_storage_wrap(cpu, buffer, 6, on_release, NULL, &s) == ND_OK);
+    CHECK(nd_storage_wrap(cpu, buffer, 6, ND_FLOAT32, on_release, NULL, &s) == ND_OK);
     /* A transposed 2x3 view: the engine writes into the borrowed buffer. */
     nd_array a = {s, {0}};
     int64_t shape[2] = {2, 3};
@@ -75,14 +75,15 @@ static void test_wrap_without_callback(void) {
     float buffer[2] = {1, 2};
     nd_storage *s;
     /* No callback: the engine just drops the header and leaves the memory. */
-    CHECK(nd_storage_wrap(cpu, buffer, 2, NULL, NULL, &s) == ND_OK);
+    CHECK(nd_storage_wrap(cpu, buffer, 2, ND_FLOAT32, NULL, NULL, &s) == ND_OK);
     nd_storage_release(s);
     CHECK(allocated(cpu) == base);
     CHECK(buffer[1] == 2.0f);
-    CHECK(nd_storage_wrap(cpu, buffer, -1, NULL, NULL, &s) == ND_ERR_VALUE && s == NULL);
-    CHECK(nd_storage_wrap(cpu, NULL, 4, NULL, NULL, &s) == ND_ERR_VALUE && s == NULL);
+    CHECK(nd_storage_wrap(cpu, buffer, -1, ND_FLOAT32, NULL, NULL, &s) == ND_ERR_VALUE &&
+          s == NULL);
+    CHECK(nd_storage_wrap(cpu, NULL, 4, ND_FLOAT32, NULL, NULL, &s) == ND_ERR_VALUE && s == NULL);
     /* An empty tensor may come with no data pointer. */
-    CHECK(nd_storage_wrap(cpu, NULL, 0, NULL, NULL, &s) == ND_OK);
+    CHECK(nd_storage_wrap(cpu, NULL, 0, ND_FLOAT32, NULL, NULL, &s) == ND_OK);
     nd_storage_release(s);
 }
 

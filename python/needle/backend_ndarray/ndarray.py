@@ -2,7 +2,8 @@
 
 The array type and its kernels are C (needle_c.NDArray over the engine in
 csrc/); this module adds the course's module-level functions and the dtype
-checks. Arrays hold float32 only.
+checks. Arrays hold float32 (the default), float16, bfloat16 or float64; every operation
+computes in float32 (the others convert with ``astype``).
 """
 
 import needle_c as _c
@@ -11,7 +12,18 @@ NDArray = _c.NDArray
 Device = _c.Device
 BackendDevice = _c.Device
 
+# The dtypes, by the names NumPy, PyTorch and the course's strings use: ndl.float16 is
+# "float16", so code written with either spelling passes the same value.
+float32 = "float32"
+float16 = "float16"
+bfloat16 = "bfloat16"
+float64 = "float64"
+
 __all__ = [
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
     "NDArray",
     "Device",
     "BackendDevice",
@@ -70,32 +82,26 @@ def all_devices():
     return [_c.cpu(), _c.cuda(), _c.cpu_numpy()]
 
 
-def _check_dtype(dtype):
-    if dtype is None:
-        return
-    name = getattr(dtype, "__name__", None) or str(dtype)
-    if name not in ("float32", "<class 'numpy.float32'>"):
-        raise TypeError(f"needle arrays hold float32 only, got dtype {dtype!r}")
+def _device(device):
+    return _c.cpu() if device is None else _c._device(device)
 
 
 def array(a, dtype="float32", device=None):
-    """A new float32 NDArray from an NDArray, a NumPy array or anything ``np.array`` accepts."""
-    _check_dtype(dtype)
+    """A new NDArray of ``dtype`` from an NDArray, a NumPy array or anything ``np.array``
+    accepts."""
     if isinstance(a, str) or isinstance(a, bytes):
         raise TypeError(f"cannot make an NDArray from {type(a).__name__}")
-    return NDArray(a, device=device)
+    return NDArray(a, device=device, dtype=dtype)
 
 
 def empty(shape, dtype="float32", device=None):
-    """An uninitialised array of ``shape``."""
-    _check_dtype(dtype)
-    return _c.empty(shape, device=device)
+    """An uninitialised array of ``shape`` and ``dtype``."""
+    return _device(device).empty(shape, dtype=dtype)
 
 
 def full(shape, fill_value, dtype="float32", device=None):
-    """An array of ``shape`` filled with ``fill_value``."""
-    _check_dtype(dtype)
-    return _c.full(shape, fill_value, device=device)
+    """An array of ``shape`` and ``dtype`` filled with ``fill_value``."""
+    return _device(device).full(shape, fill_value, dtype=dtype)
 
 
 def _require(a, name):
