@@ -4,11 +4,13 @@ transformer with its layers checkpointed against none, in two schemes:
 - ``wrapper``: every layer wrapped in ndl.utils.checkpoint_wrapper, the last one included;
 - ``sequential``: the layers run through ndl.utils.checkpoint_sequential(layers, 4, x), each
   layer its own segment and the last one run plainly (PyTorch's checkpoint_sequential): the
-  last layer's backward begins right after its forward, so recomputing it saves almost no
-  memory and costs a forward. Wrapping the first 3 layers would be the same computation; the
-  bench calls checkpoint_sequential itself (nn.Transformer's list ``transformer_layers``
-  replaced by one module that runs it), so that it measures the library's helper, not a
-  hand-made equivalent, and nn.Transformer's own forward is untouched.
+  last layer's backward begins right after its forward, so recomputing it costs a forward for
+  little memory in PyTorch, which frees saved tensors as its backward goes; needle's backward
+  does not, so the plain last layer's graph lives through the others' recomputations (one
+  layer's graph more at the peak: docs/benchmarks.md). Wrapping the first 3 layers would be the
+  same computation; the bench calls checkpoint_sequential itself (nn.Transformer's list
+  ``transformer_layers`` replaced by one module that runs it), so that it measures the
+  library's helper, not a hand-made equivalent, and nn.Transformer's own forward is untouched.
 
 Two models at COURSE's sizes with num_layers=4: the whole LanguageModel (embedding,
 transformer, the vocabulary's Linear and SoftmaxLoss) and its nn.Transformer stack alone
