@@ -1,16 +1,29 @@
 """Gradient checkpointing: peak allocated bytes and step time of the course's 4-layer
-transformer with each layer checkpointed (ndl.utils.checkpoint_wrapper) against none.
+transformer with its layers checkpointed against none, in two schemes:
+
+- ``wrapper``: every layer wrapped in ndl.utils.checkpoint_wrapper, the last one included;
+- ``sequential``: the layers run through ndl.utils.checkpoint_sequential(layers, 4, x), each
+  layer its own segment and the last one run plainly (PyTorch's checkpoint_sequential): the
+  last layer's backward begins right after its forward, so recomputing it costs a forward for
+  little memory in PyTorch, which frees saved tensors as its backward goes; needle's backward
+  does not, so the plain last layer's graph lives through the others' recomputations (one
+  layer's graph more at the peak: docs/benchmarks.md). Wrapping the first 3 layers would be the
+  same computation; the bench calls checkpoint_sequential itself (nn.Transformer's list
+  ``transformer_layers`` replaced by one module that runs it), so that it measures the
+  library's helper, not a hand-made equivalent, and nn.Transformer's own forward is untouched.
 
 Two models at COURSE's sizes with num_layers=4: the whole LanguageModel (embedding,
 transformer, the vocabulary's Linear and SoftmaxLoss) and its nn.Transformer stack alone
 (with the sum of squares of its output as the loss). A step is forward, loss, backward and
 an Adam step; the peak is that of a step after a warm-up step (so Adam's state is in both), each
-configuration alone in the process; the time is the median over the steps, the two
-configurations' steps interleaved (plain, checkpointed, plain, ...) so that the machine's drift
-falls on both alike. Targets: peak <= 0.6x, time <= 1.4x.
+configuration alone in the process; the time is the median over the steps, the
+configurations' steps interleaved (plain, wrapper, sequential, plain, ...) so that the machine's
+drift falls on all alike. Each scheme's ratios are to the plain model's. Targets: peak <= 0.6x,
+time <= 1.4x.
 
     python bench/checkpoint_bench.py [--steps 3] [--batch 256] [--vocab 10000] [--dropout 0.0]
-        [--device cpu|cuda]
+        [--device cpu|cuda] [--models language_model,transformer]
+        [--scheme wrapper|sequential|both]
 """
 
 import argparse
@@ -28,9 +41,36 @@ from needle.apps.models import LanguageModel
 from benchutil import print_machine
 
 LAYERS = 4
+SCHEMES = ("wrapper", "sequential")
+PLAIN = "none"
 
 
-def build(kind, args, device, use_checkpoint):
+class CheckpointedSequence(nn.Module):
+    """``layers`` run as one module through ndl.utils.checkpoint_sequential(layers,
+    ``segments``, x): every segment but the last checkpointed."""
+
+    def __init__(self, layers, segments):
+        super().__init__()
+        self.layers = list(layers)
+        self.segments = segments
+
+    def forward(self, x):
+        return ndl.utils.checkpoint_sequential(self.layers, self.segments, x)
+
+
+def checkpoint_layers(stack, scheme):
+    """Checkpoints the layers of ``stack`` (an nn.Transformer) in place by ``scheme``: one of
+    SCHEMES, or PLAIN for none."""
+    layers = stack.transformer_layers
+    if scheme == "wrapper":
+        stack.transformer_layers = [ndl.utils.checkpoint_wrapper(layer) for layer in layers]
+    elif scheme == "sequential":
+        stack.transformer_layers = [CheckpointedSequence(layers, len(layers))]
+    elif scheme != PLAIN:
+        raise ValueError(f"checkpoint scheme must be one of {SCHEMES} or {PLAIN!r}, got {scheme!r}")
+
+
+def build(kind, args, device, scheme):
     """(model, the layer stack, loss_fn(model) -> loss) for one configuration, seeded alike."""
     np.random.seed(0)
     if kind == "language_model":
@@ -70,18 +110,15 @@ def build(kind, args, device, use_checkpoint):
     for module in model._children():
         if isinstance(module, nn.Dropout):
             module.p = args.dropout
-    if use_checkpoint:
-        stack.transformer_layers = [
-            ndl.utils.checkpoint_wrapper(layer) for layer in stack.transformer_layers
-        ]
+    checkpoint_layers(stack, scheme)
     return model, loss_fn
 
 
 class _Run:
-    """One configuration (plain or checkpointed) ready to step."""
+    """One configuration (plain or a checkpointing scheme) ready to step."""
 
-    def __init__(self, kind, args, device, use_checkpoint):
-        self.model, self.loss_fn = build(kind, args, device, use_checkpoint)
+    def __init__(self, kind, args, device, scheme):
+        self.model, self.loss_fn = build(kind, args, device, scheme)
         self.opt = ndl.optim.Adam(self.model.parameters(), lr=COURSE.lr)
         self.device = device
 
@@ -96,10 +133,10 @@ class _Run:
         return time.perf_counter() - start
 
 
-def peak_bytes(kind, args, device, use_checkpoint):
+def peak_bytes(kind, args, device, scheme):
     """max_memory_allocated() over a step after a warm-up step (Adam's state made), with this
     configuration alone in the process."""
-    run = _Run(kind, args, device, use_checkpoint)
+    run = _Run(kind, args, device, scheme)
     run.step()
     ndl.memory.reset_peak_memory_stats(device)
     run.step()
@@ -108,13 +145,14 @@ def peak_bytes(kind, args, device, use_checkpoint):
     return peak
 
 
-def step_times(kind, args, device):
-    """The median step time of each configuration, their steps interleaved (plain, checkpointed,
-    plain, ...) after a warm-up step each, so that a machine's drift falls on both alike."""
-    runs = [_Run(kind, args, device, False), _Run(kind, args, device, True)]
+def step_times(kind, args, device, schemes):
+    """The median step time of each of ``schemes``, their steps interleaved (plain, wrapper,
+    sequential, plain, ...) after a warm-up step each, so that a machine's drift falls on all
+    alike."""
+    runs = [_Run(kind, args, device, scheme) for scheme in schemes]
     for run in runs:
         run.step()
-    times = [[], []]
+    times = [[] for _ in runs]
     for _ in range(args.steps):
         for k, run in enumerate(runs):
             times[k].append(run.step())
@@ -129,26 +167,36 @@ def main():
     parser.add_argument("--dropout", type=float, default=0.0, help="the course's is 0.0")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--models", default="language_model,transformer")
+    parser.add_argument(
+        "--scheme",
+        choices=(*SCHEMES, "both"),
+        default="both",
+        help="which layers are checkpointed (see the docstring); both: each, one line each",
+    )
     args = parser.parse_args()
     device = ndl.cpu() if args.device == "cpu" else ndl.cuda()
+    schemes = (PLAIN, *(SCHEMES if args.scheme == "both" else (args.scheme,)))
     print_machine(device=args.device)
     print(json.dumps({"config": vars(args) | {"layers": LAYERS, "seq_len": COURSE.seq_len}}))
     for kind in args.models.split(","):
-        peaks = [peak_bytes(kind, args, device, use) for use in (False, True)]
-        seconds = step_times(kind, args, device)
-        plain, ckpt = (
-            {"model": kind, "checkpoint": use, "peak_bytes": peak, "step_s": step_s}
-            for use, peak, step_s in zip((False, True), peaks, seconds)
-        )
-        print(json.dumps(plain), flush=True)
-        print(json.dumps(ckpt), flush=True)
-        ratios = {
-            "model": kind,
-            "peak_ratio": round(ckpt["peak_bytes"] / plain["peak_bytes"], 3),
-            "time_ratio": round(ckpt["step_s"] / plain["step_s"], 3),
-            "targets": {"peak_ratio": 0.6, "time_ratio": 1.4},
-        }
-        print(json.dumps(ratios), flush=True)
+        peaks = [peak_bytes(kind, args, device, scheme) for scheme in schemes]
+        seconds = step_times(kind, args, device, schemes)
+        rows = [
+            {"model": kind, "scheme": scheme, "peak_bytes": peak, "step_s": step_s}
+            for scheme, peak, step_s in zip(schemes, peaks, seconds)
+        ]
+        for row in rows:
+            print(json.dumps(row), flush=True)
+        plain = rows[0]
+        for row in rows[1:]:
+            ratios = {
+                "model": kind,
+                "scheme": row["scheme"],
+                "peak_ratio": round(row["peak_bytes"] / plain["peak_bytes"], 3),
+                "time_ratio": round(row["step_s"] / plain["step_s"], 3),
+                "targets": {"peak_ratio": 0.6, "time_ratio": 1.4},
+            }
+            print(json.dumps(ratios), flush=True)
 
 
 if __name__ == "__main__":

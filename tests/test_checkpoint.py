@@ -2,6 +2,9 @@
 modes with dropout on, nesting, tuple outputs, second derivatives, checkpoint_sequential and
 checkpoint_wrapper, peak memory of the course transformer, and misuse errors."""
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -9,10 +12,11 @@ import needle as ndl
 from needle import nn
 from needle.apps.course_config import COURSE
 from needle.apps.models import LanguageModel
-from needle.utils import checkpoint, checkpoint_sequential, checkpoint_wrapper
+from needle.utils import checkpoint, checkpoint_sequential, checkpoint_wrapper, checkpointing
 
 from devices import DEVICES
 
+BENCH = Path(__file__).resolve().parent.parent / "bench"
 MODES = ndl.autograd.GRAPH_MODES
 dev = pytest.mark.parametrize("device", DEVICES)
 mode_param = pytest.mark.parametrize("mode", MODES)
@@ -251,6 +255,53 @@ def test_transformer_layer_gradients_in_both_modes(device, mode):
         return [x.grad.numpy()] + [p.grad.numpy() for p in layer.parameters()]
 
     _assert_same(run(False), run(True))
+
+
+@pytest.fixture
+def checkpoint_bench(monkeypatch):
+    """bench/checkpoint_bench.py as a module (its folder on sys.path for benchutil)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    spec = importlib.util.spec_from_file_location("checkpoint_bench", BENCH / "checkpoint_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dev
+@mode_param
+@pytest.mark.parametrize("scheme", ["wrapper", "sequential"])
+def test_the_benchmarks_schemes_give_the_plain_stacks_gradients(
+    checkpoint_bench, device, mode, scheme
+):
+    """The benchmark's construction (checkpoint_layers on an nn.Transformer of 4 layers with
+    dropout): the output and every gradient are the plain stack's, in both graph modes."""
+
+    def run(scheme):
+        np.random.seed(7)
+        stack = nn.Transformer(8, 16, 4, num_head=2, dim_head=4, dropout=0.2, device=device)
+        checkpoint_bench.checkpoint_layers(stack, scheme)
+        x = _tensor((5, 3, 8), device)
+        with ndl.autograd.graph_mode(mode):
+            out, _ = stack(x)
+            (out * out).sum().backward()
+        checkpoints = sum(
+            isinstance(node.op, checkpointing._Checkpoint)
+            for node in ndl.autograd.find_topo_sort([out])
+        )
+        grads = [out.numpy(), x.grad.numpy()] + [p.grad.numpy() for p in stack.parameters()]
+        return checkpoints, grads
+
+    plain_checkpoints, plain = run(checkpoint_bench.PLAIN)
+    checkpoints, checkpointed = run(scheme)
+    _assert_same(plain, checkpointed)
+    # wrapper: every layer a checkpointed node; sequential: all but the last
+    assert (plain_checkpoints, checkpoints) == (0, 4 if scheme == "wrapper" else 3)
+
+
+def test_the_benchmarks_scheme_names_are_checked(checkpoint_bench):
+    stack = nn.Transformer(8, 16, 2, num_head=2, dim_head=4)
+    with pytest.raises(ValueError, match="checkpoint scheme must be one of"):
+        checkpoint_bench.checkpoint_layers(stack, "every_other")
 
 
 @dev
