@@ -7,6 +7,7 @@
  * (cpu_loops.h); this file walks the views and picks the loop.
  */
 
+#include "amp_unscale.h"
 #include "cpu_loops.h"
 #include "optim_update.h"
 
@@ -232,4 +233,5 @@ const nd_backend nd_cpu_backend = {
     .layer_norm_grad = nd_cpu_layer_norm_grad,
     .attention_softmax = nd_cpu_attention_softmax,
     .attention_softmax_grad = nd_cpu_attention_softmax_grad,
+    .amp_unscale = nd_cpu_amp_unscale,
 };

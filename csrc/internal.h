@@ -127,6 +127,7 @@ static inline float nd_reduce_identity(nd_reduce_op op) {
 /* The fused optimizer updates' descriptors (optim_update.h). */
 struct nd_adam_desc;
 struct nd_sgd_desc;
+struct nd_amp_unscale_desc; /* amp_unscale.h */
 
 /* One LSTM time step over a batch for the backends (csrc/lstm.c drives
  * them), gate order i, f, g, o as PyTorch's. Every buffer is contiguous and
@@ -229,6 +230,9 @@ typedef struct nd_backend {
     /* ND_OK when the device can serve expandable_segments, else ND_ERR_VALUE
      * saying why; NULL: the backend has no such segments. */
     nd_status (*check_expandable)(nd_device *dev);
+    /* GradScaler's in-place unscale and inf/NaN check of one gradient
+     * (amp_unscale.h): one pass, one kernel launch on a GPU. */
+    nd_status (*amp_unscale)(const struct nd_amp_unscale_desc *d);
 } nd_backend;
 
 typedef struct nd_allocator {

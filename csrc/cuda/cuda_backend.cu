@@ -52,6 +52,7 @@ static const nd_backend nd_cuda_backend = {
     /* .attention_softmax = */ nd_cuda_attention_softmax,
     /* .attention_softmax_grad = */ nd_cuda_attention_softmax_grad,
     /* .check_expandable = */ nd_cuda_check_expandable,
+    /* .amp_unscale = */ nd_cuda_amp_unscale,
 };
 
 /* Why no GPU was registered ("" when one was): the CUDA error of discovery
