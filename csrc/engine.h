@@ -605,8 +605,11 @@ nd_status nd_array_add_into(const nd_array *dst, const nd_array *src);
  * value, so calls OR into it. One pass over each gradient; on a GPU one
  * kernel launch per gradient and no host synchronisation. Every operand is
  * checked before anything is written: ND_ERR_DEVICE (a gradient elsewhere),
- * ND_ERR_SHAPE (found_inf not one element), ND_ERR_VALUE (a broadcast view,
- * or a gradient overlapping found_inf). */
+ * ND_ERR_SHAPE (found_inf not one element), ND_ERR_VALUE (a gradient
+ * overlapping found_inf, or two gradients overlapping in part). Each element
+ * of memory is multiplied once: a broadcast view's one element once, and
+ * gradients holding the same elements (one array given twice, or a reshape
+ * or transpose of another) once. */
 nd_status nd_array_amp_unscale(const nd_array *const *grads, int64_t count,
                                const nd_array *found_inf, float inv_scale);
 
