@@ -184,6 +184,29 @@ def test_cuda_unscale_one_launch_per_gradient_no_sync():
     assert work["h2d_bytes"] == 0 and work["d2h_bytes"] == 0
 
 
+@_cuda_test
+def test_cuda_scaler_step_reads_the_flag_once():
+    """unscale_ launches one kernel per gradient and never waits; step() reads the
+    flag once (one host sync) before the optimizer's launches."""
+    device = ndl.cuda()
+    rng = np.random.default_rng(13)
+    params = _params(device, rng)
+    _set_grads(params, _grads(rng), device)
+    opt = ndl.optim.SGD(params, lr=0.1)
+    scaler = ndl.amp.GradScaler()
+    ndl.cuda.reset_work_counters()
+    scaler.unscale_(opt)
+    work, sites = ndl.cuda.work_counters(), ndl.cuda.launches_by_kernel()
+    unscale_launches = sum(n for k, n in sites.items() if k.startswith("amp_unscale_kernel"))
+    assert unscale_launches == len(params), sites
+    assert work["host_syncs"] == 0 and work["d2h_bytes"] == 0, work
+    ndl.cuda.reset_work_counters()
+    scaler.step(opt)
+    work, sites = ndl.cuda.work_counters(), ndl.cuda.launches_by_kernel()
+    assert work["host_syncs"] == 1 and work["d2h_bytes"] == 4, work
+    assert sum(n for k, n in sites.items() if k.startswith("sgd_update_kernel")) == len(params)
+
+
 # --------------------------------------------------------------------------- GradScaler
 
 
