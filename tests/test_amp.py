@@ -150,6 +150,41 @@ def test_unscale_op_refuses_bad_input_and_writes_nothing(device):
     np.testing.assert_array_equal(ok.numpy(), 1.0)
 
 
+def test_unscale_op_refuses_mixed_host_devices():
+    flag = ndl.init.zeros(1, device=ndl.cpu())
+    ok = ndl.Tensor(np.full(3, 2.0, np.float32), device=ndl.cpu())
+    g = ndl.Tensor(np.full(3, 2.0, np.float32), device=ndl.cpu_numpy())
+    with pytest.raises(
+        ndl.DeviceError, match="gradient 1 is on cpu_numpy\\(\\) but found_inf is on cpu"
+    ):
+        needle_c.amp_unscale_([ok, g], flag, 0.5)
+    np.testing.assert_array_equal(ok.numpy(), 2.0)
+    np.testing.assert_array_equal(g.numpy(), 2.0)
+
+
+def test_scaler_params_on_two_devices_one_flag_each():
+    """An inf on either device skips the step for all."""
+    rng = np.random.default_rng(14)
+    a = _params(ndl.cpu(), rng, [(3,)])[0]
+    b = _params(ndl.cpu_numpy(), rng, [(2,)])[0]
+    opt = ndl.optim.SGD([a, b], lr=1.0)
+    scaler = ndl.amp.GradScaler(init_scale=4.0)
+    before = (a.numpy().copy(), b.numpy().copy())
+    a.grad = ndl.Tensor(np.full(3, 4.0, np.float32), device=ndl.cpu())
+    b.grad = ndl.Tensor(np.array([4.0, np.inf], np.float32), device=ndl.cpu_numpy())
+    assert scaler.step(opt) is None
+    np.testing.assert_array_equal(a.numpy(), before[0])
+    np.testing.assert_array_equal(b.numpy(), before[1])
+    np.testing.assert_array_equal(a.grad.numpy(), 1.0)  # unscaled on its own device
+    scaler.update()
+    assert scaler.get_scale() == 2.0
+    a.grad = ndl.Tensor(np.full(3, 2.0, np.float32), device=ndl.cpu())
+    b.grad = ndl.Tensor(np.full(2, 2.0, np.float32), device=ndl.cpu_numpy())
+    scaler.step(opt)
+    np.testing.assert_array_equal(a.numpy(), before[0] - 1.0)
+    np.testing.assert_array_equal(b.numpy(), before[1] - 1.0)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(ndl.cuda.unavailable_reason() is not None, reason="CUDA unavailable")
 def test_unscale_op_refuses_mixed_devices():
