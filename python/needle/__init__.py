@@ -8,21 +8,9 @@ README.md for the state of each layer.
 import needle_c as _c
 from needle_c import DeviceError, OutOfMemoryError
 
-from . import (
-    _environ,
-    amp,
-    autograd,
-    backend_ndarray,
-    data,
-    init,
-    memory,
-    nn,
-    ops,
-    optim,
-    random,
-    utils,
-)
+from . import _environ, autograd, backend_ndarray, data, init, memory, nn, ops, optim, random, utils
 from . import backend_ndarray as array_api
+from . import amp  # ndl.amp.GradScaler
 from .autograd import Tensor, TensorTuple, no_grad
 from .backend_ndarray import (
     BackendDevice,
