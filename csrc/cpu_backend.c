@@ -7,6 +7,7 @@
  * (cpu_loops.h); this file walks the views and picks the loop.
  */
 
+#include "amp_unscale.h"
 #include "cpu_loops.h"
 #include "optim_update.h"
 
@@ -235,4 +236,5 @@ const nd_backend nd_cpu_backend = {
     .convert = nd_cpu_convert,
     .bytes_to_host = nd_cpu_bytes_to_host,
     .bytes_from_host = nd_cpu_bytes_from_host,
+    .amp_unscale = nd_cpu_amp_unscale,
 };

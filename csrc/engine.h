@@ -641,6 +641,24 @@ nd_status nd_array_attention_softmax_grad(const nd_array *y, const nd_array *g, 
  * dst must not overlap itself (no stride-0 dims of extent > 1). */
 nd_status nd_array_add_into(const nd_array *dst, const nd_array *src);
 
+/* -------------------------------------------------------------------- AMP */
+
+/* GradScaler's unscale (csrc/amp_unscale.c), PyTorch's
+ * _amp_foreach_non_finite_check_and_unscale_: each of the count gradients
+ * (any strides; views write through) is multiplied IN PLACE by inv_scale,
+ * and found_inf (one element, on the gradients' device) is set to 1.0f when
+ * any element was inf or NaN before the multiply; otherwise it keeps its
+ * value, so calls OR into it. One pass over each gradient; on a GPU one
+ * kernel launch per gradient and no host synchronisation. Every operand is
+ * checked before anything is written: ND_ERR_DEVICE (a gradient elsewhere),
+ * ND_ERR_SHAPE (found_inf not one element), ND_ERR_VALUE (a gradient
+ * overlapping found_inf, or two gradients overlapping in part). Each element
+ * of memory is multiplied once: a broadcast view's one element once, and
+ * gradients holding the same elements (one array given twice, or a reshape
+ * or transpose of another) once. */
+nd_status nd_array_amp_unscale(const nd_array *const *grads, int64_t count,
+                               const nd_array *found_inf, float inv_scale);
+
 #ifdef __cplusplus
 }
 #endif

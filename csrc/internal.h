@@ -127,6 +127,7 @@ static inline float nd_reduce_identity(nd_reduce_op op) {
 /* The fused optimizer updates' descriptors (optim_update.h). */
 struct nd_adam_desc;
 struct nd_sgd_desc;
+struct nd_amp_unscale_desc; /* amp_unscale.h */
 
 /* One LSTM time step over a batch for the backends (csrc/lstm.c drives
  * them), gate order i, f, g, o as PyTorch's. Every buffer is contiguous and
@@ -238,6 +239,9 @@ typedef struct nd_backend {
     /* nbytes of contiguous device memory to or from the host. */
     nd_status (*bytes_to_host)(const void *src, void *host, int64_t nbytes);
     nd_status (*bytes_from_host)(void *dst, const void *host, int64_t nbytes);
+    /* GradScaler's in-place unscale and inf/NaN check of one gradient
+     * (amp_unscale.h): one pass, one kernel launch on a GPU. */
+    nd_status (*amp_unscale)(const struct nd_amp_unscale_desc *d);
 } nd_backend;
 
 typedef struct nd_allocator {

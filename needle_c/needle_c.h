@@ -170,7 +170,8 @@ int cpu_threads_check_environment(void);
 /* The CPU kernels' settings (cpu_info.c): NEEDLE_CPU_ISA, NEEDLE_GEMM_SPLIT. */
 int cpu_settings_install(void);
 
-/* adam_update(), sgd_update(): the fused optimizer updates (optim.c). */
+/* adam_update(), sgd_update(): the fused optimizer updates, and amp_unscale_(),
+ * GradScaler's unscale (optim.c). */
 extern PyMethodDef optim_module_functions[];
 
 #endif /* NEEDLE_C_H */

@@ -1,6 +1,6 @@
 /* optim.c: the module functions adam_update and sgd_update, the binding of
  * the engine's fused optimizer updates (engine.h) that needle.optim calls
- * once per parameter.
+ * once per parameter, and amp_unscale_, needle.amp.GradScaler's unscale.
  *
  * They take the course's hyperparameters as Python numbers and round them
  * as the unfused Python code does (1 - beta1 and 1 - beta1**t in double,
@@ -13,6 +13,7 @@
 #include "autograd/tensor.h"
 
 #include <math.h>
+#include <stdio.h>
 
 /* The NDArray of obj (an NDArray, or a Tensor's realised data) as a new
  * reference: held across the update, whose allocation may run the collector
@@ -137,6 +138,56 @@ static PyObject *optim_sgd_update(PyObject *module, PyObject *const *args, Py_ss
     return ndarray_wrap(st, &out);
 }
 
+/* amp_unscale_(grads, found_inf, inv_scale): GradScaler's unscale of one
+ * device's gradients in one call (engine.h's nd_array_amp_unscale). The
+ * sequence is copied into a tuple first and every array is held while the
+ * engine runs: realising a Tensor may run Python code. */
+static PyObject *optim_amp_unscale(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    static const char fname[] = "amp_unscale_";
+    needle_state *st = state_of_module(module);
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "%s() takes 3 positional arguments (%zd given)", fname,
+                     nargs);
+        return NULL;
+    }
+    double inv_scale;
+    if (real_arg(args[2], fname, "inv_scale", &inv_scale) < 0) return NULL;
+    if (!PyList_Check(args[0]) && !PyTuple_Check(args[0])) {
+        PyErr_Format(PyExc_TypeError, "%s: grads must be a list or tuple of arrays, got %.100s",
+                     fname, Py_TYPE(args[0])->tp_name);
+        return NULL;
+    }
+    PyObject *grads = PySequence_Tuple(args[0]);
+    if (grads == NULL) return NULL;
+    Py_ssize_t count = PyTuple_GET_SIZE(grads);
+    /* held[0] is found_inf, held[1 + i] gradient i. */
+    PyObject **held = PyMem_Calloc((size_t)count + 1, sizeof *held);
+    const nd_array **arrays = PyMem_Calloc((size_t)count + 1, sizeof *arrays);
+    PyObject *result = NULL;
+    if (held == NULL || arrays == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if ((held[0] = array_of(st, args[1], fname, "found_inf")) == NULL) goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        char name[48];
+        snprintf(name, sizeof name, "gradient %zd", i);
+        if ((held[1 + i] = array_of(st, PyTuple_GET_ITEM(grads, i), fname, name)) == NULL)
+            goto done;
+        arrays[i] = ARRAY(held[1 + i]);
+    }
+    nd_status status =
+        nd_array_amp_unscale(arrays, (int64_t)count, ARRAY(held[0]), (float)inv_scale);
+    result = status == ND_OK ? Py_NewRef(Py_None) : raise_status(st, status);
+done:
+    if (held != NULL)
+        for (Py_ssize_t i = 0; i <= count; i++) Py_XDECREF(held[i]);
+    PyMem_Free(held);
+    PyMem_Free((void *)arrays);
+    Py_DECREF(grads);
+    return result;
+}
+
 PyMethodDef optim_module_functions[] = {
     {"adam_update", (PyCFunction)(void (*)(void))optim_adam_update, METH_FASTCALL,
      "adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step, /)\n--\n\n"
@@ -148,5 +199,12 @@ PyMethodDef optim_module_functions[] = {
      "sgd_update(param, grad, u, lr, momentum, weight_decay, /)\n--\n\n"
      "One fused step of needle.optim.SGD (the course's dampened momentum) for one parameter: "
      "returns the new parameter (a new NDArray) and updates u IN PLACE."},
+    {"amp_unscale_", (PyCFunction)(void (*)(void))optim_amp_unscale, METH_FASTCALL,
+     "amp_unscale_(grads, found_inf, inv_scale, /)\n--\n\n"
+     "GradScaler's unscale (PyTorch's _amp_foreach_non_finite_check_and_unscale_): multiplies "
+     "each array in the list or tuple grads (NDArrays or Tensors, any strides; views write "
+     "through) IN PLACE by inv_scale and sets found_inf (one element, same device) to 1.0 when "
+     "any element was inf or NaN, else leaves it. One pass and, on a GPU, one kernel launch per "
+     "gradient, no host synchronisation. Every operand is checked before anything is written."},
     {NULL, NULL, 0, NULL},
 };

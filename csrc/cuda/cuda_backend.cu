@@ -55,6 +55,7 @@ static const nd_backend nd_cuda_backend = {
     /* .convert = */ nd_cuda_convert,
     /* .bytes_to_host = */ nd_cuda_bytes_to_host,
     /* .bytes_from_host = */ nd_cuda_bytes_from_host,
+    /* .amp_unscale = */ nd_cuda_amp_unscale,
 };
 
 /* Why no GPU was registered ("" when one was): the CUDA error of discovery

@@ -258,4 +258,7 @@ nd_status nd_cuda_layer_norm_grad(const nd_norm_desc *d);
 nd_status nd_cuda_attention_softmax(const nd_attn_desc *d);
 nd_status nd_cuda_attention_softmax_grad(const nd_attn_desc *d);
 
+/* cuda_amp.cu: GradScaler's unscale (amp_unscale.h). */
+nd_status nd_cuda_amp_unscale(const struct nd_amp_unscale_desc *d);
+
 #endif /* NEEDLE_CUDA_COMMON_CUH */

@@ -10,6 +10,7 @@ from needle_c import DeviceError, OutOfMemoryError
 
 from . import _environ, autograd, backend_ndarray, data, init, memory, nn, ops, optim, random, utils
 from . import backend_ndarray as array_api
+from . import amp  # ndl.amp.GradScaler
 from .autograd import Tensor, TensorTuple, no_grad
 from .backend_ndarray import (
     BackendDevice,
