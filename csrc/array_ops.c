@@ -35,6 +35,11 @@ nd_status nd_array_empty(nd_device *dev, int ndim, const int64_t *shape, nd_arra
 
 nd_dtype nd_array_dtype(const nd_array *a) { return a->storage->dtype; }
 
+nd_status nd_backend_lacks_dtype(const char *backend, const char *what, nd_dtype dtype) {
+    return nd_fail(ND_ERR_DTYPE, "%s is not implemented for %s arrays on the %s backend", what,
+                   nd_dtype_name(dtype), backend);
+}
+
 nd_status nd_array_require_float32(const nd_array *a, const char *what) {
     if (a->storage->dtype == ND_FLOAT32) return ND_OK;
     return nd_fail(ND_ERR_DTYPE,
@@ -213,7 +218,8 @@ nd_status nd_array_binary(nd_binary_op op, nd_operand a, nd_operand b, nd_array 
      * allocation runs, even if it starts a collection. */
     status = nd_array_empty(any->storage->device, ndim, shape, out);
     if (status != ND_OK) return status;
-    status = backend_of(any)->binary(op, &out->layout, nd_storage_data(out->storage), ka, kb);
+    status = backend_of(any)->binary(op, ND_FLOAT32, &out->layout, nd_storage_data(out->storage),
+                                     ka, kb);
     if (status != ND_OK) nd_array_release(out);
     return status;
 }
@@ -225,8 +231,8 @@ nd_status nd_array_unary(nd_unary_op op, const nd_array *a, nd_array *out) {
     if (status != ND_OK) return status;
     status = nd_array_empty(a->storage->device, a->layout.ndim, a->layout.shape, out);
     if (status != ND_OK) return status;
-    status = backend_of(a)->unary(op, &out->layout, nd_storage_data(out->storage), &a->layout,
-                                  nd_storage_data(a->storage));
+    status = backend_of(a)->unary(op, ND_FLOAT32, &out->layout, nd_storage_data(out->storage),
+                                  &a->layout, nd_storage_data(a->storage));
     if (status != ND_OK) nd_array_release(out);
     return status;
 }
@@ -262,8 +268,8 @@ nd_status nd_array_reduce(nd_reduce_op op, const nd_array *a, uint32_t axes_mask
     /* The backend writes every output (one GPU launch, no fill before it);
      * with nothing to reduce each output is the identity. */
     if (nd_layout_numel(in) > 0) {
-        status = backend_of(a)->reduce(op, &kernel_out, nd_storage_data(out->storage), in,
-                                       nd_storage_data(a->storage));
+        status = backend_of(a)->reduce(op, ND_FLOAT32, &kernel_out, nd_storage_data(out->storage),
+                                       in, nd_storage_data(a->storage));
     } else {
         status = nd_array_fill(out, nd_reduce_identity(op));
     }
@@ -389,7 +395,7 @@ nd_status nd_array_linear(const nd_array *x, const nd_array *w, const nd_array *
     if (status == ND_OK) {
         float *data = nd_storage_data(out->storage);
         nd_kernel_operand product = {data, &out->layout, 0.0f};
-        status = backend_of(out)->binary(ND_ADD, &out->layout, data, product,
+        status = backend_of(out)->binary(ND_ADD, ND_FLOAT32, &out->layout, data, product,
                                          array_operand(bias, &bias_layout));
     }
     if (status != ND_OK) nd_array_release(out);
@@ -417,5 +423,6 @@ nd_status nd_array_add_into(const nd_array *dst, const nd_array *src) {
     }
     float *data = nd_storage_data(dst->storage);
     nd_kernel_operand self = {data, l, 0.0f};
-    return backend_of(dst)->binary(ND_ADD, l, data, self, array_operand(src, &src_layout));
+    return backend_of(dst)->binary(ND_ADD, ND_FLOAT32, l, data, self,
+                                   array_operand(src, &src_layout));
 }

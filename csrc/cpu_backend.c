@@ -67,8 +67,9 @@ static nd_status cpu_from_host(const nd_layout *dst_layout, float *dst, const fl
 
 /* -------------------------------------------------------- binary ops */
 
-static nd_status cpu_binary(nd_binary_op op, const nd_layout *out_layout, float *out,
-                            nd_kernel_operand a, nd_kernel_operand b) {
+static nd_status cpu_binary(nd_binary_op op, nd_dtype dtype, const nd_layout *out_layout,
+                            float *out, nd_kernel_operand a, nd_kernel_operand b) {
+    if (dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cpu", "a binary op", dtype);
     const nd_cpu_loops *loops = nd_cpu_loops_current();
     nd_inner_fn fn = loops->binary[op];
     if (op == ND_POW && b.data == NULL) {
@@ -89,8 +90,9 @@ static nd_status cpu_binary(nd_binary_op op, const nd_layout *out_layout, float 
 
 /* --------------------------------------------------------- unary ops */
 
-static nd_status cpu_unary(nd_unary_op op, const nd_layout *out_layout, float *out,
+static nd_status cpu_unary(nd_unary_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
                            const nd_layout *a_layout, const float *a) {
+    if (dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cpu", "a unary op", dtype);
     const nd_layout *layouts[2] = {out_layout, a_layout};
     nd_iter it;
     nd_iter_prepare(&it, out_layout->shape, out_layout->ndim, 2, layouts, 0);
@@ -176,8 +178,9 @@ static int sum_into_shadow(const nd_iter *it, double *acc, const float *a) {
     return 0;
 }
 
-static nd_status cpu_reduce(nd_reduce_op op, const nd_layout *out_layout, float *out,
-                            const nd_layout *a_layout, const float *a) {
+static nd_status cpu_reduce(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_layout,
+                            float *out, const nd_layout *a_layout, const float *a) {
+    if (dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cpu", "a reduction", dtype);
     const nd_layout *layouts[2] = {out_layout, a_layout};
     nd_iter it;
     /* Walk in the input's memory order; the output is small or contiguous. */

@@ -131,6 +131,7 @@ static int64_t current_split(void) {
 }
 
 nd_status nd_cpu_matmul(const nd_matmul_desc *d) {
+    if (d->dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cpu", "matmul", d->dtype);
     const int64_t madds = d->m * d->n * d->k;
     if (installed_sgemm == NULL || madds < CALIBRATE_FROM || madds < current_split()) {
         nd_cpu_sgemm_batched(d);

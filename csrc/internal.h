@@ -12,11 +12,13 @@
 #include <stdarg.h>
 
 /* An operand as a backend kernel sees it: data plus a layout already
- * broadcast to the output's shape, or a scalar (data == NULL). */
+ * broadcast to the output's shape, or a scalar (data == NULL). data points
+ * at elements of the operation's dtype (float32 for copy); the scalar is
+ * converted to the type the dtype computes in. */
 typedef struct nd_kernel_operand {
     const float *data;
     const nd_layout *layout;
-    float scalar;
+    double scalar;
 } nd_kernel_operand;
 
 /* A batched matmul, row-major: out[b] (m x n, contiguous) = a[b] @ b[b].
@@ -34,6 +36,9 @@ typedef struct nd_matmul_desc {
     const float *b;
     int64_t b_row_stride, b_col_stride;
     float *out; /* (batch..., m, n) contiguous */
+    /* The operands' and the product's dtype: a, b and out point at its
+     * elements (float32, the zero value, when the describer says nothing). */
+    nd_dtype dtype;
 } nd_matmul_desc;
 
 /* What row_apply writes for element x at column j of row r (m, s: the row's
@@ -176,14 +181,17 @@ typedef struct nd_backend {
     int64_t (*release_cache)(nd_device *dev);
     /* dst[view] = src broadcast to dst's shape (src->layout has dst's shape). */
     nd_status (*copy)(const nd_layout *dst_layout, float *dst, nd_kernel_operand src);
-    nd_status (*binary)(nd_binary_op op, const nd_layout *out_layout, float *out,
+    /* binary, unary and reduce: out and the array operands point at
+     * elements of dtype, which they compute in (float16 and bfloat16 in
+     * float32 registers); ND_ERR_DTYPE for a dtype the backend lacks. */
+    nd_status (*binary)(nd_binary_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
                         nd_kernel_operand a, nd_kernel_operand b);
-    nd_status (*unary)(nd_unary_op op, const nd_layout *out_layout, float *out,
+    nd_status (*unary)(nd_unary_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
                        const nd_layout *a_layout, const float *a);
     /* out has a's shape with stride 0 along the reduced axes; out's storage
      * is contiguous over the kept axes. a has at least one element; every
      * output is written (out's prior contents are not read). */
-    nd_status (*reduce)(nd_reduce_op op, const nd_layout *out_layout, float *out,
+    nd_status (*reduce)(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
                         const nd_layout *a_layout, const float *a);
     nd_status (*matmul)(const nd_matmul_desc *desc);
     nd_status (*to_host)(const nd_layout *src_layout, const float *src, float *host);
@@ -287,6 +295,9 @@ int nd_coalesce(int ndim, const int64_t *shape, int nops, const nd_layout *const
 /* ND_ERR_DEVICE (with both devices' names) unless a and b share a device
  * (array_ops.c). */
 nd_status nd_same_device(const nd_array *a, const nd_array *b);
+
+/* ND_ERR_DTYPE: the backend `backend` has no kernel of `what` for dtype. */
+nd_status nd_backend_lacks_dtype(const char *backend, const char *what, nd_dtype dtype);
 
 /* Records the message of a failure and returns its status. */
 nd_status nd_fail(nd_status status, const char *fmt, ...)

@@ -256,7 +256,8 @@ static nd_status bias_grads(const nd_array *dgates, int64_t rows, int64_t G, nd_
     nd_layout_contiguous(2, (int64_t[]){rows, G}, &columns);
     columns.strides[0] = 0; /* every row of dgates adds into the one output row */
     if (status == ND_OK)
-        status = be->reduce(ND_REDUCE_SUM, &columns, sums, &dgates->layout, data_of(dgates));
+        status =
+            be->reduce(ND_REDUCE_SUM, ND_FLOAT32, &columns, sums, &dgates->layout, data_of(dgates));
     nd_kernel_operand first = {sums, &row, 0.0f};
     if (status == ND_OK) status = be->copy(&row, sums + G, first);
     if (status != ND_OK && out->storage != NULL) nd_array_release(out);

@@ -177,9 +177,9 @@ nd_status nd_cuda_check_expandable(nd_device *dev);
 
 /* cuda_ewise.cu */
 nd_status nd_cuda_copy(const nd_layout *dst_layout, float *dst, nd_kernel_operand src);
-nd_status nd_cuda_binary(nd_binary_op op, const nd_layout *out_layout, float *out,
+nd_status nd_cuda_binary(nd_binary_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
                          nd_kernel_operand a, nd_kernel_operand b);
-nd_status nd_cuda_unary(nd_unary_op op, const nd_layout *out_layout, float *out,
+nd_status nd_cuda_unary(nd_unary_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
                         const nd_layout *a_layout, const float *a);
 
 /* cuda_convert.cu */
@@ -194,7 +194,7 @@ nd_status nd_cuda_to_host(const nd_layout *src_layout, const float *src, float *
 nd_status nd_cuda_from_host(const nd_layout *dst_layout, float *dst, const float *host);
 
 /* cuda_reduce.cu */
-nd_status nd_cuda_reduce(nd_reduce_op op, const nd_layout *out_layout, float *out,
+nd_status nd_cuda_reduce(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
                          const nd_layout *a_layout, const float *a);
 
 /* cuda_matmul.cu */

@@ -225,8 +225,9 @@ nd_status nd_cuda_copy(const nd_layout *dst_layout, float *dst, nd_kernel_operan
     return unary(it, d, s, on_storage<float, op_identity>(), stream);
 }
 
-nd_status nd_cuda_binary(nd_binary_op op, const nd_layout *out_layout, float *out,
+nd_status nd_cuda_binary(nd_binary_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
                          nd_kernel_operand a, nd_kernel_operand b) {
+    if (dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cuda", "a binary op", dtype);
     const nd_layout *layouts[3] = {out_layout, a.data != NULL ? a.layout : NULL,
                                    b.data != NULL ? b.layout : NULL};
     nd_cuda_iter it;
@@ -241,8 +242,9 @@ nd_status nd_cuda_binary(nd_binary_op op, const nd_layout *out_layout, float *ou
     return binary_op<float>(op, form, it, o, x, a.scalar, y, b.scalar, 0);
 }
 
-nd_status nd_cuda_unary(nd_unary_op op, const nd_layout *out_layout, float *out,
+nd_status nd_cuda_unary(nd_unary_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
                         const nd_layout *a_layout, const float *a) {
+    if (dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cuda", "a unary op", dtype);
     const nd_layout *layouts[2] = {out_layout, a_layout};
     nd_cuda_iter it;
     nd_cuda_iter_make(&it, out_layout->ndim, out_layout->shape, 2, layouts);

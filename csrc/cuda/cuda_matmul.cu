@@ -222,6 +222,7 @@ static nd_status try_cublas(void *ctx) {
 }
 
 nd_status nd_cuda_matmul(const nd_matmul_desc *d) {
+    if (d->dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cuda", "matmul", d->dtype);
     gemm_batch g;
     batch_make(d, &g);
     if (g.count == 0 || d->m == 0 || d->n == 0) return ND_OK;

@@ -580,8 +580,9 @@ static void make_iter(nd_cuda_iter *it, int ndim, const int64_t *shape, int nops
     it->ndim = nd_coalesce(ndim, shape, nops, layouts, order_by, it->shape, it->strides);
 }
 
-nd_status nd_cuda_reduce(nd_reduce_op op, const nd_layout *out_layout, float *out,
+nd_status nd_cuda_reduce(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
                          const nd_layout *a_layout, const float *a) {
+    if (dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cuda", "a reduction", dtype);
     /* Split the dims: reduced ones have out-stride 0 and length > 1. A dim
      * that a walks backwards is walked forwards from its other end (out
      * too, for a kept one). */
