@@ -57,6 +57,12 @@ nd_status nd_same_device(const nd_array *a, const nd_array *b) {
     return ND_OK;
 }
 
+/* Element `offset` of storage s, of whichever dtype (the descriptors that
+ * take a pointer to an operand's first element carry float pointers). */
+static float *element_at(const nd_storage *s, int64_t offset) {
+    return (float *)(void *)((char *)nd_storage_ptr(s) + offset * nd_dtype_size(s->dtype));
+}
+
 static nd_kernel_operand array_operand(const nd_array *a, const nd_layout *layout) {
     nd_kernel_operand op = {nd_storage_data(a->storage), layout, 0.0f};
     return op;
@@ -172,10 +178,27 @@ nd_status nd_array_from_host(const nd_array *dst, const void *host) {
     return status;
 }
 
-#define ND_EWISE_NAME(A, id, name, formula) [id] = #name,
-static const char *const binary_names[ND_BINARY_OP_COUNT] = {ND_EWISE_BINARY_OPS(ND_EWISE_NAME, )};
-static const char *const unary_names[ND_UNARY_OP_COUNT] = {ND_EWISE_UNARY_OPS(ND_EWISE_NAME, )};
-#undef ND_EWISE_NAME
+nd_dtype nd_promote_dtypes(nd_dtype a, nd_dtype b) {
+    if (a == b) return a;
+    if (a == ND_FLOAT64 || b == ND_FLOAT64) return ND_FLOAT64;
+    return ND_FLOAT32; /* float32 with a narrow type, or float16 with bfloat16 */
+}
+
+/* The operands of one operation in its dtype: *view is a itself, or (when a
+ * has another dtype) a converted copy in *tmp, which the caller releases.
+ * The copy is the conversion PyTorch's type promotion makes too. */
+static nd_status in_dtype(const nd_array *a, nd_dtype dtype, nd_array *tmp, const nd_array **view) {
+    memset(tmp, 0, sizeof *tmp);
+    *view = a;
+    if (a->storage->dtype == dtype) return ND_OK;
+    nd_status status = nd_array_astype(a, dtype, tmp);
+    if (status == ND_OK) *view = tmp;
+    return status;
+}
+
+static void release_tmp(nd_array *tmp) {
+    if (tmp->storage != NULL) nd_array_release(tmp);
+}
 
 nd_status nd_array_binary(nd_binary_op op, nd_operand a, nd_operand b, nd_array *out) {
     memset(out, 0, sizeof *out);
@@ -183,21 +206,26 @@ nd_status nd_array_binary(nd_binary_op op, nd_operand a, nd_operand b, nd_array 
         return nd_fail(ND_ERR_VALUE, "unknown binary op %d", op);
     if (a.array == NULL && b.array == NULL)
         return nd_fail(ND_ERR_VALUE, "a binary op needs at least one array operand");
-    const nd_array *any = a.array != NULL ? a.array : b.array;
     nd_status status;
-    if ((a.array != NULL &&
-         (status = nd_array_require_float32(a.array, binary_names[op])) != ND_OK) ||
-        (b.array != NULL &&
-         (status = nd_array_require_float32(b.array, binary_names[op])) != ND_OK))
-        return status;
     if (a.array != NULL && b.array != NULL && (status = nd_same_device(a.array, b.array)) != ND_OK)
         return status;
+    /* Arrays promote each other; a scalar takes the array's dtype (PyTorch's
+     * rule: x16 * 2.0 stays float16). */
+    nd_dtype dtype = a.array == NULL ? b.array->storage->dtype
+                     : b.array == NULL
+                         ? a.array->storage->dtype
+                         : nd_promote_dtypes(a.array->storage->dtype, b.array->storage->dtype);
+    nd_array a_tmp = {0}, b_tmp = {0};
+    if ((a.array != NULL && (status = in_dtype(a.array, dtype, &a_tmp, &a.array)) != ND_OK) ||
+        (b.array != NULL && (status = in_dtype(b.array, dtype, &b_tmp, &b.array)) != ND_OK))
+        goto done;
+    const nd_array *any = a.array != NULL ? a.array : b.array;
     int ndim;
     int64_t shape[ND_MAX_DIMS];
     if (a.array != NULL && b.array != NULL) {
         status = nd_broadcast_shapes(a.array->layout.ndim, a.array->layout.shape,
                                      b.array->layout.ndim, b.array->layout.shape, &ndim, shape);
-        if (status != ND_OK) return status;
+        if (status != ND_OK) goto done;
     } else {
         ndim = any->layout.ndim;
         memcpy(shape, any->layout.shape, sizeof(int64_t) * (size_t)ndim);
@@ -206,32 +234,35 @@ nd_status nd_array_binary(nd_binary_op op, nd_operand a, nd_operand b, nd_array 
     nd_kernel_operand ka = {NULL, NULL, a.scalar}, kb = {NULL, NULL, b.scalar};
     if (a.array != NULL) {
         if ((status = nd_layout_broadcast_to(&a.array->layout, ndim, shape, &a_layout)) != ND_OK)
-            return status;
+            goto done;
         ka = array_operand(a.array, &a_layout);
     }
     if (b.array != NULL) {
         if ((status = nd_layout_broadcast_to(&b.array->layout, ndim, shape, &b_layout)) != ND_OK)
-            return status;
+            goto done;
         kb = array_operand(b.array, &b_layout);
     }
     /* The operands' storages stay referenced by the caller while this
      * allocation runs, even if it starts a collection. */
-    status = nd_array_empty(any->storage->device, ndim, shape, out);
-    if (status != ND_OK) return status;
-    status = backend_of(any)->binary(op, ND_FLOAT32, &out->layout, nd_storage_data(out->storage),
-                                     ka, kb);
+    status = nd_array_empty_typed(any->storage->device, ndim, shape, dtype, out);
+    if (status != ND_OK) goto done;
+    status =
+        backend_of(any)->binary(op, dtype, &out->layout, nd_storage_data(out->storage), ka, kb);
     if (status != ND_OK) nd_array_release(out);
+done:
+    release_tmp(&a_tmp);
+    release_tmp(&b_tmp);
     return status;
 }
 
 nd_status nd_array_unary(nd_unary_op op, const nd_array *a, nd_array *out) {
     memset(out, 0, sizeof *out);
     if ((unsigned)op >= ND_UNARY_OP_COUNT) return nd_fail(ND_ERR_VALUE, "unknown unary op %d", op);
-    nd_status status = nd_array_require_float32(a, unary_names[op]);
+    nd_dtype dtype = a->storage->dtype;
+    nd_status status =
+        nd_array_empty_typed(a->storage->device, a->layout.ndim, a->layout.shape, dtype, out);
     if (status != ND_OK) return status;
-    status = nd_array_empty(a->storage->device, a->layout.ndim, a->layout.shape, out);
-    if (status != ND_OK) return status;
-    status = backend_of(a)->unary(op, ND_FLOAT32, &out->layout, nd_storage_data(out->storage),
+    status = backend_of(a)->unary(op, dtype, &out->layout, nd_storage_data(out->storage),
                                   &a->layout, nd_storage_data(a->storage));
     if (status != ND_OK) nd_array_release(out);
     return status;
@@ -242,8 +273,7 @@ nd_status nd_array_reduce(nd_reduce_op op, const nd_array *a, uint32_t axes_mask
     memset(out, 0, sizeof *out);
     if ((unsigned)op >= ND_REDUCE_OP_COUNT)
         return nd_fail(ND_ERR_VALUE, "unknown reduction %d", op);
-    nd_status status = nd_array_require_float32(a, "a reduction");
-    if (status != ND_OK) return status;
+    nd_status status;
     const nd_layout *in = &a->layout;
     if (in->ndim < 32 && (axes_mask >> in->ndim) != 0)
         return nd_fail(ND_ERR_AXIS, "reduction axis out of bounds for an array of dimension %d",
@@ -258,7 +288,8 @@ nd_status nd_array_reduce(nd_reduce_op op, const nd_array *a, uint32_t axes_mask
         return nd_fail(ND_ERR_VALUE,
                        "zero-size array to reduction operation %s which has no identity",
                        op == ND_REDUCE_MAX ? "maximum" : "minimum");
-    status = nd_array_empty(a->storage->device, in->ndim, kept_shape, out);
+    nd_dtype dtype = a->storage->dtype;
+    status = nd_array_empty_typed(a->storage->device, in->ndim, kept_shape, dtype, out);
     if (status != ND_OK) return status;
     nd_layout kernel_out = out->layout;
     for (int i = 0; i < in->ndim; i++) {
@@ -268,8 +299,8 @@ nd_status nd_array_reduce(nd_reduce_op op, const nd_array *a, uint32_t axes_mask
     /* The backend writes every output (one GPU launch, no fill before it);
      * with nothing to reduce each output is the identity. */
     if (nd_layout_numel(in) > 0) {
-        status = backend_of(a)->reduce(op, ND_FLOAT32, &kernel_out, nd_storage_data(out->storage),
-                                       in, nd_storage_data(a->storage));
+        status = backend_of(a)->reduce(op, dtype, &kernel_out, nd_storage_data(out->storage), in,
+                                       nd_storage_data(a->storage));
     } else {
         status = nd_array_fill(out, nd_reduce_identity(op));
     }
@@ -303,12 +334,25 @@ static int blas_strides(const nd_layout *l, int64_t rows, int64_t cols, int64_t 
     return 0;
 }
 
+/* The product of a and b, both of one dtype (nd_array_matmul's body). */
+static nd_status matmul_same_dtype(const nd_array *a, const nd_array *b, nd_array *out);
+
 nd_status nd_array_matmul(const nd_array *a, const nd_array *b, nd_array *out) {
     memset(out, 0, sizeof *out);
     nd_status status = nd_same_device(a, b);
-    if (status != ND_OK || (status = nd_array_require_float32(a, "matmul")) != ND_OK ||
-        (status = nd_array_require_float32(b, "matmul")) != ND_OK)
-        return status;
+    if (status != ND_OK) return status;
+    nd_dtype dtype = nd_promote_dtypes(a->storage->dtype, b->storage->dtype);
+    nd_array a_tmp, b_tmp;
+    if ((status = in_dtype(a, dtype, &a_tmp, &a)) == ND_OK &&
+        (status = in_dtype(b, dtype, &b_tmp, &b)) == ND_OK)
+        status = matmul_same_dtype(a, b, out);
+    release_tmp(&a_tmp);
+    release_tmp(&b_tmp);
+    return status;
+}
+
+static nd_status matmul_same_dtype(const nd_array *a, const nd_array *b, nd_array *out) {
+    nd_status status;
     if (a->layout.ndim == 0 || b->layout.ndim == 0)
         return nd_fail(ND_ERR_SHAPE, "matmul: operands must have at least one dimension");
     nd_array a_view = *a, b_view = *b;
@@ -353,7 +397,8 @@ nd_status nd_array_matmul(const nd_array *a, const nd_array *b, nd_array *out) {
     }
     out_shape[batch_ndim] = m;
     out_shape[batch_ndim + 1] = n;
-    if ((status = nd_array_empty(a->storage->device, batch_ndim + 2, out_shape, out)) != ND_OK)
+    if ((status = nd_array_empty_typed(a->storage->device, batch_ndim + 2, out_shape,
+                                       a->storage->dtype, out)) != ND_OK)
         goto done;
     desc.m = m;
     desc.n = n;
@@ -365,9 +410,10 @@ nd_status nd_array_matmul(const nd_array *a, const nd_array *b, nd_array *out) {
         desc.a_batch_strides[i] = (ai >= 0 && la->shape[ai] != 1) ? la->strides[ai] : 0;
         desc.b_batch_strides[i] = (bi >= 0 && lb->shape[bi] != 1) ? lb->strides[bi] : 0;
     }
-    desc.a = nd_storage_data(a_view.storage) + la->offset;
-    desc.b = nd_storage_data(b_view.storage) + lb->offset;
+    desc.a = element_at(a_view.storage, la->offset);
+    desc.b = element_at(b_view.storage, lb->offset);
     desc.out = nd_storage_data(out->storage);
+    desc.dtype = a->storage->dtype;
     if (nd_layout_numel(&out->layout) > 0 && (status = backend_of(a)->matmul(&desc)) != ND_OK) {
         nd_array_release(out);
         goto done;
@@ -384,9 +430,16 @@ nd_status nd_array_linear(const nd_array *x, const nd_array *w, const nd_array *
                           nd_array *out) {
     memset(out, 0, sizeof *out);
     nd_status status;
-    if (bias != NULL && ((status = nd_same_device(x, bias)) != ND_OK ||
-                         (status = nd_array_require_float32(bias, "linear")) != ND_OK))
+    if (bias != NULL && (status = nd_same_device(x, bias)) != ND_OK) return status;
+    if (bias != NULL &&
+        bias->storage->dtype != nd_promote_dtypes(x->storage->dtype, w->storage->dtype)) {
+        /* The bias promotes the product too: the unfused x @ w + bias. */
+        nd_array product;
+        if ((status = nd_array_matmul(x, w, &product)) != ND_OK) return status;
+        status = nd_array_binary(ND_ADD, (nd_operand){&product, 0.0}, (nd_operand){bias, 0.0}, out);
+        nd_array_release(&product);
         return status;
+    }
     if ((status = nd_array_matmul(x, w, out)) != ND_OK || bias == NULL) return status;
     /* The bias is added in place: the product is the only (m, n) array. */
     nd_layout bias_layout;
@@ -395,7 +448,7 @@ nd_status nd_array_linear(const nd_array *x, const nd_array *w, const nd_array *
     if (status == ND_OK) {
         float *data = nd_storage_data(out->storage);
         nd_kernel_operand product = {data, &out->layout, 0.0f};
-        status = backend_of(out)->binary(ND_ADD, ND_FLOAT32, &out->layout, data, product,
+        status = backend_of(out)->binary(ND_ADD, out->storage->dtype, &out->layout, data, product,
                                          array_operand(bias, &bias_layout));
     }
     if (status != ND_OK) nd_array_release(out);
@@ -404,9 +457,15 @@ nd_status nd_array_linear(const nd_array *x, const nd_array *w, const nd_array *
 
 nd_status nd_array_add_into(const nd_array *dst, const nd_array *src) {
     nd_status status = nd_same_device(dst, src);
-    if (status != ND_OK || (status = nd_array_require_float32(dst, "an in-place add")) != ND_OK ||
-        (status = nd_array_require_float32(src, "an in-place add")) != ND_OK)
+    if (status != ND_OK) return status;
+    if (src->storage->dtype != dst->storage->dtype) { /* added in dst's dtype */
+        nd_array converted;
+        if ((status = nd_array_astype(src, dst->storage->dtype, &converted)) != ND_OK)
+            return status;
+        status = nd_array_add_into(dst, &converted);
+        nd_array_release(&converted);
         return status;
+    }
     const nd_layout *l = &dst->layout;
     for (int i = 0; i < l->ndim; i++)
         if (l->strides[i] == 0 && l->shape[i] > 1)
@@ -423,6 +482,6 @@ nd_status nd_array_add_into(const nd_array *dst, const nd_array *src) {
     }
     float *data = nd_storage_data(dst->storage);
     nd_kernel_operand self = {data, l, 0.0f};
-    return backend_of(dst)->binary(ND_ADD, ND_FLOAT32, l, data, self,
+    return backend_of(dst)->binary(ND_ADD, dst->storage->dtype, l, data, self,
                                    array_operand(src, &src_layout));
 }

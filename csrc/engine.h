@@ -323,6 +323,13 @@ nd_status nd_array_empty(nd_device *dev, int ndim, const int64_t *shape, nd_arra
 nd_status nd_array_empty_typed(nd_device *dev, int ndim, const int64_t *shape, nd_dtype dtype,
                                nd_array *out);
 nd_dtype nd_array_dtype(const nd_array *a);
+/* The dtype an operation on arrays of dtypes a and b computes in and
+ * returns (PyTorch's promotion): float64 with anything is float64, float32
+ * with a narrow type float32, float16 with bfloat16 float32. The elementwise
+ * ops, reductions, matmul and linear take every dtype and promote; the fused
+ * operations (softmax, layer norm, attention, LSTM, losses, gathers, the
+ * optimizers) are float32 only. */
+nd_dtype nd_promote_dtypes(nd_dtype a, nd_dtype b);
 /* ND_ERR_VALUE naming `what` and a's dtype unless a is float32: the check of
  * every operation that computes in float32 only. */
 nd_status nd_array_require_float32(const nd_array *a, const char *what);
@@ -355,7 +362,7 @@ typedef enum nd_reduce_op {
 /* An operand of a binary op: an array, or (array == NULL) a scalar. */
 typedef struct nd_operand {
     const nd_array *array;
-    float scalar;
+    double scalar; /* converted to the array operand's compute type */
 } nd_operand;
 
 /* out = a op b, broadcast (NumPy rules), into a new contiguous array. At least

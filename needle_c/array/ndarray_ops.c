@@ -21,7 +21,7 @@ int as_operand(PyObject *obj, nd_operand *out) {
     }
     double v;
     int rc = parse_scalar(obj, &v);
-    if (rc == 1) out->scalar = (float)v;
+    if (rc == 1) out->scalar = v;
     return rc;
 }
 
