@@ -227,6 +227,34 @@ static int check_partials(needle_state *st, PyObject *op, PyObject *partials, Py
     return 0;
 }
 
+/* Each partial in its input's dtype: a Python op's gradient (or a
+ * gradient called on promoted operands) may return the promoted dtype, and
+ * a node's contributions are summed in the node's own dtype. Replaces
+ * *partials when some cast was needed. */
+static int partials_in_input_dtypes(needle_state *st, PyObject **partials, PyObject *inputs) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(inputs); k++) {
+        PyObject *partial = PyTuple_GET_ITEM(*partials, k), *input = PyTuple_GET_ITEM(inputs, k);
+        if (!is_tensor(st, partial) || !is_tensor(st, input)) continue;
+        nd_dtype want, have;
+        if (value_dtype(st, input, &want) < 0 || value_dtype(st, partial, &have) < 0) return -1;
+        if (want == have) continue;
+        PyObject *cast = cast_value(st, partial, want);
+        if (cast == NULL) return -1;
+        if (Py_REFCNT(*partials) > 1 || !PyTuple_CheckExact(*partials)) {
+            PyObject *copy = PyTuple_GetSlice(*partials, 0, PyTuple_GET_SIZE(*partials));
+            if (copy == NULL) {
+                Py_DECREF(cast);
+                return -1;
+            }
+            Py_SETREF(*partials, copy);
+        }
+        PyObject *old = PyTuple_GET_ITEM(*partials, k);
+        PyTuple_SET_ITEM(*partials, k, cast);
+        Py_DECREF(old);
+    }
+    return 0;
+}
+
 /* node.op.gradient(adjoint, node), checked, with the inputs it is for (a
  * new reference in *inputs): a gradient may run Python code and the
  * collector, which may change the node's op and inputs, so both are held.
@@ -236,7 +264,8 @@ static PyObject *node_partials(needle_state *st, PyObject *node, PyObject *adjoi
     PyObject *op = Py_NewRef(Tensor_CAST(node)->op);
     *inputs = Py_NewRef(Tensor_CAST(node)->inputs);
     PyObject *partials = run_gradient_for(st, op, adjoint, node, prune);
-    if (check_partials(st, op, partials, *inputs, prune) < 0) {
+    if (check_partials(st, op, partials, *inputs, prune) < 0 ||
+        partials_in_input_dtypes(st, &partials, *inputs) < 0) {
         Py_XDECREF(partials);
         Py_CLEAR(*inputs);
         partials = NULL;
@@ -411,6 +440,8 @@ static int compute_gradients(needle_state *st, PyObject *output, PyObject *out_g
     Py_DECREF(roots);
     if (topo == NULL) return -1;
     int rc;
+    /* Gradients run in the dtypes the forward chose, as in PyTorch. */
+    int autocast = autocast_suspend();
     if (current_graph_mode(st) == GRAPH_NEEDLE) {
         rc = backward_needle(st, topo, output, out_grad);
     } else {
@@ -418,6 +449,7 @@ static int compute_gradients(needle_state *st, PyObject *output, PyObject *out_g
         rc = backward_cycle_free(st, topo, output, out_grad, create_graph);
         set_recording(recording);
     }
+    autocast_resume(autocast);
     Py_DECREF(topo);
     return rc;
 }
@@ -463,8 +495,8 @@ PyObject *tensor_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
         }
         const nd_array *a = &NDArray_CAST(data)->array;
         nd_array ones;
-        nd_status status =
-            nd_array_empty(nd_storage_device(a->storage), a->layout.ndim, a->layout.shape, &ones);
+        nd_status status = nd_array_empty_typed(nd_storage_device(a->storage), a->layout.ndim,
+                                                a->layout.shape, nd_array_dtype(a), &ones);
         if (status == ND_OK && (status = nd_array_fill(&ones, 1.0f)) != ND_OK)
             nd_array_release(&ones);
         Py_DECREF(data);
@@ -630,7 +662,9 @@ int autograd_module_init(PyObject *module, needle_state *st) {
     if (PyModule_AddFunctions(module, alloc_site_functions) < 0 ||
         PyModule_AddFunctions(module, gc_visibility_functions) < 0)
         return -1;
-    if (PyModule_AddFunctions(module, autograd_functions) < 0) return -1;
+    if (PyModule_AddFunctions(module, autograd_functions) < 0 ||
+        PyModule_AddFunctions(module, autocast_functions) < 0)
+        return -1;
     PyObject *names = graph_mode_tuple();
     if (names == NULL) return -1;
     int rc = PyModule_AddObjectRef(module, "GRAPH_MODES", names);

@@ -123,11 +123,27 @@ static PyObject *record_node(needle_state *st, PyObject *op, PyObject *inputs, P
     return node;
 }
 
+static PyObject *make_from_op_on(needle_state *st, PyObject *op, PyObject *inputs,
+                                 int tuple_output);
+
+/* Autocast rewrites a built-in op's inputs (Cast nodes) before it runs; a
+ * Python op, or a subclass of a built-in, runs on its inputs as given. */
 PyObject *make_from_op(needle_state *st, PyObject *op, PyObject *inputs, int tuple_output) {
     if (!PyObject_TypeCheck(op, st->autograd->op_type)) {
         PyErr_Format(PyExc_TypeError, "make_from_op needs an Op, got %.100s", Py_TYPE(op)->tp_name);
         return NULL;
     }
+    if (!autocast_active || !PyTuple_Check(inputs) || !op_dispatches_in_c(st, op))
+        return make_from_op_on(st, op, inputs, tuple_output);
+    PyObject *cast = autocast_inputs(st, Op_CAST(op)->kind, inputs);
+    if (cast == NULL) return NULL;
+    PyObject *node = make_from_op_on(st, op, cast, tuple_output);
+    Py_DECREF(cast);
+    return node;
+}
+
+static PyObject *make_from_op_on(needle_state *st, PyObject *op, PyObject *inputs,
+                                 int tuple_output) {
     /* Compute first: a failing op leaves no half-built node behind. The
      * caller holds inputs and op across this. */
     PyObject *data = run_compute(st, op, Op_CAST(op)->kind, &Op_CAST(op)->p, inputs);
@@ -143,7 +159,18 @@ PyObject *make_from_op(needle_state *st, PyObject *op, PyObject *inputs, int tup
                        tuple_output);
 }
 
+static PyObject *apply_op_on(needle_state *st, op_kind kind, const op_params *p, PyObject *inputs);
+
 PyObject *apply_op(needle_state *st, op_kind kind, const op_params *p, PyObject *inputs) {
+    if (!autocast_active) return apply_op_on(st, kind, p, inputs);
+    PyObject *cast = autocast_inputs(st, kind, inputs);
+    if (cast == NULL) return NULL;
+    PyObject *node = apply_op_on(st, kind, p, cast);
+    Py_DECREF(cast);
+    return node;
+}
+
+static PyObject *apply_op_on(needle_state *st, op_kind kind, const op_params *p, PyObject *inputs) {
     PyObject *data = run_compute(st, NULL, kind, p, inputs);
     if (data == NULL || !should_record(st, inputs))
         return record_node(st, NULL, inputs, data, 0, op_table[kind].tuple_output);

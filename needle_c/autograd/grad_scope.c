@@ -158,10 +158,22 @@ PyObject *g_expand(grad_scope *s, PyObject *g, int ndim, const int64_t *shape, u
     return g_broadcast(s, g_reshape(s, g, ndim, kept), ndim, shape);
 }
 
+PyObject *g_cast(grad_scope *s, PyObject *a, nd_dtype dtype) {
+    return s->failed || a == NULL ? NULL : scope_keep(s, cast_value(s->st, a, dtype));
+}
+
+PyObject *g_as_dtype_of(grad_scope *s, PyObject *a, PyObject *like) {
+    nd_dtype dtype;
+    if (s->failed || a == NULL || like == NULL) return NULL;
+    if (value_dtype(s->st, like, &dtype) < 0) return scope_fail(s);
+    return g_cast(s, a, dtype);
+}
+
+/* The sum is taken in g's (the wider) dtype and then cast. */
 PyObject *unbroadcast(grad_scope *s, PyObject *g, PyObject *like) {
     if (s->failed || g == NULL || like == NULL) return NULL;
     int differ = shapes_differ(s->st, g, like);
-    if (differ <= 0) return differ == 0 ? g : scope_fail(s);
+    if (differ <= 0) return differ == 0 ? g_as_dtype_of(s, g, like) : scope_fail(s);
     int gnd, lnd;
     int64_t gs[ND_MAX_DIMS], ls[ND_MAX_DIMS];
     if (g_shape(s, g, &gnd, gs) < 0 || g_shape(s, like, &lnd, ls) < 0) return NULL;
@@ -173,7 +185,7 @@ PyObject *unbroadcast(grad_scope *s, PyObject *g, PyObject *like) {
         int li = i - (gnd - lnd);
         if (gs[i] != 1 && (li < 0 || ls[li] == 1)) mask |= 1u << i;
     }
-    return g_reshape(s, mask ? g_sum_mask(s, g, gnd, mask) : g, lnd, ls);
+    return g_as_dtype_of(s, g_reshape(s, mask ? g_sum_mask(s, g, gnd, mask) : g, lnd, ls), like);
 }
 
 PyObject *g_const(grad_scope *s, PyObject *array) {

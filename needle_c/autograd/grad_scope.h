@@ -77,7 +77,12 @@ PyObject *g_axes_op(grad_scope *s, op_kind kind, PyObject *a, int naxes, const i
 /* g reshaped to keep the reduced axes (mask) as size-1 dims, then broadcast
  * back to the full shape: the adjoint of a reduction. */
 PyObject *g_expand(grad_scope *s, PyObject *g, int ndim, const int64_t *shape, uint32_t mask);
-/* g summed down to the shape of `like` (the inverse of broadcasting). */
+/* a cast to dtype (a itself when it has it) / to the dtype of `like`. */
+PyObject *g_cast(grad_scope *s, PyObject *a, nd_dtype dtype);
+PyObject *g_as_dtype_of(grad_scope *s, PyObject *a, PyObject *like);
+/* g summed down to the shape of `like` (the inverse of broadcasting), in
+ * like's dtype: the gradient of an input the forward promoted comes back
+ * in the input's own dtype. */
 PyObject *unbroadcast(grad_scope *s, PyObject *g, PyObject *like);
 /* A constant (no graph) Tensor holding array, an NDArray. */
 PyObject *g_const(grad_scope *s, PyObject *array);

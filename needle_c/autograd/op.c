@@ -123,6 +123,7 @@ static const char *const *signature_names(op_signature sig, int *count) {
     static const char *const key[] = {"key"};
     static const char *const key_shape[] = {"key", "shape"};
     static const char *const rows[] = {"num_rows"};
+    static const char *const dtype[] = {"dtype"};
     switch (sig) {
     case SIG_SCALAR: *count = 1; return scalar;
     case SIG_TWO_SCALARS: *count = 2; return two;
@@ -136,6 +137,7 @@ static const char *const *signature_names(op_signature sig, int *count) {
     case SIG_KEY: *count = 1; return key;
     case SIG_KEY_SHAPE: *count = 2; return key_shape;
     case SIG_ROWS: *count = 1; return rows;
+    case SIG_DTYPE: *count = 1; return dtype;
     default: *count = 0; return none;
     }
 }
@@ -228,6 +230,7 @@ static int op_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         p->index = rows;
         return 0;
     }
+    case SIG_DTYPE: return parse_dtype_param(values[0], &p->dtype);
     }
     return 0;
 }
@@ -271,6 +274,11 @@ static PyObject *get_key(PyObject *op, void *c) {
     return Py_NewRef(Op_CAST(op)->p.key ? Op_CAST(op)->p.key : Py_None);
 }
 
+static PyObject *get_dtype_field(PyObject *op, void *c) {
+    (void)c;
+    return PyUnicode_FromString(nd_dtype_name(Op_CAST(op)->p.dtype));
+}
+
 static PyGetSetDef builtin_op_getset[] = {
     {"scalar", get_scalar, NULL, "The scalar of a scalar op.", NULL},
     {"c0", get_scalar, NULL, NULL, NULL},
@@ -284,6 +292,7 @@ static PyGetSetDef builtin_op_getset[] = {
     {"index", get_int_field, NULL, NULL, "index"},
     {"num_rows", get_int_field, NULL, NULL, "index"},
     {"key", get_key, NULL, "The index of a getitem op.", NULL},
+    {"dtype", get_dtype_field, NULL, "The target dtype of a Cast.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -615,6 +615,26 @@ static PyObject *split_gradient(grad_scope *s, const op_params *p, PyObject *g, 
     return grads1(s, g_apply1(s, OP_STACK, p, g)); /* stack(g, axis) */
 }
 
+/* ------------------------------------------------------------- cast */
+
+/* Cast(dtype): a converted copy, or the array itself when it already has
+ * dtype (an op object called directly; astype makes no node then). */
+static PyObject *cast_compute(needle_state *st, const op_params *p, PyObject *const *a,
+                              Py_ssize_t n) {
+    UNUSED(n);
+    const nd_array *src = &NDArray_CAST(a[0])->array;
+    if (nd_array_dtype(src) == p->dtype) return Py_NewRef(a[0]);
+    nd_array out;
+    nd_status status = nd_array_astype(src, p->dtype, &out);
+    return array_result(st, status, &out);
+}
+
+static PyObject *cast_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
+    UNUSED(p);
+    UNUSED(node);
+    return grads1(s, g_as_dtype_of(s, g, g_input(s, 0))); /* g cast back to x's dtype */
+}
+
 void ops_basic_register(op_impl *t) {
     t[OP_EWISE_ADD] = (op_impl){add_compute, add_gradient};
     t[OP_ADD_SCALAR] = (op_impl){add_scalar_compute, identity_gradient};
@@ -645,4 +665,5 @@ void ops_basic_register(op_impl *t) {
     t[OP_FUSED_ADD_SCALARS] = (op_impl){fused_add_compute, fused_add_gradient};
     t[OP_STACK] = (op_impl){stack_compute, stack_gradient};
     t[OP_SPLIT] = (op_impl){split_compute, split_gradient};
+    t[OP_CAST] = (op_impl){cast_compute, cast_gradient};
 }

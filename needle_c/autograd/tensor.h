@@ -68,7 +68,8 @@ typedef enum op_input_kind {
     X(OP_ATTN_SOFTMAX, "AttentionSoftmax", SIG_TWO_SCALARS, 1, IN_ARRAYS, 0)      \
     X(OP_SOFTMAX_XENT_GRAD, "SoftmaxCrossEntropyGrad", SIG_NONE, 3, IN_ARRAYS, 0) \
     X(OP_LAYER_NORM_GRAD, "LayerNormGrad", SIG_TWO_SCALARS, 3, IN_ARRAYS, 0)      \
-    X(OP_ATTN_SOFTMAX_GRAD, "AttentionSoftmaxGrad", SIG_SCALAR, 2, IN_ARRAYS, 0)
+    X(OP_ATTN_SOFTMAX_GRAD, "AttentionSoftmaxGrad", SIG_SCALAR, 2, IN_ARRAYS, 0)  \
+    X(OP_CAST, "Cast", SIG_DTYPE, 1, IN_ARRAYS, 0)
 
 typedef enum op_kind {
     OP_PYTHON = 0, /* a TensorOp/TensorTupleOp subclass written in Python */
@@ -92,7 +93,8 @@ typedef enum op_signature {
     SIG_INDEX,         /* Op(index)                         */
     SIG_KEY,           /* Op(key): a getitem index          */
     SIG_KEY_SHAPE,     /* Op(key, shape)                    */
-    SIG_ROWS           /* Op(num_rows)                      */
+    SIG_ROWS,          /* Op(num_rows)                      */
+    SIG_DTYPE          /* Op(dtype): Cast                   */
 } op_signature;
 
 /* One row of NEEDLE_OPS. */
@@ -116,6 +118,7 @@ typedef struct op_params {
     int axis, dilation, stride, padding;
     Py_ssize_t index; /* TupleGetItem; ScatterAddRows' row count */
     PyObject *key;    /* GetItem/ScatterSlice index (owned; a tuple) */
+    nd_dtype dtype;   /* Cast's target */
 } op_params;
 
 /* A registry entry (memory/scoped.c): every live Value and Op is on one of
@@ -265,6 +268,28 @@ PyObject *builtin_gradient_for(needle_state *st, OpObject *op, PyObject *out_gra
 PyObject *run_gradient_for(needle_state *st, PyObject *op, PyObject *out_grad, PyObject *node,
                            int prune);
 
+/* ------------------------------ autocast.c: automatic mixed precision */
+
+/* Nonzero while autocast is on for some device type in this thread and not
+ * suspended (a backward walk suspends it): the one test every op call pays. */
+extern _Thread_local int autocast_active;
+/* The inputs a built-in op of kind runs on under autocast (a new reference):
+ * inputs itself, or a new tuple with some inputs cast (recorded Cast nodes).
+ * Call only when autocast_active. */
+PyObject *autocast_inputs(needle_state *st, op_kind kind, PyObject *inputs);
+/* Suspends autocast in this thread (returns the previous state for
+ * autocast_resume): gradients run in the dtypes the forward chose. */
+int autocast_suspend(void);
+void autocast_resume(int previous);
+extern PyMethodDef autocast_functions[];
+
+/* value cast to dtype (a new reference): value itself when its data already
+ * has dtype, else a Cast node (recorded as any op is). */
+PyObject *cast_value(needle_state *st, PyObject *value, nd_dtype dtype);
+/* The dtype of a Tensor's data, realising it; -1 with an exception set when
+ * it holds no NDArray. */
+int value_dtype(needle_state *st, PyObject *value, nd_dtype *dtype);
+
 /* ----------------------------------------------- op.c: the Op types */
 
 /* True when op is exactly a built-in op class (its C code runs directly). */
@@ -326,6 +351,7 @@ PyObject *tensor_tanh(PyObject *self, PyObject *ignored);
 PyObject *tensor_relu(PyObject *self, PyObject *ignored);
 PyObject *tensor_sigmoid(PyObject *self, PyObject *ignored);
 PyObject *tensor_sqrt(PyObject *self, PyObject *ignored);
+PyObject *tensor_astype(PyObject *self, PyObject *dtype);
 Py_ssize_t tuple_length(PyObject *self);
 PyObject *tuple_item(PyObject *self, PyObject *key);
 PyObject *tuple_sq_item(PyObject *self, Py_ssize_t i);

@@ -494,6 +494,9 @@ static PyMethodDef tensor_methods[] = {
     {"relu", tensor_relu, METH_NOARGS, "relu($self, /)\n--\n\nReLU."},
     {"sigmoid", tensor_sigmoid, METH_NOARGS, "sigmoid($self, /)\n--\n\nSigmoid."},
     {"sqrt", tensor_sqrt, METH_NOARGS, "sqrt($self, /)\n--\n\nSqrt."},
+    {"astype", tensor_astype, METH_O,
+     "astype($self, dtype, /)\n--\n\nThis tensor in dtype: itself when it has it, else a Cast "
+     "node whose gradient is cast back."},
     BACKWARD_METHOD,
     {"__dlpack__", (PyCFunction)(void (*)(void))interop_tensor_dlpack, METH_VARARGS | METH_KEYWORDS,
      "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"

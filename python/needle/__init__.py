@@ -10,7 +10,8 @@ from needle_c import DeviceError, OutOfMemoryError
 
 from . import _environ, autograd, backend_ndarray, data, init, memory, nn, ops, optim, random, utils
 from . import backend_ndarray as array_api
-from . import amp  # ndl.amp.GradScaler
+from . import amp  # ndl.amp.GradScaler, ndl.amp.autocast
+from ._autocast import autocast
 from .autograd import Tensor, TensorTuple, no_grad
 from .backend_ndarray import (
     BackendDevice,

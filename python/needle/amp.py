@@ -1,5 +1,6 @@
 """Loss scaling for mixed precision (``needle.amp``): ``GradScaler``, with the semantics of
-``torch.amp.GradScaler``.
+``torch.amp.GradScaler``; ``autocast`` (needle/_autocast.py, whose docstring lists which ops
+run in which dtype) is here too, as ``torch.amp.autocast``.
 
 A scaler multiplies the loss by ``scale`` before ``backward()`` so that small gradients of a
 narrow dtype do not flush to zero, then divides the gradients by it again before the optimizer
@@ -44,10 +45,11 @@ import numpy as np
 from needle_c import amp_unscale_ as _amp_unscale
 
 from . import init
+from ._autocast import autocast, get_autocast_dtype, is_autocast_enabled
 from ._checks import check_count, check_real
 from .autograd import Tensor, no_grad
 
-__all__ = ["GradScaler"]
+__all__ = ["GradScaler", "autocast", "get_autocast_dtype", "is_autocast_enabled"]
 
 # The engine's message for two gradients that share memory only in part (amp_unscale.c).
 _PARTIAL_OVERLAP = "overlap in memory in part"

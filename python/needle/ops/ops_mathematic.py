@@ -10,6 +10,7 @@ from needle_c import (  # noqa: F401
     AddScalar,
     AttentionSoftmax,
     BroadcastTo,
+    Cast,
     Conv,
     Dilate,
     DivScalar,
@@ -102,6 +103,12 @@ def max(a, axes=None):  # noqa: A001 - ndl.max, as torch.max
     """The maximum over axes (all when None, giving shape (1,)); the gradient is shared
     evenly among ties."""
     return Max(axes)(a)
+
+
+def cast(a, dtype):
+    """a in dtype (ndl.float16, "bfloat16"...): a itself when it has dtype, else a Cast node
+    whose gradient is the output gradient cast back to a's dtype (Tensor.astype)."""
+    return a.astype(dtype)
 
 
 def matmul(a, b):

@@ -1,0 +1,224 @@
+/* autocast.c: dtype casts of Tensors (Tensor.astype, the Cast node) and
+ * automatic mixed precision: the per-thread, per-device-type autocast state
+ * that needle.amp.autocast sets, and the input casts the op-execution path
+ * (dispatch.c) applies to a built-in op while it is on.
+ *
+ * The policy, as PyTorch's autocast lists (python/needle/amp.py documents
+ * them for users): the ops that gain from a narrow type (MatMul, MatMulBias,
+ * Conv) run in the autocast dtype; the ops that need range or accumulate
+ * (softmaxes, log-sum-exp, the losses, the norms, summation, exp, log, pow,
+ * the fused LSTM) run in float32; every other op runs in the widest dtype of
+ * its inputs (the engine's promotion). A cast is a recorded Cast node, so a
+ * float32 parameter cast to bfloat16 gets a float32 gradient. float64
+ * inputs are never narrowed, as in PyTorch.
+ */
+#include "tensor.h"
+
+#include "ops_util.h"
+
+/* ---------------------------------------------------------------- casts */
+
+int value_dtype(needle_state *st, PyObject *value, nd_dtype *dtype) {
+    PyObject *data = realize(st, value);
+    if (data == NULL) return -1;
+    int ok = ndarray_check(st, data);
+    if (ok) *dtype = nd_array_dtype(&NDArray_CAST(data)->array);
+    else
+        PyErr_Format(PyExc_TypeError, "a cast needs a Tensor holding an NDArray, got %.100s",
+                     Py_TYPE(data)->tp_name);
+    Py_DECREF(data);
+    return ok ? 0 : -1;
+}
+
+PyObject *cast_value(needle_state *st, PyObject *value, nd_dtype dtype) {
+    nd_dtype have;
+    if (value_dtype(st, value, &have) < 0) return NULL;
+    if (have == dtype) return Py_NewRef(value);
+    op_params p;
+    memset(&p, 0, sizeof p);
+    p.dtype = dtype;
+    return apply1(st, OP_CAST, &p, value);
+}
+
+/* Tensor.astype(dtype): ndl.float16, "bfloat16", a NumPy dtype... */
+PyObject *tensor_astype(PyObject *self, PyObject *dtype_obj) {
+    needle_state *st = state_of_value(self);
+    if (st == NULL) return NULL;
+    nd_dtype dtype;
+    if (parse_dtype_param(dtype_obj, &dtype) < 0) return NULL;
+    return cast_value(st, self, dtype);
+}
+
+/* ------------------------------------------------------- autocast state */
+
+enum { AUTOCAST_DEVICE_TYPES = 2 }; /* indexed by nd_device_kind: cpu, cuda */
+static const char *const device_type_names[AUTOCAST_DEVICE_TYPES] = {
+    [ND_DEVICE_CPU] = "cpu",
+    [ND_DEVICE_CUDA] = "cuda",
+};
+
+/* PyTorch's defaults: bfloat16 on the CPU, float16 on CUDA. */
+static _Thread_local struct {
+    int enabled[AUTOCAST_DEVICE_TYPES];
+    nd_dtype dtype[AUTOCAST_DEVICE_TYPES];
+    int dtype_set[AUTOCAST_DEVICE_TYPES]; /* 0: the default above */
+    int suspended;
+} autocast_state;
+
+_Thread_local int autocast_active = 0;
+
+static nd_dtype autocast_dtype(int type) {
+    if (autocast_state.dtype_set[type]) return autocast_state.dtype[type];
+    return type == ND_DEVICE_CUDA ? ND_FLOAT16 : ND_BFLOAT16;
+}
+
+static void autocast_refresh(void) {
+    int any = 0;
+    for (int k = 0; k < AUTOCAST_DEVICE_TYPES; k++) any |= autocast_state.enabled[k];
+    autocast_active = any && !autocast_state.suspended;
+}
+
+int autocast_suspend(void) {
+    int previous = autocast_state.suspended;
+    autocast_state.suspended = 1;
+    autocast_refresh();
+    return previous;
+}
+
+void autocast_resume(int previous) {
+    autocast_state.suspended = previous;
+    autocast_refresh();
+}
+
+/* ------------------------------------------------------- autocast policy */
+
+typedef enum { CAST_NONE, CAST_NARROW, CAST_FLOAT32 } cast_policy;
+
+static cast_policy policy_of(op_kind kind) {
+    switch (kind) {
+    case OP_MATMUL:
+    case OP_MATMUL_BIAS:
+    case OP_CONV: return CAST_NARROW;
+    case OP_LOG_SOFTMAX:
+    case OP_LOG_SUM_EXP:
+    case OP_SOFTMAX_XENT:
+    case OP_LAYER_NORM:
+    case OP_ATTN_SOFTMAX:
+    case OP_SUMMATION:
+    case OP_EXP:
+    case OP_LOG:
+    case OP_POWER_SCALAR:
+    case OP_EWISE_POW:
+    case OP_LSTM_CELL:
+    case OP_LSTM: return CAST_FLOAT32;
+    default: return CAST_NONE;
+    }
+}
+
+/* The dtype an input of `have` is cast to under the policy (have: no cast). */
+static nd_dtype policy_target(cast_policy policy, nd_dtype narrow, nd_dtype have) {
+    if (have == ND_FLOAT64) return have;
+    return policy == CAST_NARROW ? narrow : ND_FLOAT32;
+}
+
+PyObject *autocast_inputs(needle_state *st, op_kind kind, PyObject *inputs) {
+    cast_policy policy = policy_of(kind);
+    Py_ssize_t n = PyTuple_GET_SIZE(inputs);
+    if (policy == CAST_NONE || n == 0 || !is_tensor(st, PyTuple_GET_ITEM(inputs, 0)))
+        return Py_NewRef(inputs);
+    /* The op's device type is its first input's (as PyTorch's dispatch key). */
+    PyObject *first = realize(st, PyTuple_GET_ITEM(inputs, 0));
+    if (first == NULL) return NULL;
+    if (!ndarray_check(st, first)) {
+        Py_DECREF(first);
+        return Py_NewRef(inputs);
+    }
+    int type = (int)nd_device_get_kind(nd_storage_device(NDArray_CAST(first)->array.storage));
+    Py_DECREF(first);
+    if (type < 0 || type >= AUTOCAST_DEVICE_TYPES || !autocast_state.enabled[type])
+        return Py_NewRef(inputs);
+    nd_dtype narrow = autocast_dtype(type);
+    PyObject *cast = PyTuple_New(n);
+    if (cast == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyTuple_GET_ITEM(inputs, i), *y;
+        nd_dtype have;
+        if (!is_tensor(st, x)) {
+            y = Py_NewRef(x); /* run_compute reports it */
+        } else if (value_dtype(st, x, &have) < 0) {
+            y = NULL;
+        } else {
+            y = cast_value(st, x, policy_target(policy, narrow, have));
+        }
+        if (y == NULL) {
+            Py_DECREF(cast);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(cast, i, y);
+    }
+    return cast;
+}
+
+/* ------------------------------------------------------ module functions */
+
+static int parse_device_type(PyObject *obj) {
+    if (PyUnicode_Check(obj))
+        for (int k = 0; k < AUTOCAST_DEVICE_TYPES; k++)
+            if (PyUnicode_CompareWithASCIIString(obj, device_type_names[k]) == 0) return k;
+    PyErr_Format(PyExc_ValueError, "autocast device type must be 'cpu' or 'cuda', got %R", obj);
+    return -1;
+}
+
+static int check_autocast_dtype(PyObject *obj, nd_dtype *dtype) {
+    if (parse_dtype_param(obj, dtype) < 0) return -1;
+    if (*dtype != ND_FLOAT16 && *dtype != ND_BFLOAT16) {
+        PyErr_Format(PyExc_ValueError,
+                     "autocast dtype must be float16 or bfloat16 (the narrow types), got %s",
+                     nd_dtype_name(*dtype));
+        return -1;
+    }
+    return 0;
+}
+
+/* The state of one device type as (enabled, dtype name). */
+static PyObject *state_tuple(int type) {
+    return Py_BuildValue("(Os)", autocast_state.enabled[type] ? Py_True : Py_False,
+                         nd_dtype_name(autocast_dtype(type)));
+}
+
+/* _autocast_set(device_type, enabled, dtype): returns the previous state. */
+static PyObject *mod_autocast_set(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "_autocast_set(device_type, enabled, dtype)");
+        return NULL;
+    }
+    int type = parse_device_type(args[0]);
+    if (type < 0) return NULL;
+    int enabled = PyObject_IsTrue(args[1]);
+    if (enabled < 0) return NULL;
+    nd_dtype dtype;
+    if (check_autocast_dtype(args[2], &dtype) < 0) return NULL;
+    PyObject *previous = state_tuple(type);
+    if (previous == NULL) return NULL;
+    autocast_state.enabled[type] = enabled;
+    autocast_state.dtype[type] = dtype;
+    autocast_state.dtype_set[type] = 1;
+    autocast_refresh();
+    return previous;
+}
+
+static PyObject *mod_autocast_get(PyObject *module, PyObject *arg) {
+    (void)module;
+    int type = parse_device_type(arg);
+    return type < 0 ? NULL : state_tuple(type);
+}
+
+PyMethodDef autocast_functions[] = {
+    {"_autocast_set", (PyCFunction)(void (*)(void))mod_autocast_set, METH_FASTCALL,
+     "_autocast_set(device_type, enabled, dtype, /)\n--\n\nThis thread's autocast state for "
+     "device_type ('cpu' or 'cuda'); returns the previous (enabled, dtype)."},
+    {"_autocast_get", mod_autocast_get, METH_O,
+     "_autocast_get(device_type, /)\n--\n\nThis thread's (enabled, dtype) for device_type."},
+    {NULL, NULL, 0, NULL},
+};
