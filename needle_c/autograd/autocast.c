@@ -208,10 +208,14 @@ static PyObject *mod_autocast_set(PyObject *module, PyObject *const *args, Py_ss
     return previous;
 }
 
+/* What ops see: off while suspended (inside a backward) whatever was set. */
 static PyObject *mod_autocast_get(PyObject *module, PyObject *arg) {
     (void)module;
     int type = parse_device_type(arg);
-    return type < 0 ? NULL : state_tuple(type);
+    if (type < 0) return NULL;
+    return Py_BuildValue(
+        "(Os)", autocast_state.enabled[type] && !autocast_state.suspended ? Py_True : Py_False,
+        nd_dtype_name(autocast_dtype(type)));
 }
 
 PyMethodDef autocast_functions[] = {
@@ -219,6 +223,7 @@ PyMethodDef autocast_functions[] = {
      "_autocast_set(device_type, enabled, dtype, /)\n--\n\nThis thread's autocast state for "
      "device_type ('cpu' or 'cuda'); returns the previous (enabled, dtype)."},
     {"_autocast_get", mod_autocast_get, METH_O,
-     "_autocast_get(device_type, /)\n--\n\nThis thread's (enabled, dtype) for device_type."},
+     "_autocast_get(device_type, /)\n--\n\nThis thread's (enabled, dtype) for device_type "
+     "(enabled is False inside a backward, where autocast is suspended)."},
     {NULL, NULL, 0, NULL},
 };

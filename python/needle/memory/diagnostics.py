@@ -52,8 +52,8 @@ def _op_name(value):
 
 
 def _itemsize(array):
-    # float32 is the only dtype; derive it anyway so a second dtype would not miscount.
-    return array.nbytes // array.size if array.size else 4
+    # The array's own element size: float16/bfloat16 are 2 bytes, float64 8.
+    return array.itemsize
 
 
 def _describe(value, arrays):
@@ -65,8 +65,9 @@ def _describe(value, arrays):
     else:
         shape = arrays[0].shape if arrays else None
     device = repr(arrays[0].device) if arrays else "?"
+    dtype = arrays[0].dtype if len(arrays) == 1 else tuple(a.dtype for a in arrays)
     nbytes = sum(a.nbytes for a in arrays)
-    return f"{kind}(op={op}, shape={shape}, device={device}, nbytes={nbytes})"
+    return f"{kind}(op={op}, shape={shape}, dtype={dtype}, device={device}, nbytes={nbytes})"
 
 
 def _engine_filter(device):
