@@ -423,3 +423,15 @@ def test_matmul_is_one_cublas_call_in_every_dtype():
         p = _inputs(dtype, (2, 4, 3, 4), seed=27).permute((0, 2, 1, 3))
         counts = _launches(lambda p=p: p @ p.permute((0, 1, 3, 2)))
         assert counts.get("blas_calls") == 1 and counts.get("kernel_launches") == 1, dtype
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bad_shapes_raise_and_the_device_goes_on(dtype):
+    a = _inputs(dtype, (3, 4), seed=28)
+    with pytest.raises(ValueError):
+        a @ a  # (3, 4) @ (3, 4): inner dims differ
+    with pytest.raises(ValueError):
+        a + _inputs(dtype, (5, 4), seed=29)  # shapes do not broadcast
+    with pytest.raises(ValueError):
+        a.sum(axis=2)
+    np.testing.assert_array_equal(stored(a - a), np.zeros((3, 4)))
