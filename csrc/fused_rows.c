@@ -56,11 +56,6 @@ static nd_status check_param(const nd_array *x, const nd_array *p, const char *w
  * grad), and gives x's rows and columns. */
 static nd_status check_inputs(const nd_array *x, const nd_array *w, const nd_array *other, int grad,
                               float eps, int64_t *rows, int64_t *cols) {
-    const nd_array *all[3] = {x, w, other};
-    for (int i = 0; i < 3; i++) {
-        nd_status status = all[i] != NULL ? nd_array_require_float32(all[i], "layer norm") : ND_OK;
-        if (status != ND_OK) return status;
-    }
     const nd_layout *l = &x->layout;
     if (l->ndim < 1 || l->shape[l->ndim - 1] == 0)
         return nd_fail(ND_ERR_SHAPE,
@@ -86,6 +81,16 @@ static nd_status check_inputs(const nd_array *x, const nd_array *w, const nd_arr
 
 nd_status nd_array_layer_norm(const nd_array *x, const nd_array *w, const nd_array *b, float eps,
                               nd_array *out) {
+    const nd_array *in[3] = {x, w, b};
+    if (nd_island_needed(3, in)) { /* dtype_island.c */
+        memset(out, 0, sizeof *out);
+        nd_island is = {0};
+        nd_dtype dtype = nd_island_promoted(3, in);
+        nd_status status = nd_island_enter(&is, 3, in);
+        if (status == ND_OK) status = nd_array_layer_norm(in[0], in[1], in[2], eps, out);
+        nd_island_release(&is);
+        return status == ND_OK ? nd_island_leave(out, dtype) : status;
+    }
     memset(out, 0, sizeof *out);
     int64_t rows = 0, cols = 0;
     nd_status status = check_inputs(x, w, b, 0, eps, &rows, &cols);
@@ -117,6 +122,23 @@ nd_status nd_array_layer_norm_grad(const nd_array *x, const nd_array *w, const n
     memset(dx, 0, sizeof *dx);
     memset(dw, 0, sizeof *dw);
     memset(db, 0, sizeof *db);
+    const nd_array *in[3] = {x, w, g};
+    if (nd_island_needed(3, in)) { /* dtype_island.c: dx in x's dtype, dw and db in w's */
+        nd_island is = {0};
+        nd_status status = nd_island_enter(&is, 3, in);
+        if (status == ND_OK)
+            status = nd_array_layer_norm_grad(in[0], in[1], in[2], eps, dx, dw, db);
+        nd_island_release(&is);
+        if (status == ND_OK && (status = nd_island_leave(dx, x->storage->dtype)) == ND_OK &&
+            (status = nd_island_leave(dw, w->storage->dtype)) == ND_OK)
+            status = nd_island_leave(db, w->storage->dtype);
+        if (status != ND_OK) {
+            nd_array *outs[3] = {dx, dw, db};
+            for (int i = 0; i < 3; i++)
+                if (outs[i]->storage != NULL) nd_array_release(outs[i]);
+        }
+        return status;
+    }
     int64_t rows = 0, cols = 0;
     nd_status status = check_inputs(x, w, g, 1, eps, &rows, &cols);
     if (status != ND_OK) return status;
@@ -182,14 +204,21 @@ static void rows_of(const nd_array *a, int64_t *rows, int64_t *cols) {
 
 nd_status nd_array_attention_softmax(const nd_array *x, float divisor, int causal, nd_array *out) {
     memset(out, 0, sizeof *out);
+    if (nd_island_needed(1, &x)) { /* dtype_island.c */
+        nd_island is = {0};
+        const nd_array *wide = x;
+        nd_status status = nd_island_enter(&is, 1, &wide);
+        if (status == ND_OK) status = nd_array_attention_softmax(wide, divisor, causal, out);
+        nd_island_release(&is);
+        return status == ND_OK ? nd_island_leave(out, x->storage->dtype) : status;
+    }
     const nd_layout *l = &x->layout;
     if (l->ndim < (causal ? 2 : 1))
         return nd_fail(
             ND_ERR_SHAPE, "attention softmax needs an input of at least %d dimension%s%s",
             causal ? 2 : 1, causal ? "s" : "", causal ? " (queries, keys) when causal" : "");
     nd_status status = check_divisor(divisor);
-    if (status != ND_OK || (status = nd_array_require_float32(x, "attention softmax")) != ND_OK)
-        return status;
+    if (status != ND_OK) return status;
     nd_attn_desc d;
     memset(&d, 0, sizeof d);
     rows_of(x, &d.rows, &d.cols);
@@ -209,12 +238,18 @@ nd_status nd_array_attention_softmax(const nd_array *x, float divisor, int causa
 nd_status nd_array_attention_softmax_grad(const nd_array *y, const nd_array *g, float divisor,
                                           nd_array *dx) {
     memset(dx, 0, sizeof *dx);
+    const nd_array *in[2] = {y, g};
+    if (nd_island_needed(2, in)) { /* dtype_island.c */
+        nd_island is = {0};
+        nd_dtype dtype = nd_island_promoted(2, in);
+        nd_status status = nd_island_enter(&is, 2, in);
+        if (status == ND_OK) status = nd_array_attention_softmax_grad(in[0], in[1], divisor, dx);
+        nd_island_release(&is);
+        return status == ND_OK ? nd_island_leave(dx, dtype) : status;
+    }
     const nd_layout *l = &y->layout;
     nd_status status = nd_same_device(y, g);
-    if (status != ND_OK || (status = check_divisor(divisor)) != ND_OK ||
-        (status = nd_array_require_float32(y, "attention softmax")) != ND_OK ||
-        (status = nd_array_require_float32(g, "attention softmax")) != ND_OK)
-        return status;
+    if (status != ND_OK || (status = check_divisor(divisor)) != ND_OK) return status;
     if (l->ndim < 1 || g->layout.ndim != l->ndim ||
         memcmp(g->layout.shape, l->shape, sizeof(int64_t) * (size_t)l->ndim))
         return nd_fail(ND_ERR_SHAPE,

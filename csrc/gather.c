@@ -41,10 +41,16 @@ static nd_status index_ndim_ok(const nd_array *indices) {
 
 nd_status nd_array_gather_rows(const nd_array *table, const nd_array *indices, nd_array *out) {
     memset(out, 0, sizeof *out);
+    const nd_array *in[2] = {table, indices};
+    if (nd_island_needed(2, in)) { /* dtype_island.c: rows in the table's dtype */
+        nd_island is = {0};
+        nd_status status = nd_island_enter(&is, 2, in);
+        if (status == ND_OK) status = nd_array_gather_rows(in[0], in[1], out);
+        nd_island_release(&is);
+        return status == ND_OK ? nd_island_leave(out, table->storage->dtype) : status;
+    }
     nd_status status = nd_same_device(table, indices);
-    if (status != ND_OK || (status = nd_array_require_float32(table, "gather_rows")) != ND_OK ||
-        (status = nd_array_require_float32(indices, "gather_rows indices")) != ND_OK)
-        return status;
+    if (status != ND_OK) return status;
     if (table->layout.ndim != 2)
         return nd_fail(ND_ERR_SHAPE, "gather_rows: the table must be 2-D (rows, dim), got %d-D",
                        table->layout.ndim);
@@ -88,12 +94,18 @@ static nd_status scatter_shapes(const nd_array *src, const nd_array *indices, in
 
 nd_status nd_array_scatter_add_rows_into(const nd_array *dst, const nd_array *src,
                                          const nd_array *indices) {
+    const nd_array *in[3] = {dst, src, indices};
+    if (nd_island_needed(3, in)) { /* dtype_island.c: added in float32, written back */
+        nd_island is = {0};
+        nd_status status = nd_island_enter(&is, 3, in);
+        if (status == ND_OK) status = nd_array_scatter_add_rows_into(in[0], in[1], in[2]);
+        if (status == ND_OK) status = nd_island_write_back(dst, in[0]);
+        nd_island_release(&is);
+        return status;
+    }
     nd_status status = nd_same_device(dst, src);
     if (status == ND_OK) status = nd_same_device(dst, indices);
-    if (status != ND_OK || (status = nd_array_require_float32(dst, "scatter_add_rows")) != ND_OK ||
-        (status = nd_array_require_float32(src, "scatter_add_rows")) != ND_OK ||
-        (status = nd_array_require_float32(indices, "scatter_add_rows indices")) != ND_OK)
-        return status;
+    if (status != ND_OK) return status;
     if (dst->layout.ndim != 2)
         return nd_fail(ND_ERR_SHAPE, "scatter_add_rows: the destination must be 2-D, got %d-D",
                        dst->layout.ndim);
@@ -125,10 +137,16 @@ nd_status nd_array_scatter_add_rows(const nd_array *src, const nd_array *indices
                                     nd_array *out) {
     memset(out, 0, sizeof *out);
     if (num_rows < 0) return nd_fail(ND_ERR_VALUE, "scatter_add_rows: num_rows must be >= 0");
+    const nd_array *in[2] = {src, indices};
+    if (nd_island_needed(2, in)) { /* dtype_island.c: rows in the source's dtype */
+        nd_island is = {0};
+        nd_status status = nd_island_enter(&is, 2, in);
+        if (status == ND_OK) status = nd_array_scatter_add_rows(in[0], in[1], num_rows, out);
+        nd_island_release(&is);
+        return status == ND_OK ? nd_island_leave(out, src->storage->dtype) : status;
+    }
     nd_status status = nd_same_device(src, indices);
-    if (status != ND_OK || (status = nd_array_require_float32(src, "scatter_add_rows")) != ND_OK ||
-        (status = nd_array_require_float32(indices, "scatter_add_rows indices")) != ND_OK)
-        return status;
+    if (status != ND_OK) return status;
     if (src->layout.ndim < 1)
         return nd_fail(ND_ERR_SHAPE, "scatter_add_rows: the source needs at least one dimension");
     int64_t shape[2] = {num_rows, src->layout.shape[src->layout.ndim - 1]};

@@ -299,6 +299,27 @@ nd_status nd_same_device(const nd_array *a, const nd_array *b);
 /* ND_ERR_DTYPE: the backend `backend` has no kernel of `what` for dtype. */
 nd_status nd_backend_lacks_dtype(const char *backend, const char *what, nd_dtype dtype);
 
+/* The float32 island of the fused operations (dtype_island.c): float32
+ * copies of the operands that are not float32, held until released. */
+#define ND_ISLAND_MAX 12
+typedef struct nd_island {
+    int count;
+    nd_array copies[ND_ISLAND_MAX];
+} nd_island;
+/* 1 when one of the n arrays (NULL entries skipped) is not float32. */
+int nd_island_needed(int n, const nd_array *const *arrays);
+/* The promotion of the n arrays' dtypes (NULL entries skipped). */
+nd_dtype nd_island_promoted(int n, const nd_array *const *arrays);
+/* Points each non-float32 arrays[i] at a float32 copy held by is. */
+nd_status nd_island_enter(nd_island *is, int n, const nd_array **arrays);
+void nd_island_release(nd_island *is);
+/* Replaces the new array *out by its conversion to dtype (nothing when it
+ * has that dtype or is empty); *out is released on failure. */
+nd_status nd_island_leave(nd_array *out, nd_dtype dtype);
+/* Writes an in-place result computed in the float32 copy `wide` back into
+ * dst (nothing when wide is dst itself). */
+nd_status nd_island_write_back(const nd_array *dst, const nd_array *wide);
+
 /* Records the message of a failure and returns its status. */
 nd_status nd_fail(nd_status status, const char *fmt, ...)
 #if defined(__GNUC__)

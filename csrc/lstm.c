@@ -41,9 +41,7 @@ static nd_status check_2d(const nd_array *a, int64_t rows, int64_t cols, const c
 
 /* ND_ERR_DEVICE unless a (when given) is on x's device. */
 static nd_status on_device(const nd_array *x, const nd_array *a) {
-    if (a == NULL) return ND_OK;
-    nd_status status = nd_same_device(x, a);
-    return status == ND_OK ? nd_array_require_float32(a, "lstm") : status;
+    return a == NULL ? ND_OK : nd_same_device(x, a);
 }
 
 /* Shapes and devices of the layer's inputs, and the sizes they give. */
@@ -51,8 +49,6 @@ static nd_status check_inputs(const nd_array *x, const nd_array *h0, const nd_ar
                               const nd_array *w_ih, const nd_array *w_hh, const nd_array *b_ih,
                               const nd_array *b_hh, lstm_dims *d) {
     memset(d, 0, sizeof *d);
-    nd_status x_status = nd_array_require_float32(x, "lstm");
-    if (x_status != ND_OK) return x_status;
     const nd_array *all[6] = {h0, c0, w_ih, w_hh, b_ih, b_hh};
     for (int i = 0; i < 6; i++) {
         nd_status status = on_device(x, all[i]);
@@ -145,6 +141,12 @@ static nd_status gemm(const nd_backend *be, mat a, mat b, float *out) {
 
 static float *mutable_data(const nd_array *a) { return nd_storage_data(a->storage); }
 
+/* Releases the arrays of outs that hold a storage (NULL entries skipped). */
+static void release_all_present(nd_array *const *outs, int n) {
+    for (int i = 0; i < n; i++)
+        if (outs[i] != NULL && outs[i]->storage != NULL) nd_array_release(outs[i]);
+}
+
 static void release_all(nd_array *arrays, int n) {
     for (int i = 0; i < n; i++)
         if (arrays[i].storage != NULL) nd_array_release(&arrays[i]);
@@ -158,6 +160,23 @@ nd_status nd_array_lstm(const nd_array *x, const nd_array *h0, const nd_array *c
     memset(y, 0, sizeof *y);
     memset(c_n, 0, sizeof *c_n);
     if (h_n != NULL) memset(h_n, 0, sizeof *h_n);
+    const nd_array *in[7] = {x, h0, c0, w_ih, w_hh, b_ih, b_hh};
+    if (nd_island_needed(7, in)) { /* dtype_island.c: outputs in the inputs' promotion */
+        nd_island is = {0};
+        nd_dtype dtype = nd_island_promoted(7, in);
+        nd_status status = nd_island_enter(&is, 7, in);
+        if (status == ND_OK)
+            status = nd_array_lstm(in[0], in[1], in[2], in[3], in[4], in[5], in[6], y, h_n, c_n);
+        nd_island_release(&is);
+        if (status == ND_OK && (status = nd_island_leave(y, dtype)) == ND_OK &&
+            (h_n == NULL || (status = nd_island_leave(h_n, dtype)) == ND_OK))
+            status = nd_island_leave(c_n, dtype);
+        if (status != ND_OK) {
+            nd_array *outs[3] = {y, h_n, c_n};
+            release_all_present(outs, 3);
+        }
+        return status;
+    }
     lstm_dims d;
     nd_status status = check_inputs(x, h0, c0, w_ih, w_hh, b_ih, b_hh, &d);
     if (status != ND_OK) return status;
@@ -270,6 +289,25 @@ nd_status nd_array_lstm_backward(const nd_array *x, const nd_array *h0, const nd
                                  const nd_array *dh_n, const nd_array *dc_n, int want,
                                  nd_lstm_grads *out) {
     memset(out, 0, sizeof *out);
+    const nd_array *in[11] = {x, h0, c0, w_ih, w_hh, b_ih, b_hh, y, dy, dh_n, dc_n};
+    if (nd_island_needed(11, in)) { /* dtype_island.c: each gradient in its input's dtype */
+        nd_island is = {0};
+        if (y != NULL && y->storage->dtype != ND_FLOAT32) in[7] = NULL; /* no saved values */
+        nd_status status = nd_island_enter(&is, 11, in);
+        if (status == ND_OK)
+            status = nd_array_lstm_backward(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7],
+                                            in[8], in[9], in[10], want, out);
+        nd_island_release(&is);
+        const nd_array *bias = b_ih != NULL ? b_ih : b_hh;
+        if (status == ND_OK && (status = nd_island_leave(&out->x, x->storage->dtype)) == ND_OK &&
+            (h0 == NULL || (status = nd_island_leave(&out->h0, h0->storage->dtype)) == ND_OK) &&
+            (c0 == NULL || (status = nd_island_leave(&out->c0, c0->storage->dtype)) == ND_OK) &&
+            (status = nd_island_leave(&out->w_ih, w_ih->storage->dtype)) == ND_OK &&
+            (status = nd_island_leave(&out->w_hh, w_hh->storage->dtype)) == ND_OK && bias != NULL)
+            status = nd_island_leave(&out->bias, bias->storage->dtype);
+        if (status != ND_OK) nd_lstm_grads_release(out);
+        return status;
+    }
     lstm_dims d;
     nd_status status = check_inputs(x, h0, c0, w_ih, w_hh, b_ih, b_hh, &d);
     const nd_array *grads_in[3] = {dy, dh_n, dc_n};

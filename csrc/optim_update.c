@@ -26,8 +26,6 @@ static const char *shape_text(const nd_layout *l, char *buf) {
 /* a must have param's device and shape; `name` says which operand it is. */
 static nd_status check_like_param(const char *op, const nd_array *param, const nd_array *a,
                                   const char *name) {
-    nd_status status = nd_array_require_float32(param, op);
-    if (status != ND_OK || (status = nd_array_require_float32(a, op)) != ND_OK) return status;
     nd_device *dp = param->storage->device, *da = a->storage->device;
     if (da != dp)
         return nd_fail(ND_ERR_DEVICE, "%s: %s is on %s() but the parameter is on %s()", op, name,
@@ -123,6 +121,21 @@ static nd_status unsupported(const char *op, const nd_array *param) {
 
 nd_status nd_array_adam_update(const nd_array *param, const nd_array *grad, const nd_array *m,
                                const nd_array *v, const nd_adam_hyper *hyper, nd_array *param_out) {
+    const nd_array *in[4] = {param, grad, m, v};
+    if (nd_island_needed(4, in)) { /* dtype_island.c: m and v written back, param_out in
+                                      param's dtype */
+        memset(param_out, 0, sizeof *param_out);
+        nd_island is = {0};
+        nd_status status = nd_island_enter(&is, 4, in);
+        if (status == ND_OK)
+            status = nd_array_adam_update(in[0], in[1], in[2], in[3], hyper, param_out);
+        if (status == ND_OK && (status = nd_island_write_back(m, in[2])) == ND_OK)
+            status = nd_island_write_back(v, in[3]);
+        nd_island_release(&is);
+        if (status == ND_OK) return nd_island_leave(param_out, param->storage->dtype);
+        if (param_out->storage != NULL) nd_array_release(param_out);
+        return status;
+    }
     static const char *const names[2] = {"the first moment m", "the second moment v"};
     const nd_array *states[2] = {m, v};
     prepared pr;
@@ -142,6 +155,19 @@ nd_status nd_array_adam_update(const nd_array *param, const nd_array *grad, cons
 
 nd_status nd_array_sgd_update(const nd_array *param, const nd_array *grad, const nd_array *u,
                               const nd_sgd_hyper *hyper, nd_array *param_out) {
+    const nd_array *in[3] = {param, grad, u};
+    if (nd_island_needed(3, in)) { /* dtype_island.c: u written back, param_out in param's
+                                      dtype */
+        memset(param_out, 0, sizeof *param_out);
+        nd_island is = {0};
+        nd_status status = nd_island_enter(&is, 3, in);
+        if (status == ND_OK) status = nd_array_sgd_update(in[0], in[1], in[2], hyper, param_out);
+        if (status == ND_OK) status = nd_island_write_back(u, in[2]);
+        nd_island_release(&is);
+        if (status == ND_OK) return nd_island_leave(param_out, param->storage->dtype);
+        if (param_out->storage != NULL) nd_array_release(param_out);
+        return status;
+    }
     static const char *const names[1] = {"the momentum u"};
     prepared pr;
     nd_status status = prepare("sgd_update", param, grad, 1, &u, names, param_out, &pr);

@@ -11,8 +11,6 @@
 
 nd_status nd_array_fill_random(const nd_array *dst, const nd_random_params *params) {
     if (params == NULL) return nd_fail(ND_ERR_VALUE, "a random fill needs its parameters");
-    nd_status dtype_status = nd_array_require_float32(dst, "a random fill");
-    if (dtype_status != ND_OK) return dtype_status;
     if ((unsigned)params->kind >= ND_RANDOM_KIND_COUNT)
         return nd_fail(ND_ERR_VALUE, "unknown random distribution %d", (int)params->kind);
     /* Written so that NaN fails too. */
@@ -23,6 +21,16 @@ nd_status nd_array_fill_random(const nd_array *dst, const nd_random_params *para
         return nd_fail(ND_ERR_VALUE, "random fills write contiguous arrays only");
     int64_t n = nd_layout_numel(&dst->layout);
     if (n == 0) return ND_OK;
+    if (dst->storage->dtype != ND_FLOAT32) { /* drawn in float32, stored in the dtype */
+        nd_array wide;
+        nd_status status =
+            nd_array_empty(dst->storage->device, dst->layout.ndim, dst->layout.shape, &wide);
+        if (status != ND_OK) return status;
+        if ((status = nd_array_fill_random(&wide, params)) == ND_OK)
+            status = nd_array_assign(dst, &wide);
+        nd_array_release(&wide);
+        return status;
+    }
     float *data = nd_storage_data(dst->storage) + dst->layout.offset;
     return dst->storage->device->backend->random(params, n, data);
 }

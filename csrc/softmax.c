@@ -23,8 +23,7 @@ typedef struct rows_view {
 
 static nd_status as_rows(const nd_array *a, rows_view *v) {
     memset(v, 0, sizeof *v);
-    nd_status status = nd_array_require_float32(a, "softmax");
-    if (status != ND_OK) return status;
+    nd_status status;
     const nd_layout *l = &a->layout;
     if (l->ndim < 1)
         return nd_fail(ND_ERR_SHAPE, "softmax rows need an array of at least one dimension");
@@ -66,6 +65,14 @@ static nd_rows_desc rows_desc(const rows_view *v) {
 
 nd_status nd_array_logsumexp_last(const nd_array *a, int keepdims, nd_array *out) {
     memset(out, 0, sizeof *out);
+    if (nd_island_needed(1, &a)) { /* dtype_island.c */
+        nd_island is = {0};
+        const nd_array *wide = a;
+        nd_status status = nd_island_enter(&is, 1, &wide);
+        if (status == ND_OK) status = nd_array_logsumexp_last(wide, keepdims, out);
+        nd_island_release(&is);
+        return status == ND_OK ? nd_island_leave(out, a->storage->dtype) : status;
+    }
     rows_view v;
     nd_status status = as_rows(a, &v);
     if (status != ND_OK) return status;
@@ -92,6 +99,14 @@ nd_status nd_array_logsumexp_last(const nd_array *a, int keepdims, nd_array *out
 
 nd_status nd_array_softmax_last(const nd_array *a, int log, nd_array *out) {
     memset(out, 0, sizeof *out);
+    if (nd_island_needed(1, &a)) { /* dtype_island.c */
+        nd_island is = {0};
+        const nd_array *wide = a;
+        nd_status status = nd_island_enter(&is, 1, &wide);
+        if (status == ND_OK) status = nd_array_softmax_last(wide, log, out);
+        nd_island_release(&is);
+        return status == ND_OK ? nd_island_leave(out, a->storage->dtype) : status;
+    }
     rows_view v;
     nd_status status = as_rows(a, &v);
     if (status != ND_OK) return status;
@@ -128,9 +143,7 @@ static nd_status check_labels(const nd_array *labels, int64_t classes) {
 /* Devices and shapes, then the labels. */
 static nd_status xent_check(const nd_array *logits, const nd_array *labels) {
     nd_status status = nd_same_device(logits, labels);
-    if (status != ND_OK || (status = nd_array_require_float32(logits, "softmax loss")) != ND_OK ||
-        (status = nd_array_require_float32(labels, "softmax loss labels")) != ND_OK)
-        return status;
+    if (status != ND_OK) return status;
     const nd_layout *z = &logits->layout, *y = &labels->layout;
     if (z->ndim != 2 || y->ndim != 1 || y->shape[0] != z->shape[0])
         return nd_fail(ND_ERR_SHAPE,
@@ -150,6 +163,14 @@ static void set_labels(nd_rows_desc *d, const nd_array *labels) {
  * loss element, so the stats start aligned and the loss keeps them alive. */
 nd_status nd_array_softmax_xent(const nd_array *logits, const nd_array *labels, nd_array *loss) {
     memset(loss, 0, sizeof *loss);
+    const nd_array *in[2] = {logits, labels};
+    if (nd_island_needed(2, in)) { /* dtype_island.c; the loss in the logits' dtype */
+        nd_island is = {0};
+        nd_status status = nd_island_enter(&is, 2, in);
+        if (status == ND_OK) status = nd_array_softmax_xent(in[0], in[1], loss);
+        nd_island_release(&is);
+        return status == ND_OK ? nd_island_leave(loss, logits->storage->dtype) : status;
+    }
     nd_status status = xent_check(logits, labels);
     rows_view v;
     if (status != ND_OK || (status = as_rows(logits, &v)) != ND_OK) return status;
@@ -205,6 +226,15 @@ nd_status nd_array_softmax_xent_grad(const nd_array *logits, const nd_array *lab
                                      const nd_array *loss, const nd_array *out_grad,
                                      nd_array *grad) {
     memset(grad, 0, sizeof *grad);
+    const nd_array *in[4] = {logits, labels, loss, out_grad};
+    if (nd_island_needed(4, in)) { /* dtype_island.c; a converted loss has no statistics */
+        nd_island is = {0};
+        if (loss != NULL && loss->storage->dtype != ND_FLOAT32) in[2] = NULL;
+        nd_status status = nd_island_enter(&is, 4, in);
+        if (status == ND_OK) status = nd_array_softmax_xent_grad(in[0], in[1], in[2], in[3], grad);
+        nd_island_release(&is);
+        return status == ND_OK ? nd_island_leave(grad, logits->storage->dtype) : status;
+    }
     nd_status status = xent_check(logits, labels);
     if (status == ND_OK && out_grad != NULL) {
         if ((status = nd_same_device(logits, out_grad)) != ND_OK) return status;

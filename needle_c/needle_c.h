@@ -91,6 +91,11 @@ PyObject *ndarray_wrap(needle_state *st, nd_array *arr);
  * *dtype; dtype NULL: an NDArray's own dtype, float32 for anything else. */
 PyObject *ndarray_from_object(needle_state *st, PyObject *obj, nd_device *dev,
                               const nd_dtype *dtype);
+/* The dtype a Tensor made from obj without a dtype gets: a NumPy array's or
+ * NumPy scalar's own when it is float16, float32 or float64 (as PyTorch's
+ * torch.tensor and the course's NumPy-backed hw1 Tensor keep it); float32
+ * for anything else (Python numbers and lists, integer data). */
+nd_dtype tensor_default_dtype(PyObject *obj);
 /* array (an NDArray, reference stolen) converted to dtype on its device:
  * array itself when it has that dtype already. NULL on failure. */
 PyObject *ndarray_steal_as(needle_state *st, PyObject *array, nd_dtype dtype);

@@ -113,10 +113,14 @@ __host__ __device__ __forceinline__ void nd_cuda_offsets(const nd_cuda_iter &it,
 
 /* 1/(1+e^-x) through e = e^-|x| <= 1, so nothing overflows and tiny results
  * for very negative x survive (e/(1+e)): the Sigmoid op's and the LSTM
- * cell's, one definition. */
+ * cell's, one definition (float64 arrays: the same in double). */
 __device__ __forceinline__ float nd_cuda_sigmoid(float x) {
     float e = expf(-fabsf(x));
     return (x < 0.0f ? e : 1.0f) / (1.0f + e);
+}
+__device__ __forceinline__ double nd_cuda_sigmoid(double x) {
+    double e = exp(-fabs(x));
+    return (x < 0.0 ? e : 1.0) / (1.0 + e);
 }
 
 /* ---------------------------------------------------------------- devices */
@@ -209,18 +213,24 @@ typedef struct cublas_context *nd_cublas_handle;
 nd_cublas_handle nd_cublas_handle_for(nd_device *dev);
 /* What a cuBLAS failure for want of memory asks the ladder to free. */
 int64_t nd_cublas_workspace_bytes(nd_device *dev);
-/* c = a b through cublasSgemmStridedBatched (column-major, alpha 1, beta 0;
- * trans 0 = N, 1 = T). ND_ERR_OOM when cuBLAS could not allocate, else
- * ND_ERR_BACKEND with the status. */
-nd_status nd_cublas_sgemm_strided(nd_cublas_handle h, int transa, int transb, int m, int n, int k,
-                                  const float *a, int lda, long long stride_a, const float *b,
-                                  int ldb, long long stride_b, float *c, int ldc,
-                                  long long stride_c, int batch_count);
-/* c[z] = a[z] b[z] for each z through cublasSgemmBatched: the arrays of
- * pointers live in device memory. Same conventions and failures. */
-nd_status nd_cublas_sgemm_batched(nd_cublas_handle h, int transa, int transb, int m, int n, int k,
-                                  const float *const a[], int lda, const float *const b[], int ldb,
-                                  float *const c[], int ldc, int batch_count);
+/* Whether the loaded cuBLAS has GEMMs for dtype (float32 always; the
+ * others need cublasDgemm* / cublasGemm*Ex). 0 when cuBLAS is not loaded. */
+int nd_cublas_supports(nd_dtype dtype);
+/* c = a b in dtype through cuBLAS's strided batched GEMM (column-major,
+ * alpha 1, beta 0; trans 0 = N, 1 = T; float16 and bfloat16 accumulate in
+ * float). ND_ERR_OOM when cuBLAS could not allocate, else ND_ERR_BACKEND
+ * with the status. Only for a dtype nd_cublas_supports. */
+nd_status nd_cublas_gemm_strided(nd_cublas_handle h, nd_dtype dtype, int transa, int transb, int m,
+                                 int n, int k, const void *a, int lda, long long stride_a,
+                                 const void *b, int ldb, long long stride_b, void *c, int ldc,
+                                 long long stride_c, int batch_count);
+/* c[z] = a[z] b[z] for each z through cuBLAS's pointer-array batched GEMM:
+ * the arrays of pointers live in device memory. Same conventions and
+ * failures. */
+nd_status nd_cublas_gemm_batched(nd_cublas_handle h, nd_dtype dtype, int transa, int transb, int m,
+                                 int n, int k, const void *const a[], int lda,
+                                 const void *const b[], int ldb, void *const c[], int ldc,
+                                 int batch_count);
 
 /* cuda_gather.cu */
 nd_status nd_cuda_gather_rows(const nd_layout *out_layout, float *out,

@@ -1,9 +1,11 @@
 /* cuda_cublas.cu: cuBLAS for the CUDA backend's matmul: finds and loads the
  * library at run time, keeps one handle per GPU whose workspace comes from
- * needle's caching allocator, and runs cublasSgemmStridedBatched and
- * cublasSgemmBatched (arrays of pointers), turning cuBLAS's allocation
- * failures into the engine's out-of-memory status. Each GEMM call is counted
- * in the census (cuda_census.cu).
+ * needle's caching allocator, and runs its strided and pointer-array
+ * batched GEMMs in every dtype (float32: cublasSgemm*, float64:
+ * cublasDgemm*, float16 and bfloat16: cublasGemm*Ex with float accumulation,
+ * CUBLAS_COMPUTE_32F, on tensor cores where the GPU has them), turning
+ * cuBLAS's allocation failures into the engine's out-of-memory status. Each
+ * GEMM call is counted in the census (cuda_census.cu).
  *
  * A NEEDLE_CUDA=sim build uses the simulator's cuBLAS stand-in
  * (sim/sim_cublas.h, computed on the CPU) in place of the library, so that
@@ -50,7 +52,36 @@ typedef int (*cublas_sgemm_batched_fn)(nd_cublas_handle handle, int transa, int 
                                        int n, int k, const float *alpha, const float *const a[],
                                        int lda, const float *const b[], int ldb, const float *beta,
                                        float *const c[], int ldc, int batch_count);
+typedef int (*cublas_dgemm_strided_fn)(nd_cublas_handle handle, int transa, int transb, int m,
+                                       int n, int k, const double *alpha, const double *a, int lda,
+                                       long long stride_a, const double *b, int ldb,
+                                       long long stride_b, const double *beta, double *c, int ldc,
+                                       long long stride_c, int batch_count);
+typedef int (*cublas_dgemm_batched_fn)(nd_cublas_handle handle, int transa, int transb, int m,
+                                       int n, int k, const double *alpha, const double *const a[],
+                                       int lda, const double *const b[], int ldb,
+                                       const double *beta, double *const c[], int ldc,
+                                       int batch_count);
+/* cudaDataType_t, cublasComputeType_t and cublasGemmAlgo_t are ints too. */
+typedef int (*cublas_gemm_strided_ex_fn)(nd_cublas_handle handle, int transa, int transb, int m,
+                                         int n, int k, const void *alpha, const void *a, int a_type,
+                                         int lda, long long stride_a, const void *b, int b_type,
+                                         int ldb, long long stride_b, const void *beta, void *c,
+                                         int c_type, int ldc, long long stride_c, int batch_count,
+                                         int compute_type, int algo);
+typedef int (*cublas_gemm_batched_ex_fn)(nd_cublas_handle handle, int transa, int transb, int m,
+                                         int n, int k, const void *alpha, const void *const a[],
+                                         int a_type, int lda, const void *const b[], int b_type,
+                                         int ldb, const void *beta, void *const c[], int c_type,
+                                         int ldc, int batch_count, int compute_type, int algo);
 typedef const char *(*cublas_status_string_fn)(int status);
+
+/* The values of library_types.h's cudaDataType_t and cublas_api.h's enums
+ * that the Ex calls take. */
+#define CUDA_R_16F_ 2
+#define CUDA_R_16BF_ 14
+#define CUBLAS_COMPUTE_32F_ 68
+#define CUBLAS_GEMM_DEFAULT_ (-1)
 
 #ifdef NEEDLE_CUDA_SIM
 #include "sim/sim_cublas.h"
@@ -72,6 +103,11 @@ static struct {
     cublas_set_workspace_fn set_workspace; /* optional: older cuBLAS lacks it */
     cublas_sgemm_strided_fn sgemm_strided;
     cublas_sgemm_batched_fn sgemm_batched;
+    /* Optional: a cuBLAS without them leaves those dtypes to the kernel. */
+    cublas_dgemm_strided_fn dgemm_strided;
+    cublas_dgemm_batched_fn dgemm_batched;
+    cublas_gemm_strided_ex_fn gemm_strided_ex;
+    cublas_gemm_batched_ex_fn gemm_batched_ex;
     cublas_status_string_fn status_string; /* optional */
     char description[4096];
 } cublas;
@@ -122,6 +158,12 @@ static int try_open(const char *path) {
     cublas.sgemm_batched = (cublas_sgemm_batched_fn)dlsym(lib, "cublasSgemmBatched_v2");
     if (cublas.sgemm_batched == NULL)
         cublas.sgemm_batched = (cublas_sgemm_batched_fn)dlsym(lib, "cublasSgemmBatched");
+    cublas.dgemm_strided = (cublas_dgemm_strided_fn)dlsym(lib, "cublasDgemmStridedBatched");
+    cublas.dgemm_batched = (cublas_dgemm_batched_fn)dlsym(lib, "cublasDgemmBatched_v2");
+    if (cublas.dgemm_batched == NULL)
+        cublas.dgemm_batched = (cublas_dgemm_batched_fn)dlsym(lib, "cublasDgemmBatched");
+    cublas.gemm_strided_ex = (cublas_gemm_strided_ex_fn)dlsym(lib, "cublasGemmStridedBatchedEx");
+    cublas.gemm_batched_ex = (cublas_gemm_batched_ex_fn)dlsym(lib, "cublasGemmBatchedEx");
     cublas.status_string = (cublas_status_string_fn)dlsym(lib, "cublasGetStatusString");
     if (cublas.create == NULL || cublas.set_stream == NULL || cublas.sgemm_strided == NULL ||
         cublas.sgemm_batched == NULL) {
@@ -158,6 +200,10 @@ static int load_cublas(void) {
     cublas.set_workspace = nd_sim_cublas_set_workspace;
     cublas.sgemm_strided = nd_sim_cublas_sgemm_strided;
     cublas.sgemm_batched = nd_sim_cublas_sgemm_batched;
+    cublas.dgemm_strided = nd_sim_cublas_dgemm_strided;
+    cublas.dgemm_batched = nd_sim_cublas_dgemm_batched;
+    cublas.gemm_strided_ex = nd_sim_cublas_gemm_strided_ex;
+    cublas.gemm_batched_ex = nd_sim_cublas_gemm_batched_ex;
     cublas.status_string = nd_sim_cublas_status_string;
     cublas.library = (void *)&cublas; /* loaded: nothing to dlclose */
     snprintf(cublas.description, sizeof cublas.description,
@@ -374,23 +420,74 @@ static nd_status gemm_status(int status, const char *call, int m, int n, int k, 
                    status_text(status), call, m, n, k, batch_count);
 }
 
-nd_status nd_cublas_sgemm_strided(nd_cublas_handle h, int transa, int transb, int m, int n, int k,
-                                  const float *a, int lda, long long stride_a, const float *b,
-                                  int ldb, long long stride_b, float *c, int ldc,
-                                  long long stride_c, int batch_count) {
-    const float one = 1.0f, zero = 0.0f;
-    nd_cuda_count_blas();
-    int status = cublas.sgemm_strided(h, transa, transb, m, n, k, &one, a, lda, stride_a, b, ldb,
-                                      stride_b, &zero, c, ldc, stride_c, batch_count);
-    return gemm_status(status, "cublasSgemmStridedBatched", m, n, k, batch_count);
+int nd_cublas_supports(nd_dtype dtype) {
+    if (!load_cublas()) return 0;
+    switch (dtype) {
+    case ND_FLOAT32: return 1;
+    case ND_FLOAT64: return cublas.dgemm_strided != NULL && cublas.dgemm_batched != NULL;
+    case ND_FLOAT16:
+    case ND_BFLOAT16: return cublas.gemm_strided_ex != NULL && cublas.gemm_batched_ex != NULL;
+    default: return 0;
+    }
 }
 
-nd_status nd_cublas_sgemm_batched(nd_cublas_handle h, int transa, int transb, int m, int n, int k,
-                                  const float *const a[], int lda, const float *const b[], int ldb,
-                                  float *const c[], int ldc, int batch_count) {
+/* cudaDataType_t of a narrow dtype. */
+static int narrow_type(nd_dtype dtype) { return dtype == ND_FLOAT16 ? CUDA_R_16F_ : CUDA_R_16BF_; }
+
+nd_status nd_cublas_gemm_strided(nd_cublas_handle h, nd_dtype dtype, int transa, int transb, int m,
+                                 int n, int k, const void *a, int lda, long long stride_a,
+                                 const void *b, int ldb, long long stride_b, void *c, int ldc,
+                                 long long stride_c, int batch_count) {
     const float one = 1.0f, zero = 0.0f;
+    const double one_d = 1.0, zero_d = 0.0;
+    int status;
+    const char *call;
     nd_cuda_count_blas();
-    int status = cublas.sgemm_batched(h, transa, transb, m, n, k, &one, a, lda, b, ldb, &zero, c,
+    if (dtype == ND_FLOAT32) {
+        call = "cublasSgemmStridedBatched";
+        status = cublas.sgemm_strided(h, transa, transb, m, n, k, &one, (const float *)a, lda,
+                                      stride_a, (const float *)b, ldb, stride_b, &zero, (float *)c,
+                                      ldc, stride_c, batch_count);
+    } else if (dtype == ND_FLOAT64) {
+        call = "cublasDgemmStridedBatched";
+        status = cublas.dgemm_strided(h, transa, transb, m, n, k, &one_d, (const double *)a, lda,
+                                      stride_a, (const double *)b, ldb, stride_b, &zero_d,
+                                      (double *)c, ldc, stride_c, batch_count);
+    } else {
+        call = "cublasGemmStridedBatchedEx";
+        const int type = narrow_type(dtype);
+        status = cublas.gemm_strided_ex(h, transa, transb, m, n, k, &one, a, type, lda, stride_a, b,
+                                        type, ldb, stride_b, &zero, c, type, ldc, stride_c,
+                                        batch_count, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
+    }
+    return gemm_status(status, call, m, n, k, batch_count);
+}
+
+nd_status nd_cublas_gemm_batched(nd_cublas_handle h, nd_dtype dtype, int transa, int transb, int m,
+                                 int n, int k, const void *const a[], int lda,
+                                 const void *const b[], int ldb, void *const c[], int ldc,
+                                 int batch_count) {
+    const float one = 1.0f, zero = 0.0f;
+    const double one_d = 1.0, zero_d = 0.0;
+    int status;
+    const char *call;
+    nd_cuda_count_blas();
+    if (dtype == ND_FLOAT32) {
+        call = "cublasSgemmBatched";
+        status = cublas.sgemm_batched(h, transa, transb, m, n, k, &one, (const float *const *)a,
+                                      lda, (const float *const *)b, ldb, &zero, (float *const *)c,
                                       ldc, batch_count);
-    return gemm_status(status, "cublasSgemmBatched", m, n, k, batch_count);
+    } else if (dtype == ND_FLOAT64) {
+        call = "cublasDgemmBatched";
+        status = cublas.dgemm_batched(h, transa, transb, m, n, k, &one_d, (const double *const *)a,
+                                      lda, (const double *const *)b, ldb, &zero_d,
+                                      (double *const *)c, ldc, batch_count);
+    } else {
+        call = "cublasGemmBatchedEx";
+        const int type = narrow_type(dtype);
+        status = cublas.gemm_batched_ex(h, transa, transb, m, n, k, &one, a, type, lda, b, type,
+                                        ldb, &zero, c, type, ldc, batch_count, CUBLAS_COMPUTE_32F_,
+                                        CUBLAS_GEMM_DEFAULT_);
+    }
+    return gemm_status(status, call, m, n, k, batch_count);
 }

@@ -1,7 +1,10 @@
 /* cuda_ewise.cu: the elementwise kernels of the CUDA backend: copies and
  * fills into strided views, binary ops (arrays and scalars, broadcast) and
  * unary ops, over strided float32 operands. The ops and their formulas are
- * ewise_ops.h's list, expanded here into functors and dispatch switches.
+ * ewise_ops.h's list, expanded here into functors and dispatch switches,
+ * for every dtype: float32 and float64 compute in their own precision,
+ * float16 and bfloat16 load into float, compute there and round once on the
+ * store (cuda_dtype.cuh's conversions, bit for bit the CPU backend's).
  *
  * The host side collapses each iteration space (nd_cuda_iter_make); a space
  * that becomes one dimension runs a flat kernel, others compute offsets per
@@ -12,20 +15,34 @@
  * allocated here.
  */
 #include "cuda_common.cuh"
+#include "cuda_dtype.cuh"
 
 #include <string.h>
 
 /* ----------------------------------------------------------- operations */
 
-/* The functions of ewise_ops.h's formulas: the device library's float
- * versions (a double compute type would add device overloads here). */
-#define ND_EW_LOG(x) logf(x)
-#define ND_EW_EXP(x) expf(x)
-#define ND_EW_TANH(x) tanhf(x)
-#define ND_EW_SQRT(x) sqrtf(x)
+/* The functions of ewise_ops.h's formulas, overloaded on the compute type:
+ * the device library's float versions for float, its double ones for
+ * double (float32's kernels call exactly what they called before). */
+#define ND_EW_OVERLOADS(name, float_fn, double_fn)                                \
+    static __device__ __forceinline__ float name(float x) { return float_fn(x); } \
+    static __device__ __forceinline__ double name(double x) { return double_fn(x); }
+ND_EW_OVERLOADS(ew_log, logf, log)
+ND_EW_OVERLOADS(ew_exp, expf, exp)
+ND_EW_OVERLOADS(ew_tanh, tanhf, tanh)
+ND_EW_OVERLOADS(ew_sqrt, sqrtf, sqrt)
+ND_EW_OVERLOADS(ew_abs, fabsf, fabs)
+#undef ND_EW_OVERLOADS
+static __device__ __forceinline__ float ew_pow(float x, float y) { return powf(x, y); }
+static __device__ __forceinline__ double ew_pow(double x, double y) { return pow(x, y); }
+
+#define ND_EW_LOG(x) ew_log(x)
+#define ND_EW_EXP(x) ew_exp(x)
+#define ND_EW_TANH(x) ew_tanh(x)
+#define ND_EW_SQRT(x) ew_sqrt(x)
 #define ND_EW_SIGMOID(x) nd_cuda_sigmoid(x)
-#define ND_EW_ABS(x) fabsf(x)
-#define ND_EW_POW(x, y) powf(x, y)
+#define ND_EW_ABS(x) ew_abs(x)
+#define ND_EW_POW(x, y) ew_pow(x, y)
 
 /* One functor per op of the list, over operands of any compute type C. */
 #define ND_CUDA_BINARY_FUNCTOR(A, id, name, formula)                                   \
@@ -50,12 +67,13 @@ struct op_identity {
 };
 
 /* A storage type T names the type its formulas compute in and the
- * conversions between the two. float computes in float. */
-template <class T> struct ewise_type;
-template <> struct ewise_type<float> {
-    typedef float storage, compute;
-    static __device__ __forceinline__ float load(float v) { return v; }
-    static __device__ __forceinline__ float store(float v) { return v; }
+ * conversions between the two (cuda_dtype.cuh's: float computes in float,
+ * double in double, float16 and bfloat16 in float). */
+template <class T> struct ewise_type {
+    typedef T storage;
+    typedef typename nd_dtype_traits<T>::compute compute;
+    static __device__ __forceinline__ compute load(T v) { return nd_dtype_traits<T>::load(v); }
+    static __device__ __forceinline__ T store(compute v) { return nd_dtype_traits<T>::store(v); }
 };
 
 /* Op F of the list over storage type T: what the kernels are instantiated
@@ -225,31 +243,64 @@ nd_status nd_cuda_copy(const nd_layout *dst_layout, float *dst, nd_kernel_operan
     return unary(it, d, s, on_storage<float, op_identity>(), stream);
 }
 
+/* A scalar operand (passed as a double) in compute type C. */
+template <class C> static C scalar_in(const nd_kernel_operand &k) { return (C)k.scalar; }
+
+/* How x**e runs for a scalar exponent e, decided on e in the compute type
+ * (as the kernel sees it): a double exponent near 2 is not 2. */
+template <class C> static nd_pow_form pow_form_of(const nd_kernel_operand &b) {
+    const C e = (C)b.scalar;
+    if (b.data != NULL || (C)(float)e != e) return ND_POW_GENERAL;
+    return nd_pow_form_of((float)e);
+}
+
+/* The binary op over storage type T; pointers at the storages' first
+ * elements, offsets in elements of T. */
+template <class T>
+static nd_status binary_typed(nd_binary_op op, const nd_cuda_iter &it, const nd_layout *out_layout,
+                              void *out, const nd_kernel_operand &a, const nd_kernel_operand &b) {
+    typedef typename ewise_type<T>::compute C;
+    T *o = (T *)out + out_layout->offset;
+    const T *x = a.data != NULL ? (const T *)(const void *)a.data + a.layout->offset : NULL;
+    const T *y = b.data != NULL ? (const T *)(const void *)b.data + b.layout->offset : NULL;
+    return binary_op<T>(op, pow_form_of<C>(b), it, o, x, scalar_in<C>(a), y, scalar_in<C>(b), 0);
+}
+
 nd_status nd_cuda_binary(nd_binary_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
                          nd_kernel_operand a, nd_kernel_operand b) {
-    if (dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cuda", "a binary op", dtype);
     const nd_layout *layouts[3] = {out_layout, a.data != NULL ? a.layout : NULL,
                                    b.data != NULL ? b.layout : NULL};
     nd_cuda_iter it;
     nd_cuda_iter_make(&it, out_layout->ndim, out_layout->shape, 3, layouts);
     if (it.numel == 0) return ND_OK;
     ND_TRY(nd_cuda_activate(out, NULL));
-    float *o = out + out_layout->offset;
-    const float *x = a.data != NULL ? a.data + a.layout->offset : NULL;
-    const float *y = b.data != NULL ? b.data + b.layout->offset : NULL;
-    nd_pow_form form = b.data == NULL ? nd_pow_form_of(b.scalar) : ND_POW_GENERAL;
-    /* One binary_op<storage type> per dtype. */
-    return binary_op<float>(op, form, it, o, x, a.scalar, y, b.scalar, 0);
+    switch (dtype) {
+    case ND_FLOAT32: return binary_typed<float>(op, it, out_layout, out, a, b);
+    case ND_FLOAT16: return binary_typed<nd_half_t>(op, it, out_layout, out, a, b);
+    case ND_BFLOAT16: return binary_typed<nd_bf16_t>(op, it, out_layout, out, a, b);
+    case ND_FLOAT64: return binary_typed<double>(op, it, out_layout, out, a, b);
+    default: return nd_backend_lacks_dtype("cuda", "a binary op", dtype);
+    }
+}
+
+template <class T>
+static nd_status unary_typed(nd_unary_op op, const nd_cuda_iter &it, const nd_layout *out_layout,
+                             void *out, const nd_layout *a_layout, const void *a) {
+    return unary_op<T>(op, it, (T *)out + out_layout->offset, (const T *)a + a_layout->offset, 0);
 }
 
 nd_status nd_cuda_unary(nd_unary_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
                         const nd_layout *a_layout, const float *a) {
-    if (dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cuda", "a unary op", dtype);
     const nd_layout *layouts[2] = {out_layout, a_layout};
     nd_cuda_iter it;
     nd_cuda_iter_make(&it, out_layout->ndim, out_layout->shape, 2, layouts);
     if (it.numel == 0) return ND_OK;
     ND_TRY(nd_cuda_activate(out, NULL));
-    /* One unary_op<storage type> per dtype. */
-    return unary_op<float>(op, it, out + out_layout->offset, a + a_layout->offset, 0);
+    switch (dtype) {
+    case ND_FLOAT32: return unary_typed<float>(op, it, out_layout, out, a_layout, a);
+    case ND_FLOAT16: return unary_typed<nd_half_t>(op, it, out_layout, out, a_layout, a);
+    case ND_BFLOAT16: return unary_typed<nd_bf16_t>(op, it, out_layout, out, a_layout, a);
+    case ND_FLOAT64: return unary_typed<double>(op, it, out_layout, out, a_layout, a);
+    default: return nd_backend_lacks_dtype("cuda", "a unary op", dtype);
+    }
 }

@@ -1,13 +1,15 @@
-/* cuda_matmul.cu: the CUDA backend's batched matmul: cuBLAS SGEMM when it
- * can be used (cuda_cublas.cu loads it and keeps the handles), else needle's
- * own tiled SGEMM kernel.
+/* cuda_matmul.cu: the CUDA backend's batched matmul, in every dtype: cuBLAS
+ * when it can be used (cuda_cublas.cu loads it and keeps the handles:
+ * SGEMM, DGEMM, and GemmEx with float accumulation for float16/bfloat16),
+ * else needle's own tiled GEMM kernel (accumulating in float, or double for
+ * float64, and rounding once to the dtype).
  *
  * Row-major C (m x n) = A B is computed as the column-major C^T = B^T A^T; a
  * transposed operand (unit row stride) becomes CUBLAS_OP_T, never a copy.
- * Batches whose strides collapse to one dim run as one
- * cublasSgemmStridedBatched (stride 0 broadcasts an operand). Others (the
+ * Batches whose strides collapse to one dim run as one strided batched
+ * GEMM (stride 0 broadcasts an operand). Others (the
  * attention's matmuls over (batch, heads) views of a (batch, seq, heads,
- * dim) array, say) run as one cublasSgemmBatched whose arrays of pointers a
+ * dim) array, say) run as one pointer-array batched GEMM whose arrays of pointers a
  * small kernel writes into a scratch block: two launches whatever the batch,
  * no copy of the operands, where a loop of strided calls was one call per
  * index of the outer batch dims (256 for the course's transformer), and a
@@ -18,6 +20,7 @@
  * Default math mode: full FP32, no TF32, so results track the CPU's.
  */
 #include "cuda_common.cuh"
+#include "cuda_dtype.cuh"
 
 #include <limits.h>
 #include <string.h>
@@ -65,12 +68,16 @@ static void batch_make(const nd_matmul_desc *d, gemm_batch *g) {
  * columns tx + 16 c, so shared-memory reads hit distinct banks. */
 
 /* out[batch] (m, n) contiguous = a[batch] (m, k) @ b[batch] (k, n), where
- * a's (i, p) is at a + i * ars + p * acs and b's (p, j) at b + p * brs + j * bcs. */
+ * a's (i, p) is at a + i * ars + p * acs and b's (p, j) at b + p * brs + j * bcs;
+ * elements of storage type T, computed in nd_dtype_traits<T>::compute. */
+template <class T>
 __global__ void __launch_bounds__(256)
-    sgemm_kernel(int64_t m, int64_t n, int64_t k, const float *a, int64_t ars, int64_t acs,
-                 const float *b, int64_t brs, int64_t bcs, float *out, gemm_batch batch) {
-    __shared__ float as[TILE_K][TILE_M + 4];
-    __shared__ float bs[TILE_K][TILE_N + 4];
+    gemm_kernel(int64_t m, int64_t n, int64_t k, const T *a, int64_t ars, int64_t acs, const T *b,
+                int64_t brs, int64_t bcs, T *out, gemm_batch batch) {
+    typedef nd_dtype_traits<T> traits;
+    typedef typename traits::compute C;
+    __shared__ C as[TILE_K][TILE_M + 4];
+    __shared__ C bs[TILE_K][TILE_N + 4];
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     const int64_t tiles_n = (n + TILE_N - 1) / TILE_N;
     const int64_t tiles = tiles_n * ((m + TILE_M - 1) / TILE_M);
@@ -82,12 +89,12 @@ __global__ void __launch_bounds__(256)
             a_off += c * batch.a[d];
             b_off += c * batch.b[d];
         }
-        const float *A = a + a_off;
-        const float *B = b + b_off;
-        float *C = out + z * m * n;
+        const T *A = a + a_off;
+        const T *B = b + b_off;
+        T *O = out + z * m * n;
         for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
             const int64_t row0 = tile / tiles_n * TILE_M, col0 = tile % tiles_n * TILE_N;
-            float acc[4][4] = {{0.0f}};
+            C acc[4][4] = {{0}};
             for (int64_t p0 = 0; p0 < k; p0 += TILE_K) {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
@@ -95,15 +102,15 @@ __global__ void __launch_bounds__(256)
                     int idx = threadIdx.x + e * 256;
                     int i = idx / TILE_K, p = idx % TILE_K;
                     int64_t gi = row0 + i, gp = p0 + p;
-                    as[p][i] = (gi < m && gp < k) ? A[gi * ars + gp * acs] : 0.0f;
+                    as[p][i] = (gi < m && gp < k) ? traits::load(A[gi * ars + gp * acs]) : C(0);
                     int pb = idx / TILE_N, j = idx % TILE_N;
                     int64_t gpb = p0 + pb, gj = col0 + j;
-                    bs[pb][j] = (gpb < k && gj < n) ? B[gpb * brs + gj * bcs] : 0.0f;
+                    bs[pb][j] = (gpb < k && gj < n) ? traits::load(B[gpb * brs + gj * bcs]) : C(0);
                 }
                 __syncthreads();
 #pragma unroll
                 for (int p = 0; p < TILE_K; p++) {
-                    float af[4], bf[4];
+                    C af[4], bf[4];
 #pragma unroll
                     for (int r = 0; r < 4; r++) af[r] = as[p][ty + 16 * r];
 #pragma unroll
@@ -121,20 +128,33 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
                     int64_t gj = col0 + tx + 16 * c;
-                    if (gi < m && gj < n) C[gi * n + gj] = acc[r][c];
+                    if (gi < m && gj < n) O[gi * n + gj] = traits::store(acc[r][c]);
                 }
             }
         }
     }
 }
 
-static nd_status sgemm(const nd_matmul_desc *d, const gemm_batch &g, cudaStream_t stream) {
+template <class T>
+static nd_status gemm_typed(const nd_matmul_desc *d, const gemm_batch &g, cudaStream_t stream) {
     int64_t tiles = ((d->m + TILE_M - 1) / TILE_M) * ((d->n + TILE_N - 1) / TILE_N);
     dim3 grid(nd_cuda_blocks(tiles, 1), 1, nd_cuda_blocks(g.count, 1));
-    ND_LAUNCH(sgemm_kernel, grid, 256, 0, stream, d->m, d->n, d->k, d->a, d->a_row_stride,
-              d->a_col_stride, d->b, d->b_row_stride, d->b_col_stride, d->out, g);
+    ND_LAUNCH(gemm_kernel<T>, grid, 256, 0, stream, d->m, d->n, d->k, (const T *)d->a,
+              d->a_row_stride, d->a_col_stride, (const T *)d->b, d->b_row_stride, d->b_col_stride,
+              (T *)d->out, g);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
+}
+
+/* needle's kernel for the whole product in d's dtype. */
+static nd_status gemm(const nd_matmul_desc *d, const gemm_batch &g, cudaStream_t stream) {
+    switch (d->dtype) {
+    case ND_FLOAT32: return gemm_typed<float>(d, g, stream);
+    case ND_FLOAT16: return gemm_typed<nd_half_t>(d, g, stream);
+    case ND_BFLOAT16: return gemm_typed<nd_bf16_t>(d, g, stream);
+    case ND_FLOAT64: return gemm_typed<double>(d, g, stream);
+    default: return nd_backend_lacks_dtype("cuda", "matmul", d->dtype);
+    }
 }
 
 /* ---------------------------------------------------------- the cuBLAS path */
@@ -144,10 +164,11 @@ static int fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 #define CUBLAS_OP_N_ 0
 #define CUBLAS_OP_T_ 1
 
-/* The (a, b, out) pointers of each matrix of the batch, for cublasSgemmBatched. */
-__global__ void gemm_pointers_kernel(int64_t m_n, const float *a, const float *b, float *out,
-                                     gemm_batch batch, const float **a_ptrs, const float **b_ptrs,
-                                     float **out_ptrs) {
+/* The (a, b, out) pointers of each matrix of the batch, for the pointer-array
+ * GEMM; elements of storage type T. */
+template <class T>
+__global__ void gemm_pointers_kernel(int64_t m_n, const T *a, const T *b, T *out, gemm_batch batch,
+                                     const void **a_ptrs, const void **b_ptrs, void **out_ptrs) {
     for (int64_t z = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; z < batch.count;
          z += (int64_t)gridDim.x * blockDim.x) {
         int64_t a_off = 0, b_off = 0, rest = z;
@@ -163,27 +184,39 @@ __global__ void gemm_pointers_kernel(int64_t m_n, const float *a, const float *b
     }
 }
 
-/* One cublasSgemmBatched over the whole batch; the pointer arrays live in a
+template <class T>
+static void launch_pointers(const nd_matmul_desc *d, const gemm_batch &g, const void **a_ptrs,
+                            const void **b_ptrs, void **out_ptrs, cudaStream_t stream) {
+    ND_LAUNCH(gemm_pointers_kernel<T>, nd_cuda_blocks(g.count, ND_CUDA_THREADS), ND_CUDA_THREADS, 0,
+              stream, d->m * d->n, (const T *)d->a, (const T *)d->b, (T *)d->out, g, a_ptrs, b_ptrs,
+              out_ptrs);
+}
+
+/* One pointer-array batched GEMM over the whole batch; the pointer arrays live in a
  * scratch block that goes back to the cache at once (later work on the
  * stream runs after the GEMM has read them). */
 static nd_status cublas_matmul_pointers(nd_cublas_handle h, nd_device *dev, const nd_matmul_desc *d,
                                         const gemm_batch &g, int op_a, int64_t lda, int op_b,
                                         int64_t ldb) {
-    const int64_t bytes = 3 * g.count * (int64_t)sizeof(float *);
+    const int64_t bytes = 3 * g.count * (int64_t)sizeof(void *);
     void *scratch = NULL;
     ND_TRY(nd_cuda_raw_alloc(dev, bytes, &scratch));
-    const float **a_ptrs = (const float **)scratch;
-    const float **b_ptrs = a_ptrs + g.count;
-    float **out_ptrs = (float **)(b_ptrs + g.count);
+    const void **a_ptrs = (const void **)scratch;
+    const void **b_ptrs = a_ptrs + g.count;
+    void **out_ptrs = (void **)(b_ptrs + g.count);
     cudaStream_t stream = 0;
-    ND_LAUNCH(gemm_pointers_kernel, nd_cuda_blocks(g.count, ND_CUDA_THREADS), ND_CUDA_THREADS, 0,
-              stream, d->m * d->n, d->a, d->b, d->out, g, a_ptrs, b_ptrs, out_ptrs);
+    switch (d->dtype) {
+    case ND_FLOAT16: launch_pointers<nd_half_t>(d, g, a_ptrs, b_ptrs, out_ptrs, stream); break;
+    case ND_BFLOAT16: launch_pointers<nd_bf16_t>(d, g, a_ptrs, b_ptrs, out_ptrs, stream); break;
+    case ND_FLOAT64: launch_pointers<double>(d, g, a_ptrs, b_ptrs, out_ptrs, stream); break;
+    default: launch_pointers<float>(d, g, a_ptrs, b_ptrs, out_ptrs, stream); break;
+    }
     nd_status status = ND_OK;
     cudaError_t err = cudaGetLastError();
     if (err == cudaSuccess)
         status =
-            nd_cublas_sgemm_batched(h, op_b, op_a, (int)d->n, (int)d->m, (int)d->k, b_ptrs,
-                                    (int)ldb, a_ptrs, (int)lda, out_ptrs, (int)d->n, (int)g.count);
+            nd_cublas_gemm_batched(h, d->dtype, op_b, op_a, (int)d->n, (int)d->m, (int)d->k, b_ptrs,
+                                   (int)ldb, a_ptrs, (int)lda, out_ptrs, (int)d->n, (int)g.count);
     nd_cuda_raw_free(dev, scratch, bytes);
     ND_CUDA_CHECK(err);
     return status;
@@ -202,9 +235,9 @@ static nd_status cublas_matmul(nd_cublas_handle h, nd_device *dev, const nd_matm
     int64_t lda = d->a_col_stride == 1 ? d->a_row_stride : d->a_col_stride;
     if (g.ndim > 1) return cublas_matmul_pointers(h, dev, d, g, op_a, lda, op_b, ldb);
     long long stride_a = g.ndim == 1 ? g.a[0] : 0, stride_b = g.ndim == 1 ? g.b[0] : 0;
-    return nd_cublas_sgemm_strided(h, op_b, op_a, (int)d->n, (int)d->m, (int)d->k, d->b, (int)ldb,
-                                   stride_b, d->a, (int)lda, stride_a, d->out, (int)d->n,
-                                   (long long)(d->m * d->n), (int)g.count);
+    return nd_cublas_gemm_strided(h, d->dtype, op_b, op_a, (int)d->n, (int)d->m, (int)d->k, d->b,
+                                  (int)ldb, stride_b, d->a, (int)lda, stride_a, d->out, (int)d->n,
+                                  (long long)(d->m * d->n), (int)g.count);
 }
 
 /* One try of the whole product through cuBLAS, for the out-of-memory ladder
@@ -222,7 +255,9 @@ static nd_status try_cublas(void *ctx) {
 }
 
 nd_status nd_cuda_matmul(const nd_matmul_desc *d) {
-    if (d->dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cuda", "matmul", d->dtype);
+    if (d->dtype != ND_FLOAT32 && d->dtype != ND_FLOAT16 && d->dtype != ND_BFLOAT16 &&
+        d->dtype != ND_FLOAT64)
+        return nd_backend_lacks_dtype("cuda", "matmul", d->dtype);
     gemm_batch g;
     batch_make(d, &g);
     if (g.count == 0 || d->m == 0 || d->n == 0) return ND_OK;
@@ -230,20 +265,22 @@ nd_status nd_cuda_matmul(const nd_matmul_desc *d) {
     ND_TRY(nd_cuda_activate(d->out, &dev));
     cudaStream_t stream = 0;
     if (d->k == 0) {
-        ND_CUDA_CHECK(
-            nd_cuda_memset(d->out, 0, (size_t)(g.count * d->m * d->n) * sizeof(float), stream));
+        ND_CUDA_CHECK(nd_cuda_memset(
+            d->out, 0, (size_t)(g.count * d->m * d->n * nd_dtype_size(d->dtype)), stream));
         return ND_OK;
     }
     int64_t lda = d->a_col_stride == 1 ? d->a_row_stride : d->a_col_stride;
     int64_t ldb = d->b_col_stride == 1 ? d->b_row_stride : d->b_col_stride;
     int cublas_ok = fits_int(d->m) && fits_int(d->n) && fits_int(d->k) && fits_int(lda) &&
                     fits_int(ldb) && fits_int(g.count);
+    /* A cuBLAS without this dtype's GEMM leaves it to the kernel. */
     nd_cublas_handle h = cublas_ok ? nd_cublas_handle_for(dev) : NULL;
+    if (h != NULL && !nd_cublas_supports(d->dtype)) h = NULL;
     if (h != NULL) {
         cublas_attempt at = {h, dev, d, &g};
         nd_status status = nd_memory_retry(dev, nd_cublas_workspace_bytes(dev), try_cublas, &at);
         /* Still short of memory after the ladder: the kernel needs none. */
         if (status != ND_ERR_OOM) return status;
     }
-    return sgemm(d, g, stream);
+    return gemm(d, g, stream);
 }

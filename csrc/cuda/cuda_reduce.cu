@@ -29,8 +29,14 @@
  * double-accumulated ones. NaN propagates in max and min, as on the CPU.
  * Every kernel is grid-stride over a plan fixed by the host, so any grid
  * size gives the same bits.
+ *
+ * The other dtypes (float16, bfloat16: accumulated in float; float64: in
+ * double; the result stored in the dtype) run one simpler kernel, one pass:
+ * a thread, a warp or a block per output, the same runs and pairwise
+ * combination across threads, no 16-byte loads and no split.
  */
 #include "cuda_common.cuh"
+#include "cuda_dtype.cuh"
 
 #include <math.h>
 #include <string.h>
@@ -39,16 +45,19 @@ struct reduce_sum {
     static constexpr bool rounds = true; /* float rounding depends on the order */
     __device__ static float identity() { return 0.0f; }
     __device__ static float combine(float acc, float x) { return acc + x; }
+    __device__ static double combine(double acc, double x) { return acc + x; }
 };
 struct reduce_max {
     static constexpr bool rounds = false;
     __device__ static float identity() { return -INFINITY; }
     __device__ static float combine(float acc, float x) { return (x > acc || x != x) ? x : acc; }
+    __device__ static double combine(double acc, double x) { return (x > acc || x != x) ? x : acc; }
 };
 struct reduce_min {
     static constexpr bool rounds = false;
     __device__ static float identity() { return INFINITY; }
     __device__ static float combine(float acc, float x) { return (x < acc || x != x) ? x : acc; }
+    __device__ static double combine(double acc, double x) { return (x < acc || x != x) ? x : acc; }
 };
 
 /* Threads per block of both kernels. */
@@ -127,17 +136,18 @@ template <class R, class T> __device__ __forceinline__ T fold_loads(T (&v)[REDUC
     return v[0];
 }
 
-/* A thread's results so far, for V neighbouring outputs: values go into a
- * short run and every REDUCE_RUN adds the run into the total, so that no
- * float sum grows long. Max and min keep the run alone (order is exact). */
-template <class R, int V = 1> struct reduce_acc {
-    float total[V], run[V];
+/* A thread's results so far, for V neighbouring outputs, in accumulator
+ * type C: values go into a short run and every REDUCE_RUN adds the run into
+ * the total, so that no float sum grows long. Max and min keep the run
+ * alone (order is exact). */
+template <class R, int V = 1, class C = float> struct reduce_acc {
+    C total[V], run[V];
     int count;
     __device__ reduce_acc() : count(0) {
 #pragma unroll
         for (int c = 0; c < V; c++) total[c] = run[c] = R::identity();
     }
-    __device__ __forceinline__ void add(const float (&x)[V]) {
+    __device__ __forceinline__ void add(const C (&x)[V]) {
 #pragma unroll
         for (int c = 0; c < V; c++) run[c] = R::combine(run[c], x[c]);
         if (R::rounds && ++count == REDUCE_RUN) {
@@ -149,11 +159,11 @@ template <class R, int V = 1> struct reduce_acc {
             count = 0;
         }
     }
-    __device__ __forceinline__ void add(float x) {
-        const float one[1] = {x};
+    __device__ __forceinline__ void add(C x) {
+        const C one[1] = {x};
         add(one);
     }
-    __device__ __forceinline__ float result(int c = 0) const {
+    __device__ __forceinline__ C result(int c = 0) const {
         return R::rounds ? R::combine(total[c], run[c]) : run[c];
     }
 };
@@ -175,10 +185,12 @@ struct walk_offsets {
     }
 };
 
-/* Combines the values of the G consecutive threads of a group (G = 1..32 or
- * REDUCE_THREADS); the result is valid in the group's first thread. Every
- * thread of the block calls it (the block-wide version synchronises). */
-template <class R, int G> __device__ __forceinline__ float group_reduce(float v, float *shared) {
+/* Combines the values (of type C) of the G consecutive threads of a group
+ * (G = 1..32 or REDUCE_THREADS); the result is valid in the group's first
+ * thread. Every thread of the block calls it (the block-wide version
+ * synchronises). */
+template <class R, int G, class C = float>
+__device__ __forceinline__ C group_reduce(C v, C *shared) {
     if constexpr (G == 1) {
         (void)shared;
         return v;
@@ -381,6 +393,42 @@ __global__ void __launch_bounds__(REDUCE_THREADS)
     }
 }
 
+/* The kernel of the other dtypes: G threads (1, a warp or the block) fold
+ * each output's reduced elements of storage type T in accumulator type C
+ * (nd_dtype_traits<T>::compute) and the first stores the result as a T.
+ * kept: (out, a) strides over the kept dims; reduced: (a) strides. */
+template <class T, class R, int G>
+__global__ void __launch_bounds__(REDUCE_THREADS)
+    reduce_typed_kernel(nd_cuda_iter kept, nd_cuda_iter reduced, T *out, const T *__restrict__ a) {
+    typedef nd_dtype_traits<T> traits;
+    typedef typename traits::compute C;
+    __shared__ C shared[REDUCE_THREADS / 32];
+    constexpr int per_block = REDUCE_THREADS / G;
+    const int lane = (int)threadIdx.x % G;
+    /* The loop bound is uniform over the block (see reduce_rows_kernel). */
+    for (int64_t first = (int64_t)blockIdx.x * per_block; first < kept.numel;
+         first += (int64_t)gridDim.x * per_block) {
+        const int64_t o = first + (int64_t)threadIdx.x / G;
+        reduce_acc<R, 1, C> acc;
+        int64_t koff[2] = {0, 0};
+        if (o < kept.numel) {
+            nd_cuda_offsets<2>(kept, o, koff);
+            const T *base = a + koff[1];
+            if (reduced.ndim == 1) {
+                const int64_t stride = reduced.strides[0][0];
+                for (int64_t r = lane; r < reduced.numel; r += G)
+                    acc.add(traits::load(base[r * stride]));
+            } else {
+                const walk_offsets offset{&reduced};
+                for (int64_t r = lane; r < reduced.numel; r += G)
+                    acc.add(traits::load(base[offset(r)]));
+            }
+        }
+        const C v = group_reduce<R, G, C>(acc.result(), shared);
+        if (o < kept.numel && lane == 0) out[koff[0]] = traits::store(v);
+    }
+}
+
 /* -------------------------------------------------------------- host side */
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -570,6 +618,43 @@ static nd_status reduce_any(nd_device *dev, const nd_cuda_iter &kept, const nd_c
     return reduce_rows<R>(dev, kept, reduced, out, a, true, stream);
 }
 
+template <class T, class R, int G>
+static nd_status launch_typed_with(const nd_cuda_iter &kept, const nd_cuda_iter &reduced, T *out,
+                                   const T *a) {
+    const unsigned int blocks = nd_cuda_blocks(kept.numel, REDUCE_THREADS / G);
+    ND_LAUNCH((reduce_typed_kernel<T, R, G>), blocks, REDUCE_THREADS, 0, 0, kept, reduced, out, a);
+    ND_CUDA_CHECK(cudaGetLastError());
+    return ND_OK;
+}
+
+/* Storage type T (not float): one launch. Kept dims faster than the reduced
+ * ones: a thread per output (neighbouring threads read neighbouring
+ * elements); else a warp per output, or the whole block when few outputs of
+ * long rows would leave the GPU idle. */
+template <class T, class R>
+static nd_status reduce_typed(const nd_cuda_iter &kept, const nd_cuda_iter &reduced, T *out,
+                              const T *a) {
+    const int64_t m = kept.numel, n = reduced.numel;
+    if (n <= 1 || (m > 1 && kept.strides[1][kept.ndim - 1] < reduced.strides[0][reduced.ndim - 1]))
+        return launch_typed_with<T, R, 1>(kept, reduced, out, a);
+    if (ceil_div(m * 32, REDUCE_THREADS) < FILL_BLOCKS && n >= 2 * REDUCE_THREADS)
+        return launch_typed_with<T, R, REDUCE_THREADS>(kept, reduced, out, a);
+    return launch_typed_with<T, R, 32>(kept, reduced, out, a);
+}
+
+template <class T>
+static nd_status reduce_typed_op(nd_reduce_op op, const nd_cuda_iter &kept,
+                                 const nd_cuda_iter &reduced, void *out, const void *a) {
+    T *o = (T *)out;
+    const T *x = (const T *)a;
+    switch (op) {
+    case ND_REDUCE_SUM: return reduce_typed<T, reduce_sum>(kept, reduced, o, x);
+    case ND_REDUCE_MAX: return reduce_typed<T, reduce_max>(kept, reduced, o, x);
+    case ND_REDUCE_MIN: return reduce_typed<T, reduce_min>(kept, reduced, o, x);
+    default: return nd_fail(ND_ERR_VALUE, "unknown reduction %d", (int)op);
+    }
+}
+
 /* An iteration space over the given dims, merged where every operand steps
  * through two as one, ordered by operand order_by's stride (largest first). */
 static void make_iter(nd_cuda_iter *it, int ndim, const int64_t *shape, int nops,
@@ -582,7 +667,8 @@ static void make_iter(nd_cuda_iter *it, int ndim, const int64_t *shape, int nops
 
 nd_status nd_cuda_reduce(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
                          const nd_layout *a_layout, const float *a) {
-    if (dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cuda", "a reduction", dtype);
+    if (dtype != ND_FLOAT32 && dtype != ND_FLOAT16 && dtype != ND_BFLOAT16 && dtype != ND_FLOAT64)
+        return nd_backend_lacks_dtype("cuda", "a reduction", dtype);
     /* Split the dims: reduced ones have out-stride 0 and length > 1. A dim
      * that a walks backwards is walked forwards from its other end (out
      * too, for a kept one). */
@@ -619,6 +705,19 @@ nd_status nd_cuda_reduce(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_l
     if (kept.numel == 0) return ND_OK;
     nd_device *dev = NULL;
     ND_TRY(nd_cuda_activate(out, &dev));
+    /* Offsets in elements of the dtype. */
+    switch (dtype) {
+    case ND_FLOAT16:
+        return reduce_typed_op<nd_half_t>(op, kept, reduced, (nd_half_t *)out + out_off,
+                                          (const nd_half_t *)(const void *)a + a_off);
+    case ND_BFLOAT16:
+        return reduce_typed_op<nd_bf16_t>(op, kept, reduced, (nd_bf16_t *)out + out_off,
+                                          (const nd_bf16_t *)(const void *)a + a_off);
+    case ND_FLOAT64:
+        return reduce_typed_op<double>(op, kept, reduced, (double *)out + out_off,
+                                       (const double *)(const void *)a + a_off);
+    default: break; /* float32: below */
+    }
     float *o = out + out_off;
     const float *x = a + a_off;
     switch (op) {

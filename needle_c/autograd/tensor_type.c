@@ -86,7 +86,8 @@ static int tensor_init(PyObject *op, PyObject *args, PyObject *kwargs) {
                          Py_TYPE(array)->tp_name);
             return -1;
         }
-        data = ndarray_from_object(st, array, dev, wanted);
+        nd_dtype natural = tensor_default_dtype(array);
+        data = ndarray_from_object(st, array, dev, wanted != NULL ? wanted : &natural);
     }
     if (data == NULL) return -1;
     TensorObject *self = Tensor_CAST(op);

@@ -1,7 +1,7 @@
 /* sim_cublas.cc (simulator): the cuBLAS stand-in (see sim_cublas.h): handles
- * that keep their stream and workspace, and single-precision GEMMs in
- * cuBLAS's column-major convention, strided or through arrays of pointers,
- * computed on the CPU. Device memory is host memory in the simulator, so
+ * that keep their stream and workspace, and GEMMs in cuBLAS's column-major
+ * convention (float32, float64, and float16/bfloat16 through the Ex calls),
+ * strided or through arrays of pointers, computed on the CPU. Device memory is host memory in the simulator, so
  * the operands (and the pointer arrays of a batched call, which cuBLAS
  * reads from device memory) are read where they are.
  */
@@ -12,11 +12,17 @@
 
 #include "sim_internal.h"
 
+#include "../../dtype_convert.h"
+
 enum {
     STATUS_SUCCESS = 0,
     STATUS_NOT_INITIALIZED = 1,
     STATUS_INVALID_VALUE = 7,
+    STATUS_NOT_SUPPORTED = 15,
 };
+/* cudaDataType_t and cublasComputeType_t values the Ex calls take. */
+enum { R_32F = 0, R_16F = 2, R_16BF = 14 };
+enum { COMPUTE_32F = 68 };
 enum { OP_N = 0, OP_T = 1, OP_C = 2 };
 
 struct cublas_context {
@@ -69,25 +75,108 @@ static int check_gemm(int transa, int transb, int m, int n, int k, int lda, int 
            ldc >= (m > 1 ? m : 1);
 }
 
+/* An element type E of memory: the type it accumulates in and the
+ * conversions (float16 and bfloat16 round as dtype_convert.h does). */
+struct half_elem {
+    uint16_t bits;
+};
+struct bf16_elem {
+    uint16_t bits;
+};
+template <class E> struct elem {
+    typedef E acc;
+    static E load(E v) { return v; }
+    static E store(E v) { return v; }
+};
+template <> struct elem<half_elem> {
+    typedef float acc;
+    static float load(half_elem v) { return nd_half_to_float(v.bits); }
+    static half_elem store(float v) { return half_elem{nd_float_to_half(v)}; }
+};
+template <> struct elem<bf16_elem> {
+    typedef float acc;
+    static float load(bf16_elem v) { return nd_bf16_to_float(v.bits); }
+    static bf16_elem store(float v) { return bf16_elem{nd_float_to_bf16(v)}; }
+};
+
 /* c (m, n; ldc) = alpha op(a) (m, k) op(b) (k, n) + beta c, column-major; a
  * beta of 0 ignores c's old values (NaN included), as cuBLAS does. */
-static void gemm(int transa, int transb, int m, int n, int k, float alpha, const float *a, int lda,
-                 const float *b, int ldb, float beta, float *c, int ldc, float *column) {
+template <class E, class A>
+static void gemm(int transa, int transb, int m, int n, int k, A alpha, const E *a, int lda,
+                 const E *b, int ldb, A beta, E *c, int ldc, A *column) {
+    typedef elem<E> el;
     for (int j = 0; j < n; j++) {
-        for (int i = 0; i < m; i++) column[i] = 0.0f;
+        for (int i = 0; i < m; i++) column[i] = 0;
         for (int p = 0; p < k; p++) {
-            const float bpj = transb == OP_N ? b[p + (int64_t)j * ldb] : b[j + (int64_t)p * ldb];
+            const A bpj =
+                el::load(transb == OP_N ? b[p + (int64_t)j * ldb] : b[j + (int64_t)p * ldb]);
             if (transa == OP_N) {
-                const float *ap = a + (int64_t)p * lda;
-                for (int i = 0; i < m; i++) column[i] += ap[i] * bpj;
+                const E *ap = a + (int64_t)p * lda;
+                for (int i = 0; i < m; i++) column[i] += el::load(ap[i]) * bpj;
             } else {
-                for (int i = 0; i < m; i++) column[i] += a[p + (int64_t)i * lda] * bpj;
+                for (int i = 0; i < m; i++) column[i] += el::load(a[p + (int64_t)i * lda]) * bpj;
             }
         }
-        float *cj = c + (int64_t)j * ldc;
+        E *cj = c + (int64_t)j * ldc;
         for (int i = 0; i < m; i++)
-            cj[i] = beta == 0.0f ? alpha * column[i] : alpha * column[i] + beta * cj[i];
+            cj[i] = el::store(beta == 0 ? alpha * column[i]
+                                        : alpha * column[i] + beta * el::load(cj[i]));
     }
+}
+
+/* One strided batched GEMM over element type E (argument checks done). */
+template <class E>
+static int gemm_strided(int transa, int transb, int m, int n, int k, const void *alpha,
+                        const void *a, int lda, long long stride_a, const void *b, int ldb,
+                        long long stride_b, const void *beta, void *c, int ldc, long long stride_c,
+                        int batch_count) {
+    typedef typename elem<E>::acc A;
+    if (m == 0 || n == 0 || batch_count == 0) return STATUS_SUCCESS;
+    A *column = (A *)malloc((size_t)m * sizeof(A));
+    if (column == nullptr) return 3; /* alloc failed */
+    const E *ea = (const E *)a, *eb = (const E *)b;
+    E *ec = (E *)c;
+    for (int z = 0; z < batch_count; z++)
+        gemm(transa, transb, m, n, k, *(const A *)alpha, ea + z * stride_a, lda, eb + z * stride_b,
+             ldb, *(const A *)beta, ec + z * stride_c, ldc, column);
+    free(column);
+    return STATUS_SUCCESS;
+}
+
+/* One pointer-array batched GEMM over element type E (argument checks done). */
+template <class E>
+static int gemm_batched(int transa, int transb, int m, int n, int k, const void *alpha,
+                        const void *const a[], int lda, const void *const b[], int ldb,
+                        const void *beta, void *const c[], int ldc, int batch_count) {
+    typedef typename elem<E>::acc A;
+    if (m == 0 || n == 0 || batch_count == 0) return STATUS_SUCCESS;
+    if (a == nullptr || b == nullptr || c == nullptr) return STATUS_INVALID_VALUE;
+    A *column = (A *)malloc((size_t)m * sizeof(A));
+    if (column == nullptr) return 3; /* alloc failed */
+    for (int z = 0; z < batch_count; z++)
+        gemm(transa, transb, m, n, k, *(const A *)alpha, (const E *)a[z], lda, (const E *)b[z], ldb,
+             *(const A *)beta, (E *)c[z], ldc, column);
+    free(column);
+    return STATUS_SUCCESS;
+}
+
+/* The checks every call makes: 0 when they pass, else the status. */
+static int check_call(const struct cublas_context *handle, const void *alpha, const void *beta,
+                      int transa, int transb, int m, int n, int k, int lda, int ldb, int ldc,
+                      int batch_count) {
+    if (handle == nullptr) return STATUS_NOT_INITIALIZED;
+    if (alpha == nullptr || beta == nullptr ||
+        !check_gemm(transa, transb, m, n, k, lda, ldb, ldc, batch_count))
+        return STATUS_INVALID_VALUE;
+    return STATUS_SUCCESS;
+}
+
+/* The Ex calls' type combinations: one type for A, B and C, float compute. */
+static int check_types(int a_type, int b_type, int c_type, int compute_type) {
+    if (a_type != b_type || a_type != c_type || compute_type != COMPUTE_32F)
+        return STATUS_NOT_SUPPORTED;
+    if (a_type != R_32F && a_type != R_16F && a_type != R_16BF) return STATUS_NOT_SUPPORTED;
+    return STATUS_SUCCESS;
 }
 
 extern "C" int nd_sim_cublas_sgemm_strided(struct cublas_context *handle, int transa, int transb,
@@ -95,18 +184,10 @@ extern "C" int nd_sim_cublas_sgemm_strided(struct cublas_context *handle, int tr
                                            int lda, long long stride_a, const float *b, int ldb,
                                            long long stride_b, const float *beta, float *c, int ldc,
                                            long long stride_c, int batch_count) {
-    if (handle == nullptr) return STATUS_NOT_INITIALIZED;
-    if (alpha == nullptr || beta == nullptr ||
-        !check_gemm(transa, transb, m, n, k, lda, ldb, ldc, batch_count))
-        return STATUS_INVALID_VALUE;
-    if (m == 0 || n == 0 || batch_count == 0) return STATUS_SUCCESS;
-    float *column = (float *)malloc((size_t)m * sizeof(float));
-    if (column == nullptr) return 3; /* alloc failed */
-    for (int z = 0; z < batch_count; z++)
-        gemm(transa, transb, m, n, k, *alpha, a + z * stride_a, lda, b + z * stride_b, ldb, *beta,
-             c + z * stride_c, ldc, column);
-    free(column);
-    return STATUS_SUCCESS;
+    int st = check_call(handle, alpha, beta, transa, transb, m, n, k, lda, ldb, ldc, batch_count);
+    if (st != STATUS_SUCCESS) return st;
+    return gemm_strided<float>(transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                               beta, c, ldc, stride_c, batch_count);
 }
 
 extern "C" int nd_sim_cublas_sgemm_batched(struct cublas_context *handle, int transa, int transb,
@@ -114,18 +195,82 @@ extern "C" int nd_sim_cublas_sgemm_batched(struct cublas_context *handle, int tr
                                            const float *const a[], int lda, const float *const b[],
                                            int ldb, const float *beta, float *const c[], int ldc,
                                            int batch_count) {
-    if (handle == nullptr) return STATUS_NOT_INITIALIZED;
-    if (alpha == nullptr || beta == nullptr ||
-        !check_gemm(transa, transb, m, n, k, lda, ldb, ldc, batch_count))
-        return STATUS_INVALID_VALUE;
-    if (m == 0 || n == 0 || batch_count == 0) return STATUS_SUCCESS;
-    if (a == nullptr || b == nullptr || c == nullptr) return STATUS_INVALID_VALUE;
-    float *column = (float *)malloc((size_t)m * sizeof(float));
-    if (column == nullptr) return 3; /* alloc failed */
-    for (int z = 0; z < batch_count; z++)
-        gemm(transa, transb, m, n, k, *alpha, a[z], lda, b[z], ldb, *beta, c[z], ldc, column);
-    free(column);
-    return STATUS_SUCCESS;
+    int st = check_call(handle, alpha, beta, transa, transb, m, n, k, lda, ldb, ldc, batch_count);
+    if (st != STATUS_SUCCESS) return st;
+    return gemm_batched<float>(transa, transb, m, n, k, alpha, (const void *const *)a, lda,
+                               (const void *const *)b, ldb, beta, (void *const *)c, ldc,
+                               batch_count);
+}
+
+extern "C" int nd_sim_cublas_dgemm_strided(struct cublas_context *handle, int transa, int transb,
+                                           int m, int n, int k, const double *alpha,
+                                           const double *a, int lda, long long stride_a,
+                                           const double *b, int ldb, long long stride_b,
+                                           const double *beta, double *c, int ldc,
+                                           long long stride_c, int batch_count) {
+    int st = check_call(handle, alpha, beta, transa, transb, m, n, k, lda, ldb, ldc, batch_count);
+    if (st != STATUS_SUCCESS) return st;
+    return gemm_strided<double>(transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                                beta, c, ldc, stride_c, batch_count);
+}
+
+extern "C" int nd_sim_cublas_dgemm_batched(struct cublas_context *handle, int transa, int transb,
+                                           int m, int n, int k, const double *alpha,
+                                           const double *const a[], int lda,
+                                           const double *const b[], int ldb, const double *beta,
+                                           double *const c[], int ldc, int batch_count) {
+    int st = check_call(handle, alpha, beta, transa, transb, m, n, k, lda, ldb, ldc, batch_count);
+    if (st != STATUS_SUCCESS) return st;
+    return gemm_batched<double>(transa, transb, m, n, k, alpha, (const void *const *)a, lda,
+                                (const void *const *)b, ldb, beta, (void *const *)c, ldc,
+                                batch_count);
+}
+
+extern "C" int nd_sim_cublas_gemm_strided_ex(struct cublas_context *handle, int transa, int transb,
+                                             int m, int n, int k, const void *alpha, const void *a,
+                                             int a_type, int lda, long long stride_a, const void *b,
+                                             int b_type, int ldb, long long stride_b,
+                                             const void *beta, void *c, int c_type, int ldc,
+                                             long long stride_c, int batch_count, int compute_type,
+                                             int algo) {
+    (void)algo; /* any algorithm computes the same product here */
+    int st = check_call(handle, alpha, beta, transa, transb, m, n, k, lda, ldb, ldc, batch_count);
+    if (st == STATUS_SUCCESS) st = check_types(a_type, b_type, c_type, compute_type);
+    if (st != STATUS_SUCCESS) return st;
+    switch (a_type) {
+    case R_16F:
+        return gemm_strided<half_elem>(transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb,
+                                       stride_b, beta, c, ldc, stride_c, batch_count);
+    case R_16BF:
+        return gemm_strided<bf16_elem>(transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb,
+                                       stride_b, beta, c, ldc, stride_c, batch_count);
+    default:
+        return gemm_strided<float>(transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb,
+                                   stride_b, beta, c, ldc, stride_c, batch_count);
+    }
+}
+
+extern "C" int nd_sim_cublas_gemm_batched_ex(struct cublas_context *handle, int transa, int transb,
+                                             int m, int n, int k, const void *alpha,
+                                             const void *const a[], int a_type, int lda,
+                                             const void *const b[], int b_type, int ldb,
+                                             const void *beta, void *const c[], int c_type, int ldc,
+                                             int batch_count, int compute_type, int algo) {
+    (void)algo;
+    int st = check_call(handle, alpha, beta, transa, transb, m, n, k, lda, ldb, ldc, batch_count);
+    if (st == STATUS_SUCCESS) st = check_types(a_type, b_type, c_type, compute_type);
+    if (st != STATUS_SUCCESS) return st;
+    switch (a_type) {
+    case R_16F:
+        return gemm_batched<half_elem>(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                                       batch_count);
+    case R_16BF:
+        return gemm_batched<bf16_elem>(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                                       batch_count);
+    default:
+        return gemm_batched<float>(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                                   batch_count);
+    }
 }
 
 extern "C" const char *nd_sim_cublas_status_string(int status) {
@@ -134,6 +279,7 @@ extern "C" const char *nd_sim_cublas_status_string(int status) {
     case STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
     case 3: return "CUBLAS_STATUS_ALLOC_FAILED";
     case STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
     default: return "CUBLAS_STATUS_UNKNOWN (simulated cuBLAS)";
     }
 }

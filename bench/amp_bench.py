@@ -1,0 +1,120 @@
+"""Automatic mixed precision: the course's PTB transformer step in float32, under
+autocast(bfloat16) and under autocast(float16) with a GradScaler, on one device.
+
+The course's LanguageModel (COURSE: vocabulary 10k, sequence length 20, batch 256, the
+transformer) on random tokens; a step is forward, SoftmaxLoss, reset_grad, backward and an
+Adam step (with the scaler's scale/step/update for float16), ending with the loss read. The
+peak is ``max_memory_allocated`` over one step after a warm-up step, each mode alone in the
+process; the time is the median step, the modes' steps interleaved so that the machine's drift
+falls on all alike. Ratios are to float32's. Issue 22's targets on the CPU: peak <= 0.6x, time
+<= 1.0x.
+
+    python bench/amp_bench.py [--steps 5] [--device cpu|cuda] [--modes float32,bfloat16,float16]
+        [--batch 256] [--vocab 10000]
+"""
+
+import argparse
+import contextlib
+import json
+import statistics
+import time
+
+import numpy as np
+
+import needle as ndl
+from needle import nn
+from needle.apps.course_config import COURSE
+
+from benchutil import print_machine
+
+
+class _Run:
+    """One mode's model, optimizer and data, seeded alike, ready to step."""
+
+    def __init__(self, mode, device, batch, vocab):
+        np.random.seed(0)
+        self.mode = mode
+        self.device = device
+        self.model = COURSE.language_model(vocab_size=vocab, device=device)
+        self.opt = ndl.optim.Adam(self.model.parameters(), lr=COURSE.lr)
+        self.loss_fn = nn.SoftmaxLoss()
+        tokens = np.random.randint(0, vocab, (COURSE.seq_len, batch))
+        labels = np.random.randint(0, vocab, (COURSE.seq_len * batch,))
+        self.x = ndl.Tensor(tokens.astype(np.float32), device=device, requires_grad=False)
+        self.y = ndl.Tensor(labels.astype(np.float32), device=device, requires_grad=False)
+        self.scaler = ndl.amp.GradScaler(init_scale=2.0**12) if mode == "float16" else None
+
+    def _context(self):
+        if self.mode == "float32":
+            return contextlib.nullcontext()
+        return ndl.autocast(self.device, dtype=self.mode)
+
+    def step(self):
+        """One training step; returns (seconds, loss)."""
+        start = time.perf_counter()
+        self.opt.reset_grad()
+        with self._context():
+            loss = self.loss_fn(self.model(self.x)[0], self.y)
+        if self.scaler is None:
+            loss.backward()
+            self.opt.step()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        value = float(loss.numpy())
+        return time.perf_counter() - start, value
+
+
+def peak_bytes(mode, args, device):
+    run = _Run(mode, device, args.batch, args.vocab)
+    run.step()
+    ndl.memory.reset_peak_memory_stats(device)
+    run.step()
+    peak = ndl.memory.max_memory_allocated(device)
+    del run
+    return peak
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--modes", default="float32,bfloat16,float16")
+    parser.add_argument("--batch", type=int, default=COURSE.batch_size)
+    parser.add_argument("--vocab", type=int, default=COURSE.vocab_size)
+    args = parser.parse_args()
+    device = ndl.cpu() if args.device == "cpu" else ndl.cuda()
+    modes = args.modes.split(",")
+    if modes[0] != "float32":
+        parser.error("--modes must start with float32, the ratios' basis")
+    print_machine(device=args.device)
+    print(json.dumps({"config": vars(args)}), flush=True)
+    peaks = {mode: peak_bytes(mode, args, device) for mode in modes}
+    runs = [_Run(mode, device, args.batch, args.vocab) for mode in modes]
+    for run in runs:
+        run.step()
+    times = {mode: [] for mode in modes}
+    losses = {mode: [] for mode in modes}
+    for _ in range(args.steps):
+        for run in runs:
+            seconds, loss = run.step()
+            times[run.mode].append(seconds)
+            losses[run.mode].append(loss)
+    base_peak, base_time = peaks["float32"], statistics.median(times["float32"])
+    for mode in modes:
+        step_s = statistics.median(times[mode])
+        row = {
+            "mode": mode,
+            "peak_bytes": peaks[mode],
+            "step_s": step_s,
+            "peak_ratio": round(peaks[mode] / base_peak, 3),
+            "time_ratio": round(step_s / base_time, 3),
+            "last_loss": round(losses[mode][-1], 4),
+            "targets": {"peak_ratio": 0.6, "time_ratio": 1.0},
+        }
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
