@@ -424,7 +424,7 @@ STEPS = 100
 @pytest.fixture(scope="module")
 def ptb(tmp_path_factory):
     path = tmp_path_factory.mktemp("autocast_ptb")
-    write_synthetic_corpus(str(path), num_words=6_000, seed=0, vocab_size=60)
+    write_synthetic_corpus(str(path), num_words=6_000, seed=0, vocab_size=150)
     corpus = Corpus(str(path))
     return corpus, batchify(corpus.train, 8, None, "float32")
 
