@@ -19,6 +19,12 @@
 /* ---------------------------------------------------------------- casts */
 
 int value_dtype(needle_state *st, PyObject *value, nd_dtype *dtype) {
+    /* The common case, without realize's references: backward asks this of every partial. */
+    PyObject *cached = Tensor_CAST(value)->cached_data;
+    if (cached != NULL && ndarray_check(st, cached)) {
+        *dtype = nd_array_dtype(&NDArray_CAST(cached)->array);
+        return 0;
+    }
     PyObject *data = realize(st, value);
     if (data == NULL) return -1;
     int ok = ndarray_check(st, data);
