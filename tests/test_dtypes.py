@@ -4,14 +4,16 @@ What holds today: arrays of every dtype are made, filled, copied, converted (``a
 viewed, indexed, moved between devices and exchanged with NumPy and DLPack consumers; their
 bytes are counted by itemsize. float16 and bfloat16 round to nearest even, as NumPy's and
 PyTorch's casts do (checked value by value against them), on the CPU and the GPU alike.
-The operations compute in float32 and refuse the other dtypes with a TypeError that names
-the operation and the dtype, leaving the process working.
+Elementwise ops, reductions and matmul compute in every dtype (tests/test_dtype_ops.py); the
+fused operations refuse the other dtypes with a TypeError that names the operation and the
+dtype, leaving the process working.
 """
 
 import numpy as np
 import pytest
 
 import needle as ndl
+import needle_c
 from needle import backend_ndarray as nd
 
 from devices import DEVICES, dev
@@ -158,26 +160,43 @@ def test_bytes_are_counted_by_itemsize(device, dtype):
     assert ndl.memory.memory_allocated(device) == before
 
 
-@dev
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
-def test_operations_refuse_other_dtypes(device, dtype):
-    a = nd.array(np.ones((2, 3)), dtype=dtype, device=device)
-    f = nd.array(np.ones((3, 2)), device=device)
+def test_fused_operations_refuse_other_dtypes(dtype):
+    """Elementwise ops, reductions and matmul compute in every dtype (test_dtype_ops.py);
+    the fused ops are float32-only for now and say so with a TypeError on the CPU."""
+    device = ndl.cpu()
+
+    def t(x):
+        return ndl.Tensor(np.asarray(x, np.float64), device=device, dtype=dtype)
+
+    x, rows = t(np.ones((2, 3))), t(np.ones((4, 3)))
+    w, b = t(np.ones(3)), t(np.zeros(3))
+    labels, ids = t([0.0, 2.0]), t([1.0, 0.0])
+    h, c = t(np.ones((2, 2))), t(np.ones((2, 2)))
+    w_ih, w_hh = t(np.ones((3, 8))), t(np.ones((2, 8)))
     for name, call in [
-        ("a binary op", lambda: a + a),
-        ("a binary op", lambda: a * 2.0),
-        ("a unary op", lambda: a.exp()),
-        ("a reduction", lambda: a.sum(axis=0)),
-        ("matmul", lambda: a @ a.permute((1, 0))),
+        ("softmax", lambda: ndl.ops.logsumexp(x, axes=(1,))),
+        ("softmax loss", lambda: ndl.ops.softmax_cross_entropy(x, labels)),
+        ("layer norm", lambda: ndl.ops.layer_norm(x, w, b)),
+        ("attention softmax", lambda: ndl.ops.attention_softmax(x)),
+        ("gather_rows", lambda: ndl.ops.gather_rows(rows, ids)),
+        ("lstm", lambda: ndl.ops.lstm_cell(x, h, c, w_ih, w_hh)),
+        ("sgd_update", lambda: needle_c.sgd_update(x, x, x, 0.1, 0.0, 0.0)),
     ]:
         with pytest.raises(TypeError, match=f"{name} is not implemented for {dtype} arrays"):
             call()
-    # The process goes on, and the float32 path is untouched.
-    np.testing.assert_array_equal((f * 2).numpy(), np.full((3, 2), 2.0, np.float32))
-    np.testing.assert_array_equal((a.astype("float32") + 1).numpy(), np.full((2, 3), 2.0))
-    # With a float32 array the narrow types promote to float32, which computes.
-    if dtype != "float64":
-        np.testing.assert_array_equal((a @ f).numpy(), np.full((2, 2), 3.0, np.float32))
+    # The process goes on, and the same ops compute once the inputs are float32.
+    f = x.cached_data.astype("float32")
+    np.testing.assert_allclose(
+        ndl.ops.logsumexp(ndl.Tensor(f, device=device), axes=(1,)).numpy(),
+        np.full(2, 1.0 + np.log(3.0)),
+        rtol=1e-6,
+    )
+    # The elementwise ops, reductions and matmul of the same arrays compute.
+    a = x.cached_data
+    assert (a * 2.0).dtype == dtype and (a @ a.permute((1, 0))).dtype == dtype
+    np.testing.assert_array_equal((a @ a.permute((1, 0))).numpy(), np.full((2, 2), 3.0))
+    np.testing.assert_array_equal(a.sum(axis=0).numpy(), np.full(3, 2.0))
 
 
 @dev
