@@ -24,6 +24,9 @@
 #   census      bench/gpu_census.py --device cuda --torch: the step's kernel launches, BLAS
 #               calls, host syncs, device mallocs and copies, beside PyTorch's profiler's
 #   ptb         bench/ptb_train.py --device cuda: needle against PyTorch on the GPU
+#   dtypes      bench/gemm_dtype_bench.py --n 4096: float32/bfloat16/float16 products against
+#               PyTorch's (issue 22: bfloat16 >= 0.8 of PyTorch's throughput), then
+#               bench/amp_bench.py --device cuda: the course transformer's step under autocast
 #   real_oom    bench/real_oom.py --device cuda: the leak with gc.disable() and no limit fills
 #               the GPU (OutOfMemoryError with the device's figures), the process trains again
 #               after cleanup, and with the hook the same loop never runs out
@@ -55,8 +58,8 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 2
 
-ALL_STEPS=(build cuda nccl suite census ptb real_oom repro_real repro_heap ncu reduce bmm repro
-    memcheck racecheck)
+ALL_STEPS=(build cuda nccl suite census ptb dtypes real_oom repro_real repro_heap ncu reduce bmm
+    repro memcheck racecheck)
 REPORT=""
 BUDGET=520
 DRY_RUN=0
@@ -423,6 +426,9 @@ the environment: ${COMPILERS}$(if [ -z "$COMPUTE_CAP" ]; then
     if wanted ptb; then
         check ptb "file:bench/ptb_train.py" "help:bench/ptb_train.py:--device" "module:torch"
     fi
+    if wanted dtypes; then
+        check dtypes "help:bench/gemm_dtype_bench.py:--n" "help:bench/amp_bench.py:--modes"
+    fi
     if wanted real_oom; then
         check real_oom "help:bench/real_oom.py:--max-steps" "help:bench/real_oom.py:--device"
     fi
@@ -537,6 +543,17 @@ assert ndl.cuda.is_available(), ndl.cuda.unavailable_reason()
         RATIO="$(awk '$2 == "needle" { print $1 " " $NF }' "$LOG" | tr '\n' ' ')"
         record ptb "$STATUS" "$SECS" "needle/torch step time: ${RATIO:--}" \
             "${TABLE:-$(tail_of "$LOG" 20)}"
+    fi
+
+    if wanted dtypes; then
+        # dtypes: products in each dtype against PyTorch's, then the step under autocast.
+        run dtypes 90 bash -c "$(quoted "$PY" bench/gemm_dtype_bench.py --device cuda --n 4096 \
+            --dtypes float32,bfloat16,float16) && $(quoted "$PY" bench/amp_bench.py --device cuda \
+            --steps 5)"
+        RATIO="$(grep -o '"dtype": "bfloat16"[^}]*"needle_over_torch_throughput": [0-9.]*' "$LOG" |
+            grep -o '[0-9.]*$' || true)"
+        record dtypes "$STATUS" "$SECS" "bfloat16 GEMM needle/torch: ${RATIO:--}" \
+            "$(tail_of "$LOG" 12)"
     fi
 
     if wanted real_oom; then

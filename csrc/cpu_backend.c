@@ -67,17 +67,46 @@ static nd_status cpu_from_host(const nd_layout *dst_layout, float *dst, const fl
 
 /* -------------------------------------------------------- binary ops */
 
+/* The other dtypes' elementwise ops: the same iteration with byte offsets.
+ * Scalars go in as their compute type: a double for float64 (stored as the
+ * element it is), a float in the context for the narrow types (rounding it
+ * to 16 bits would change x * 0.1 from what float32 computes). */
+static nd_status binary_typed(nd_inner_fn fn, nd_dtype dtype, const nd_layout *out_layout,
+                              float *out, nd_kernel_operand a, nd_kernel_operand b) {
+    const int64_t size = nd_dtype_size(dtype);
+    const int64_t sizes[3] = {size, size, size};
+    double wide[2] = {a.scalar, b.scalar};
+    uint16_t narrow[2] = {0, 0}; /* unread: the loops take the context's */
+    nd_ew_scalars scalars = {a.data == NULL, b.data == NULL, (float)a.scalar, (float)b.scalar};
+    const int in_ctx = dtype != ND_FLOAT64;
+    void *sa = in_ctx ? (void *)&narrow[0] : (void *)&wide[0];
+    void *sb = in_ctx ? (void *)&narrow[1] : (void *)&wide[1];
+    const nd_layout *layouts[3] = {out_layout, a.data ? a.layout : NULL, b.data ? b.layout : NULL};
+    nd_iter it;
+    nd_iter_prepare(&it, out_layout->shape, out_layout->ndim, 3, layouts, 0);
+    void *base[3] = {(char *)out + out_layout->offset * size,
+                     a.data ? (char *)a.data + a.layout->offset * size : sa,
+                     b.data ? (char *)b.data + b.layout->offset * size : sb};
+    nd_iter_run_sized(&it, base, sizes, fn,
+                      in_ctx && (scalars.a_set || scalars.b_set) ? &scalars : NULL);
+    return ND_OK;
+}
+
 static nd_status cpu_binary(nd_binary_op op, nd_dtype dtype, const nd_layout *out_layout,
                             float *out, nd_kernel_operand a, nd_kernel_operand b) {
-    if (dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cpu", "a binary op", dtype);
+    if (dtype < 0 || dtype >= ND_DTYPE_COUNT)
+        return nd_backend_lacks_dtype("cpu", "a binary op", dtype);
     const nd_cpu_loops *loops = nd_cpu_loops_current();
-    nd_inner_fn fn = loops->binary[op];
+    nd_inner_fn fn = loops->binary[dtype][op];
     if (op == ND_POW && b.data == NULL) {
-        nd_pow_form form = nd_pow_form_of(b.scalar);
-        fn = loops->pow_form[form];
+        nd_pow_form form = nd_pow_form_of((float)b.scalar);
+        /* float64 keeps exponents that only round to an exact form's. */
+        if (dtype == ND_FLOAT64 && (double)(float)b.scalar != b.scalar) form = ND_POW_GENERAL;
+        fn = loops->pow_form[dtype][form];
         /* The exact forms' loops add 0*y to use y (cpu_loops.inc). */
         if (form != ND_POW_GENERAL) b.scalar = 0.0f;
     }
+    if (dtype != ND_FLOAT32) return binary_typed(fn, dtype, out_layout, out, a, b);
     float sa = a.scalar, sb = b.scalar;
     const nd_layout *layouts[3] = {out_layout, a.data ? a.layout : NULL, b.data ? b.layout : NULL};
     nd_iter it;
@@ -92,12 +121,21 @@ static nd_status cpu_binary(nd_binary_op op, nd_dtype dtype, const nd_layout *ou
 
 static nd_status cpu_unary(nd_unary_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
                            const nd_layout *a_layout, const float *a) {
-    if (dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cpu", "a unary op", dtype);
+    if (dtype < 0 || dtype >= ND_DTYPE_COUNT)
+        return nd_backend_lacks_dtype("cpu", "a unary op", dtype);
     const nd_layout *layouts[2] = {out_layout, a_layout};
     nd_iter it;
     nd_iter_prepare(&it, out_layout->shape, out_layout->ndim, 2, layouts, 0);
+    nd_inner_fn fn = nd_cpu_loops_current()->unary[dtype][op];
+    if (dtype != ND_FLOAT32) {
+        const int64_t size = nd_dtype_size(dtype), sizes[2] = {size, size};
+        void *base[2] = {(char *)out + out_layout->offset * size,
+                         (char *)(void *)a + a_layout->offset * size};
+        nd_iter_run_sized(&it, base, sizes, fn, NULL);
+        return ND_OK;
+    }
     float *base[2] = {out + out_layout->offset, (float *)a + a_layout->offset};
-    nd_iter_run(&it, base, nd_cpu_loops_current()->unary[op], NULL);
+    nd_iter_run(&it, base, fn, NULL);
     return ND_OK;
 }
 
@@ -178,9 +216,39 @@ static int sum_into_shadow(const nd_iter *it, double *acc, const float *a) {
     return 0;
 }
 
+/* The other dtypes' reductions: every output accumulates in a double
+ * (float16 and bfloat16 rows in float32 lanes first, cpu_loops.inc) and is
+ * rounded into the dtype once, at the end. */
+static nd_status reduce_wide(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_layout,
+                             float *out, const nd_layout *a_layout, const float *a) {
+    int64_t outputs = 1;
+    for (int d = 0; d < out_layout->ndim; d++)
+        if (out_layout->strides[d] != 0) outputs *= out_layout->shape[d];
+    double *acc = malloc(sizeof(double) * (size_t)outputs);
+    if (acc == NULL) return nd_fail(ND_ERR_OOM, "no memory for a reduction's accumulators");
+    const double identity = nd_reduce_identity(op);
+    for (int64_t i = 0; i < outputs; i++) acc[i] = identity;
+    const nd_layout *layouts[2] = {out_layout, a_layout};
+    nd_iter it;
+    nd_iter_prepare(&it, a_layout->shape, a_layout->ndim, 2, layouts, 1);
+    const int64_t size = nd_dtype_size(dtype), sizes[2] = {(int64_t)sizeof(double), size};
+    void *base[2] = {acc, (char *)(void *)a + a_layout->offset * size};
+    nd_iter_run_sized(&it, base, sizes, nd_cpu_loops_current()->reduce_wide[dtype][op], NULL);
+    /* One rounding per output, as nd_cpu_convert rounds (through float32 for
+     * the narrow types). */
+    nd_layout acc_layout;
+    nd_layout_contiguous(1, &outputs, &acc_layout);
+    nd_status st = nd_cpu_convert(&acc_layout, (char *)out + out_layout->offset * size, dtype,
+                                  &acc_layout, acc, ND_FLOAT64, 0.0);
+    free(acc);
+    return st;
+}
+
 static nd_status cpu_reduce(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_layout,
                             float *out, const nd_layout *a_layout, const float *a) {
-    if (dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cpu", "a reduction", dtype);
+    if (dtype < 0 || dtype >= ND_DTYPE_COUNT)
+        return nd_backend_lacks_dtype("cpu", "a reduction", dtype);
+    if (dtype != ND_FLOAT32) return reduce_wide(op, dtype, out_layout, out, a_layout, a);
     const nd_layout *layouts[2] = {out_layout, a_layout};
     nd_iter it;
     /* Walk in the input's memory order; the output is small or contiguous. */

@@ -54,6 +54,12 @@ const nd_gemm_ukernel *nd_cpu_gemm_ukernel(nd_cpu_isa isa);
  * batch, and small products are multiplied straight from their operands. */
 void nd_cpu_sgemm_batched(const nd_matmul_desc *d);
 
+/* nd_cpu_matmul (the backend's entry) by dtype: float32's product, split
+ * between needle's GEMM and the BLAS (cpu_matmul.c), and the other dtypes'
+ * (cpu_matmul_typed.c). */
+nd_status nd_cpu_matmul_float32(const nd_matmul_desc *d);
+nd_status nd_cpu_matmul_typed(const nd_matmul_desc *d);
+
 #ifdef __cplusplus
 }
 #endif

@@ -32,5 +32,12 @@ typedef void (*nd_inner_fn)(int64_t n, float **p, const int64_t *s, const void *
 /* Runs fn over every inner row; base[i] is operand i's first element. */
 void nd_iter_run(const nd_iter *it, float *const *base, nd_inner_fn fn, const void *ctx);
 
+/* nd_iter_run for operands of any dtype: operand i's elements are
+ * itemsize[i] bytes (the strides stay in elements), and fn gets pointers to
+ * them typed float * (it casts them back to its storage type). float32 keeps
+ * nd_iter_run. */
+void nd_iter_run_sized(const nd_iter *it, void *const *base, const int64_t *itemsize,
+                       nd_inner_fn fn, const void *ctx);
+
 
 #endif /* NEEDLE_CPU_ITER_H */

@@ -13,15 +13,27 @@ typedef struct nd_row_apply_ctx {
     float k;
 } nd_row_apply_ctx;
 
+/* The context of a binary loop of float16 or bfloat16 (NULL: none): the
+ * scalar operands, in the compute type (a scalar is not rounded to 16 bits). */
+typedef struct nd_ew_scalars {
+    int a_set, b_set; /* whether a / b is this scalar */
+    float a, b;
+} nd_ew_scalars;
+
 typedef struct nd_cpu_loops {
     nd_inner_fn copy; /* p[0] = p[1] */
-    nd_inner_fn binary[ND_BINARY_OP_COUNT];
+    /* The elementwise loops, by dtype then op; p points at elements of the
+     * dtype (run through nd_iter_run_sized but for float32). */
+    nd_inner_fn binary[ND_DTYPE_COUNT][ND_BINARY_OP_COUNT];
     /* ND_POW by a scalar exponent, by nd_pow_form_of(exponent): the general
      * loop or an exact form, which takes the exponent zeroed. */
-    nd_inner_fn pow_form[ND_POW_FORM_COUNT];
-    nd_inner_fn unary[ND_UNARY_OP_COUNT];
-    /* p[0] (stride 0 along reduced dims) combined with p[1]. */
+    nd_inner_fn pow_form[ND_DTYPE_COUNT][ND_POW_FORM_COUNT];
+    nd_inner_fn unary[ND_DTYPE_COUNT][ND_UNARY_OP_COUNT];
+    /* float32: p[0] (stride 0 along reduced dims) combined with p[1]. */
     nd_inner_fn reduce[ND_REDUCE_OP_COUNT];
+    /* The other dtypes (none for float32): p[0] double accumulators (stride 0
+     * along reduced dims) combined with p[1], elements of the dtype. */
+    nd_inner_fn reduce_wide[ND_DTYPE_COUNT][ND_REDUCE_OP_COUNT];
     /* The sum of a contiguous row, float lanes flushed into a double. */
     double (*sum_contiguous)(const float *a, int64_t n);
     void (*add_row_double)(double *o, const float *a, int64_t n); /* o += a */

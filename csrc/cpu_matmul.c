@@ -131,7 +131,11 @@ static int64_t current_split(void) {
 }
 
 nd_status nd_cpu_matmul(const nd_matmul_desc *d) {
-    if (d->dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cpu", "matmul", d->dtype);
+    if (d->dtype != ND_FLOAT32) return nd_cpu_matmul_typed(d);
+    return nd_cpu_matmul_float32(d);
+}
+
+nd_status nd_cpu_matmul_float32(const nd_matmul_desc *d) {
     const int64_t madds = d->m * d->n * d->k;
     if (installed_sgemm == NULL || madds < CALIBRATE_FROM || madds < current_split()) {
         nd_cpu_sgemm_batched(d);

@@ -76,8 +76,10 @@ def test_tensor_dtypes_needle_lacks_rejected():
         ndl.Tensor(np.ones(3), dtype="int32")
     with pytest.raises(TypeError, match="is not a dtype"):
         ndl.Tensor([1.0, 2.0], dtype="float8")
-    t = ndl.Tensor(np.ones(3, dtype=np.float64))  # float64 data without a dtype is converted
+    t = ndl.Tensor([1.0, 1.0, 1.0])  # Python numbers without a dtype: float32
     assert t.dtype == "float32"
+    assert ndl.Tensor(np.ones(3)).dtype == "float64"  # NumPy float64 data keeps its dtype
+    assert ndl.Tensor(np.ones(3), dtype="float32").dtype == "float32"
     np.testing.assert_array_equal((t + 1).numpy(), [2, 2, 2])
 
 

@@ -4,8 +4,8 @@ What holds today: arrays of every dtype are made, filled, copied, converted (``a
 viewed, indexed, moved between devices and exchanged with NumPy and DLPack consumers; their
 bytes are counted by itemsize. float16 and bfloat16 round to nearest even, as NumPy's and
 PyTorch's casts do (checked value by value against them), on the CPU and the GPU alike.
-The operations compute in float32 and refuse the other dtypes with a TypeError that names
-the operation and the dtype, leaving the process working.
+Elementwise ops, reductions and matmul compute in every dtype (tests/test_dtype_ops.py,
+tests/test_cuda_dtype_ops.py), the fused operations through float32 (tests/test_dtype_fused.py).
 """
 
 import numpy as np
@@ -156,29 +156,6 @@ def test_bytes_are_counted_by_itemsize(device, dtype):
     assert grown >= 64000 * ITEMSIZE[dtype] and grown < 64000 * ITEMSIZE[dtype] + 4096
     del a
     assert ndl.memory.memory_allocated(device) == before
-
-
-# The CPU backend only: the CUDA backend computes in every dtype (test_cuda_dtype_ops.py).
-@pytest.mark.parametrize("device", [pytest.param(ndl.cpu(), id="cpu")])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
-def test_operations_refuse_other_dtypes(device, dtype):
-    a = nd.array(np.ones((2, 3)), dtype=dtype, device=device)
-    f = nd.array(np.ones((3, 2)), device=device)
-    for name, call in [
-        ("a binary op", lambda: a + a),
-        ("a binary op", lambda: a * 2.0),
-        ("a unary op", lambda: a.exp()),
-        ("a reduction", lambda: a.sum(axis=0)),
-        ("matmul", lambda: a @ a.permute((1, 0))),
-    ]:
-        with pytest.raises(TypeError, match=f"{name} is not implemented for {dtype} arrays"):
-            call()
-    # The process goes on, and the float32 path is untouched.
-    np.testing.assert_array_equal((f * 2).numpy(), np.full((3, 2), 2.0, np.float32))
-    np.testing.assert_array_equal((a.astype("float32") + 1).numpy(), np.full((2, 3), 2.0))
-    # With a float32 array the narrow types promote to float32, which computes.
-    if dtype != "float64":
-        np.testing.assert_array_equal((a @ f).numpy(), np.full((2, 2), 3.0, np.float32))
 
 
 @dev

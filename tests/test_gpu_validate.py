@@ -26,6 +26,7 @@ STEPS = [
     "suite",
     "census",
     "ptb",
+    "dtypes",
     "real_oom",
     "repro_real",
     "repro_heap",

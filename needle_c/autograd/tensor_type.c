@@ -86,8 +86,10 @@ static int tensor_init(PyObject *op, PyObject *args, PyObject *kwargs) {
                          Py_TYPE(array)->tp_name);
             return -1;
         }
+        /* An NDArray keeps its dtype; other data gets tensor_default_dtype's. */
         nd_dtype natural = tensor_default_dtype(array);
-        data = ndarray_from_object(st, array, dev, wanted != NULL ? wanted : &natural);
+        if (wanted == NULL && !ndarray_check(st, array)) wanted = &natural;
+        data = ndarray_from_object(st, array, dev, wanted);
     }
     if (data == NULL) return -1;
     TensorObject *self = Tensor_CAST(op);
