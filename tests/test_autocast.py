@@ -72,6 +72,7 @@ def test_ops_cast_and_cast_op_object(device):
     assert z.dtype == "float32" and z is not x
     np.testing.assert_array_equal(z.numpy(), EXACT)
     assert repr(ndl.ops.Cast("float16")) == "Cast()"
+    assert ndl.ops.EWiseAdd().dtype is None
     assert x.astype(np.float16).dtype == "float16"  # a NumPy dtype
     assert ndl.cast is ndl.ops.cast
 

@@ -274,8 +274,10 @@ static PyObject *get_key(PyObject *op, void *c) {
     return Py_NewRef(Op_CAST(op)->p.key ? Op_CAST(op)->p.key : Py_None);
 }
 
+/* Only a Cast has a dtype; the other ops compute in their inputs' dtypes. */
 static PyObject *get_dtype_field(PyObject *op, void *c) {
     (void)c;
+    if (Op_CAST(op)->kind != OP_CAST) Py_RETURN_NONE;
     return PyUnicode_FromString(nd_dtype_name(Op_CAST(op)->p.dtype));
 }
 
@@ -292,7 +294,7 @@ static PyGetSetDef builtin_op_getset[] = {
     {"index", get_int_field, NULL, NULL, "index"},
     {"num_rows", get_int_field, NULL, NULL, "index"},
     {"key", get_key, NULL, "The index of a getitem op.", NULL},
-    {"dtype", get_dtype_field, NULL, "The target dtype of a Cast.", NULL},
+    {"dtype", get_dtype_field, NULL, "The target dtype of a Cast (None for other ops).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
