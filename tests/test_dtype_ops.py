@@ -256,7 +256,9 @@ def check_matmul(a, b, va, vb, dtype, msg):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (5, 7, 3), (33, 65, 17), (64, 300, 130)])
+@pytest.mark.parametrize(
+    "m,k,n", [(1, 1, 1), (5, 7, 3), (33, 65, 17), (64, 300, 130), (7, 260, 300)]
+)
 def test_matmul_2d(m, k, n, dtype, device):
     rng = np.random.default_rng(m + k + n)
     a, va = make(data(rng, (m, k), "any"), dtype, device)
