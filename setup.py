@@ -549,7 +549,9 @@ BuildExt.cuda = cuda_plan()
 
 define_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 libraries = ["m", "dl"]
-depends = sorted(glob.glob("csrc/*.h") + glob.glob("needle_c/**/*.h", recursive=True))
+depends = sorted(
+    glob.glob("csrc/*.h") + glob.glob("csrc/*.inc") + glob.glob("needle_c/**/*.h", recursive=True)
+)
 
 needle_c = Extension(
     "needle_c",

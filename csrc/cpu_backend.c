@@ -1,8 +1,10 @@
 /* cpu_backend.c: the host backend: memory from the C heap, and the kernels
- * for copies, elementwise ops and reductions over strided float32 views.
+ * for copies (float32), elementwise ops and reductions (every dtype) over
+ * strided views.
  *
  * Kernels receive layouts already broadcast to the iteration shape; they
- * never allocate through the allocator and never fail on valid input. The
+ * never allocate through the allocator and fail on valid input only when
+ * the C heap has no room for the accumulators of another dtype's reduction. The
  * inner loops they run over those views are the current ISA's
  * (cpu_loops.h); this file walks the views and picks the loop.
  */

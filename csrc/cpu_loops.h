@@ -20,6 +20,17 @@ typedef struct nd_ew_scalars {
     float a, b;
 } nd_ew_scalars;
 
+/* A block of a float64 product (cpu_matmul_typed.c): C[i, 0:nc] +=
+ * A[i, 0:kc] @ B for the rows given, B packed (kc x nc, contiguous). */
+typedef struct nd_f64_block {
+    const double *a; /* A(0, 0) of the block */
+    int64_t a_rs, a_cs;
+    const double *b;
+    int64_t kc, nc;
+    double *c; /* C(0, 0) of the block */
+    int64_t ldc;
+} nd_f64_block;
+
 typedef struct nd_cpu_loops {
     nd_inner_fn copy; /* p[0] = p[1] */
     /* The elementwise loops, by dtype then op; p points at elements of the
@@ -38,6 +49,10 @@ typedef struct nd_cpu_loops {
     double (*sum_contiguous)(const float *a, int64_t n);
     void (*add_row_double)(double *o, const float *a, int64_t n); /* o += a */
     void (*add_row_float)(float *o, const float *a, int64_t n);   /* o += a */
+    /* float16 -> float32, n elements of src at stride (F16C where present). */
+    void (*f16_to_float)(float *dst, const uint16_t *src, int64_t stride, int64_t n);
+    /* Rows [begin, end) of an nd_f64_block, an nd_cpu_parallel_for body. */
+    void (*f64_block_rows)(void *block, int64_t begin, int64_t end);
     /* Softmax rows [begin, end) (cpu_softmax_rows.inc), as nd_cpu_parallel_for
      * bodies: statistics of an nd_rows_desc, the pass of an nd_row_apply_ctx. */
     void (*row_stats)(void *desc, int64_t begin, int64_t end);

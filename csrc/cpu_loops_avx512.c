@@ -9,6 +9,10 @@
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v4")
 #endif
+/* x86-64-v3 and up have F16C (cpu_loops.inc converts float16 with it); the
+ * vector width sizes the float64 GEMM tile. */
+#define ND_LOOPS_F16C 1
+#define ND_LOOPS_VECTOR_BYTES 64
 #define ND_LOOPS_TABLE nd_cpu_loops_avx512
 #include "cpu_loops.inc"
 #if defined(__clang__)

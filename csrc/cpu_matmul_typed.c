@@ -8,6 +8,7 @@
  * double, full precision (the BLAS loader installs only an sgemm).
  */
 #include "cpu_gemm.h"
+#include "cpu_loops.h"
 #include "dtype_convert.h"
 
 #include <stdlib.h>
@@ -45,8 +46,7 @@ static float *widen_operand(const nd_matmul_desc *d, const void *src, const int6
     float *wide = malloc(sizeof(float) * (size_t)count);
     if (wide == NULL) return NULL;
     const uint16_t *narrow = (const uint16_t *)src + lo;
-    if (d->dtype == ND_FLOAT16)
-        for (int64_t i = 0; i < count; i++) wide[i] = nd_half_to_float(narrow[i]);
+    if (d->dtype == ND_FLOAT16) nd_cpu_loops_current()->f16_to_float(wide, narrow, 1, count);
     else
         for (int64_t i = 0; i < count; i++) wide[i] = nd_bf16_to_float(narrow[i]);
     *first = -lo;
@@ -86,31 +86,9 @@ static nd_status matmul_narrow(const nd_matmul_desc *d, int64_t outputs) {
 /* ------------------------------------------------------------ float64 */
 
 /* Blocks of B packed contiguous (KC x NC doubles: 256 KiB, L2-sized), so
- * each row of C is updated by unit-stride, vectorizable passes whatever
- * B's layout; every output sums its k products in order, in double. */
+ * the current ISA's block kernel (cpu_loops.inc) reads them at unit stride
+ * whatever B's layout. */
 enum { KC = 128, NC = 256 };
-
-typedef struct f64_block {
-    const double *a; /* A(i, p0) for row 0 */
-    int64_t a_rs, a_cs;
-    const double *b; /* the packed block, kc x nc */
-    int64_t kc, nc;
-    double *c; /* C(0, j0) */
-    int64_t ldc;
-} f64_block;
-
-static void f64_block_rows(void *ctx, int64_t begin, int64_t end) {
-    const f64_block *blk = ctx;
-    for (int64_t i = begin; i < end; i++) {
-        double *c = blk->c + i * blk->ldc;
-        const double *a = blk->a + i * blk->a_rs;
-        for (int64_t p = 0; p < blk->kc; p++) {
-            const double x = a[p * blk->a_cs];
-            const double *b = blk->b + p * blk->nc;
-            for (int64_t j = 0; j < blk->nc; j++) c[j] += x * b[j];
-        }
-    }
-}
 
 static void f64_gemm(const nd_matmul_desc *d, const double *a, const double *b, double *c,
                      double *pack) {
@@ -123,17 +101,12 @@ static void f64_gemm(const nd_matmul_desc *d, const double *a, const double *b, 
             for (int64_t p = 0; p < kc; p++)
                 for (int64_t j = 0; j < nc; j++)
                     pack[p * nc + j] = b[(p0 + p) * d->b_row_stride + (j0 + j) * d->b_col_stride];
-            f64_block blk = {a + p0 * d->a_col_stride,
-                             d->a_row_stride,
-                             d->a_col_stride,
-                             pack,
-                             kc,
-                             nc,
-                             c + j0,
-                             n};
+            const nd_f64_block blk = {
+                a + p0 * d->a_col_stride, d->a_row_stride, d->a_col_stride, pack, kc, nc, c + j0, n,
+            };
             /* Rows in chunks of about 64K multiply-adds per thread. */
             const int64_t grain = 1 + 65536 / (kc * nc);
-            nd_cpu_parallel_for(m, grain, f64_block_rows, &blk);
+            nd_cpu_parallel_for(m, grain, nd_cpu_loops_current()->f64_block_rows, (void *)&blk);
         }
     }
 }

@@ -218,9 +218,11 @@ static PyObject *device_empty(PyObject *op, PyObject *args, PyObject *kwargs) {
 
 static PyObject *device_full(PyObject *op, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"shape", "fill_value", "dtype", NULL};
-    PyObject *shape_obj, *dtype = NULL;
+    PyObject *shape_obj, *value_obj, *dtype = NULL;
     double value;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Od|O:full", kwlist, &shape_obj, &value, &dtype))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O:full", kwlist, &shape_obj, &value_obj,
+                                     &dtype) ||
+        parse_scalar_param(value_obj, &value) < 0)
         return NULL;
     return device_new_array(op, shape_obj, dtype, 1, value);
 }

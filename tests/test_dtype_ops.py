@@ -256,7 +256,9 @@ def check_matmul(a, b, va, vb, dtype, msg):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (5, 7, 3), (33, 65, 17), (64, 300, 130)])
+@pytest.mark.parametrize(
+    "m,k,n", [(1, 1, 1), (5, 7, 3), (33, 65, 17), (64, 300, 130), (7, 260, 300)]
+)
 def test_matmul_2d(m, k, n, dtype, device):
     rng = np.random.default_rng(m + k + n)
     a, va = make(data(rng, (m, k), "any"), dtype, device)
@@ -327,6 +329,12 @@ def test_bfloat16_rounding(device):
     assert values(one + (2.0**-8 + 2.0**-20)).tolist() == [1.0078125] * 3  # past half
     stored = nd.array(np.full(2, 1.0 + 2.0**-8), dtype="bfloat16", device=device)
     assert values(stored).tolist() == [1.0, 1.0]
+    # A Python scalar enters in float32, not rounded to bfloat16 first (which would make it
+    # 1 + 2**-7 and the product the tie 3 + 1.5 ulps, rounded up to 3.03125).
+    three = nd.array(np.full(2, 3.0), dtype="bfloat16", device=device)
+    s = 1.0 + 2.0**-8 + 2.0**-9
+    assert values(three * s).tolist() == [3.015625] * 2  # 3.017578125 rounded once
+    assert values(s * three).tolist() == [3.015625] * 2
     half = nd.array(np.ones(2), dtype="float16", device=device)
     assert values(half + 2.0**-11).tolist() == [1.0, 1.0]  # float16: the same tie
     assert values(half + 2.0**-10).tolist() == [1.0 + 2.0**-10] * 2
