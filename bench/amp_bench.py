@@ -62,7 +62,7 @@ class _Run:
             self.scaler.scale(loss).backward()
             self.scaler.step(self.opt)
             self.scaler.update()
-        value = float(loss.numpy())
+        value = float(loss.numpy().reshape(-1)[0])
         return time.perf_counter() - start, value
 
 

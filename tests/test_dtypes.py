@@ -165,7 +165,8 @@ def test_tensors_keep_their_dtype(device, dtype):
     assert t.dtype == dtype and t.cached_data.dtype == dtype
     assert ndl.Tensor(t).dtype == dtype  # a tensor's dtype is kept
     assert ndl.Tensor(t, dtype="float32").dtype == "float32"
-    assert ndl.Tensor(np.ones(3)).dtype == "float32"  # NumPy data: float32 by default
+    assert ndl.Tensor([1.0, 2.0]).dtype == "float32"  # Python numbers: float32 by default
+    assert ndl.Tensor(np.ones(3, np.float16)).dtype == "float16"  # NumPy data keeps its dtype
     for make in (ndl.init.zeros, ndl.init.ones, ndl.init.rand, ndl.init.randn):
         made = make(2, 3, device=device, dtype=dtype)
         assert made.dtype == dtype and made.shape == (2, 3)
