@@ -162,9 +162,7 @@ def test_optimizer_updates_keep_the_parameters_dtype(device, dtype, optimizer):
     state = opt.u[p] if optimizer == "sgd" else opt.m[p]
     ref_state = ref_opt.u[ref] if optimizer == "sgd" else ref_opt.m[ref]
     assert state.dtype == dtype  # the state lives in the parameter's dtype, updated in place
-    np.testing.assert_array_equal(
-        state.numpy().astype(np.float64), as_dtype(ref_state, dtype)
-    )
+    np.testing.assert_array_equal(state.numpy().astype(np.float64), as_dtype(ref_state, dtype))
 
 
 @dev
