@@ -260,3 +260,51 @@ def test_pytorch_names(device):
     assert a.astype("half").dtype == "float16"
     assert a.astype("double").dtype == "float64"
     assert a.astype("float").dtype == "float32"
+
+
+def _hw1_gradient_check(f, *args, tol=1e-6, **kwargs):
+    """The course's hw1 gradient_check, as its tests run it: central differences with eps
+    1e-4 written into the inputs' data in place (``realize_cached_data().flat[j] += eps``),
+    against the backward's gradients, to a total error of 1e-6."""
+    eps = 1e-4
+    numerical = [np.zeros(a.shape) for a in args]
+    for i in range(len(args)):
+        for j in range(args[i].realize_cached_data().size):
+            args[i].realize_cached_data().flat[j] += eps
+            f1 = float(f(*args, **kwargs).numpy().sum())
+            args[i].realize_cached_data().flat[j] -= 2 * eps
+            f2 = float(f(*args, **kwargs).numpy().sum())
+            args[i].realize_cached_data().flat[j] += eps
+            numerical[i].flat[j] = (f1 - f2) / (2 * eps)
+    out = f(*args, **kwargs)
+    grads = out.op.gradient_as_tuple(ndl.Tensor(np.ones(out.shape)), out)
+    error = sum(np.linalg.norm(grads[i].numpy() - numerical[i]) for i in range(len(args)))
+    assert error < tol, error
+    return error
+
+
+@pytest.mark.parametrize(
+    "name,f,shapes",
+    [
+        ("divide", ndl.divide, [(5, 4), (5, 4)]),
+        ("matmul", ndl.matmul, [(5, 4), (4, 3)]),
+        ("summation", lambda a: ndl.summation(a, axes=(1,)), [(5, 4)]),
+        ("broadcast_to", lambda a: ndl.broadcast_to(a, (3, 5, 4)), [(5, 1)]),
+        ("transpose", lambda a: ndl.transpose(a, axes=(0, 1)), [(3, 5, 4)]),
+        ("log", ndl.log, [(5, 4)]),
+        ("exp", ndl.exp, [(5, 4)]),
+        ("power_scalar", lambda a: ndl.power_scalar(a, 3), [(5, 4)]),
+    ],
+)
+def test_course_hw1_float64_gradient_checks_pass(name, f, shapes):
+    """hw1's tests hand float64 NumPy arrays to Tensor and check gradients to 1e-6, which
+    float32 data cannot meet (its central differences are off by ~1e-3): NumPy float64 data
+    keeps float64, and these ops compute in it."""
+    rng = np.random.default_rng(8)
+    args = [ndl.Tensor(rng.random(shape) + 1.0) for shape in shapes]
+    assert all(a.dtype == "float64" for a in args)
+    _hw1_gradient_check(f, *args)
+    # The same check on float32 data fails: the reason the dtype is kept.
+    narrow = [ndl.Tensor(a.numpy(), dtype="float32") for a in args]
+    with pytest.raises(AssertionError):
+        _hw1_gradient_check(f, *narrow)
