@@ -72,6 +72,11 @@ typedef struct nd_rows_desc {
      * the backend computes each row's own; NULL: stats are trusted. Checked on
      * the device so that a GPU backward never waits to read them. */
     const float *kept_loss, *again_loss;
+    /* x's and out's element type: float32, or float16/bfloat16 for the
+     * cross-entropy (loss and gradient) on a backend that reads them (the CPU;
+     * the others answer ND_ERR_DTYPE and the front end converts instead).
+     * Statistics, labels, scale and losses are float32 always. */
+    nd_dtype dtype;
 } nd_rows_desc;
 
 /* Rows for the layer-norm kernels (fused_rows.c validates and allocates):

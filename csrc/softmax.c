@@ -16,10 +16,18 @@
  * x + r*ld; tmp holds the compact copy made when the layout allows no such
  * view (released by rows_release). */
 typedef struct rows_view {
-    const float *x;
+    const float *x; /* points at elements of dtype */
     int64_t rows, cols, ld;
+    nd_dtype dtype;
     nd_array tmp;
 } rows_view;
+
+/* Element `offset` of a's storage, whichever its dtype. */
+static const float *first_element(const nd_array *a, int64_t offset) {
+    const nd_storage *s = a->storage;
+    return (const float *)(const void *)((const char *)nd_storage_ptr(s) +
+                                         offset * nd_dtype_size(nd_storage_dtype(s)));
+}
 
 static nd_status as_rows(const nd_array *a, rows_view *v) {
     memset(v, 0, sizeof *v);
@@ -31,17 +39,18 @@ static nd_status as_rows(const nd_array *a, rows_view *v) {
     v->rows = 1;
     for (int i = 0; i < l->ndim - 1; i++) v->rows *= l->shape[i];
     v->ld = v->cols;
+    v->dtype = nd_storage_dtype(a->storage);
     if (v->rows == 0 || v->cols == 0) return ND_OK; /* nothing to read */
     nd_layout view;
     status = nd_layout_reshape(l, 2, (int64_t[]){v->rows, v->cols}, &view);
     if (status == ND_OK && (v->cols == 1 || view.strides[1] == 1)) {
-        v->x = nd_storage_data(a->storage) + view.offset;
+        v->x = first_element(a, view.offset);
         v->ld = view.strides[0];
         return ND_OK;
     }
     if (status != ND_OK && status != ND_ERR_NOT_VIEWABLE) return status;
     if ((status = nd_array_compact_copy(a, NULL, &v->tmp)) != ND_OK) return status;
-    v->x = nd_storage_data(v->tmp.storage) + v->tmp.layout.offset;
+    v->x = first_element(&v->tmp, v->tmp.layout.offset);
     return ND_OK;
 }
 
@@ -58,6 +67,7 @@ static nd_rows_desc rows_desc(const rows_view *v) {
     d.cols = v->cols;
     d.x = v->x;
     d.ldx = v->ld;
+    d.dtype = v->dtype;
     return d;
 }
 
@@ -161,16 +171,32 @@ static void set_labels(nd_rows_desc *d, const nd_array *labels) {
 
 /* The loss sits after the statistics in one storage: (N, 2) stats, then the
  * loss element, so the stats start aligned and the loss keeps them alive. */
+/* 1 when the cross-entropy may hand these logits to the backend as they are:
+ * float32, or float16/bfloat16 (which a backend may read: the CPU does) with
+ * every other operand float32. */
+static int xent_direct(const nd_array *logits, const nd_array *const *others, int n) {
+    nd_dtype dtype = nd_storage_dtype(logits->storage);
+    if (dtype != ND_FLOAT32 && dtype != ND_FLOAT16 && dtype != ND_BFLOAT16) return 0;
+    for (int i = 0; i < n; i++)
+        if (others[i] != NULL && nd_storage_dtype(others[i]->storage) != ND_FLOAT32) return 0;
+    return 1;
+}
+
+/* The cross-entropy of other dtypes through float32 copies (dtype_island.c):
+ * the loss, a mean, in float32 at least (float64 for float64 logits). */
+static nd_status xent_island(const nd_array *logits, const nd_array *labels, nd_array *loss) {
+    const nd_array *in[2] = {logits, labels};
+    nd_island is = {0};
+    nd_status status = nd_island_enter(&is, 2, in);
+    if (status == ND_OK) status = nd_array_softmax_xent(in[0], in[1], loss);
+    nd_island_release(&is);
+    nd_dtype dtype = nd_promote_dtypes(logits->storage->dtype, ND_FLOAT32);
+    return status == ND_OK ? nd_island_leave(loss, dtype) : status;
+}
+
 nd_status nd_array_softmax_xent(const nd_array *logits, const nd_array *labels, nd_array *loss) {
     memset(loss, 0, sizeof *loss);
-    const nd_array *in[2] = {logits, labels};
-    if (nd_island_needed(2, in)) { /* dtype_island.c; the loss in the logits' dtype */
-        nd_island is = {0};
-        nd_status status = nd_island_enter(&is, 2, in);
-        if (status == ND_OK) status = nd_array_softmax_xent(in[0], in[1], loss);
-        nd_island_release(&is);
-        return status == ND_OK ? nd_island_leave(loss, logits->storage->dtype) : status;
-    }
+    if (!xent_direct(logits, &labels, 1)) return xent_island(logits, labels, loss);
     nd_status status = xent_check(logits, labels);
     rows_view v;
     if (status != ND_OK || (status = as_rows(logits, &v)) != ND_OK) return status;
@@ -186,6 +212,10 @@ nd_status nd_array_softmax_xent(const nd_array *logits, const nd_array *labels, 
         if (status == ND_OK) status = backend_of(logits)->xent_loss(&d);
         if (status != ND_OK) {
             nd_array_release(&buf);
+            if (status == ND_ERR_DTYPE) { /* narrow logits this backend does not read */
+                rows_release(&v);
+                return xent_island(logits, labels, loss);
+            }
         } else {
             *loss = buf;
             nd_layout_contiguous(1, (int64_t[]){1}, &loss->layout);
@@ -209,6 +239,19 @@ static int stats_fit(const nd_array *loss, const rows_view *v, const nd_array *l
  * to compare with loss's value bit for bit (a loss of other logits, or one
  * written over, gives other bits, and row_apply then uses the rows' own
  * statistics). Compared where the data is, so a GPU never waits here. */
+/* The cross-entropy's gradient of other dtypes through float32 copies
+ * (dtype_island.c), in the logits' dtype; a converted loss has no statistics. */
+static nd_status xent_grad_island(const nd_array *logits, const nd_array *labels,
+                                  const nd_array *loss, const nd_array *out_grad, nd_array *grad) {
+    const nd_array *in[4] = {logits, labels, loss, out_grad};
+    nd_island is = {0};
+    if (loss != NULL && loss->storage->dtype != ND_FLOAT32) in[2] = NULL;
+    nd_status status = nd_island_enter(&is, 4, in);
+    if (status == ND_OK) status = nd_array_softmax_xent_grad(in[0], in[1], in[2], in[3], grad);
+    nd_island_release(&is);
+    return status == ND_OK ? nd_island_leave(grad, logits->storage->dtype) : status;
+}
+
 static nd_status recompute_kept_loss(const nd_array *loss, const rows_view *v,
                                      const nd_array *labels, nd_array *again) {
     nd_status status = nd_array_empty(loss->storage->device, 1, (int64_t[]){1}, again);
@@ -226,15 +269,9 @@ nd_status nd_array_softmax_xent_grad(const nd_array *logits, const nd_array *lab
                                      const nd_array *loss, const nd_array *out_grad,
                                      nd_array *grad) {
     memset(grad, 0, sizeof *grad);
-    const nd_array *in[4] = {logits, labels, loss, out_grad};
-    if (nd_island_needed(4, in)) { /* dtype_island.c; a converted loss has no statistics */
-        nd_island is = {0};
-        if (loss != NULL && loss->storage->dtype != ND_FLOAT32) in[2] = NULL;
-        nd_status status = nd_island_enter(&is, 4, in);
-        if (status == ND_OK) status = nd_array_softmax_xent_grad(in[0], in[1], in[2], in[3], grad);
-        nd_island_release(&is);
-        return status == ND_OK ? nd_island_leave(grad, logits->storage->dtype) : status;
-    }
+    const nd_array *others[3] = {labels, loss, out_grad};
+    if (!xent_direct(logits, others, 3))
+        return xent_grad_island(logits, labels, loss, out_grad, grad);
     nd_status status = xent_check(logits, labels);
     if (status == ND_OK && out_grad != NULL) {
         if ((status = nd_same_device(logits, out_grad)) != ND_OK) return status;
@@ -246,7 +283,7 @@ nd_status nd_array_softmax_xent_grad(const nd_array *logits, const nd_array *lab
     rows_view v;
     if (status != ND_OK || (status = as_rows(logits, &v)) != ND_OK) return status;
     nd_device *dev = logits->storage->device;
-    status = nd_array_empty(dev, 2, (int64_t[]){v.rows, v.cols}, grad);
+    status = nd_array_empty_typed(dev, 2, (int64_t[]){v.rows, v.cols}, v.dtype, grad);
     const int kept =
         status == ND_OK && v.rows > 0 && v.cols > 0 && loss != NULL && stats_fit(loss, &v, labels);
     nd_array again = {0};
@@ -274,5 +311,7 @@ nd_status nd_array_softmax_xent_grad(const nd_array *logits, const nd_array *lab
     if (again.storage != NULL) nd_array_release(&again);
     if (status != ND_OK && grad->storage != NULL) nd_array_release(grad);
     rows_release(&v);
+    if (status == ND_ERR_DTYPE) /* narrow logits this backend does not read */
+        return xent_grad_island(logits, labels, loss, out_grad, grad);
     return status;
 }

@@ -238,11 +238,17 @@ def test_autocast_float32_list(device, narrow):
         assert (h**2).dtype == "float32"
         assert ndl.ops.logsumexp(h, axes=(1,)).dtype == "float32"
         assert ndl.ops.LogSoftmax()(h).dtype == "float32"
-        assert nn.SoftmaxLoss()(h, labels).dtype == "float32"
-        assert ndl.ops.layer_norm(h, w[0, :], b[0, :]).dtype == "float32"
         assert nn.LayerNorm1d(4, device=device)(h).dtype == "float32"
+        # The fused ones take the narrow input itself (no Cast node: the graph keeps no
+        # float32 copy) and compute in float32 inside the engine.
+        h = tensor(h.numpy(), device, dtype=narrow)  # a leaf that requires grad
+        loss = nn.SoftmaxLoss()(h, labels)
+        assert loss.dtype == "float32" and loss.inputs[0] is h
+        normed = ndl.ops.layer_norm(h, w[0, :], b[0, :])
+        assert normed.dtype == "float32" and normed.inputs[0] is h
         att = ndl.ops.reshape(h, (1, 1, 2, 4))
-        assert ndl.ops.attention_softmax(att, 2.0, causal=True).dtype == "float32"
+        probs = ndl.ops.attention_softmax(att, 2.0, causal=True)
+        assert probs.dtype == narrow and probs.inputs[0] is att
     # float64 is never narrowed nor widened
     x64 = x.astype("float64")
     with ndl.autocast(device, dtype=narrow):

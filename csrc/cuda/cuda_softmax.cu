@@ -188,7 +188,9 @@ __global__ void xent_loss_kernel(nd_rows_desc d) {
 /* A warp per short row, a block per long one. */
 static int row_group(int64_t cols) { return cols <= WARP_ROW_MAX ? 32 : ND_CUDA_THREADS; }
 
+/* Narrow rows go through the front end's float32 copies (ND_ERR_DTYPE). */
 nd_status nd_cuda_row_stats(const nd_rows_desc *d) {
+    if (d->dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cuda", "softmax rows", d->dtype);
     if (d->rows == 0) return ND_OK;
     ND_TRY(nd_cuda_activate(d->x, NULL));
     cudaStream_t stream = 0;
@@ -201,6 +203,7 @@ nd_status nd_cuda_row_stats(const nd_rows_desc *d) {
 }
 
 nd_status nd_cuda_row_apply(const nd_rows_desc *d) {
+    if (d->dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cuda", "softmax rows", d->dtype);
     if (d->rows == 0 || d->cols == 0) return ND_OK;
     ND_TRY(nd_cuda_activate(d->out, NULL));
     cudaStream_t stream = 0;
@@ -213,6 +216,7 @@ nd_status nd_cuda_row_apply(const nd_rows_desc *d) {
 }
 
 nd_status nd_cuda_xent_loss(const nd_rows_desc *d) {
+    if (d->dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cuda", "softmax rows", d->dtype);
     ND_TRY(nd_cuda_activate(d->out, NULL));
     cudaStream_t stream = 0;
     ND_LAUNCH(xent_loss_kernel, 1, ND_CUDA_THREADS, 0, stream, *d);

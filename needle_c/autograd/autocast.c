@@ -107,9 +107,6 @@ static cast_policy policy_of(op_kind kind) {
     case OP_CONV: return CAST_NARROW;
     case OP_LOG_SOFTMAX:
     case OP_LOG_SUM_EXP:
-    case OP_SOFTMAX_XENT:
-    case OP_LAYER_NORM:
-    case OP_ATTN_SOFTMAX:
     case OP_SUMMATION:
     case OP_EXP:
     case OP_LOG:
@@ -117,6 +114,11 @@ static cast_policy policy_of(op_kind kind) {
     case OP_EWISE_POW:
     case OP_LSTM_CELL:
     case OP_LSTM: return CAST_FLOAT32;
+    /* The softmax cross-entropy, layer norm and attention softmax take narrow inputs as
+     * they are: the engine computes them in float32 (dtype_island.c) without a float32
+     * copy the graph would keep; the loss and layer norm's output come out float32 (a
+     * mean; float32 weights promote), attention's probabilities narrow, for the matmul
+     * that reads them. */
     default: return CAST_NONE;
     }
 }

@@ -6,10 +6,15 @@ type (``"cpu"`` or ``"cuda"``) choose their compute dtype by op, as PyTorch's au
 
 - **autocast dtype** (float16 or bfloat16): ``MatMul`` (``@``, batched matmul), ``MatMulBias``
   (``nn.Linear``), ``Conv`` (``nn.Conv``). Their float32 inputs are cast to the narrow type.
-- **float32**: ``LogSoftmax``, ``LogSumExp``, ``SoftmaxCrossEntropy`` (``nn.SoftmaxLoss``),
-  ``LayerNorm``, ``AttentionSoftmax``, ``Summation`` (so ``mean`` and the losses and norms that
-  are built from sums too), ``Exp``, ``Log``, ``PowerScalar``, ``EWisePow``, ``FusedLSTMCell``
-  and ``FusedLSTM``. Their float16/bfloat16 inputs are cast to float32.
+- **float32**: ``LogSoftmax``, ``LogSumExp``, ``Summation`` (so ``mean`` and the losses and
+  norms that are built from sums too), ``Exp``, ``Log``, ``PowerScalar``, ``EWisePow``,
+  ``FusedLSTMCell`` and ``FusedLSTM``. Their float16/bfloat16 inputs are cast to float32.
+- **float32 inside the engine**: ``SoftmaxCrossEntropy`` (``nn.SoftmaxLoss``), ``LayerNorm``
+  and ``AttentionSoftmax`` take narrow inputs as they are and compute in float32 (the engine's
+  float32 island), with no cast node, so the graph keeps no float32 copy of the logits or the
+  activations: the loss comes out float32 (a mean), layer norm's output float32 (its float32
+  weights promote), the attention probabilities in the scores' dtype, for the matmul that
+  reads them.
 - **everything else** runs in the widest dtype of its inputs (the engine's promotion: float32 +
   bfloat16 computes in float32), so an elementwise op on a matmul's output stays narrow.
 
