@@ -1,10 +1,10 @@
 /* cpu_matmul_typed.c: the CPU backend's matmul in the dtypes other than
  * float32 (cpu_matmul.c dispatches here by nd_matmul_desc.dtype).
  *
- * float16 and bfloat16 widen their operands to float32 and run the float32
- * product (needle's GEMM or the BLAS, float32 accumulation), then round each
- * output once into the dtype: the accuracy the issue asks for, at float32's
- * speed plus two conversion passes. float64 runs its own blocked GEMM in
+ * float16 and bfloat16 widen blocks of their operands to float32 and run the
+ * float32 product on them (needle's GEMM or the BLAS, float32 accumulation),
+ * then round each output once into the dtype: the accuracy the issue asks
+ * for, at float32's speed plus the conversions. float64 runs its own blocked GEMM in
  * double, full precision (the BLAS loader installs only an sgemm).
  */
 #include "cpu_gemm.h"
@@ -16,66 +16,90 @@
 
 /* ------------------------------------------------- float16 / bfloat16 */
 
-/* The span of elements an operand's view reaches, relative to its first
- * element: [*lo, *hi]. Every element in between lies in its storage. */
-static void operand_span(const nd_matmul_desc *d, const int64_t *batch_strides, int64_t rows,
-                         int64_t row_stride, int64_t cols, int64_t col_stride, int64_t *lo,
-                         int64_t *hi) {
-    int64_t low = 0, high = 0;
-    for (int i = 0; i <= d->batch_ndim + 1; i++) {
-        int64_t extent = i < d->batch_ndim ? d->batch_shape[i] : i == d->batch_ndim ? rows : cols;
-        int64_t stride = i < d->batch_ndim    ? batch_strides[i]
-                         : i == d->batch_ndim ? row_stride
-                                              : col_stride;
-        int64_t reach = (extent > 0 ? extent - 1 : 0) * stride;
-        if (reach < 0) low += reach;
-        else high += reach;
+/* The float32 copies of a narrow product are blocks of at most this many
+ * floats each (A's rows, B's columns, the output's block: 4 MiB apiece),
+ * host scratch outside the allocator's books like the GPU's cuBLAS
+ * workspace, so their size is bounded whatever the operands' size. */
+#define WIDE_BLOCK ((int64_t)1 << 20)
+
+/* n elements of a narrow row at src, stride apart, into dst as float32. */
+static void widen_row(nd_dtype dtype, float *dst, const uint16_t *src, int64_t stride, int64_t n) {
+    if (dtype == ND_FLOAT16) {
+        nd_cpu_loops_current()->f16_to_float(dst, src, stride, n);
+        return;
     }
-    *lo = low;
-    *hi = high;
+    for (int64_t i = 0; i < n; i++) dst[i] = nd_bf16_to_float(src[i * stride]);
 }
 
-/* A float32 copy of the operand's span (NULL without memory); *first: the
- * index of its first element in the copy, so the view's strides still hold. */
-static float *widen_operand(const nd_matmul_desc *d, const void *src, const int64_t *batch_strides,
-                            int64_t rows, int64_t row_stride, int64_t cols, int64_t col_stride,
-                            int64_t *first) {
-    int64_t lo, hi;
-    operand_span(d, batch_strides, rows, row_stride, cols, col_stride, &lo, &hi);
-    const int64_t count = hi - lo + 1;
-    float *wide = malloc(sizeof(float) * (size_t)count);
-    if (wide == NULL) return NULL;
-    const uint16_t *narrow = (const uint16_t *)src + lo;
-    if (d->dtype == ND_FLOAT16) nd_cpu_loops_current()->f16_to_float(wide, narrow, 1, count);
+static void narrow_row_out(nd_dtype dtype, uint16_t *dst, const float *src, int64_t n) {
+    if (dtype == ND_FLOAT16)
+        for (int64_t i = 0; i < n; i++) dst[i] = nd_float_to_half(src[i]);
     else
-        for (int64_t i = 0; i < count; i++) wide[i] = nd_bf16_to_float(narrow[i]);
-    *first = -lo;
-    return wide;
+        for (int64_t i = 0; i < n; i++) dst[i] = nd_float_to_bf16(src[i]);
 }
 
-static nd_status matmul_narrow(const nd_matmul_desc *d, int64_t outputs) {
-    int64_t a_first = 0, b_first = 0;
-    float *a = widen_operand(d, d->a, d->a_batch_strides, d->m, d->a_row_stride, d->k,
-                             d->a_col_stride, &a_first);
-    float *b = widen_operand(d, d->b, d->b_batch_strides, d->k, d->b_row_stride, d->n,
-                             d->b_col_stride, &b_first);
-    float *out = malloc(sizeof(float) * (size_t)(outputs > 0 ? outputs : 1));
+static int64_t clamp(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* Each batch's product in blocks of the output (mb rows x nb columns, the
+ * full inner dimension each): the block's rows of A and columns of B
+ * widened to float32, the float32 product (needle's GEMM or the BLAS,
+ * float32 accumulation), each output rounded once into the dtype. */
+static nd_status matmul_narrow(const nd_matmul_desc *d, int64_t batches) {
+    const int64_t m = d->m, n = d->n, k = d->k;
+    const int64_t mb = clamp(WIDE_BLOCK / (k > 0 ? k : 1), 1, m);
+    const int64_t nb = clamp(WIDE_BLOCK / (k > mb ? k : mb), 1, n);
+    float *a = malloc(sizeof(float) * (size_t)(mb * (k > 0 ? k : 1)));
+    float *b = malloc(sizeof(float) * (size_t)((k > 0 ? k : 1) * nb));
+    float *out = malloc(sizeof(float) * (size_t)(mb * nb));
     nd_status st = ND_OK;
-    if (a == NULL || b == NULL || out == NULL) {
-        st = nd_fail(ND_ERR_OOM, "no memory for the float32 copies of a %s matmul",
+    if (a == NULL || b == NULL || out == NULL)
+        st = nd_fail(ND_ERR_OOM, "no memory for the float32 blocks of a %s matmul",
                      nd_dtype_name(d->dtype));
-    } else {
-        nd_matmul_desc wide = *d;
-        wide.dtype = ND_FLOAT32;
-        wide.a = a + a_first;
-        wide.b = b + b_first;
-        wide.out = out;
-        st = nd_cpu_matmul_float32(&wide);
-        uint16_t *dst = (uint16_t *)(void *)d->out;
-        if (st == ND_OK && d->dtype == ND_FLOAT16)
-            for (int64_t i = 0; i < outputs; i++) dst[i] = nd_float_to_half(out[i]);
-        else if (st == ND_OK)
-            for (int64_t i = 0; i < outputs; i++) dst[i] = nd_float_to_bf16(out[i]);
+    const uint16_t *a0 = (const uint16_t *)(const void *)d->a;
+    const uint16_t *b0 = (const uint16_t *)(const void *)d->b;
+    uint16_t *o0 = (uint16_t *)(void *)d->out;
+    int64_t index[ND_MAX_DIMS] = {0};
+    for (int64_t batch = 0; batch < batches && st == ND_OK; batch++) {
+        int64_t a_off = 0, b_off = 0;
+        for (int i = 0; i < d->batch_ndim; i++) {
+            a_off += index[i] * d->a_batch_strides[i];
+            b_off += index[i] * d->b_batch_strides[i];
+        }
+        for (int64_t i0 = 0; i0 < m && st == ND_OK; i0 += mb) {
+            const int64_t mi = m - i0 < mb ? m - i0 : mb;
+            for (int64_t i = 0; i < mi; i++)
+                widen_row(d->dtype, a + i * k, a0 + a_off + (i0 + i) * d->a_row_stride,
+                          d->a_col_stride, k);
+            for (int64_t j0 = 0; j0 < n && st == ND_OK; j0 += nb) {
+                const int64_t nj = n - j0 < nb ? n - j0 : nb;
+                for (int64_t p = 0; p < k; p++)
+                    widen_row(d->dtype, b + p * nj,
+                              b0 + b_off + p * d->b_row_stride + j0 * d->b_col_stride,
+                              d->b_col_stride, nj);
+                nd_matmul_desc block;
+                memset(&block, 0, sizeof block);
+                block.m = mi;
+                block.n = nj;
+                block.k = k;
+                block.a = a;
+                block.a_row_stride = k > 0 ? k : 1;
+                block.a_col_stride = 1;
+                block.b = b;
+                block.b_row_stride = nj;
+                block.b_col_stride = 1;
+                block.out = out;
+                block.dtype = ND_FLOAT32;
+                if (k == 0) memset(out, 0, sizeof(float) * (size_t)(mi * nj));
+                else st = nd_cpu_matmul_float32(&block);
+                for (int64_t i = 0; i < mi && st == ND_OK; i++)
+                    narrow_row_out(d->dtype, o0 + batch * m * n + (i0 + i) * n + j0, out + i * nj,
+                                   nj);
+            }
+        }
+        for (int i = d->batch_ndim - 1; i >= 0; i--) {
+            if (++index[i] < d->batch_shape[i]) break;
+            index[i] = 0;
+        }
     }
     free(a);
     free(b);
@@ -141,7 +165,7 @@ nd_status nd_cpu_matmul_typed(const nd_matmul_desc *d) {
     if (outputs == 0) return ND_OK;
     switch (d->dtype) {
     case ND_FLOAT16:
-    case ND_BFLOAT16: return matmul_narrow(d, outputs);
+    case ND_BFLOAT16: return matmul_narrow(d, batches);
     case ND_FLOAT64: return matmul_float64(d, batches);
     default: return nd_backend_lacks_dtype("cpu", "matmul", d->dtype);
     }
