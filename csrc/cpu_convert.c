@@ -9,6 +9,7 @@
  * PyTorch's casts do), then to float16.
  */
 #include "cpu_iter.h"
+#include "cpu_loops.h"
 #include "dtype_convert.h"
 
 #include <string.h>
@@ -56,9 +57,33 @@ static void store_chunk(nd_dtype dtype, char *dst, int64_t stride, int64_t n, co
     }
 }
 
+/* float32 <-> float16/bfloat16 rows the current ISA's loops convert
+ * directly (vectorized, the same bits as through float64: one rounding of
+ * the float32 value): contiguous float32, the narrow side at any stride.
+ * Returns 0 where the row is not such a row. */
+static int convert_row_fast(char *dst, nd_dtype dst_dtype, int64_t dst_stride, const char *src,
+                            nd_dtype src_dtype, int64_t src_stride, int64_t n) {
+    const nd_cpu_loops *loops = nd_cpu_loops_current();
+    if (src_dtype == ND_FLOAT32 && src_stride == 1 &&
+        (dst_dtype == ND_FLOAT16 || dst_dtype == ND_BFLOAT16)) {
+        (dst_dtype == ND_FLOAT16 ? loops->float_to_f16 : loops->float_to_bf16)(
+            (uint16_t *)(void *)dst, dst_stride, (const float *)(const void *)src, n);
+        return 1;
+    }
+    if (dst_dtype == ND_FLOAT32 && dst_stride == 1 &&
+        (src_dtype == ND_FLOAT16 || src_dtype == ND_BFLOAT16)) {
+        (src_dtype == ND_FLOAT16 ? loops->f16_to_float : loops->bf16_to_float)(
+            (float *)(void *)dst, (const uint16_t *)(const void *)src, src_stride, n);
+        return 1;
+    }
+    return 0;
+}
+
 /* One inner row: n elements at the given element strides. */
 static void convert_row(char *dst, nd_dtype dst_dtype, int64_t dst_stride, const char *src,
                         nd_dtype src_dtype, int64_t src_stride, double scalar, int64_t n) {
+    if (src != NULL && convert_row_fast(dst, dst_dtype, dst_stride, src, src_dtype, src_stride, n))
+        return;
     double buf[CHUNK];
     int64_t dst_size = nd_dtype_size(dst_dtype), src_size = nd_dtype_size(src_dtype);
     for (int64_t done = 0; done < n; done += CHUNK) {

@@ -294,21 +294,13 @@ void nd_cpu_sgemm_batched(const nd_matmul_desc *d) {
     float stack[STACK_PACK + ALIGN_FLOATS];
     void *heap;
     float *bpack = take_buffer(&plan, stack, &heap);
-    int64_t index[ND_MAX_DIMS] = {0};
     for (int64_t batch = 0; batch < batches; batch++) {
-        int64_t a_off = 0, b_off = 0;
-        for (int i = 0; i < d->batch_ndim; i++) {
-            a_off += index[i] * d->a_batch_strides[i];
-            b_off += index[i] * d->b_batch_strides[i];
-        }
+        int64_t a_off, b_off;
+        nd_matmul_batch_offsets(d, batch, &a_off, &b_off);
         gemm_operand a = {d->a + a_off, d->a_row_stride, d->a_col_stride};
         gemm_operand b = {d->b + b_off, d->b_row_stride, d->b_col_stride};
         run_planned(&plan, d->m, d->n, d->k, 1.0f, a, b, 0.0f, d->out + batch * d->m * d->n, d->n,
                     bpack);
-        for (int i = d->batch_ndim - 1; i >= 0; i--) {
-            if (++index[i] < d->batch_shape[i]) break;
-            index[i] = 0;
-        }
     }
     free(heap);
 }

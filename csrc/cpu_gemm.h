@@ -49,6 +49,19 @@ const nd_gemm_ukernel *nd_cpu_gemm_ukernel(nd_cpu_isa isa);
  * overwrites C without reading it (NaN/garbage in C must not propagate);
  * alpha == 0 reads neither A nor B. */
 
+/* The element offsets of A's and B's operands in product `batch` of a
+ * batched matmul (the batch index row-major over d->batch_shape). */
+static inline void nd_matmul_batch_offsets(const nd_matmul_desc *d, int64_t batch, int64_t *a_off,
+                                           int64_t *b_off) {
+    *a_off = 0, *b_off = 0;
+    for (int i = d->batch_ndim - 1; i >= 0; i--) {
+        const int64_t index = batch % d->batch_shape[i];
+        batch /= d->batch_shape[i];
+        *a_off += index * d->a_batch_strides[i];
+        *b_off += index * d->b_batch_strides[i];
+    }
+}
+
 /* Every product of a batched matmul (internal.h: out[b] = a[b] @ b[b], batch
  * dims broadcast), in one call: packing buffers are taken once for the whole
  * batch, and small products are multiplied straight from their operands. */

@@ -49,8 +49,13 @@ typedef struct nd_cpu_loops {
     double (*sum_contiguous)(const float *a, int64_t n);
     void (*add_row_double)(double *o, const float *a, int64_t n); /* o += a */
     void (*add_row_float)(float *o, const float *a, int64_t n);   /* o += a */
-    /* float16 -> float32, n elements of src at stride (F16C where present). */
+    /* The narrow types' rows to and from float32: n elements of src at
+     * stride into dst, and n floats into dst at stride, rounded to nearest
+     * even (float16 by F16C where present; bit for bit dtype_convert.h's). */
     void (*f16_to_float)(float *dst, const uint16_t *src, int64_t stride, int64_t n);
+    void (*bf16_to_float)(float *dst, const uint16_t *src, int64_t stride, int64_t n);
+    void (*float_to_f16)(uint16_t *dst, int64_t stride, const float *src, int64_t n);
+    void (*float_to_bf16)(uint16_t *dst, int64_t stride, const float *src, int64_t n);
     /* Rows [begin, end) of an nd_f64_block, an nd_cpu_parallel_for body. */
     void (*f64_block_rows)(void *block, int64_t begin, int64_t end);
     /* Softmax rows [begin, end) (cpu_softmax_rows.inc), as nd_cpu_parallel_for

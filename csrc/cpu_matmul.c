@@ -143,22 +143,14 @@ nd_status nd_cpu_matmul_float32(const nd_matmul_desc *d) {
     }
     int64_t batches = 1;
     for (int i = 0; i < d->batch_ndim; i++) batches *= d->batch_shape[i];
-    int64_t index[ND_MAX_DIMS] = {0};
     int trans_a = d->a_col_stride != 1, trans_b = d->b_col_stride != 1;
     int64_t lda = trans_a ? d->a_col_stride : d->a_row_stride;
     int64_t ldb = trans_b ? d->b_col_stride : d->b_row_stride;
     for (int64_t batch = 0; batch < batches; batch++) {
-        int64_t a_off = 0, b_off = 0;
-        for (int i = 0; i < d->batch_ndim; i++) {
-            a_off += index[i] * d->a_batch_strides[i];
-            b_off += index[i] * d->b_batch_strides[i];
-        }
+        int64_t a_off, b_off;
+        nd_matmul_batch_offsets(d, batch, &a_off, &b_off);
         installed_sgemm(trans_a, trans_b, d->m, d->n, d->k, 1.0f, d->a + a_off, lda, d->b + b_off,
                         ldb, 0.0f, d->out + batch * d->m * d->n, d->n);
-        for (int i = d->batch_ndim - 1; i >= 0; i--) {
-            if (++index[i] < d->batch_shape[i]) break;
-            index[i] = 0;
-        }
     }
     return ND_OK;
 }

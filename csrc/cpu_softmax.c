@@ -32,16 +32,15 @@ static float narrow_load(nd_dtype dtype, const void *row, int64_t j) {
     return dtype == ND_FLOAT16 ? nd_half_to_float(h) : nd_bf16_to_float(h);
 }
 
-static void narrow_widen(nd_dtype dtype, const void *row, int64_t n, float *out) {
-    for (int64_t j = 0; j < n; j++) out[j] = narrow_load(dtype, row, j);
+/* A narrow row into float32 and back, by the current ISA's loops. */
+static void narrow_widen(const nd_cpu_loops *loops, nd_dtype dtype, const void *row, int64_t n,
+                         float *out) {
+    (dtype == ND_FLOAT16 ? loops->f16_to_float : loops->bf16_to_float)(out, row, 1, n);
 }
 
-static void narrow_store(nd_dtype dtype, const float *in, int64_t n, void *row) {
-    uint16_t *o = row;
-    if (dtype == ND_FLOAT16)
-        for (int64_t j = 0; j < n; j++) o[j] = nd_float_to_half(in[j]);
-    else
-        for (int64_t j = 0; j < n; j++) o[j] = nd_float_to_bf16(in[j]);
+static void narrow_store(const nd_cpu_loops *loops, nd_dtype dtype, const float *in, int64_t n,
+                         void *row) {
+    (dtype == ND_FLOAT16 ? loops->float_to_f16 : loops->float_to_bf16)(row, 1, in, n);
 }
 
 /* Row r of a narrow operand at base with row stride ld (elements). */
@@ -73,7 +72,7 @@ static void narrow_range(void *ctx, int64_t begin, int64_t end) {
     for (int64_t r0 = begin; r0 < end; r0 += per) {
         const int64_t nr = end - r0 < per ? end - r0 : per;
         for (int64_t i = 0; i < nr; i++)
-            narrow_widen(d->dtype, narrow_row(d->x, d->ldx, r0 + i), cols, x + i * cols);
+            narrow_widen(loops, d->dtype, narrow_row(d->x, d->ldx, r0 + i), cols, x + i * cols);
         nd_rows_desc part = *d;
         part.rows = nr;
         part.x = x;
@@ -91,7 +90,7 @@ static void narrow_range(void *ctx, int64_t begin, int64_t end) {
         nd_row_apply_ctx c = {&part, job->k};
         loops->row_apply(&c, 0, nr);
         for (int64_t i = 0; i < nr; i++)
-            narrow_store(d->dtype, o + i * cols, cols,
+            narrow_store(loops, d->dtype, o + i * cols, cols,
                          (uint16_t *)(void *)d->out + (r0 + i) * d->ldo);
     }
     free(x);

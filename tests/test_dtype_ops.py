@@ -257,7 +257,10 @@ def check_matmul(a, b, va, vb, dtype, msg):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    "m,k,n", [(1, 1, 1), (5, 7, 3), (33, 65, 17), (64, 300, 130), (7, 260, 300)]
+    "m,k,n",
+    # The last two cross the CPU's narrow tiles (96 x 256, inner dimension 256 at a time) in
+    # every dimension, with ragged edges.
+    [(1, 1, 1), (5, 7, 3), (33, 65, 17), (64, 300, 130), (7, 260, 300), (200, 530, 520)],
 )
 def test_matmul_2d(m, k, n, dtype, device):
     rng = np.random.default_rng(m + k + n)
@@ -300,6 +303,16 @@ def test_narrow_matmul_accumulates_in_float32(device):
     y = np.array([[1.0 - 2.0**-40], [2.0**-30]])
     got = nd.array(x, dtype="float64", device=device) @ nd.array(y, dtype="float64", device=device)
     assert values(got)[0, 0] == (x @ y)[0, 0] != 1.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_empty_inner_dimension_gives_zeros(dtype, device):
+    a = nd.array(np.ones((3, 0)), dtype=dtype, device=device)
+    b = nd.array(np.ones((0, 300)), dtype=dtype, device=device)
+    got = a @ b
+    assert got.dtype == dtype and got.shape == (3, 300)
+    assert not values(got).any()
 
 
 # ---------------------------------------------------------------- specific cases
