@@ -43,6 +43,39 @@ extern const nd_gemm_ukernel nd_gemm_ukernel_avx512; /* cpu_gemm_x86.c */
 /* The micro-kernel built for isa (the baseline one where isa has none). */
 const nd_gemm_ukernel *nd_cpu_gemm_ukernel(nd_cpu_isa isa);
 
+/* A micro-kernel on bfloat16 pairs (cpu_gemm_bf16.c): the mr x nr tile
+ * C[0:mr, 0:nr] = A @ B (+ C when accumulate) over kpairs pairs of the inner
+ * dimension (a multiple of the kernel's pair_multiple), float32 sums, where
+ * pair q of A's row i is a[i * a_rs + q] and pair q of B's column j is
+ * b[q * NR + j] (NR the kernel's nr). Pairs hold the even index in their low
+ * 16 bits. The packed operands hold whole mr x nr tiles (rows and columns
+ * past the edge are read, their results dropped). A thread calls begin
+ * before its first tile and end after its last. */
+typedef void (*nd_gemm_pair_ukernel_fn)(int64_t kpairs, const uint32_t *a, int64_t a_rs,
+                                        const uint32_t *b, float *c, int64_t ldc, int mr, int nr,
+                                        int accumulate);
+
+typedef struct nd_gemm_pair_ukernel {
+    const char *name;
+    int mr, nr, pair_multiple;
+    nd_gemm_pair_ukernel_fn fn;
+    void (*begin)(void);
+    void (*end)(void);
+} nd_gemm_pair_ukernel;
+
+/* The bfloat16 pair kernel (AMX) where the CPU has one, the OS grants it
+ * and the ISA in force is AVX-512; NULL elsewhere (bfloat16 is then widened
+ * to float32). */
+const nd_gemm_pair_ukernel *nd_cpu_gemm_bf16_ukernel(void);
+
+/* Packs rows x kc of bfloat16 A (A(i, p) = a[i * a_rs + p * a_cs]) as pairs,
+ * row_pairs a row; and kc x cols of B (B(p, j) = b[p * b_rs + j * b_cs]) as
+ * row_pairs rows of pairs, nr apart. Pairs past kc are zeros. */
+void nd_cpu_pack_bf16_pairs_a(uint32_t *dst, const uint16_t *a, int64_t a_rs, int64_t a_cs,
+                              int64_t rows, int64_t kc, int64_t row_pairs);
+void nd_cpu_pack_bf16_pairs_b(uint32_t *dst, const uint16_t *b, int64_t b_rs, int64_t b_cs,
+                              int64_t kc, int64_t cols, int nr, int64_t row_pairs);
+
 /* nd_cpu_sgemm (engine.h) runs the current ISA's kernel: row-major
  * C = alpha*op(A)*op(B) + beta*C, op(A) m x k, op(B) k x n; trans_a: A stored
  * k x m, else m x k; trans_b: B stored n x k, else k x n; ldc >= n. beta == 0

@@ -1,12 +1,14 @@
 /* cpu_matmul_typed.c: the CPU backend's matmul in the dtypes other than
  * float32 (cpu_matmul.c dispatches here by nd_matmul_desc.dtype).
  *
- * float16 and bfloat16 run needle's GEMM micro-kernel (cpu_gemm.h) on tiles
- * of the output: each tile's rows of A and columns of B are widened to
- * float32 as they are packed, the tile accumulates in float32 over the
- * whole inner dimension, and each output is rounded once into the dtype as
- * the tile is stored. The float32 copies are a tile's worth (at most a few
- * hundred KiB a thread, in cache), never an operand's, and the output is
+ * float16 and bfloat16 run a micro-kernel on blocks of the output: bfloat16
+ * the AMX kernel on pairs of its values (cpu_gemm_bf16.c) where the CPU has
+ * one, else (and float16 always) needle's float32 GEMM kernel (cpu_gemm.h),
+ * each block's rows of A and columns of B widened to float32 as they are
+ * packed. A block accumulates in float32 over the whole inner dimension, and
+ * each output is rounded once into the dtype as the block is stored. The
+ * packed copies are a block's worth (at most a megabyte or so a thread,
+ * mostly in cache), never an operand's, and the output is
  * written once, in the narrow type: the accuracy the issue asks for, and
  * half float32's memory traffic on the products that are bound by it (the
  * vocabulary's Linear). float64 runs its own blocked GEMM in double, full
@@ -21,12 +23,15 @@
 
 /* ------------------------------------------------- float16 / bfloat16 */
 
-/* A tile of the output is TILE_M x TILE_N, its inner dimension taken
- * TILE_K at a time: the float32 copies of A's block (96 KiB), of B's
- * (256 KiB) and the tile's sums (96 KiB) stay in a core's L2. TILE_M is a
- * multiple of every micro-kernel's rows (8, 6, 4), TILE_N of its columns. */
-enum { TILE_M = 96, TILE_N = 256, TILE_K = 256 };
-/* Threads share the tiles when each gets at least this many multiply-adds
+/* The unit of work is a group of at most GROUP_M rows by a panel of at most
+ * PANEL_N columns of one product, its sums kept in float32 (576 KiB) over
+ * the whole inner dimension, which is taken BLOCK_K at a time: each block of
+ * B is packed once per group (256 KiB, in L2) and serves all its rows, each
+ * block of A is packed BLOCK_M rows at a time (96 KiB). BLOCK_M and GROUP_M
+ * are multiples of every micro-kernel's rows (8, 6, 4), PANEL_N of its
+ * columns. */
+enum { BLOCK_M = 96, GROUP_M = 576, PANEL_N = 256, BLOCK_K = 256 };
+/* Threads share the units when each gets at least this many multiply-adds
  * (a thread's start costs tens of microseconds). */
 #define MADDS_PER_THREAD ((int64_t)1 << 22)
 
@@ -35,48 +40,74 @@ static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
 typedef void (*widen_fn)(float *dst, const uint16_t *src, int64_t stride, int64_t n);
 typedef void (*narrow_fn)(uint16_t *dst, int64_t stride, const float *src, int64_t n);
 
-/* One narrow product, shared read-only by the threads running its tiles. */
+/* One narrow product, shared read-only by the threads running its units. */
 typedef struct narrow_product {
     const nd_matmul_desc *d;
     const nd_gemm_ukernel *uk;
+    const nd_gemm_pair_ukernel *pairs; /* bfloat16's pair kernel, or NULL: widen */
+    int mr, nr;                        /* the kernel's tile */
     widen_fn widen;
     narrow_fn narrow;
-    int64_t tiles_m, tiles_n;       /* tiles of one product of the batch */
-    int64_t tile_m, tile_n, tile_k; /* the tile's sizes, clipped to the product's */
-    atomic_int out_of_memory;       /* a thread found no memory for its scratch */
+    int64_t groups, panels;                     /* units of one product of the batch */
+    int64_t group_m, panel_n, block_m, block_k; /* clipped to the product's sizes */
+    int64_t k_room;                             /* floats (or pairs) a packed row may take */
+    atomic_int out_of_memory;                   /* a thread found no memory for its scratch */
 } narrow_product;
 
-/* A thread's float32 scratch: A's block, B's block as the micro-kernel's
- * slivers (nr columns each, contiguous), a column of B being widened, the
- * tile's sums. */
-typedef struct tile_scratch {
+/* A thread's scratch: A's block and B's block packed for the kernel (as
+ * float32, or as bfloat16 pairs in the same space: a pair is a float's size
+ * and there are half as many), a column of B being widened, the unit's sums. */
+typedef struct unit_scratch {
     float *a, *b, *column, *c;
-} tile_scratch;
+} unit_scratch;
 
-/* A[i0 : i0+mi, p0 : p0+kc] into s->a, returning its strides there: by rows
- * where A's rows are read along, else (A stored transposed) by columns, so
- * each widening reads contiguous elements. */
-static void widen_a(const narrow_product *np, const uint16_t *a, int64_t mi, int64_t kc, float *dst,
-                    int64_t *rs, int64_t *cs) {
-    const int64_t a_rs = np->d->a_row_stride, a_cs = np->d->a_col_stride;
-    if (a_rs == 1 && a_cs != 1) {
-        for (int64_t p = 0; p < kc; p++) np->widen(dst + p * mi, a + p * a_cs, 1, mi);
-        *rs = 1, *cs = mi;
-        return;
-    }
-    for (int64_t i = 0; i < mi; i++) np->widen(dst + i * kc, a + i * a_rs, a_cs, kc);
-    *rs = kc, *cs = 1;
+/* How a packed A block is read: A(i, p) = a[i * rs + p * cs]. */
+typedef struct packed_a {
+    int64_t rs, cs;
+} packed_a;
+
+/* The pairs a packed row of kc values takes: padded to the pair kernel's
+ * multiple with zeros. */
+static int64_t row_pairs(const narrow_product *np, int64_t kc) {
+    const int64_t multiple = np->pairs->pair_multiple;
+    return ((kc + 1) / 2 + multiple - 1) / multiple * multiple;
 }
 
-/* B[p0 : p0+kc, j0 : j0+nj] into s->b as slivers of nr columns: sliver q
- * holds B(p, q*nr + j) at b[q*nr*kc + p*nr + j]. B stored transposed is
- * widened a column at a time (contiguous) and scattered into the sliver. */
-static void widen_b(const narrow_product *np, const uint16_t *b, int64_t kc, int64_t nj,
-                    const tile_scratch *s) {
+/* A[0 : mi, 0 : kc] (from a) packed into s->a: as pairs for the pair
+ * kernel; else widened, by rows where A's rows are read along, or (A stored
+ * transposed) by columns, so each widening reads contiguous elements. */
+static packed_a pack_a(const narrow_product *np, const uint16_t *a, int64_t mi, int64_t kc,
+                       const unit_scratch *s) {
+    const int64_t a_rs = np->d->a_row_stride, a_cs = np->d->a_col_stride;
+    if (np->pairs != NULL) {
+        const int64_t kp = row_pairs(np, kc);
+        nd_cpu_pack_bf16_pairs_a((uint32_t *)(void *)s->a, a, a_rs, a_cs, mi, kc, kp);
+        return (packed_a){kp, 1};
+    }
+    if (a_rs == 1 && a_cs != 1) {
+        for (int64_t p = 0; p < kc; p++) np->widen(s->a + p * mi, a + p * a_cs, 1, mi);
+        return (packed_a){1, mi};
+    }
+    for (int64_t i = 0; i < mi; i++) np->widen(s->a + i * kc, a + i * a_rs, a_cs, kc);
+    return (packed_a){kc, 1};
+}
+
+/* B[0 : kc, 0 : nj] (from b) packed into s->b as the kernel's slivers of nr
+ * columns: pairs (sliver q's pair row r at q*nr*kpairs + r*nr), or float32
+ * (B(p, q*nr + j) at q*nr*kc + p*nr + j). B stored transposed is widened a
+ * column at a time (contiguous) and scattered into its sliver. */
+static void pack_b(const narrow_product *np, const uint16_t *b, int64_t kc, int64_t nj,
+                   const unit_scratch *s) {
     const int64_t b_rs = np->d->b_row_stride, b_cs = np->d->b_col_stride;
-    const int nr = np->uk->nr;
+    const int nr = np->nr;
     for (int64_t jr = 0; jr < nj; jr += nr) {
         const int64_t cols = min_i64(nr, nj - jr);
+        if (np->pairs != NULL) {
+            const int64_t kp = row_pairs(np, kc);
+            uint32_t *sliver = (uint32_t *)(void *)s->b + (jr / nr) * nr * kp;
+            nd_cpu_pack_bf16_pairs_b(sliver, b + jr * b_cs, b_rs, b_cs, kc, cols, nr, kp);
+            continue;
+        }
         float *sliver = s->b + (jr / nr) * nr * kc;
         if (b_rs == 1 && b_cs != 1) {
             for (int64_t j = 0; j < cols; j++) {
@@ -90,55 +121,81 @@ static void widen_b(const narrow_product *np, const uint16_t *b, int64_t kc, int
     }
 }
 
-/* Tile t of the batch: its sums over the whole inner dimension, then each
+/* c[0 : mi, 0 : nj] (+)= the packed blocks' product, tile by tile. */
+static void multiply_blocks(const narrow_product *np, const unit_scratch *s, packed_a pa,
+                            int64_t mi, int64_t kc, int64_t nj, float *c, int64_t ldc,
+                            int accumulate) {
+    const int mr = np->mr, nr = np->nr;
+    for (int64_t jr = 0; jr < nj; jr += nr) {
+        const int cols = (int)min_i64(nr, nj - jr);
+        for (int64_t ir = 0; ir < mi; ir += mr) {
+            const int rows = (int)min_i64(mr, mi - ir);
+            if (np->pairs != NULL) {
+                const int64_t kp = pa.rs;
+                np->pairs->fn(kp, (const uint32_t *)(const void *)s->a + ir * kp, kp,
+                              (const uint32_t *)(const void *)s->b + (jr / nr) * nr * kp,
+                              c + ir * ldc + jr, ldc, rows, cols, accumulate);
+            } else {
+                np->uk->fn(kc, s->a + ir * pa.rs, pa.rs, pa.cs, s->b + (jr / nr) * nr * kc, nr,
+                           c + ir * ldc + jr, ldc, rows, cols, 1.0f, accumulate);
+            }
+        }
+    }
+}
+
+/* Unit u of the batch: its sums over the whole inner dimension, then each
  * rounded once into the output. */
-static void run_tile(const narrow_product *np, const tile_scratch *s, int64_t t) {
+static void run_unit(const narrow_product *np, const unit_scratch *s, int64_t u) {
     const nd_matmul_desc *d = np->d;
     const int64_t m = d->m, n = d->n, k = d->k;
-    const int64_t per_product = np->tiles_m * np->tiles_n;
-    const int64_t batch = t / per_product, within = t % per_product;
-    const int64_t i0 = within / np->tiles_n * np->tile_m, j0 = within % np->tiles_n * np->tile_n;
-    const int64_t mi = min_i64(np->tile_m, m - i0), nj = min_i64(np->tile_n, n - j0);
+    const int64_t per_product = np->groups * np->panels;
+    const int64_t batch = u / per_product, within = u % per_product;
+    const int64_t i0 = within / np->panels * np->group_m, j0 = within % np->panels * np->panel_n;
+    const int64_t mg = min_i64(np->group_m, m - i0), nj = min_i64(np->panel_n, n - j0);
     int64_t a_off, b_off;
     nd_matmul_batch_offsets(d, batch, &a_off, &b_off);
     const uint16_t *a = (const uint16_t *)(const void *)d->a + a_off + i0 * d->a_row_stride;
     const uint16_t *b = (const uint16_t *)(const void *)d->b + b_off + j0 * d->b_col_stride;
-    const int mr = np->uk->mr, nr = np->uk->nr;
-    const int64_t ldc = np->tile_n;
+    const int64_t ldc = np->panel_n;
     if (k == 0)
-        for (int64_t i = 0; i < mi; i++) memset(s->c + i * ldc, 0, sizeof(float) * (size_t)nj);
-    for (int64_t p0 = 0; p0 < k; p0 += np->tile_k) {
-        const int64_t kc = min_i64(np->tile_k, k - p0);
-        int64_t a_rs, a_cs;
-        widen_a(np, a + p0 * d->a_col_stride, mi, kc, s->a, &a_rs, &a_cs);
-        widen_b(np, b + p0 * d->b_row_stride, kc, nj, s);
-        for (int64_t jr = 0; jr < nj; jr += nr) {
-            const int cols = (int)min_i64(nr, nj - jr);
-            const float *sliver = s->b + (jr / nr) * nr * kc;
-            for (int64_t ir = 0; ir < mi; ir += mr)
-                np->uk->fn(kc, s->a + ir * a_rs, a_rs, a_cs, sliver, nr, s->c + ir * ldc + jr, ldc,
-                           (int)min_i64(mr, mi - ir), cols, 1.0f, p0 > 0);
+        for (int64_t i = 0; i < mg; i++) memset(s->c + i * ldc, 0, sizeof(float) * (size_t)nj);
+    for (int64_t p0 = 0; p0 < k; p0 += np->block_k) {
+        const int64_t kc = min_i64(np->block_k, k - p0);
+        pack_b(np, b + p0 * d->b_row_stride, kc, nj, s);
+        for (int64_t r0 = 0; r0 < mg; r0 += np->block_m) {
+            const int64_t mi = min_i64(np->block_m, mg - r0);
+            const packed_a pa =
+                pack_a(np, a + r0 * d->a_row_stride + p0 * d->a_col_stride, mi, kc, s);
+            multiply_blocks(np, s, pa, mi, kc, nj, s->c + r0 * ldc, ldc, p0 > 0);
         }
     }
     uint16_t *out = (uint16_t *)(void *)d->out + batch * m * n + i0 * n + j0;
-    for (int64_t i = 0; i < mi; i++) np->narrow(out + i * n, 1, s->c + i * ldc, nj);
+    for (int64_t i = 0; i < mg; i++) np->narrow(out + i * n, 1, s->c + i * ldc, nj);
 }
 
-/* Tiles [begin, end), an nd_cpu_parallel_for body: one scratch for them all. */
-static void run_tiles(void *ctx, int64_t begin, int64_t end) {
+/* Units [begin, end), an nd_cpu_parallel_for body: one scratch for them all. */
+static void run_units(void *ctx, int64_t begin, int64_t end) {
     narrow_product *np = ctx;
-    const int64_t kc = np->tile_k > 0 ? np->tile_k : 1, nr = np->uk->nr;
-    const int64_t nb = (np->tile_n + nr - 1) / nr * nr;
-    const size_t floats = (size_t)(np->tile_m * kc + kc * nb + kc + np->tile_m * np->tile_n);
-    float *buf = malloc(floats * sizeof(float));
+    const int64_t kc = np->k_room, mr = np->mr, nr = np->nr;
+    const int64_t mb = (np->block_m + mr - 1) / mr * mr, nb = (np->panel_n + nr - 1) / nr * nr;
+    const int64_t a_floats = mb * kc, b_floats = kc * nb;
+    float *buf =
+        malloc((size_t)(a_floats + b_floats + kc + np->group_m * np->panel_n) * sizeof(float));
     if (buf == NULL) {
         atomic_store(&np->out_of_memory, 1);
         return;
     }
-    const tile_scratch s = {buf, buf + np->tile_m * kc, buf + np->tile_m * kc + kc * nb,
-                            buf + np->tile_m * kc + kc * nb + kc};
-    for (int64_t t = begin; t < end; t++) run_tile(np, &s, t);
+    const unit_scratch s = {buf, buf + a_floats, buf + a_floats + b_floats,
+                            buf + a_floats + b_floats + kc};
+    if (np->pairs != NULL) np->pairs->begin();
+    for (int64_t u = begin; u < end; u++) run_unit(np, &s, u);
+    if (np->pairs != NULL) np->pairs->end();
     free(buf);
+}
+
+const char *nd_cpu_gemm_narrow_kernel_name(nd_dtype dtype) {
+    const nd_gemm_pair_ukernel *pairs = dtype == ND_BFLOAT16 ? nd_cpu_gemm_bf16_ukernel() : NULL;
+    return pairs != NULL ? pairs->name : nd_cpu_gemm_kernel_name(nd_cpu_isa_current());
 }
 
 static nd_status matmul_narrow(const nd_matmul_desc *d, int64_t batches) {
@@ -146,20 +203,27 @@ static nd_status matmul_narrow(const nd_matmul_desc *d, int64_t batches) {
     narrow_product np = {
         .d = d,
         .uk = nd_cpu_gemm_ukernel(nd_cpu_isa_current()),
+        .pairs = d->dtype == ND_BFLOAT16 ? nd_cpu_gemm_bf16_ukernel() : NULL,
         .widen = d->dtype == ND_FLOAT16 ? loops->f16_to_float : loops->bf16_to_float,
         .narrow = d->dtype == ND_FLOAT16 ? loops->float_to_f16 : loops->float_to_bf16,
-        .tile_m = min_i64(TILE_M, d->m),
-        .tile_n = min_i64(TILE_N, d->n),
-        .tile_k = min_i64(TILE_K, d->k),
+        .group_m = min_i64(GROUP_M, d->m),
+        .panel_n = min_i64(PANEL_N, d->n),
+        .block_m = min_i64(BLOCK_M, d->m),
+        .block_k = min_i64(BLOCK_K, d->k),
     };
-    np.tiles_m = (d->m + np.tile_m - 1) / np.tile_m;
-    np.tiles_n = (d->n + np.tile_n - 1) / np.tile_n;
+    np.mr = np.pairs != NULL ? np.pairs->mr : np.uk->mr;
+    np.nr = np.pairs != NULL ? np.pairs->nr : np.uk->nr;
+    np.k_room = np.block_k > 0 ? np.block_k : 1;
+    if (np.pairs != NULL && row_pairs(&np, np.block_k) > np.k_room)
+        np.k_room = row_pairs(&np, np.block_k);
+    np.groups = (d->m + np.group_m - 1) / np.group_m;
+    np.panels = (d->n + np.panel_n - 1) / np.panel_n;
     atomic_init(&np.out_of_memory, 0);
-    const int64_t tile_madds = np.tile_m * np.tile_n * (d->k > 0 ? d->k : 1);
-    nd_cpu_parallel_for(batches * np.tiles_m * np.tiles_n, 1 + MADDS_PER_THREAD / tile_madds,
-                        run_tiles, &np);
+    const int64_t unit_madds = np.group_m * np.panel_n * (d->k > 0 ? d->k : 1);
+    nd_cpu_parallel_for(batches * np.groups * np.panels, 1 + MADDS_PER_THREAD / unit_madds,
+                        run_units, &np);
     if (atomic_load(&np.out_of_memory))
-        return nd_fail(ND_ERR_OOM, "no memory for the float32 tiles of a %s matmul",
+        return nd_fail(ND_ERR_OOM, "no memory for the float32 blocks of a %s matmul",
                        nd_dtype_name(d->dtype));
     return ND_OK;
 }

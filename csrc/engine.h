@@ -428,6 +428,10 @@ nd_status nd_cpu_set_isa(nd_cpu_isa isa);
 nd_status nd_cpu_isa_limit(nd_cpu_isa ceiling);
 /* The GEMM micro-kernel built for isa, in words ("avx512 8x32"). */
 const char *nd_cpu_gemm_kernel_name(nd_cpu_isa isa);
+/* The kernel a float16/bfloat16 matmul runs now, in words: bfloat16's pair
+ * kernel ("avx512-bf16 8x32") where the CPU has one, else the current ISA's
+ * float32 kernel on widened operands ("avx512 8x32"). */
+const char *nd_cpu_gemm_narrow_kernel_name(nd_dtype dtype);
 
 /* The split between needle's GEMM and the installed BLAS (cpu_matmul.c):
  * products of at least `split` multiply-adds (m*n*k) go to the BLAS, smaller

@@ -103,6 +103,10 @@ static PyObject *cpu_kernels(PyObject *module, PyObject *Py_UNUSED(ignored)) {
         set_item(d, "env",
                  forced && forced[0] ? PyUnicode_FromString(forced) : Py_NewRef(Py_None)) < 0 ||
         set_item(d, "gemm", PyUnicode_FromString(nd_cpu_gemm_kernel_name(isa))) < 0 ||
+        set_item(d, "gemm_bfloat16",
+                 PyUnicode_FromString(nd_cpu_gemm_narrow_kernel_name(ND_BFLOAT16))) < 0 ||
+        set_item(d, "gemm_float16",
+                 PyUnicode_FromString(nd_cpu_gemm_narrow_kernel_name(ND_FLOAT16))) < 0 ||
         set_item(d, "elementwise", PyUnicode_FromString(nd_cpu_isa_name(isa))) < 0 ||
         set_item(d, "blas", PyUnicode_FromString(blas_description())) < 0 ||
         set_item(d, "gemm_split",

@@ -218,9 +218,73 @@ def test_both_sides_of_the_gemm_split_agree(restore_cpu_settings):
     np.testing.assert_allclose(ours, np.matmul(x.astype(np.float64), y), rtol=1e-4, atol=1e-4)
 
 
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@pytest.mark.parametrize("isa", isa_params())
+def test_narrow_matmul_kernels_per_isa(isa, restore_cpu_settings):
+    # bfloat16 runs AMX's tiles only under AVX-512 on a CPU with AMX-BF16 (and Linux's leave);
+    # everywhere else both narrow types widen their blocks into the ISA's float32 kernel.
+    needle_c._set_cpu_isa(isa)
+    info = needle_c._cpu_kernels()
+    assert info["gemm_float16"] == info["gemm"]
+    flags = _cpu_flags()
+    if isa != "avx512" or not {"amx_bf16", "amx_tile"} <= flags:
+        assert info["gemm_bfloat16"] == info["gemm"]
+    elif sys.platform == "linux":
+        assert info["gemm_bfloat16"] == "amx-bf16 32x32"
+    rng = np.random.default_rng(5)
+    # Edges of the 32 x 32 AMX tile and of its 32-value inner steps, odd inner sizes, both
+    # operands transposed, and a batch.
+    for dtype in ("bfloat16", "float16"):
+        for m, k, n in [(1, 1, 1), (33, 31, 17), (70, 65, 300), (96, 513, 40)]:
+            for ta in (False, True):
+                for tb in (False, True):
+                    x = rng.standard_normal((k, m) if ta else (m, k))
+                    y = rng.standard_normal((n, k) if tb else (k, n))
+                    a = nd.array(x, dtype=dtype)
+                    b = nd.array(y, dtype=dtype)
+                    a = a.permute((1, 0)) if ta else a
+                    b = b.permute((1, 0)) if tb else b
+                    va = a.astype("float64").numpy()
+                    vb = b.astype("float64").numpy()
+                    got = (a @ b).astype("float64").numpy()
+                    bound = np.abs(va) @ np.abs(vb)
+                    np.testing.assert_array_less(
+                        np.abs(got - va @ vb),
+                        bound * (2.0**-7 if dtype == "bfloat16" else 2.0**-10) + 1e-6,
+                        err_msg=f"{isa} {dtype} {m}x{k}x{n} ta={ta} tb={tb}",
+                    )
+        x = rng.standard_normal((3, 40, 50))
+        y = rng.standard_normal((50, 33))
+        a, b = nd.array(x, dtype=dtype), nd.array(y, dtype=dtype)
+        va, vb = a.astype("float64").numpy(), b.astype("float64").numpy()
+        got = (a @ b).astype("float64").numpy()
+        bound = np.abs(va) @ np.abs(vb)
+        assert np.all(np.abs(got - va @ vb) <= bound * 2.0**-7 + 1e-6), f"{isa} {dtype} batch"
+
+
 def test_cpu_kernels_report():
     info = needle_c._cpu_kernels()
-    assert set(info) >= {"isa", "best", "supported", "env", "gemm", "elementwise", "blas"}
+    assert set(info) >= {
+        "isa",
+        "best",
+        "supported",
+        "env",
+        "gemm",
+        "gemm_bfloat16",
+        "gemm_float16",
+        "elementwise",
+        "blas",
+    }
     assert info["supported"][0] == "baseline"
     assert info["best"] == info["supported"][-1]
     assert info["isa"] in info["supported"]
