@@ -25,7 +25,7 @@ import needle as ndl
 from needle import nn
 from needle.apps.course_config import COURSE
 
-from benchutil import print_machine
+from benchutil import print_machine, step_peak_bytes
 
 
 class _Run:
@@ -66,16 +66,6 @@ class _Run:
         return time.perf_counter() - start, value
 
 
-def peak_bytes(mode, args, device):
-    run = _Run(mode, device, args.batch, args.vocab)
-    run.step()
-    ndl.memory.reset_peak_memory_stats(device)
-    run.step()
-    peak = ndl.memory.max_memory_allocated(device)
-    del run
-    return peak
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
@@ -90,7 +80,10 @@ def main():
         parser.error("--modes must start with float32, the ratios' basis")
     print_machine(device=args.device)
     print(json.dumps({"config": vars(args)}), flush=True)
-    peaks = {mode: peak_bytes(mode, args, device) for mode in modes}
+    peaks = {
+        mode: step_peak_bytes(lambda m=mode: _Run(m, device, args.batch, args.vocab), device)
+        for mode in modes
+    }
     runs = [_Run(mode, device, args.batch, args.vocab) for mode in modes]
     for run in runs:
         run.step()

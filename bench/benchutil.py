@@ -45,13 +45,15 @@ def cpu_model():
 
 def cpu_kernels():
     """What needle's CPU kernels run (needle_c._cpu_kernels(), without the calibration
-    table): the ISA, the GEMM micro-kernel, the BLAS and the measured split."""
+    table): the ISA, the GEMM micro-kernels (float32's, and the narrow types' where the build
+    reports them), the BLAS and the measured split."""
     import needle_c
 
     if not hasattr(needle_c, "_cpu_kernels"):  # a build from before the choice was reported
         return {"isa": "?", "best": "?", "gemm": "?", "blas": needle_c._blas(), "gemm_split": None}
     info = needle_c._cpu_kernels()
-    return {k: info[k] for k in ("isa", "best", "gemm", "blas", "gemm_split")}
+    keys = ("isa", "best", "gemm", "gemm_bfloat16", "gemm_float16", "blas", "gemm_split")
+    return {k: info[k] for k in keys if k in info}
 
 
 def kernels_line(kernels=None):
@@ -86,3 +88,18 @@ def print_machine(**extra):
     }
     print(json.dumps({"machine": info}), flush=True)
     return info
+
+
+def step_peak_bytes(make_run, device):
+    """``max_memory_allocated`` over one step of ``make_run()`` (an object with ``step()``)
+    after a warm-up step (an optimizer's state made), with that run alone in the process: it is
+    dropped before returning."""
+    import needle as ndl
+
+    run = make_run()
+    run.step()
+    ndl.memory.reset_peak_memory_stats(device)
+    run.step()
+    peak = ndl.memory.max_memory_allocated(device)
+    del run
+    return peak

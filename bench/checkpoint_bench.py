@@ -38,7 +38,7 @@ from needle import nn
 from needle.apps.course_config import COURSE
 from needle.apps.models import LanguageModel
 
-from benchutil import print_machine
+from benchutil import print_machine, step_peak_bytes
 
 LAYERS = 4
 SCHEMES = ("wrapper", "sequential")
@@ -133,18 +133,6 @@ class _Run:
         return time.perf_counter() - start
 
 
-def peak_bytes(kind, args, device, scheme):
-    """max_memory_allocated() over a step after a warm-up step (Adam's state made), with this
-    configuration alone in the process."""
-    run = _Run(kind, args, device, scheme)
-    run.step()
-    ndl.memory.reset_peak_memory_stats(device)
-    run.step()
-    peak = ndl.memory.max_memory_allocated(device)
-    del run
-    return peak
-
-
 def step_times(kind, args, device, schemes):
     """The median step time of each of ``schemes``, their steps interleaved (plain, wrapper,
     sequential, plain, ...) after a warm-up step each, so that a machine's drift falls on all
@@ -179,7 +167,10 @@ def main():
     print_machine(device=args.device)
     print(json.dumps({"config": vars(args) | {"layers": LAYERS, "seq_len": COURSE.seq_len}}))
     for kind in args.models.split(","):
-        peaks = [peak_bytes(kind, args, device, scheme) for scheme in schemes]
+        peaks = [
+            step_peak_bytes(lambda s=scheme: _Run(kind, args, device, s), device)
+            for scheme in schemes
+        ]
         seconds = step_times(kind, args, device, schemes)
         rows = [
             {"model": kind, "scheme": scheme, "peak_bytes": peak, "step_s": step_s}

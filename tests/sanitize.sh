@@ -2,7 +2,8 @@
 # Builds needle_c with AddressSanitizer + UBSan into build/sanitize (beside,
 # not over, the normal install) and runs pytest on it with the sanitizer
 # runtime preloaded, with this checkout's python/ (not an installed needle) on the path.
-# Any sanitizer report aborts the process, so pytest fails.
+# Any sanitizer report aborts the process, so pytest fails. The files run in one worker per
+# core (pytest-xdist, a test extra), each file whole in one worker.
 #   bash tests/sanitize.sh [pytest args...]     (default: the GC, memory, autograd and fuzz tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,4 +23,4 @@ if [ "$#" -eq 0 ]; then
         tests/test_threads.py tests/test_oom_recovery.py tests/fuzz
 fi
 LD_PRELOAD="$runtime" PYTHONPATH="$out/lib:$PWD/python${PYTHONPATH:+:$PYTHONPATH}" \
-    python -m pytest -q -p no:cacheprovider -m "not paced" "$@"
+    python -m pytest -q -p no:cacheprovider -n auto --dist loadfile -m "not paced" "$@"

@@ -59,19 +59,20 @@ PyObject *ndarray_steal_as(needle_state *st, PyObject *array, nd_dtype dtype) {
 }
 
 nd_dtype tensor_default_dtype(PyObject *obj) {
-    if (!PyArray_Check(obj) && !PyArray_IsScalar(obj, Generic)) return ND_FLOAT32;
-    PyArray_Descr *descr = PyArray_DescrFromScalar(obj);
+    int type;
     if (PyArray_Check(obj)) {
-        Py_XDECREF(descr);
-        descr = PyArray_DESCR((PyArrayObject *)obj);
-        Py_INCREF(descr);
-    }
-    if (descr == NULL) {
-        PyErr_Clear();
+        type = PyArray_DESCR((PyArrayObject *)obj)->type_num;
+    } else if (PyArray_IsScalar(obj, Generic)) {
+        PyArray_Descr *descr = PyArray_DescrFromScalar(obj);
+        if (descr == NULL) {
+            PyErr_Clear();
+            return ND_FLOAT32;
+        }
+        type = descr->type_num;
+        Py_DECREF(descr);
+    } else {
         return ND_FLOAT32;
     }
-    int type = descr->type_num;
-    Py_DECREF(descr);
     return type == NPY_FLOAT16 ? ND_FLOAT16 : type == NPY_FLOAT64 ? ND_FLOAT64 : ND_FLOAT32;
 }
 
