@@ -103,3 +103,10 @@ def step_peak_bytes(make_run, device):
     peak = ndl.memory.max_memory_allocated(device)
     del run
     return peak
+
+
+def paired_time_ratio(times, base_times):
+    """The median of ``times[i] / base_times[i]`` over steps taken in turns (the ratio pair by
+    pair, as farm-bench takes it): a drift of the machine's speed over a run moves it less than
+    it moves a ratio of the two medians."""
+    return statistics.median(t / b for t, b in zip(times, base_times, strict=True))
