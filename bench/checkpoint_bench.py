@@ -22,7 +22,7 @@ drift falls on all alike. Each scheme's ratios are to the plain model's, the tim
 pair (the median over steps of its step over the plain step taken beside it). Targets: peak
 <= 0.6x, time <= 1.4x.
 
-    python bench/checkpoint_bench.py [--steps 3] [--batch 256] [--vocab 10000] [--dropout 0.0]
+    python bench/checkpoint_bench.py [--steps 10] [--batch 256] [--vocab 10000] [--dropout 0.0]
         [--device cpu|cuda] [--models language_model,transformer]
         [--scheme wrapper|sequential|both]
 """
@@ -150,7 +150,7 @@ def step_times(kind, args, device, schemes):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps after one warm-up")
     parser.add_argument("--batch", type=int, default=COURSE.batch_size)
     parser.add_argument("--vocab", type=int, default=COURSE.vocab_size)
     parser.add_argument("--dropout", type=float, default=0.0, help="the course's is 0.0")
