@@ -399,6 +399,44 @@ def test_autocast_bad_arguments(kwargs, exc, match):
     assert not ndl.amp.is_autocast_enabled("cpu")
 
 
+def test_the_policy_is_pythons_lists():
+    import needle_c
+    from needle import _autocast
+
+    want = dict.fromkeys(_autocast.NARROW_OPS, "narrow") | dict.fromkeys(
+        _autocast.FLOAT32_OPS, "float32"
+    )
+    assert needle_c._autocast_policy() == want
+    assert want["MatMulBias"] == "narrow" and want["Summation"] == "float32"
+
+
+def test_a_policy_change_takes_effect_and_a_bad_one_changes_nothing():
+    import needle_c
+
+    before = needle_c._autocast_policy()
+    x = ndl.Tensor(np.ones((2, 3), np.float32), dtype="bfloat16")
+    try:
+        needle_c._autocast_set_policy({"Exp": "narrow"})
+        with ndl.autocast("cpu"):
+            assert x.exp().dtype == "bfloat16"  # Exp no longer widens
+            assert (x.astype("float32") @ x.astype("float32").transpose()).dtype == "float32"
+        for bad, match in [
+            ({"NoSuchOp": "narrow"}, "not a built-in op"),
+            ({"Exp": "half"}, "expected 'narrow' or 'float32'"),
+            ({1: "narrow"}, "not a built-in op"),
+        ]:
+            with pytest.raises(ValueError, match=match):
+                needle_c._autocast_set_policy(bad)
+            assert needle_c._autocast_policy() == {"Exp": "narrow"}
+        with pytest.raises(TypeError, match="dict"):
+            needle_c._autocast_set_policy([("Exp", "narrow")])
+    finally:
+        needle_c._autocast_set_policy(before)
+    assert needle_c._autocast_policy() == before
+    with ndl.autocast("cpu"):
+        assert x.exp().dtype == "float32"
+
+
 def test_autocast_numpy_dtype_and_bad_cast():
     with ndl.autocast("cpu", dtype=np.float16) as ctx:
         assert ctx.fast_dtype == "float16"

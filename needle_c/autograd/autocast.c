@@ -3,14 +3,13 @@
  * that needle.amp.autocast sets, and the input casts the op-execution path
  * (dispatch.c) applies to a built-in op while it is on.
  *
- * The policy, as PyTorch's autocast lists (python/needle/amp.py documents
- * them for users): the ops that gain from a narrow type (MatMul, MatMulBias,
- * Conv) run in the autocast dtype; the ops that need range or accumulate
- * (softmaxes, log-sum-exp, the losses, the norms, summation, exp, log, pow,
- * the fused LSTM) run in float32; every other op runs in the widest dtype of
- * its inputs (the engine's promotion). A cast is a recorded Cast node, so a
- * float32 parameter cast to bfloat16 gets a float32 gradient. float64
- * inputs are never narrowed, as in PyTorch.
+ * The policy (which ops run in the narrow type, which in float32) is
+ * python/needle/_autocast.py's, as PyTorch's autocast lists are its Python
+ * side's: it hands this layer the table every op call reads
+ * (_autocast_set_policy, at import). An op in neither list runs in the
+ * widest dtype of its inputs (the engine's promotion). A cast is a recorded
+ * Cast node, so a float32 parameter cast to bfloat16 gets a float32
+ * gradient. float64 inputs are never narrowed, as in PyTorch.
  */
 #include "tensor.h"
 
@@ -100,28 +99,17 @@ void autocast_resume(int previous) {
 
 typedef enum { CAST_NONE, CAST_NARROW, CAST_FLOAT32 } cast_policy;
 
-static cast_policy policy_of(op_kind kind) {
-    switch (kind) {
-    case OP_MATMUL:
-    case OP_MATMUL_BIAS:
-    case OP_CONV: return CAST_NARROW;
-    case OP_LOG_SOFTMAX:
-    case OP_LOG_SUM_EXP:
-    case OP_SUMMATION:
-    case OP_EXP:
-    case OP_LOG:
-    case OP_POWER_SCALAR:
-    case OP_EWISE_POW:
-    case OP_LSTM_CELL:
-    case OP_LSTM: return CAST_FLOAT32;
-    /* The softmax cross-entropy, layer norm and attention softmax take narrow inputs as
-     * they are: the engine computes them in float32 (dtype_island.c) without a float32
-     * copy the graph would keep; the loss and layer norm's output come out float32 (a
-     * mean; float32 weights promote), attention's probabilities narrow, for the matmul
-     * that reads them. */
-    default: return CAST_NONE;
-    }
-}
+static const char *const policy_names[] = {
+    [CAST_NONE] = "none",
+    [CAST_NARROW] = "narrow",
+    [CAST_FLOAT32] = "float32",
+};
+
+/* By op kind; all CAST_NONE until Python sets it. Written and read under
+ * the GIL. */
+static unsigned char policy_table[OP_KIND_COUNT];
+
+static cast_policy policy_of(op_kind kind) { return (cast_policy)policy_table[kind]; }
 
 /* The dtype an input of `have` is cast to under the policy (have: no cast). */
 static nd_dtype policy_target(cast_policy policy, nd_dtype narrow, nd_dtype have) {
@@ -226,7 +214,66 @@ static PyObject *mod_autocast_get(PyObject *module, PyObject *arg) {
         nd_dtype_name(autocast_dtype(type)));
 }
 
+/* _autocast_set_policy({op class name: "narrow" | "float32"}): replaces the
+ * table (ops not named: no cast). A name needle has no built-in op of, or
+ * another policy, is a ValueError and leaves the table as it was. */
+static PyObject *mod_autocast_set_policy(PyObject *module, PyObject *mapping) {
+    (void)module;
+    if (!PyDict_Check(mapping)) {
+        PyErr_Format(PyExc_TypeError, "the autocast policy is a dict, got %.100s",
+                     Py_TYPE(mapping)->tp_name);
+        return NULL;
+    }
+    unsigned char table[OP_KIND_COUNT] = {0};
+    Py_ssize_t pos = 0;
+    PyObject *name, *policy;
+    while (PyDict_Next(mapping, &pos, &name, &policy)) {
+        int kind = 0;
+        for (int k = 1; k < OP_KIND_COUNT && PyUnicode_Check(name); k++)
+            if (PyUnicode_CompareWithASCIIString(name, op_table[k].name) == 0) kind = k;
+        if (kind == 0) {
+            PyErr_Format(PyExc_ValueError, "autocast policy: %R is not a built-in op", name);
+            return NULL;
+        }
+        int chosen = -1;
+        for (int c = CAST_NARROW; c <= CAST_FLOAT32 && PyUnicode_Check(policy); c++)
+            if (PyUnicode_CompareWithASCIIString(policy, policy_names[c]) == 0) chosen = c;
+        if (chosen < 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "autocast policy of %R: expected 'narrow' or 'float32', got %R", name,
+                         policy);
+            return NULL;
+        }
+        table[kind] = (unsigned char)chosen;
+    }
+    memcpy(policy_table, table, sizeof table);
+    Py_RETURN_NONE;
+}
+
+/* The table in force as {op class name: policy}, the ops it casts only. */
+static PyObject *mod_autocast_policy(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    (void)module;
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    for (int k = 1; k < OP_KIND_COUNT; k++) {
+        if (policy_table[k] == CAST_NONE) continue;
+        PyObject *v = PyUnicode_FromString(policy_names[policy_table[k]]);
+        if (v == NULL || PyDict_SetItemString(d, op_table[k].name, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return d;
+}
+
 PyMethodDef autocast_functions[] = {
+    {"_autocast_set_policy", mod_autocast_set_policy, METH_O,
+     "_autocast_set_policy(policy, /)\n--\n\nThe ops autocast casts: {op class name: 'narrow' "
+     "or 'float32'} (needle._autocast sets it at import)."},
+    {"_autocast_policy", mod_autocast_policy, METH_NOARGS,
+     "_autocast_policy()\n--\n\nThe autocast policy in force, {op class name: policy}."},
     {"_autocast_set", (PyCFunction)(void (*)(void))mod_autocast_set, METH_FASTCALL,
      "_autocast_set(device_type, enabled, dtype, /)\n--\n\nThis thread's autocast state for "
      "device_type ('cpu' or 'cuda'); returns the previous (enabled, dtype)."},

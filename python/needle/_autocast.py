@@ -23,10 +23,12 @@ that a matmul reads in bfloat16 stays float32 (the master weight) and gets a flo
 a Cast's gradient is its output gradient cast back to its input's dtype. Ops written in Python
 (``TensorOp`` subclasses) run on their inputs as given.
 
-The state is per thread and per device type, kept in the C layer where every op call reads one
-flag. ``autocast(..., enabled=False)`` nested inside turns it off; on exit (an exception
-included) the state before entry comes back. ``backward()`` runs with autocast suspended: the
-gradient ops use the dtypes the forward chose, as in PyTorch. It is also a decorator::
+The lists are ``NARROW_OPS`` and ``FLOAT32_OPS`` below, handed to the C layer at import as
+the table every op call reads. The state is per thread and per device type, kept in the C layer
+where every op call reads one flag. ``autocast(..., enabled=False)`` nested inside turns it
+off; on exit (an exception included) the state before entry comes back. ``backward()`` runs
+with autocast suspended: the gradient ops use the dtypes the forward chose, as in PyTorch. It
+is also a decorator::
 
     @ndl.autocast("cpu")
     def forward(model, x):
@@ -45,6 +47,25 @@ import needle_c as _c
 
 _DEVICE_TYPES = ("cpu", "cuda")
 _NARROW = ("float16", "bfloat16")
+
+# The policy, by needle's op class names (PyTorch's lists: the products gain from the narrow
+# type; the ops that need range or accumulate run in float32). SoftmaxCrossEntropy, LayerNorm
+# and AttentionSoftmax are in neither: they take narrow inputs as they are (see above).
+NARROW_OPS = ("MatMul", "MatMulBias", "Conv")
+FLOAT32_OPS = (
+    "LogSoftmax",
+    "LogSumExp",
+    "Summation",
+    "Exp",
+    "Log",
+    "PowerScalar",
+    "EWisePow",
+    "FusedLSTMCell",
+    "FusedLSTM",
+)
+_c._autocast_set_policy(
+    {**dict.fromkeys(NARROW_OPS, "narrow"), **dict.fromkeys(FLOAT32_OPS, "float32")}
+)
 
 
 def _device_type(device):
