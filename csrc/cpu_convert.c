@@ -57,12 +57,25 @@ static void store_chunk(nd_dtype dtype, char *dst, int64_t stride, int64_t n, co
     }
 }
 
-/* float32 <-> float16/bfloat16 rows the current ISA's loops convert
+/* Rows that need no trip through float64: copies within a dtype, and
+ * float32 <-> float16/bfloat16 rows the current ISA's loops convert
  * directly (vectorized, the same bits as through float64: one rounding of
  * the float32 value): contiguous float32, the narrow side at any stride.
  * Returns 0 where the row is not such a row. */
 static int convert_row_fast(char *dst, nd_dtype dst_dtype, int64_t dst_stride, const char *src,
                             nd_dtype src_dtype, int64_t src_stride, int64_t n) {
+    if (src_dtype == dst_dtype) {
+        /* A copy (a narrow view made compact, a slice assigned): the bits as they are. */
+        const size_t size = (size_t)nd_dtype_size(dst_dtype);
+        if (dst_stride == 1 && src_stride == 1) {
+            memmove(dst, src, (size_t)n * size);
+            return 1;
+        }
+        for (int64_t i = 0; i < n; i++)
+            memcpy(dst + i * dst_stride * (int64_t)size, src + i * src_stride * (int64_t)size,
+                   size);
+        return 1;
+    }
     const nd_cpu_loops *loops = nd_cpu_loops_current();
     if (src_dtype == ND_FLOAT32 && src_stride == 1 &&
         (dst_dtype == ND_FLOAT16 || dst_dtype == ND_BFLOAT16)) {
