@@ -22,7 +22,7 @@ static int64_t row_grain(int64_t cols) {
 /* ------------------------------------------------------ narrow rows */
 
 /* float16/bfloat16 rows (the cross-entropy's logits and gradient) run the
- * float32 row kernels on float32 copies of a few rows at a time (NARROW_ROWS
+ * float32 row kernels on float32 copies of a few rows at a time (NARROW_FLOATS
  * floats at most), each thread its own, so no float32 copy of the whole
  * batch is ever made. */
 #define NARROW_FLOATS ((int64_t)1 << 15)

@@ -169,8 +169,6 @@ static void set_labels(nd_rows_desc *d, const nd_array *labels) {
     d->label_stride = labels->layout.strides[0];
 }
 
-/* The loss sits after the statistics in one storage: (N, 2) stats, then the
- * loss element, so the stats start aligned and the loss keeps them alive. */
 /* 1 when the cross-entropy may hand these logits to the backend as they are:
  * float32, or float16/bfloat16 (which a backend may read: the CPU does) with
  * every other operand float32. */
@@ -194,6 +192,8 @@ static nd_status xent_island(const nd_array *logits, const nd_array *labels, nd_
     return status == ND_OK ? nd_island_leave(loss, dtype) : status;
 }
 
+/* The loss sits after the statistics in one storage: (N, 2) stats, then the
+ * loss element, so the stats start aligned and the loss keeps them alive. */
 nd_status nd_array_softmax_xent(const nd_array *logits, const nd_array *labels, nd_array *loss) {
     memset(loss, 0, sizeof *loss);
     if (!xent_direct(logits, &labels, 1)) return xent_island(logits, labels, loss);

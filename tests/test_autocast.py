@@ -430,6 +430,17 @@ def test_a_policy_change_takes_effect_and_a_bad_one_changes_nothing():
             assert needle_c._autocast_policy() == {"Exp": "narrow"}
         with pytest.raises(TypeError, match="dict"):
             needle_c._autocast_set_policy([("Exp", "narrow")])
+
+        # A key whose repr (run by the error message) empties the dict it is read from.
+        class Hostile:
+            def __repr__(self):
+                policy.clear()
+                return "Hostile()"
+
+        policy = {Hostile(): "narrow"}
+        with pytest.raises(ValueError, match=r"Hostile\(\) is not a built-in op"):
+            needle_c._autocast_set_policy(policy)
+        assert needle_c._autocast_policy() == {"Exp": "narrow"}
     finally:
         needle_c._autocast_set_policy(before)
     assert needle_c._autocast_policy() == before

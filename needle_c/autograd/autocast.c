@@ -228,11 +228,17 @@ static PyObject *mod_autocast_set_policy(PyObject *module, PyObject *mapping) {
     Py_ssize_t pos = 0;
     PyObject *name, *policy;
     while (PyDict_Next(mapping, &pos, &name, &policy)) {
+        /* The error messages run repr(), which may run Python code that changes
+         * the dict: hold the key and value while they are used. */
+        Py_INCREF(name);
+        Py_INCREF(policy);
         int kind = 0;
         for (int k = 1; k < OP_KIND_COUNT && PyUnicode_Check(name); k++)
             if (PyUnicode_CompareWithASCIIString(name, op_table[k].name) == 0) kind = k;
         if (kind == 0) {
             PyErr_Format(PyExc_ValueError, "autocast policy: %R is not a built-in op", name);
+            Py_DECREF(name);
+            Py_DECREF(policy);
             return NULL;
         }
         int chosen = -1;
@@ -242,9 +248,13 @@ static PyObject *mod_autocast_set_policy(PyObject *module, PyObject *mapping) {
             PyErr_Format(PyExc_ValueError,
                          "autocast policy of %R: expected 'narrow' or 'float32', got %R", name,
                          policy);
+            Py_DECREF(name);
+            Py_DECREF(policy);
             return NULL;
         }
         table[kind] = (unsigned char)chosen;
+        Py_DECREF(name);
+        Py_DECREF(policy);
     }
     memcpy(policy_table, table, sizeof table);
     Py_RETURN_NONE;
