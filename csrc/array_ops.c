@@ -334,24 +334,54 @@ static int blas_strides(const nd_layout *l, int64_t rows, int64_t cols, int64_t 
     return 0;
 }
 
-/* The product of a and b, both of one dtype (nd_array_matmul's body). */
-static nd_status matmul_same_dtype(const nd_array *a, const nd_array *b, nd_array *out);
+/* The product of a and b, both of one dtype (nd_array_matmul's body), with
+ * bias (NULL: none, else of the product's dtype) added by the backend where
+ * it can (*bias_added = 1), else left to the caller. */
+static nd_status matmul_same_dtype(const nd_array *a, const nd_array *b, const nd_array *bias,
+                                   int *bias_added, nd_array *out);
 
-nd_status nd_array_matmul(const nd_array *a, const nd_array *b, nd_array *out) {
+/* a and b promoted to one dtype, then matmul_same_dtype. */
+static nd_status matmul_promoted(const nd_array *a, const nd_array *b, const nd_array *bias,
+                                 int *bias_added, nd_array *out) {
     memset(out, 0, sizeof *out);
+    *bias_added = 0;
     nd_status status = nd_same_device(a, b);
     if (status != ND_OK) return status;
     nd_dtype dtype = nd_promote_dtypes(a->storage->dtype, b->storage->dtype);
     nd_array a_tmp, b_tmp;
     if ((status = in_dtype(a, dtype, &a_tmp, &a)) == ND_OK &&
         (status = in_dtype(b, dtype, &b_tmp, &b)) == ND_OK)
-        status = matmul_same_dtype(a, b, out);
+        status = matmul_same_dtype(a, b, bias, bias_added, out);
     release_tmp(&a_tmp);
     release_tmp(&b_tmp);
     return status;
 }
 
-static nd_status matmul_same_dtype(const nd_array *a, const nd_array *b, nd_array *out) {
+nd_status nd_array_matmul(const nd_array *a, const nd_array *b, nd_array *out) {
+    int bias_added;
+    return matmul_promoted(a, b, NULL, &bias_added, out);
+}
+
+/* Hands the backend bias as desc's row where it adds one for the product's
+ * dtype and bias repeats one row over the product's other dims; returns
+ * whether it did. */
+static int fuse_bias_row(const nd_array *bias, const nd_layout *out_layout, nd_matmul_desc *desc) {
+    const nd_backend *be = backend_of(bias);
+    if (be->matmul_adds_bias == NULL || !be->matmul_adds_bias(desc->dtype) ||
+        bias->storage->dtype != desc->dtype)
+        return 0;
+    nd_layout row;
+    if (nd_layout_broadcast_to(&bias->layout, out_layout->ndim, out_layout->shape, &row) != ND_OK)
+        return 0;
+    for (int i = 0; i < row.ndim - 1; i++)
+        if (row.strides[i] != 0 && row.shape[i] > 1) return 0;
+    desc->bias = element_at(bias->storage, row.offset);
+    desc->bias_stride = row.strides[row.ndim - 1];
+    return 1;
+}
+
+static nd_status matmul_same_dtype(const nd_array *a, const nd_array *b, const nd_array *bias,
+                                   int *bias_added, nd_array *out) {
     nd_status status;
     if (a->layout.ndim == 0 || b->layout.ndim == 0)
         return nd_fail(ND_ERR_SHAPE, "matmul: operands must have at least one dimension");
@@ -414,7 +444,9 @@ static nd_status matmul_same_dtype(const nd_array *a, const nd_array *b, nd_arra
     desc.b = element_at(b_view.storage, lb->offset);
     desc.out = nd_storage_data(out->storage);
     desc.dtype = a->storage->dtype;
+    if (bias != NULL && !drop_m && !drop_n) *bias_added = fuse_bias_row(bias, &out->layout, &desc);
     if (nd_layout_numel(&out->layout) > 0 && (status = backend_of(a)->matmul(&desc)) != ND_OK) {
+        *bias_added = 0;
         nd_array_release(out);
         goto done;
     }
@@ -440,7 +472,10 @@ nd_status nd_array_linear(const nd_array *x, const nd_array *w, const nd_array *
         nd_array_release(&product);
         return status;
     }
-    if ((status = nd_array_matmul(x, w, out)) != ND_OK || bias == NULL) return status;
+    int bias_added;
+    if ((status = matmul_promoted(x, w, bias, &bias_added, out)) != ND_OK || bias == NULL ||
+        bias_added)
+        return status;
     /* The bias is added in place: the product is the only (m, n) array. */
     nd_layout bias_layout;
     status =

@@ -289,6 +289,7 @@ const nd_backend nd_cpu_backend = {
     .unary = cpu_unary,
     .reduce = cpu_reduce,
     .matmul = nd_cpu_matmul,
+    .matmul_adds_bias = nd_cpu_matmul_adds_bias,
     .to_host = cpu_to_host,
     .from_host = cpu_from_host,
     .gather_rows = nd_cpu_gather_rows,

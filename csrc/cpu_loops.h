@@ -56,6 +56,14 @@ typedef struct nd_cpu_loops {
     void (*bf16_to_float)(float *dst, const uint16_t *src, int64_t stride, int64_t n);
     void (*float_to_f16)(uint16_t *dst, int64_t stride, const float *src, int64_t n);
     void (*float_to_bf16)(uint16_t *dst, int64_t stride, const float *src, int64_t n);
+    /* A block B[0:kc, 0:cols] of narrow elements (row p at src + p*rs,
+     * contiguous) widened into the GEMM kernel's slivers of nr columns:
+     * B(p, j) to dst[(j - j % nr) * kc + p * nr + j % nr] (the last sliver's
+     * lanes past cols left as they are). Rows are read along, each once. */
+    void (*f16_to_float_slivers)(float *dst, const uint16_t *src, int64_t rs, int64_t kc,
+                                 int64_t cols, int nr);
+    void (*bf16_to_float_slivers)(float *dst, const uint16_t *src, int64_t rs, int64_t kc,
+                                  int64_t cols, int nr);
     /* Rows [begin, end) of an nd_f64_block, an nd_cpu_parallel_for body. */
     void (*f64_block_rows)(void *block, int64_t begin, int64_t end);
     /* Softmax rows [begin, end) (cpu_softmax_rows.inc), as nd_cpu_parallel_for

@@ -135,6 +135,11 @@ nd_status nd_cpu_matmul(const nd_matmul_desc *d) {
     return nd_cpu_matmul_float32(d);
 }
 
+/* The narrow products add it to their float32 sums as they round them
+ * (cpu_matmul_typed.c): one rounding instead of two, and no second pass over
+ * the output. */
+int nd_cpu_matmul_adds_bias(nd_dtype dtype) { return dtype == ND_FLOAT16 || dtype == ND_BFLOAT16; }
+
 nd_status nd_cpu_matmul_float32(const nd_matmul_desc *d) {
     const int64_t madds = d->m * d->n * d->k;
     if (installed_sgemm == NULL || madds < CALIBRATE_FROM || madds < current_split()) {

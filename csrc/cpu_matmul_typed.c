@@ -6,7 +6,8 @@
  * one, else (and float16 always) needle's float32 GEMM kernel (cpu_gemm.h),
  * each block's rows of A and columns of B widened to float32 as they are
  * packed. A block accumulates in float32 over the whole inner dimension, and
- * each output is rounded once into the dtype as the block is stored. The
+ * each output is rounded once into the dtype as the block is stored (a linear
+ * layer's bias added to the float32 sums first: nd_matmul_desc.bias). The
  * packed copies are a block's worth (at most a megabyte or so a thread,
  * mostly in cache), never an operand's, and the output is
  * written once, in the narrow type: the accuracy the issue asks for, and
@@ -39,6 +40,8 @@ static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
 
 typedef void (*widen_fn)(float *dst, const uint16_t *src, int64_t stride, int64_t n);
 typedef void (*narrow_fn)(uint16_t *dst, int64_t stride, const float *src, int64_t n);
+typedef void (*slivers_fn)(float *dst, const uint16_t *src, int64_t rs, int64_t kc, int64_t cols,
+                           int nr);
 
 /* One narrow product, shared read-only by the threads running its units. */
 typedef struct narrow_product {
@@ -47,7 +50,9 @@ typedef struct narrow_product {
     const nd_gemm_pair_ukernel *pairs; /* bfloat16's pair kernel, or NULL: widen */
     int mr, nr;                        /* the kernel's tile */
     widen_fn widen;
+    slivers_fn widen_slivers;
     narrow_fn narrow;
+    void (*add_row)(float *o, const float *a, int64_t n);
     int64_t groups, panels;                     /* units of one product of the batch */
     int64_t group_m, panel_n, block_m, block_k; /* clipped to the product's sizes */
     int64_t k_room;                             /* floats (or pairs) a packed row may take */
@@ -56,9 +61,10 @@ typedef struct narrow_product {
 
 /* A thread's scratch: A's block and B's block packed for the kernel (as
  * float32, or as bfloat16 pairs in the same space: a pair is a float's size
- * and there are half as many), a column of B being widened, the unit's sums. */
+ * and there are half as many), a column of B being widened, the unit's sums,
+ * the unit's columns of the bias widened. */
 typedef struct unit_scratch {
-    float *a, *b, *column, *c;
+    float *a, *b, *column, *c, *bias;
 } unit_scratch;
 
 /* How a packed A block is read: A(i, p) = a[i * rs + p * cs]. */
@@ -94,12 +100,17 @@ static packed_a pack_a(const narrow_product *np, const uint16_t *a, int64_t mi, 
 
 /* B[0 : kc, 0 : nj] (from b) packed into s->b as the kernel's slivers of nr
  * columns: pairs (sliver q's pair row r at q*nr*kpairs + r*nr), or float32
- * (B(p, q*nr + j) at q*nr*kc + p*nr + j). B stored transposed is widened a
- * column at a time (contiguous) and scattered into its sliver. */
+ * (B(p, q*nr + j) at q*nr*kc + p*nr + j). B's rows are widened along; B
+ * stored transposed a column at a time (contiguous), scattered into its
+ * sliver. */
 static void pack_b(const narrow_product *np, const uint16_t *b, int64_t kc, int64_t nj,
                    const unit_scratch *s) {
     const int64_t b_rs = np->d->b_row_stride, b_cs = np->d->b_col_stride;
     const int nr = np->nr;
+    if (np->pairs == NULL && !(b_rs == 1 && b_cs != 1)) {
+        np->widen_slivers(s->b, b, b_rs, kc, nj, nr);
+        return;
+    }
     for (int64_t jr = 0; jr < nj; jr += nr) {
         const int64_t cols = min_i64(nr, nj - jr);
         if (np->pairs != NULL) {
@@ -109,14 +120,9 @@ static void pack_b(const narrow_product *np, const uint16_t *b, int64_t kc, int6
             continue;
         }
         float *sliver = s->b + (jr / nr) * nr * kc;
-        if (b_rs == 1 && b_cs != 1) {
-            for (int64_t j = 0; j < cols; j++) {
-                np->widen(s->column, b + (jr + j) * b_cs, 1, kc);
-                for (int64_t p = 0; p < kc; p++) sliver[p * nr + j] = s->column[p];
-            }
-        } else {
-            for (int64_t p = 0; p < kc; p++)
-                np->widen(sliver + p * nr, b + p * b_rs + jr * b_cs, b_cs, cols);
+        for (int64_t j = 0; j < cols; j++) {
+            np->widen(s->column, b + (jr + j) * b_cs, 1, kc);
+            for (int64_t p = 0; p < kc; p++) sliver[p * nr + j] = s->column[p];
         }
     }
 }
@@ -143,8 +149,19 @@ static void multiply_blocks(const narrow_product *np, const unit_scratch *s, pac
     }
 }
 
-/* Unit u of the batch: its sums over the whole inner dimension, then each
- * rounded once into the output. */
+/* rows x nj finished sums (c, ldc apart), plus the bias where there is one,
+ * rounded into out (rows n apart). */
+static void store_rows(const narrow_product *np, const unit_scratch *s, float *c, int64_t ldc,
+                       int64_t rows, int64_t nj, uint16_t *out) {
+    const int64_t n = np->d->n;
+    for (int64_t i = 0; i < rows; i++) {
+        if (np->d->bias != NULL) np->add_row(c + i * ldc, s->bias, nj);
+        np->narrow(out + i * n, 1, c + i * ldc, nj);
+    }
+}
+
+/* Unit u of the batch: its sums over the whole inner dimension, each
+ * rounded once into the output (with the bias added first). */
 static void run_unit(const narrow_product *np, const unit_scratch *s, int64_t u) {
     const nd_matmul_desc *d = np->d;
     const int64_t m = d->m, n = d->n, k = d->k;
@@ -156,9 +173,15 @@ static void run_unit(const narrow_product *np, const unit_scratch *s, int64_t u)
     nd_matmul_batch_offsets(d, batch, &a_off, &b_off);
     const uint16_t *a = (const uint16_t *)(const void *)d->a + a_off + i0 * d->a_row_stride;
     const uint16_t *b = (const uint16_t *)(const void *)d->b + b_off + j0 * d->b_col_stride;
+    uint16_t *out = (uint16_t *)(void *)d->out + batch * m * n + i0 * n + j0;
     const int64_t ldc = np->panel_n;
-    if (k == 0)
+    if (d->bias != NULL)
+        np->widen(s->bias, (const uint16_t *)(const void *)d->bias + j0 * d->bias_stride,
+                  d->bias_stride, nj);
+    if (k == 0) {
         for (int64_t i = 0; i < mg; i++) memset(s->c + i * ldc, 0, sizeof(float) * (size_t)nj);
+        store_rows(np, s, s->c, ldc, mg, nj, out);
+    }
     for (int64_t p0 = 0; p0 < k; p0 += np->block_k) {
         const int64_t kc = min_i64(np->block_k, k - p0);
         pack_b(np, b + p0 * d->b_row_stride, kc, nj, s);
@@ -167,10 +190,10 @@ static void run_unit(const narrow_product *np, const unit_scratch *s, int64_t u)
             const packed_a pa =
                 pack_a(np, a + r0 * d->a_row_stride + p0 * d->a_col_stride, mi, kc, s);
             multiply_blocks(np, s, pa, mi, kc, nj, s->c + r0 * ldc, ldc, p0 > 0);
+            /* Rows whose sums are complete are stored while they are in cache. */
+            if (p0 + kc == k) store_rows(np, s, s->c + r0 * ldc, ldc, mi, nj, out + r0 * n);
         }
     }
-    uint16_t *out = (uint16_t *)(void *)d->out + batch * m * n + i0 * n + j0;
-    for (int64_t i = 0; i < mg; i++) np->narrow(out + i * n, 1, s->c + i * ldc, nj);
 }
 
 /* Units [begin, end), an nd_cpu_parallel_for body: one scratch for them all. */
@@ -178,15 +201,15 @@ static void run_units(void *ctx, int64_t begin, int64_t end) {
     narrow_product *np = ctx;
     const int64_t kc = np->k_room, mr = np->mr, nr = np->nr;
     const int64_t mb = (np->block_m + mr - 1) / mr * mr, nb = (np->panel_n + nr - 1) / nr * nr;
-    const int64_t a_floats = mb * kc, b_floats = kc * nb;
+    const int64_t a_floats = mb * kc, b_floats = kc * nb, c_floats = np->group_m * np->panel_n;
     float *buf =
-        malloc((size_t)(a_floats + b_floats + kc + np->group_m * np->panel_n) * sizeof(float));
+        malloc((size_t)(a_floats + b_floats + kc + c_floats + np->panel_n) * sizeof(float));
     if (buf == NULL) {
         atomic_store(&np->out_of_memory, 1);
         return;
     }
-    const unit_scratch s = {buf, buf + a_floats, buf + a_floats + b_floats,
-                            buf + a_floats + b_floats + kc};
+    float *column = buf + a_floats + b_floats, *c = column + kc;
+    const unit_scratch s = {buf, buf + a_floats, column, c, c + c_floats};
     if (np->pairs != NULL) np->pairs->begin();
     for (int64_t u = begin; u < end; u++) run_unit(np, &s, u);
     if (np->pairs != NULL) np->pairs->end();
@@ -205,7 +228,10 @@ static nd_status matmul_narrow(const nd_matmul_desc *d, int64_t batches) {
         .uk = nd_cpu_gemm_ukernel(nd_cpu_isa_current()),
         .pairs = d->dtype == ND_BFLOAT16 ? nd_cpu_gemm_bf16_ukernel() : NULL,
         .widen = d->dtype == ND_FLOAT16 ? loops->f16_to_float : loops->bf16_to_float,
+        .widen_slivers =
+            d->dtype == ND_FLOAT16 ? loops->f16_to_float_slivers : loops->bf16_to_float_slivers,
         .narrow = d->dtype == ND_FLOAT16 ? loops->float_to_f16 : loops->float_to_bf16,
+        .add_row = loops->add_row_float,
         .group_m = min_i64(GROUP_M, d->m),
         .panel_n = min_i64(PANEL_N, d->n),
         .block_m = min_i64(BLOCK_M, d->m),

@@ -377,7 +377,10 @@ nd_status nd_array_reduce(nd_reduce_op op, const nd_array *a, uint32_t axes_mask
 nd_status nd_array_matmul(const nd_array *a, const nd_array *b, nd_array *out);
 /* out = x @ w + bias: the matmul, then bias (NULL: none) broadcast to the
  * product's shape and added into it in place, so a linear layer makes one
- * array, not two. bias must broadcast to the product's shape unchanged. */
+ * array, not two. bias must broadcast to the product's shape unchanged. A
+ * bias that is one row, of the product's dtype, goes into the matmul where
+ * the backend adds it there (the CPU's float16/bfloat16 products: to the
+ * float32 sums, before the one rounding). */
 nd_status nd_array_linear(const nd_array *x, const nd_array *w, const nd_array *bias,
                           nd_array *out);
 

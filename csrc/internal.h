@@ -39,6 +39,11 @@ typedef struct nd_matmul_desc {
     /* The operands' and the product's dtype: a, b and out point at its
      * elements (float32, the zero value, when the describer says nothing). */
     nd_dtype dtype;
+    /* A row of n elements of dtype (element j at bias + j*bias_stride) added
+     * to every row of every product before it is stored, or NULL. Set only
+     * where the backend's matmul_adds_bias says it adds it. */
+    const float *bias;
+    int64_t bias_stride;
 } nd_matmul_desc;
 
 /* What row_apply writes for element x at column j of row r (m, s: the row's
@@ -199,6 +204,9 @@ typedef struct nd_backend {
     nd_status (*reduce)(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
                         const nd_layout *a_layout, const float *a);
     nd_status (*matmul)(const nd_matmul_desc *desc);
+    /* Whether matmul adds nd_matmul_desc.bias for dtype (else the front end
+     * adds the bias to the stored product); NULL: for no dtype. */
+    int (*matmul_adds_bias)(nd_dtype dtype);
     nd_status (*to_host)(const nd_layout *src_layout, const float *src, float *host);
     nd_status (*from_host)(const nd_layout *dst_layout, float *dst, const float *host);
     /* Row r of out (n x d) = row idx[r] of table (rows x d); idx is 1-D (n).
@@ -395,8 +403,11 @@ int nd_cuda_register_devices(void);
 int64_t nd_cuda_blocks(nd_device *dev, nd_memory_block *out, int64_t cap);
 #endif
 
-/* The CPU's batched matmul (cpu_matmul.c), an entry of nd_cpu_backend. */
+/* The CPU's batched matmul (cpu_matmul.c), and the dtypes whose bias it
+ * adds (float16 and bfloat16: before the product is rounded to them),
+ * entries of nd_cpu_backend. */
 nd_status nd_cpu_matmul(const nd_matmul_desc *desc);
+int nd_cpu_matmul_adds_bias(nd_dtype dtype);
 
 /* The CPU's row-indexing kernels (cpu_gather.c), entries of nd_cpu_backend. */
 nd_status nd_cpu_check_indices(const nd_layout *idx_layout, const float *idx, int64_t count,

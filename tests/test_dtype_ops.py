@@ -17,6 +17,7 @@ precision throughout. Tolerances, per dtype:
 import numpy as np
 import pytest
 
+import needle as ndl
 from needle import backend_ndarray as nd
 
 from devices import DEVICES
@@ -313,6 +314,75 @@ def test_matmul_empty_inner_dimension_gives_zeros(dtype, device):
     got = a @ b
     assert got.dtype == dtype and got.shape == (3, 300)
     assert not values(got).any()
+
+
+def linear(x, w, b, bias_step=1):
+    """needle's fused x @ w + b (MatMulBias, what nn.Linear runs) on arrays; bias_step: the
+    bias is every bias_step-th element of b (a strided view: a Tensor made of an array view
+    holds a compact copy, a Tensor's slice a view)."""
+    tx, tw, tb = (ndl.Tensor(v, device=v.device, dtype=v.dtype) for v in (x, w, b))
+    if bias_step != 1:
+        tb = tb[::bias_step]
+        assert tb.realize_cached_data().strides == (bias_step,)
+    return ndl.ops.matmul_bias(tx, tw, tb).realize_cached_data()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "sx,sw,sb,bias_view",
+    [
+        # Batched rows and ragged tiles; the bias a row, a (1, n) row, a strided row.
+        ((2, 100, 70), (70, 300), (300,), "plain"),
+        ((200, 530), (530, 520), (1, 520), "plain"),
+        ((33, 65), (65, 17), (33,), "every other"),
+        # An empty inner dimension: the bias alone.
+        ((4, 0), (0, 300), (300,), "plain"),
+        # Biases that are not one row: a column, a whole matrix.
+        ((6, 10), (10, 40), (6, 1), "plain"),
+        ((6, 10), (10, 40), (6, 40), "plain"),
+    ],
+)
+def test_linear_against_the_reference(sx, sw, sb, bias_view, dtype, device):
+    rng = np.random.default_rng(sum(sx) + sum(sw))
+    x, vx = make(data(rng, sx, "any"), dtype, device)
+    w, vw = make(data(rng, sw, "any"), dtype, device)
+    b, vb = make(data(rng, sb, "any"), dtype, device)
+    step = 2 if bias_view == "every other" else 1
+    got = linear(x, w, b, bias_step=step)
+    vb = vb[::step]
+    expected = np.matmul(vx, vw) + vb
+    scale = np.matmul(np.abs(vx), np.abs(vw)) + np.abs(vb)
+    # float32 sums rounded once; a bias that is not one row is added to the product rounded
+    # to the dtype first (a second rounding, up to half an ulp of the product), as is any
+    # bias on a device whose matmul takes none.
+    atol = float(np.max(scale)) * (sx[-1] + 1) * ACC_EPS[dtype]
+    if dtype != "float64":
+        atol += float(np.max(np.abs(np.matmul(vx, vw)), initial=0.0)) * RTOL[dtype] / 2
+    assert got.dtype == dtype and got.shape == expected.shape
+    np.testing.assert_allclose(
+        values(got), to_dtype(expected, dtype), rtol=RTOL[dtype], atol=atol
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,ulp", [("float16", 2.0**-10), ("bfloat16", 2.0**-7)])
+def test_narrow_linear_rounds_once_on_the_cpu(dtype, ulp, device):
+    # x @ w = 1 + 0.75 ulp (exact in float32) and the bias 0.5 ulp. Rounded once, the sum
+    # (1 + 1.25 ulp) gives 1 + 1 ulp; with the product rounded first (1 + 1 ulp), adding the
+    # bias makes 1 + 1.5 ulp, a tie that rounds to even: 1 + 2 ulp.
+    x = nd.array(np.array([[1.0, 0.75]] * 3), dtype=dtype, device=device)
+    w = nd.array(np.array([[1.0], [ulp]]), dtype=dtype, device=device)
+    once, twice = 1.0 + ulp, 1.0 + 2.0 * ulp
+    # The CPU adds a bias row to its float32 sums before it rounds them; the CUDA backend
+    # adds it to the product cuBLAS has rounded (its matmul takes no bias).
+    row = nd.array(np.array([ulp / 2]), dtype=dtype, device=device)
+    assert values(linear(x, w, row)).ravel().tolist() == [
+        once if device.name == "cpu" else twice
+    ] * 3
+    # A bias that is not one row (one per row here) is added to the rounded product anywhere.
+    column = nd.array(np.full((3, 1), ulp / 2), dtype=dtype, device=device)
+    assert values(linear(x, w, column)).ravel().tolist() == [twice] * 3
 
 
 # ---------------------------------------------------------------- specific cases

@@ -34,6 +34,7 @@ static const nd_backend nd_cuda_backend = {
     /* .unary = */ nd_cuda_unary,
     /* .reduce = */ nd_cuda_reduce,
     /* .matmul = */ nd_cuda_matmul,
+    /* .matmul_adds_bias = */ nullptr,
     /* .to_host = */ nd_cuda_to_host,
     /* .from_host = */ nd_cuda_from_host,
     /* .gather_rows = */ nd_cuda_gather_rows,
