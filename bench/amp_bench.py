@@ -6,9 +6,12 @@ transformer) on random tokens; a step is forward, SoftmaxLoss, reset_grad, backw
 Adam step (with the scaler's scale/step/update for float16), ending with the loss read. The
 peak is ``max_memory_allocated`` over one step after a warm-up step, each mode alone in the
 process; the time is the median step, the modes' steps interleaved so that the machine's drift
-falls on all alike. Ratios are to float32's, the time's pair by pair (the median over steps of
-a mode's step over the float32 step taken beside it). Issue 22's targets on the CPU: peak
-<= 0.6x, time <= 1.0x.
+falls on all alike. Each timed step follows an untimed step of its own mode, as in a training
+loop: what a step leaves running falls on its own mode, not on the next one (the BLAS's threads
+spin for a while after a call and take a core from whatever runs next: float32's cost, which
+the mode after float32 paid when the modes' steps simply alternated). Ratios are to float32's,
+the time's pair by pair (the median over steps of a mode's step over the float32 step taken
+beside it). Issue 22's targets on the CPU: peak <= 0.6x, time <= 1.0x.
 
     python bench/amp_bench.py [--steps 5] [--device cpu|cuda] [--modes float32,bfloat16,float16]
         [--batch 256] [--vocab 10000]
@@ -92,6 +95,7 @@ def main():
     losses = {mode: [] for mode in modes}
     for _ in range(args.steps):
         for run in runs:
+            run.step()  # the lead-in: see the docstring
             seconds, loss = run.step()
             times[run.mode].append(seconds)
             losses[run.mode].append(loss)
