@@ -56,6 +56,9 @@ typedef struct nd_cpu_loops {
     void (*bf16_to_float)(float *dst, const uint16_t *src, int64_t stride, int64_t n);
     void (*float_to_f16)(uint16_t *dst, int64_t stride, const float *src, int64_t n);
     void (*float_to_bf16)(uint16_t *dst, int64_t stride, const float *src, int64_t n);
+    /* dst[i] = src[i] + add[i], rounded as float_to_*, for n contiguous values. */
+    void (*float_sum_to_f16)(uint16_t *dst, const float *src, const float *add, int64_t n);
+    void (*float_sum_to_bf16)(uint16_t *dst, const float *src, const float *add, int64_t n);
     /* A block B[0:kc, 0:cols] of narrow elements (row p at src + p*rs,
      * contiguous) widened into the GEMM kernel's slivers of nr columns:
      * B(p, j) to dst[(j - j % nr) * kc + p * nr + j % nr] (the last sliver's

@@ -52,7 +52,7 @@ typedef struct narrow_product {
     widen_fn widen;
     slivers_fn widen_slivers;
     narrow_fn narrow;
-    void (*add_row)(float *o, const float *a, int64_t n);
+    void (*narrow_sum)(uint16_t *dst, const float *src, const float *add, int64_t n);
     int64_t groups, panels;                     /* units of one product of the batch */
     int64_t group_m, panel_n, block_m, block_k; /* clipped to the product's sizes */
     int64_t k_room;                             /* floats (or pairs) a packed row may take */
@@ -155,8 +155,10 @@ static void store_rows(const narrow_product *np, const unit_scratch *s, float *c
                        int64_t rows, int64_t nj, uint16_t *out) {
     const int64_t n = np->d->n;
     for (int64_t i = 0; i < rows; i++) {
-        if (np->d->bias != NULL) np->add_row(c + i * ldc, s->bias, nj);
-        np->narrow(out + i * n, 1, c + i * ldc, nj);
+        if (np->d->bias != NULL)
+            np->narrow_sum(out + i * n, c + i * ldc, s->bias, nj);
+        else
+            np->narrow(out + i * n, 1, c + i * ldc, nj);
     }
 }
 
@@ -231,7 +233,7 @@ static nd_status matmul_narrow(const nd_matmul_desc *d, int64_t batches) {
         .widen_slivers =
             d->dtype == ND_FLOAT16 ? loops->f16_to_float_slivers : loops->bf16_to_float_slivers,
         .narrow = d->dtype == ND_FLOAT16 ? loops->float_to_f16 : loops->float_to_bf16,
-        .add_row = loops->add_row_float,
+        .narrow_sum = d->dtype == ND_FLOAT16 ? loops->float_sum_to_f16 : loops->float_sum_to_bf16,
         .group_m = min_i64(GROUP_M, d->m),
         .panel_n = min_i64(PANEL_N, d->n),
         .block_m = min_i64(BLOCK_M, d->m),

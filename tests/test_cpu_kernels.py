@@ -270,6 +270,19 @@ def test_narrow_matmul_kernels_per_isa(isa, restore_cpu_settings):
         got = (a @ b).astype("float64").numpy()
         bound = np.abs(va) @ np.abs(vb)
         assert np.all(np.abs(got - va @ vb) <= bound * 2.0**-7 + 1e-6), f"{isa} {dtype} batch"
+        # A linear layer's bias goes into the stores: small integers whose sums and the bias'
+        # quarter steps are exact in float32, so the result is one rounding of the exact value,
+        # bit for bit, over row widths that take each width of the ISA's stores and a tail.
+        for m, k, n in [(7, 5, 300), (3, 4, 37)]:
+            x = rng.integers(-4, 5, (m, k)).astype(np.float64)
+            w = rng.integers(-4, 5, (k, n)).astype(np.float64)
+            bias = rng.integers(-400, 400, n) / 64.0
+            t = [ndl.Tensor(nd.array(v, dtype=dtype), dtype=dtype) for v in (x, w, bias)]
+            got = ndl.ops.matmul_bias(*t).numpy().astype(np.float64)
+            exact = nd.array(x @ w + t[2].numpy().astype(np.float64), dtype=dtype)
+            np.testing.assert_array_equal(
+                got, exact.astype("float64").numpy(), err_msg=f"{isa} {dtype} linear {m}x{k}x{n}"
+            )
 
 
 def test_cpu_kernels_report():
