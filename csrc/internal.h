@@ -78,8 +78,9 @@ typedef struct nd_rows_desc {
      * the device so that a GPU backward never waits to read them. */
     const float *kept_loss, *again_loss;
     /* x's and out's element type: float32, or float16/bfloat16 for the
-     * cross-entropy (loss and gradient) on a backend that reads them (the CPU;
-     * the others answer ND_ERR_DTYPE and the front end converts instead).
+     * cross-entropy (loss and gradient) on a backend that reads them (the CPU
+     * and CUDA ones; a backend that does not answers ND_ERR_DTYPE and the
+     * front end converts instead).
      * Statistics, labels, scale and losses are float32 always. */
     nd_dtype dtype;
 } nd_rows_desc;

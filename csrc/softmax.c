@@ -170,8 +170,8 @@ static void set_labels(nd_rows_desc *d, const nd_array *labels) {
 }
 
 /* 1 when the cross-entropy may hand these logits to the backend as they are:
- * float32, or float16/bfloat16 (which a backend may read: the CPU does) with
- * every other operand float32. */
+ * float32, or float16/bfloat16 (which a backend may read: the CPU and CUDA
+ * ones do) with every other operand float32. */
 static int xent_direct(const nd_array *logits, const nd_array *const *others, int n) {
     nd_dtype dtype = nd_storage_dtype(logits->storage);
     if (dtype != ND_FLOAT32 && dtype != ND_FLOAT16 && dtype != ND_BFLOAT16) return 0;

@@ -71,6 +71,29 @@ def test_softmax_cross_entropy_and_its_gradient(device, dtype):
 
 
 @dev
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_narrow_cross_entropy_reads_its_rows_as_they_are(device, dtype):
+    # Every backend reads and writes narrow logits' rows itself: the loss and its gradient
+    # allocate the statistics and the gradient (n x c, narrow), never a float32 copy of the
+    # logits or of the gradient (n * c * 4 bytes each). Rows longer than a GPU warp's share
+    # (1024) take the kernels' block-per-row path; the results are still the float32 ones.
+    n, c = 64, 1500
+    rng = np.random.default_rng(3)
+    labels = ndl.Tensor(rng.integers(0, c, n).astype(np.float32), device=device)
+    t, wide = stored(rng.standard_normal((n, c)) * 4, dtype, device)
+    ndl.memory.reset_peak_memory_stats(device)
+    before = ndl.memory.memory_allocated(device)
+    loss = nn.SoftmaxLoss()(t, labels)
+    loss.backward()
+    grown = ndl.memory.max_memory_allocated(device) - before
+    assert n * c * 2 <= grown < n * c * 4
+    wide_loss = nn.SoftmaxLoss()(wide, labels)
+    wide_loss.backward()
+    same(loss, "float32", wide_loss)
+    same(t.grad, dtype, wide.grad)
+
+
+@dev
 @pytest.mark.parametrize("dtype", NARROW)
 def test_layer_norm_forward_and_backward(device, dtype):
     rng = np.random.default_rng(2)

@@ -2,7 +2,9 @@
  * internal.h): each row's statistics by an online max and sum of
  * exponentials (one read of the row), the elementwise passes that use them
  * (softmax, log-softmax, the cross-entropy gradient) and the cross-entropy
- * loss.
+ * loss. Rows of float32, or of float16/bfloat16 (autocast's logits), read
+ * and written as they are stored and computed in float32, as on the CPU: no
+ * float32 copy of the logits or of their gradient.
  *
  * A short row (at most WARP_ROW_MAX elements) goes to a warp, a longer one
  * to a whole block; blocks stride over the rows. Each thread keeps its own
@@ -14,6 +16,7 @@
  * Labels arrive checked (softmax.c, through check_indices).
  */
 #include "cuda_common.cuh"
+#include "cuda_dtype.cuh"
 
 #include <float.h>
 #include <math.h>
@@ -82,17 +85,22 @@ __device__ __forceinline__ void group_stat(float &m, float &s, float *shared_m, 
     }
 }
 
+/* Element j of row r of d.x, whose elements are T, as float. */
+template <class T> __device__ __forceinline__ float row_x(const nd_rows_desc &d, int64_t r,
+                                                          int64_t j) {
+    return nd_dtype_traits<T>::load(((const T *)(const void *)d.x)[r * d.ldx + j]);
+}
+
 /* G threads per row, ND_CUDA_THREADS / G rows per block at a time. The loop
  * bound is uniform over a group, so a group's threads reach group_stat
- * together. */
-template <int G> __global__ void row_stats_kernel(nd_rows_desc d) {
+ * together. T: the rows' element type. */
+template <int G, class T> __global__ void row_stats_kernel(nd_rows_desc d) {
     __shared__ float shared_m[ND_CUDA_THREADS / 32], shared_s[ND_CUDA_THREADS / 32];
     const int groups = ND_CUDA_THREADS / G, lane = threadIdx.x % G;
     for (int64_t r = (int64_t)blockIdx.x * groups + threadIdx.x / G; r < d.rows;
          r += (int64_t)gridDim.x * groups) {
-        const float *x = d.x + r * d.ldx; /* (cols,) */
         float m = -FLT_MAX, s = 0.0f;
-        for (int64_t j = lane; j < d.cols; j += G) stat_add(m, s, x[j]);
+        for (int64_t j = lane; j < d.cols; j += G) stat_add(m, s, row_x<T>(d, r, j));
         group_stat<G>(m, s, shared_m, shared_s);
         if (lane == 0) {
             if (d.stats != NULL) {
@@ -114,7 +122,9 @@ __device__ __forceinline__ int64_t label_of(const nd_rows_desc &d, int64_t r) {
     return ok ? (int64_t)v : -1;
 }
 
-template <int G> __global__ void row_apply_kernel(nd_rows_desc d) {
+/* out's rows are T too. */
+template <int G, class T> __global__ void row_apply_kernel(nd_rows_desc d) {
+    typedef nd_dtype_traits<T> traits;
     __shared__ float shared_m[ND_CUDA_THREADS / 32], shared_s[ND_CUDA_THREADS / 32];
     const int groups = ND_CUDA_THREADS / G, lane = threadIdx.x % G;
     /* Kept statistics that are not these logits' (see nd_rows_desc): each row
@@ -129,14 +139,13 @@ template <int G> __global__ void row_apply_kernel(nd_rows_desc d) {
                         : 0.0f;
     for (int64_t r = (int64_t)blockIdx.x * groups + threadIdx.x / G; r < d.rows;
          r += (int64_t)gridDim.x * groups) {
-        float *o = d.out + r * d.ldo;     /* (cols,) */
-        const float *x = d.x + r * d.ldx; /* (cols,) */
+        T *o = (T *)(void *)d.out + r * d.ldo; /* (cols,) */
         const int64_t y = d.labels != NULL ? label_of(d, r) : -1;
         float m, s;
         if (own_stats) {
             m = -FLT_MAX;
             s = 0.0f;
-            for (int64_t j = lane; j < d.cols; j += G) stat_add(m, s, x[j]);
+            for (int64_t j = lane; j < d.cols; j += G) stat_add(m, s, row_x<T>(d, r, j));
             group_stat<G>(m, s, shared_m, shared_s);
         } else {
             m = d.stats[2 * r];
@@ -145,19 +154,21 @@ template <int G> __global__ void row_apply_kernel(nd_rows_desc d) {
         switch (d.mode) {
         case ND_ROW_SOFTMAX: {
             const float inv = 1.0f / s;
-            for (int64_t j = lane; j < d.cols; j += G) o[j] = expf(x[j] - m) * inv;
+            for (int64_t j = lane; j < d.cols; j += G)
+                o[j] = traits::store(expf(row_x<T>(d, r, j) - m) * inv);
             break;
         }
         case ND_ROW_LOG_SOFTMAX: {
             const float ls = (float)log((double)s);
-            for (int64_t j = lane; j < d.cols; j += G) o[j] = (x[j] - m) - ls;
+            for (int64_t j = lane; j < d.cols; j += G)
+                o[j] = traits::store((row_x<T>(d, r, j) - m) - ls);
             break;
         }
         default: { /* ND_ROW_XENT_GRAD; the label's element as (p - 1) * k, as on the CPU */
             const float w = k / s;
             for (int64_t j = lane; j < d.cols; j += G) {
-                const float e = expf(x[j] - m);
-                o[j] = j == y ? (e / s - 1.0f) * k : e * w;
+                const float e = expf(row_x<T>(d, r, j) - m);
+                o[j] = traits::store(j == y ? (e / s - 1.0f) * k : e * w);
             }
             break;
         }
@@ -167,13 +178,13 @@ template <int G> __global__ void row_apply_kernel(nd_rows_desc d) {
 
 /* One block: thread t sums rows t, t + ND_CUDA_THREADS, ... in double, then a
  * fixed tree adds the partial sums. */
-__global__ void xent_loss_kernel(nd_rows_desc d) {
+template <class T> __global__ void xent_loss_kernel(nd_rows_desc d) {
     __shared__ double partial[ND_CUDA_THREADS];
     double acc = 0.0;
     for (int64_t r = threadIdx.x; r < d.rows; r += ND_CUDA_THREADS) {
         const int64_t y = label_of(d, r);
         const double m = d.stats[2 * r], s = d.stats[2 * r + 1];
-        acc += y >= 0 ? (m - (double)d.x[r * d.ldx + y]) + log(s) : (double)NAN;
+        acc += y >= 0 ? (m - (double)row_x<T>(d, r, y)) + log(s) : (double)NAN;
     }
     partial[threadIdx.x] = acc;
     __syncthreads();
@@ -188,38 +199,56 @@ __global__ void xent_loss_kernel(nd_rows_desc d) {
 /* A warp per short row, a block per long one. */
 static int row_group(int64_t cols) { return cols <= WARP_ROW_MAX ? 32 : ND_CUDA_THREADS; }
 
-/* Narrow rows go through the front end's float32 copies (ND_ERR_DTYPE). */
-nd_status nd_cuda_row_stats(const nd_rows_desc *d) {
-    if (d->dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cuda", "softmax rows", d->dtype);
-    if (d->rows == 0) return ND_OK;
-    ND_TRY(nd_cuda_activate(d->x, NULL));
+template <class T> static nd_status row_stats_as(const nd_rows_desc *d) {
     cudaStream_t stream = 0;
     const int group = row_group(d->cols);
     const unsigned int blocks = nd_cuda_blocks(d->rows, ND_CUDA_THREADS / group);
-    if (group == 32) ND_LAUNCH(row_stats_kernel<32>, blocks, ND_CUDA_THREADS, 0, stream, *d);
-    else ND_LAUNCH(row_stats_kernel<ND_CUDA_THREADS>, blocks, ND_CUDA_THREADS, 0, stream, *d);
+    if (group == 32) ND_LAUNCH((row_stats_kernel<32, T>), blocks, ND_CUDA_THREADS, 0, stream, *d);
+    else ND_LAUNCH((row_stats_kernel<ND_CUDA_THREADS, T>), blocks, ND_CUDA_THREADS, 0, stream, *d);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
+}
+
+template <class T> static nd_status row_apply_as(const nd_rows_desc *d) {
+    cudaStream_t stream = 0;
+    const int group = row_group(d->cols);
+    const unsigned int blocks = nd_cuda_blocks(d->rows, ND_CUDA_THREADS / group);
+    if (group == 32) ND_LAUNCH((row_apply_kernel<32, T>), blocks, ND_CUDA_THREADS, 0, stream, *d);
+    else ND_LAUNCH((row_apply_kernel<ND_CUDA_THREADS, T>), blocks, ND_CUDA_THREADS, 0, stream, *d);
+    ND_CUDA_CHECK(cudaGetLastError());
+    return ND_OK;
+}
+
+template <class T> static nd_status xent_loss_as(const nd_rows_desc *d) {
+    cudaStream_t stream = 0;
+    ND_LAUNCH(xent_loss_kernel<T>, 1, ND_CUDA_THREADS, 0, stream, *d);
+    ND_CUDA_CHECK(cudaGetLastError());
+    return ND_OK;
+}
+
+/* f<T>(d) for the rows' element type: float32, float16 or bfloat16 (others go
+ * through the front end's float32 copies: ND_ERR_DTYPE). */
+#define ND_ROWS_BY_DTYPE(f, d)                                                   \
+    switch ((d)->dtype) {                                                        \
+    case ND_FLOAT32: return f<float>(d);                                         \
+    case ND_FLOAT16: return f<nd_half_t>(d);                                     \
+    case ND_BFLOAT16: return f<nd_bf16_t>(d);                                    \
+    default: return nd_backend_lacks_dtype("cuda", "softmax rows", (d)->dtype); \
+    }
+
+nd_status nd_cuda_row_stats(const nd_rows_desc *d) {
+    if (d->rows == 0) return ND_OK;
+    ND_TRY(nd_cuda_activate(d->x, NULL));
+    ND_ROWS_BY_DTYPE(row_stats_as, d)
 }
 
 nd_status nd_cuda_row_apply(const nd_rows_desc *d) {
-    if (d->dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cuda", "softmax rows", d->dtype);
     if (d->rows == 0 || d->cols == 0) return ND_OK;
     ND_TRY(nd_cuda_activate(d->out, NULL));
-    cudaStream_t stream = 0;
-    const int group = row_group(d->cols);
-    const unsigned int blocks = nd_cuda_blocks(d->rows, ND_CUDA_THREADS / group);
-    if (group == 32) ND_LAUNCH(row_apply_kernel<32>, blocks, ND_CUDA_THREADS, 0, stream, *d);
-    else ND_LAUNCH(row_apply_kernel<ND_CUDA_THREADS>, blocks, ND_CUDA_THREADS, 0, stream, *d);
-    ND_CUDA_CHECK(cudaGetLastError());
-    return ND_OK;
+    ND_ROWS_BY_DTYPE(row_apply_as, d)
 }
 
 nd_status nd_cuda_xent_loss(const nd_rows_desc *d) {
-    if (d->dtype != ND_FLOAT32) return nd_backend_lacks_dtype("cuda", "softmax rows", d->dtype);
     ND_TRY(nd_cuda_activate(d->out, NULL));
-    cudaStream_t stream = 0;
-    ND_LAUNCH(xent_loss_kernel, 1, ND_CUDA_THREADS, 0, stream, *d);
-    ND_CUDA_CHECK(cudaGetLastError());
-    return ND_OK;
+    ND_ROWS_BY_DTYPE(xent_loss_as, d)
 }
