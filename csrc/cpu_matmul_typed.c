@@ -155,10 +155,8 @@ static void store_rows(const narrow_product *np, const unit_scratch *s, float *c
                        int64_t rows, int64_t nj, uint16_t *out) {
     const int64_t n = np->d->n;
     for (int64_t i = 0; i < rows; i++) {
-        if (np->d->bias != NULL)
-            np->narrow_sum(out + i * n, c + i * ldc, s->bias, nj);
-        else
-            np->narrow(out + i * n, 1, c + i * ldc, nj);
+        if (np->d->bias != NULL) np->narrow_sum(out + i * n, c + i * ldc, s->bias, nj);
+        else np->narrow(out + i * n, 1, c + i * ldc, nj);
     }
 }
 

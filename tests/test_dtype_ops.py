@@ -360,9 +360,7 @@ def test_linear_against_the_reference(sx, sw, sb, bias_view, dtype, device):
     if dtype != "float64":
         atol += float(np.max(np.abs(np.matmul(vx, vw)), initial=0.0)) * RTOL[dtype] / 2
     assert got.dtype == dtype and got.shape == expected.shape
-    np.testing.assert_allclose(
-        values(got), to_dtype(expected, dtype), rtol=RTOL[dtype], atol=atol
-    )
+    np.testing.assert_allclose(values(got), to_dtype(expected, dtype), rtol=RTOL[dtype], atol=atol)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -377,9 +375,9 @@ def test_narrow_linear_rounds_once_on_the_cpu(dtype, ulp, device):
     # The CPU adds a bias row to its float32 sums before it rounds them; the CUDA backend
     # adds it to the product cuBLAS has rounded (its matmul takes no bias).
     row = nd.array(np.array([ulp / 2]), dtype=dtype, device=device)
-    assert values(linear(x, w, row)).ravel().tolist() == [
-        once if device.name == "cpu" else twice
-    ] * 3
+    assert (
+        values(linear(x, w, row)).ravel().tolist() == [once if device.name == "cpu" else twice] * 3
+    )
     # A bias that is not one row (one per row here) is added to the rounded product anywhere.
     column = nd.array(np.full((3, 1), ulp / 2), dtype=dtype, device=device)
     assert values(linear(x, w, column)).ravel().tolist() == [twice] * 3

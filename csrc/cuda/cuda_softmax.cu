@@ -86,8 +86,8 @@ __device__ __forceinline__ void group_stat(float &m, float &s, float *shared_m, 
 }
 
 /* Element j of row r of d.x, whose elements are T, as float. */
-template <class T> __device__ __forceinline__ float row_x(const nd_rows_desc &d, int64_t r,
-                                                          int64_t j) {
+template <class T>
+__device__ __forceinline__ float row_x(const nd_rows_desc &d, int64_t r, int64_t j) {
     return nd_dtype_traits<T>::load(((const T *)(const void *)d.x)[r * d.ldx + j]);
 }
 
@@ -228,11 +228,11 @@ template <class T> static nd_status xent_loss_as(const nd_rows_desc *d) {
 
 /* f<T>(d) for the rows' element type: float32, float16 or bfloat16 (others go
  * through the front end's float32 copies: ND_ERR_DTYPE). */
-#define ND_ROWS_BY_DTYPE(f, d)                                                   \
-    switch ((d)->dtype) {                                                        \
-    case ND_FLOAT32: return f<float>(d);                                         \
-    case ND_FLOAT16: return f<nd_half_t>(d);                                     \
-    case ND_BFLOAT16: return f<nd_bf16_t>(d);                                    \
+#define ND_ROWS_BY_DTYPE(f, d)                                                  \
+    switch ((d)->dtype) {                                                       \
+    case ND_FLOAT32: return f<float>(d);                                        \
+    case ND_FLOAT16: return f<nd_half_t>(d);                                    \
+    case ND_BFLOAT16: return f<nd_bf16_t>(d);                                   \
     default: return nd_backend_lacks_dtype("cuda", "softmax rows", (d)->dtype); \
     }
 
