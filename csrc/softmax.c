@@ -207,8 +207,8 @@ nd_status nd_array_softmax_xent(const nd_array *logits, const nd_array *labels, 
         nd_rows_desc d = rows_desc(&v);
         set_labels(&d, labels);
         d.stats = nd_storage_data(buf.storage);
+        if (n > 0) status = backend_of(logits)->row_stats(&d); /* no log-sum-exp rows */
         d.out = d.stats + 2 * n;
-        if (n > 0) status = backend_of(logits)->row_stats(&d);
         if (status == ND_OK) status = backend_of(logits)->xent_loss(&d);
         if (status != ND_OK) {
             nd_array_release(&buf);

@@ -192,6 +192,31 @@ def test_softmax_rows_per_isa(isa, restore_cpu_settings):
         )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("isa", isa_params())
+def test_narrow_softmax_rows_per_isa(isa, dtype, restore_cpu_settings):
+    """float16/bfloat16 logits through the row kernels of each ISA (read a block at a time,
+    the gradient rounded once as it is stored): the loss is float32's loss of the same values
+    bit for bit, and the gradient float32's gradient rounded to the dtype. Short rows, one
+    block, several blocks, a last block shorter than the kernels' lanes (2048 + 7)."""
+    needle_c._set_cpu_isa(isa)
+    rng = np.random.default_rng(10)
+    for rows, cols in ((37, 20), (4, 100), (5, 2055), (3, 5000)):
+        z0 = (rng.standard_normal((rows, cols)) * 4).astype(np.float32)
+        z0[:, -1] += np.arange(rows, dtype=np.float32)  # a max that grows in the last block
+        labels = ndl.Tensor(rng.integers(0, cols, rows).astype(np.float32), requires_grad=False)
+        z = ndl.Tensor(z0, dtype=dtype)
+        wide = ndl.Tensor(z.numpy().astype(np.float32))
+        loss, wide_loss = (ndl.softmax_cross_entropy(t, labels) for t in (z, wide))
+        loss.backward()
+        wide_loss.backward()
+        msg = f"{isa} {dtype} ({rows}, {cols})"
+        assert z.grad.dtype == dtype, msg
+        np.testing.assert_array_equal(loss.numpy(), wide_loss.numpy(), err_msg=msg)
+        rounded = ndl.Tensor(wide.grad.numpy(), dtype=dtype).numpy()
+        np.testing.assert_array_equal(z.grad.numpy(), rounded, err_msg=msg)
+
+
 def test_isas_agree_with_each_other(restore_cpu_settings):
     rng = np.random.default_rng(8)
     x = nd.array(rng.uniform(-1, 1, (70, 90)).astype(np.float32))
