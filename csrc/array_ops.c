@@ -490,6 +490,56 @@ nd_status nd_array_linear(const nd_array *x, const nd_array *w, const nd_array *
     return status;
 }
 
+/* A 2-D, compact, row-major array of rows x cols. */
+static int is_matrix(const nd_array *a, int64_t rows, int64_t cols) {
+    const nd_layout *l = &a->layout;
+    return l->ndim == 2 && l->shape[0] == rows && l->shape[1] == cols && nd_layout_is_contiguous(l);
+}
+
+nd_status nd_array_linear_grads(const nd_array *g, const nd_array *x, const nd_array *w,
+                                nd_array *gx, nd_array *gw, nd_array *gb, int *fused) {
+    memset(gx, 0, sizeof *gx);
+    memset(gw, 0, sizeof *gw);
+    memset(gb, 0, sizeof *gb);
+    *fused = 0;
+    if (g->layout.ndim != 2 || x->layout.ndim != 2) return ND_OK;
+    const int64_t m = g->layout.shape[0], n = g->layout.shape[1], k = x->layout.shape[1];
+    const nd_dtype dtype = g->storage->dtype;
+    nd_device *dev = g->storage->device;
+    const nd_backend *be = backend_of(g);
+    if (x->storage->device != dev || w->storage->device != dev || x->storage->dtype != dtype ||
+        w->storage->dtype != dtype || !is_matrix(g, m, n) || !is_matrix(x, m, k) ||
+        !is_matrix(w, k, n) || be->fuses_linear_grads == NULL ||
+        !be->fuses_linear_grads(dtype, m, k, n))
+        return ND_OK;
+    nd_status status = nd_array_empty_typed(dev, 2, (int64_t[]){m, k}, dtype, gx);
+    if (status == ND_OK) status = nd_array_empty_typed(dev, 2, (int64_t[]){k, n}, dtype, gw);
+    if (status == ND_OK) status = nd_array_empty_typed(dev, 1, (int64_t[]){n}, dtype, gb);
+    if (status == ND_OK) {
+        const nd_linear_grads_desc d = {
+            m,
+            k,
+            n,
+            dtype,
+            element_at(g->storage, g->layout.offset),
+            element_at(x->storage, x->layout.offset),
+            element_at(w->storage, w->layout.offset),
+            nd_storage_data(gx->storage),
+            nd_storage_data(gw->storage),
+            nd_storage_data(gb->storage),
+        };
+        status = be->linear_grads(&d);
+    }
+    if (status != ND_OK) {
+        nd_array_release(gx);
+        nd_array_release(gw);
+        nd_array_release(gb);
+        return status;
+    }
+    *fused = 1;
+    return ND_OK;
+}
+
 nd_status nd_array_add_into(const nd_array *dst, const nd_array *src) {
     nd_status status = nd_same_device(dst, src);
     if (status != ND_OK) return status;

@@ -311,4 +311,6 @@ const nd_backend nd_cpu_backend = {
     .bytes_to_host = nd_cpu_bytes_to_host,
     .bytes_from_host = nd_cpu_bytes_from_host,
     .amp_unscale = nd_cpu_amp_unscale,
+    .fuses_linear_grads = nd_cpu_fuses_linear_grads,
+    .linear_grads = nd_cpu_linear_grads,
 };

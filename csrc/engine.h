@@ -383,6 +383,14 @@ nd_status nd_array_matmul(const nd_array *a, const nd_array *b, nd_array *out);
  * float32 sums, before the one rounding). */
 nd_status nd_array_linear(const nd_array *x, const nd_array *w, const nd_array *bias,
                           nd_array *out);
+/* The gradients of out = x @ w + bias (x: m x k, w: k x n) from out's
+ * gradient g (m x n), in one pass over g where the backend has one for this
+ * dtype and size (the CPU's float16/bfloat16 products): gx = g @ w^T, gw =
+ * x^T @ g and gb = g summed over its rows (shape (n,)), and *fused = 1.
+ * Elsewhere (other devices, dtypes or layouts; mixed dtypes or devices)
+ * *fused = 0 and nothing is made: the caller composes them. */
+nd_status nd_array_linear_grads(const nd_array *g, const nd_array *x, const nd_array *w,
+                                nd_array *gx, nd_array *gw, nd_array *gb, int *fused);
 
 /* ------------------------------------------------------------ CPU settings */
 
@@ -435,6 +443,10 @@ const char *nd_cpu_gemm_kernel_name(nd_cpu_isa isa);
  * kernel ("avx512-bf16 8x32") where the CPU has one, else the current ISA's
  * float32 kernel on widened operands ("avx512 8x32"). */
 const char *nd_cpu_gemm_narrow_kernel_name(nd_dtype dtype);
+/* Whether a linear layer's gradients of dtype run in one pass over the
+ * output's gradient on the CPU now (float16; bfloat16 without AMX): a layer
+ * whose input is narrow enough for its float32 scratch (cpu_linear_grads.c). */
+int nd_cpu_linear_grads_in_one_pass(nd_dtype dtype);
 
 /* The split between needle's GEMM and the installed BLAS (cpu_matmul.c):
  * products of at least `split` multiply-adds (m*n*k) go to the BLAS, smaller

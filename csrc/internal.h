@@ -46,6 +46,17 @@ typedef struct nd_matmul_desc {
     int64_t bias_stride;
 } nd_matmul_desc;
 
+/* A linear layer's three gradients from its output's gradient g (m x n), its
+ * input x (m x k) and weight w (k x n), all row-major and compact, of one
+ * dtype: gx = g @ w^T (m x k), gw = x^T @ g (k x n), gb = g's column sums
+ * (n), each summed in float32 and rounded once. */
+typedef struct nd_linear_grads_desc {
+    int64_t m, k, n;
+    nd_dtype dtype;
+    const float *g, *x, *w; /* elements of dtype */
+    float *gx, *gw, *gb;
+} nd_linear_grads_desc;
+
 /* What row_apply writes for element x at column j of row r (m, s: the row's
  * stats; y: its label; k: *scale / rows, or 1 / rows without a scale). */
 typedef enum nd_row_mode {
@@ -264,6 +275,11 @@ typedef struct nd_backend {
     /* GradScaler's in-place unscale and inf/NaN check of one gradient
      * (amp_unscale.h): one pass, one kernel launch on a GPU. */
     nd_status (*amp_unscale)(const struct nd_amp_unscale_desc *d);
+    /* Whether linear_grads computes a linear layer's gradients of this dtype
+     * and size in one pass over g (else the front end composes them from
+     * matmuls and a sum); NULL: never. */
+    int (*fuses_linear_grads)(nd_dtype dtype, int64_t m, int64_t k, int64_t n);
+    nd_status (*linear_grads)(const nd_linear_grads_desc *d);
 } nd_backend;
 
 typedef struct nd_allocator {
@@ -409,6 +425,11 @@ int64_t nd_cuda_blocks(nd_device *dev, nd_memory_block *out, int64_t cap);
  * entries of nd_cpu_backend. */
 nd_status nd_cpu_matmul(const nd_matmul_desc *desc);
 int nd_cpu_matmul_adds_bias(nd_dtype dtype);
+
+/* A linear layer's gradients in one pass (cpu_linear_grads.c): float16, and
+ * bfloat16 where it is widened (no AMX), entries of nd_cpu_backend. */
+int nd_cpu_fuses_linear_grads(nd_dtype dtype, int64_t m, int64_t k, int64_t n);
+nd_status nd_cpu_linear_grads(const nd_linear_grads_desc *d);
 
 /* The CPU's row-indexing kernels (cpu_gather.c), entries of nd_cpu_backend. */
 nd_status nd_cpu_check_indices(const nd_layout *idx_layout, const float *idx, int64_t count,

@@ -81,6 +81,19 @@ fail:
     return NULL;
 }
 
+/* The dtypes whose linear layers' gradients take one pass now, as a list. */
+static PyObject *one_pass_dtypes(void) {
+    PyObject *list = PyList_New(0);
+    const nd_dtype narrow[] = {ND_FLOAT16, ND_BFLOAT16};
+    for (int i = 0; list != NULL && i < 2; i++) {
+        if (!nd_cpu_linear_grads_in_one_pass(narrow[i])) continue;
+        PyObject *name = PyUnicode_FromString(nd_dtype_name(narrow[i]));
+        if (name == NULL || PyList_Append(list, name) < 0) Py_CLEAR(list);
+        Py_XDECREF(name);
+    }
+    return list;
+}
+
 static PyObject *cpu_kernels(PyObject *module, PyObject *Py_UNUSED(ignored)) {
     (void)module;
     PyObject *d = PyDict_New(), *supported = PyList_New(0);
@@ -107,6 +120,7 @@ static PyObject *cpu_kernels(PyObject *module, PyObject *Py_UNUSED(ignored)) {
                  PyUnicode_FromString(nd_cpu_gemm_narrow_kernel_name(ND_BFLOAT16))) < 0 ||
         set_item(d, "gemm_float16",
                  PyUnicode_FromString(nd_cpu_gemm_narrow_kernel_name(ND_FLOAT16))) < 0 ||
+        set_item(d, "linear_grads_one_pass", one_pass_dtypes()) < 0 ||
         set_item(d, "elementwise", PyUnicode_FromString(nd_cpu_isa_name(isa))) < 0 ||
         set_item(d, "blas", PyUnicode_FromString(blas_description())) < 0 ||
         set_item(d, "gemm_split",
@@ -186,7 +200,9 @@ PyMethodDef cpu_info_module_functions[] = {
     {"_cpu_kernels", cpu_kernels, METH_NOARGS,
      "_cpu_kernels()\n--\n\nWhich CPU kernels run, as a dict: 'isa' (now), 'best' (the best "
      "this CPU runs), 'supported', 'env' (NEEDLE_CPU_ISA), 'gemm' (needle's micro-kernel), "
-     "'elementwise' (the ISA of the elementwise and reduction loops), 'blas', 'gemm_split' "
+     "'elementwise' (the ISA of the elementwise and reduction loops), "
+     "'linear_grads_one_pass' (the dtypes whose linear layers' gradients take one pass over the "
+     "output's gradient), 'blas', 'gemm_split' "
      "(multiply-adds from which matmul uses the BLAS; None until measured) and 'calibration' "
      "(what the last measurement found, or None)."},
     {"_set_cpu_isa", set_cpu_isa, METH_O,

@@ -57,6 +57,8 @@ static const nd_backend nd_cuda_backend = {
     /* .bytes_to_host = */ nd_cuda_bytes_to_host,
     /* .bytes_from_host = */ nd_cuda_bytes_from_host,
     /* .amp_unscale = */ nd_cuda_amp_unscale,
+    /* .fuses_linear_grads = */ nullptr, /* composed: cuBLAS reads g at its bandwidth */
+    /* .linear_grads = */ nullptr,
 };
 
 /* Why no GPU was registered ("" when one was): the CUDA error of discovery

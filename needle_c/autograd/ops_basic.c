@@ -369,10 +369,49 @@ static PyObject *matmul_bias_compute(needle_state *st, const op_params *p, PyObj
     return array_result(st, status, &out);
 }
 
+/* A wrapped engine array as a constant gradient held by the scope. */
+static PyObject *g_array(grad_scope *s, nd_array *a) {
+    return g_const(s, scope_keep(s, ndarray_wrap(s->st, a)));
+}
+
+/* All three gradients from one pass over g where the engine has one (the
+ * CPU's narrow products: nd_array_linear_grads), when they are values, not
+ * a recorded graph; NULL without failing: compose them. */
+static PyObject *matmul_bias_fused_grads(grad_scope *s, PyObject *g) {
+    if (is_recording() || !g_wanted(s, 0) || !g_wanted(s, 1) || !g_wanted(s, 2)) return NULL;
+    PyObject *data[4] = {g_data(s, g), g_data(s, g_input(s, 0)), g_data(s, g_input(s, 1)),
+                         g_data(s, g_input(s, 2))};
+    for (int i = 0; i < 4; i++)
+        if (data[i] == NULL || !ndarray_check(s->st, data[i])) return NULL;
+    const nd_array *gd = &NDArray_CAST(data[0])->array, *bias = &NDArray_CAST(data[3])->array;
+    const nd_layout *bl = &bias->layout;
+    /* The bias is a row, (n,) or (1, n), of g's dtype. */
+    if (gd->layout.ndim != 2 || bl->ndim < 1 || bl->ndim > 2 ||
+        (bl->ndim == 2 && bl->shape[0] != 1) || bl->shape[bl->ndim - 1] != gd->layout.shape[1] ||
+        nd_array_dtype(bias) != nd_array_dtype(gd))
+        return NULL;
+    nd_array gx, gw, gb;
+    int fused;
+    nd_status status = nd_array_linear_grads(gd, &NDArray_CAST(data[1])->array,
+                                             &NDArray_CAST(data[2])->array, &gx, &gw, &gb, &fused);
+    if (status != ND_OK) {
+        raise_status(s->st, status);
+        return scope_fail(s);
+    }
+    if (!fused) return NULL;
+    PyObject *x_grad = g_array(s, &gx), *w_grad = g_array(s, &gw);
+    PyObject *b_row = scope_keep(s, ndarray_wrap(s->st, &gb));
+    if (b_row == NULL) return NULL;
+    PyObject *b_grad = g_const(s, scope_keep(s, array_reshape(s->st, b_row, bl->ndim, bl->shape)));
+    return grads_n(s, (PyObject *[]){x_grad, w_grad, b_grad}, 3);
+}
+
 static PyObject *matmul_bias_gradient(grad_scope *s, const op_params *p, PyObject *g,
                                       PyObject *node) {
     UNUSED(p);
     UNUSED(node);
+    PyObject *fused = matmul_bias_fused_grads(s, g);
+    if (fused != NULL || s->failed) return fused;
     /* MatMul's two gradients, and g summed down to the bias' shape */
     PyObject *gx, *gw;
     matmul_grads(s, g, g_input(s, 0), g_input(s, 1), &gx, &gw);
