@@ -379,8 +379,8 @@ nd_status nd_array_matmul(const nd_array *a, const nd_array *b, nd_array *out);
  * product's shape and added into it in place, so a linear layer makes one
  * array, not two. bias must broadcast to the product's shape unchanged. A
  * bias that is one row, of the product's dtype, goes into the matmul where
- * the backend adds it there (the CPU's float16/bfloat16 products: to the
- * float32 sums, before the one rounding). */
+ * the backend adds it there (float16/bfloat16 products on the CPU and on
+ * CUDA: to the float32 sums, before the one rounding). */
 nd_status nd_array_linear(const nd_array *x, const nd_array *w, const nd_array *bias,
                           nd_array *out);
 /* The gradients of out = x @ w + bias (x: m x k, w: k x n) from out's

@@ -329,6 +329,40 @@ def _matmul_cases(dtype):
     ]
 
 
+def _linear_once_cases(dtype):
+    """(name, values) of x @ w + a bias row on the GPU, x @ w = 1 + 0.75 ulp of dtype (exact in
+    float32) and the bias 0.5 ulp: every value is 1 + 1 ulp where the bias joins the float32
+    sums before their one rounding (1 + 2 ulp where the product is rounded first), and 0.5 ulp
+    where the product is empty. 2-D, strided batched, pointer-array batched, k = 0."""
+    ulp = EPS[dtype]
+    g = _gpu()
+
+    def arr(x):
+        return ndl.Tensor(nd.array(np.asarray(x, np.float64), device=g, dtype=dtype), device=g)
+
+    w, row = arr([[1.0], [ulp]]), arr([ulp / 2])
+    pair = [1.0, 0.75]
+    # (2, 3, 2, 2) viewed as (2, 2, 3, 2): batch strides that do not merge (pointer arrays).
+    pointer = ndl.Tensor(
+        nd.array(np.tile(pair, (2, 3, 2, 1)), device=g, dtype=dtype).permute((0, 2, 1, 3)),
+        device=g,
+    )
+    cases = [
+        ("2d", arr([pair] * 3), w),
+        ("batched", arr(np.tile(pair, (2, 3, 1))), w),
+        ("pointer array", pointer, w),
+        ("k=0", arr(np.zeros((3, 0))), arr(np.zeros((0, 1)))),
+    ]
+    return [
+        (name, stored(ndl.ops.matmul_bias(x, m, row).realize_cached_data())) for name, x, m in cases
+    ]
+
+
+def check_linear_once(name, values, dtype):
+    want = EPS[dtype] / 2 if name == "k=0" else 1.0 + EPS[dtype]
+    assert values.size > 0 and (values == want).all(), (dtype, name, values.ravel().tolist())
+
+
 def check_matmul(name, got, a, b, dtype):
     want = np.matmul(a, b)
     bound = np.matmul(np.abs(a), np.abs(b))
@@ -347,6 +381,9 @@ def test_matmul_with_cublas(dtype):
         c = a @ b
         assert c.dtype == dtype, name
         check_matmul(name, stored(c), stored(a), stored(b), dtype)
+    if dtype != "float64":
+        for name, values in _linear_once_cases(dtype):
+            check_linear_once(name, values, dtype)
 
 
 _KERNEL_RUN = textwrap.dedent(
@@ -365,6 +402,10 @@ _KERNEL_RUN = textwrap.dedent(
             np.save(path + "_c.npy", t.stored(c))
             np.save(path + "_a.npy", t.stored(a))
             np.save(path + "_b.npy", t.stored(b))
+        if dtype != "float64":
+            for name, values in t._linear_once_cases(dtype):
+                name = name.replace(" ", "_")
+                np.save({tmp!r} + "/linear_" + dtype + "_" + name + ".npy", values)
     print(json.dumps(out))
     """
 )
@@ -387,6 +428,10 @@ def test_matmul_with_needles_kernel(tmp_path):
             path = tmp_path / f"{dtype}_{name.replace(' ', '_')}"
             c, a, b = (np.load(f"{path}_{s}.npy") for s in "cab")
             check_matmul(f"{dtype} {name}", c, a, b, dtype)
+        if dtype != "float64":
+            for name in ("2d", "batched", "pointer array", "k=0"):
+                values = np.load(tmp_path / f"linear_{dtype}_{name.replace(' ', '_')}.npy")
+                check_linear_once(name, values, dtype)
 
 
 # ------------------------------------------------------------------------- census

@@ -365,19 +365,21 @@ def test_linear_against_the_reference(sx, sw, sb, bias_view, dtype, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype,ulp", [("float16", 2.0**-10), ("bfloat16", 2.0**-7)])
-def test_narrow_linear_rounds_once_on_the_cpu(dtype, ulp, device):
+def test_narrow_linear_rounds_once(dtype, ulp, device):
     # x @ w = 1 + 0.75 ulp (exact in float32) and the bias 0.5 ulp. Rounded once, the sum
     # (1 + 1.25 ulp) gives 1 + 1 ulp; with the product rounded first (1 + 1 ulp), adding the
     # bias makes 1 + 1.5 ulp, a tie that rounds to even: 1 + 2 ulp.
     x = nd.array(np.array([[1.0, 0.75]] * 3), dtype=dtype, device=device)
     w = nd.array(np.array([[1.0], [ulp]]), dtype=dtype, device=device)
     once, twice = 1.0 + ulp, 1.0 + 2.0 * ulp
-    # The CPU adds a bias row to its float32 sums before it rounds them; the CUDA backend
-    # adds it to the product cuBLAS has rounded (its matmul takes no bias).
+    # Every backend adds a bias row to the float32 sums before it rounds them (the CPU as it
+    # stores a row, CUDA through cuBLAS's beta or in its own kernel's last step), the empty
+    # product included.
     row = nd.array(np.array([ulp / 2]), dtype=dtype, device=device)
-    assert (
-        values(linear(x, w, row)).ravel().tolist() == [once if device.name == "cpu" else twice] * 3
-    )
+    assert values(linear(x, w, row)).ravel().tolist() == [once] * 3
+    empty = nd.array(np.zeros((3, 0)), dtype=dtype, device=device)
+    no_rows = nd.array(np.zeros((0, 1)), dtype=dtype, device=device)
+    assert values(linear(empty, no_rows, row)).ravel().tolist() == [ulp / 2] * 3
     # A bias that is not one row (one per row here) is added to the rounded product anywhere.
     column = nd.array(np.full((3, 1), ulp / 2), dtype=dtype, device=device)
     assert values(linear(x, w, column)).ravel().tolist() == [twice] * 3

@@ -203,6 +203,7 @@ nd_status nd_cuda_reduce(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_l
 
 /* cuda_matmul.cu */
 nd_status nd_cuda_matmul(const nd_matmul_desc *desc);
+int nd_cuda_matmul_adds_bias(nd_dtype dtype);
 
 /* cuda_cublas.cu: cuBLAS, loaded at run time. */
 typedef struct cublas_context *nd_cublas_handle;
@@ -216,21 +217,22 @@ int64_t nd_cublas_workspace_bytes(nd_device *dev);
 /* Whether the loaded cuBLAS has GEMMs for dtype (float32 always; the
  * others need cublasDgemm* / cublasGemm*Ex). 0 when cuBLAS is not loaded. */
 int nd_cublas_supports(nd_dtype dtype);
-/* c = a b in dtype through cuBLAS's strided batched GEMM (column-major,
- * alpha 1, beta 0; trans 0 = N, 1 = T; float16 and bfloat16 accumulate in
- * float). ND_ERR_OOM when cuBLAS could not allocate, else ND_ERR_BACKEND
- * with the status. Only for a dtype nd_cublas_supports. */
+/* c = a b (+ c when accumulate) in dtype through cuBLAS's strided batched
+ * GEMM (column-major, alpha 1, beta 0 or 1; trans 0 = N, 1 = T; float16 and
+ * bfloat16 accumulate in float, c's old values added to the float sums
+ * before the one rounding). ND_ERR_OOM when cuBLAS could not allocate, else
+ * ND_ERR_BACKEND with the status. Only for a dtype nd_cublas_supports. */
 nd_status nd_cublas_gemm_strided(nd_cublas_handle h, nd_dtype dtype, int transa, int transb, int m,
                                  int n, int k, const void *a, int lda, long long stride_a,
                                  const void *b, int ldb, long long stride_b, void *c, int ldc,
-                                 long long stride_c, int batch_count);
+                                 long long stride_c, int batch_count, int accumulate);
 /* c[z] = a[z] b[z] for each z through cuBLAS's pointer-array batched GEMM:
  * the arrays of pointers live in device memory. Same conventions and
  * failures. */
 nd_status nd_cublas_gemm_batched(nd_cublas_handle h, nd_dtype dtype, int transa, int transb, int m,
                                  int n, int k, const void *const a[], int lda,
                                  const void *const b[], int ldb, void *const c[], int ldc,
-                                 int batch_count);
+                                 int batch_count, int accumulate);
 
 /* cuda_gather.cu */
 nd_status nd_cuda_gather_rows(const nd_layout *out_layout, float *out,

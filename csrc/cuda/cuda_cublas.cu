@@ -437,27 +437,29 @@ static int narrow_type(nd_dtype dtype) { return dtype == ND_FLOAT16 ? CUDA_R_16F
 nd_status nd_cublas_gemm_strided(nd_cublas_handle h, nd_dtype dtype, int transa, int transb, int m,
                                  int n, int k, const void *a, int lda, long long stride_a,
                                  const void *b, int ldb, long long stride_b, void *c, int ldc,
-                                 long long stride_c, int batch_count) {
+                                 long long stride_c, int batch_count, int accumulate) {
     const float one = 1.0f, zero = 0.0f;
     const double one_d = 1.0, zero_d = 0.0;
+    const float *beta = accumulate ? &one : &zero;
+    const double *beta_d = accumulate ? &one_d : &zero_d;
     int status;
     const char *call;
     nd_cuda_count_blas();
     if (dtype == ND_FLOAT32) {
         call = "cublasSgemmStridedBatched";
         status = cublas.sgemm_strided(h, transa, transb, m, n, k, &one, (const float *)a, lda,
-                                      stride_a, (const float *)b, ldb, stride_b, &zero, (float *)c,
+                                      stride_a, (const float *)b, ldb, stride_b, beta, (float *)c,
                                       ldc, stride_c, batch_count);
     } else if (dtype == ND_FLOAT64) {
         call = "cublasDgemmStridedBatched";
         status = cublas.dgemm_strided(h, transa, transb, m, n, k, &one_d, (const double *)a, lda,
-                                      stride_a, (const double *)b, ldb, stride_b, &zero_d,
+                                      stride_a, (const double *)b, ldb, stride_b, beta_d,
                                       (double *)c, ldc, stride_c, batch_count);
     } else {
         call = "cublasGemmStridedBatchedEx";
         const int type = narrow_type(dtype);
         status = cublas.gemm_strided_ex(h, transa, transb, m, n, k, &one, a, type, lda, stride_a, b,
-                                        type, ldb, stride_b, &zero, c, type, ldc, stride_c,
+                                        type, ldb, stride_b, beta, c, type, ldc, stride_c,
                                         batch_count, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
     }
     return gemm_status(status, call, m, n, k, batch_count);
@@ -466,27 +468,29 @@ nd_status nd_cublas_gemm_strided(nd_cublas_handle h, nd_dtype dtype, int transa,
 nd_status nd_cublas_gemm_batched(nd_cublas_handle h, nd_dtype dtype, int transa, int transb, int m,
                                  int n, int k, const void *const a[], int lda,
                                  const void *const b[], int ldb, void *const c[], int ldc,
-                                 int batch_count) {
+                                 int batch_count, int accumulate) {
     const float one = 1.0f, zero = 0.0f;
     const double one_d = 1.0, zero_d = 0.0;
+    const float *beta = accumulate ? &one : &zero;
+    const double *beta_d = accumulate ? &one_d : &zero_d;
     int status;
     const char *call;
     nd_cuda_count_blas();
     if (dtype == ND_FLOAT32) {
         call = "cublasSgemmBatched";
         status = cublas.sgemm_batched(h, transa, transb, m, n, k, &one, (const float *const *)a,
-                                      lda, (const float *const *)b, ldb, &zero, (float *const *)c,
+                                      lda, (const float *const *)b, ldb, beta, (float *const *)c,
                                       ldc, batch_count);
     } else if (dtype == ND_FLOAT64) {
         call = "cublasDgemmBatched";
         status = cublas.dgemm_batched(h, transa, transb, m, n, k, &one_d, (const double *const *)a,
-                                      lda, (const double *const *)b, ldb, &zero_d,
+                                      lda, (const double *const *)b, ldb, beta_d,
                                       (double *const *)c, ldc, batch_count);
     } else {
         call = "cublasGemmBatchedEx";
         const int type = narrow_type(dtype);
         status = cublas.gemm_batched_ex(h, transa, transb, m, n, k, &one, a, type, lda, b, type,
-                                        ldb, &zero, c, type, ldc, batch_count, CUBLAS_COMPUTE_32F_,
+                                        ldb, beta, c, type, ldc, batch_count, CUBLAS_COMPUTE_32F_,
                                         CUBLAS_GEMM_DEFAULT_);
     }
     return gemm_status(status, call, m, n, k, batch_count);

@@ -18,6 +18,10 @@
  * if memory is still short, the kernel (which needs none) computes the
  * product; other cuBLAS failures are ND_ERR_BACKEND with the call site.
  * Default math mode: full FP32, no TF32, so results track the CPU's.
+ * A float16/bfloat16 product with a linear layer's bias row
+ * (nd_matmul_desc.bias) has it added to the float32 sums before the one
+ * rounding, as the CPU does: cuBLAS's beta 1 over the bias written into
+ * every row first, or the kernel's last step.
  */
 #include "cuda_common.cuh"
 #include "cuda_dtype.cuh"
@@ -67,13 +71,16 @@ static void batch_make(const nd_matmul_desc *d, gemm_batch *g) {
 /* 256 threads as 16 x 16; each computes 4 x 4 outputs, rows ty + 16 r and
  * columns tx + 16 c, so shared-memory reads hit distinct banks. */
 
-/* out[batch] (m, n) contiguous = a[batch] (m, k) @ b[batch] (k, n), where
- * a's (i, p) is at a + i * ars + p * acs and b's (p, j) at b + p * brs + j * bcs;
- * elements of storage type T, computed in nd_dtype_traits<T>::compute. */
+/* out[batch] (m, n) contiguous = a[batch] (m, k) @ b[batch] (k, n) (+ the
+ * row bias, bias[j * bias_stride], when bias is not NULL), where a's (i, p)
+ * is at a + i * ars + p * acs and b's (p, j) at b + p * brs + j * bcs;
+ * elements of storage type T, computed in nd_dtype_traits<T>::compute and
+ * rounded once. */
 template <class T>
 __global__ void __launch_bounds__(256)
     gemm_kernel(int64_t m, int64_t n, int64_t k, const T *a, int64_t ars, int64_t acs, const T *b,
-                int64_t brs, int64_t bcs, T *out, gemm_batch batch) {
+                int64_t brs, int64_t bcs, T *out, gemm_batch batch, const T *bias,
+                int64_t bias_stride) {
     typedef nd_dtype_traits<T> traits;
     typedef typename traits::compute C;
     __shared__ C as[TILE_K][TILE_M + 4];
@@ -128,7 +135,10 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
                     int64_t gj = col0 + tx + 16 * c;
-                    if (gi < m && gj < n) O[gi * n + gj] = traits::store(acc[r][c]);
+                    if (gi < m && gj < n)
+                        O[gi * n + gj] = traits::store(
+                            bias != NULL ? acc[r][c] + traits::load(bias[gj * bias_stride])
+                                         : acc[r][c]);
                 }
             }
         }
@@ -141,7 +151,7 @@ static nd_status gemm_typed(const nd_matmul_desc *d, const gemm_batch &g, cudaSt
     dim3 grid(nd_cuda_blocks(tiles, 1), 1, nd_cuda_blocks(g.count, 1));
     ND_LAUNCH(gemm_kernel<T>, grid, 256, 0, stream, d->m, d->n, d->k, (const T *)d->a,
               d->a_row_stride, d->a_col_stride, (const T *)d->b, d->b_row_stride, d->b_col_stride,
-              (T *)d->out, g);
+              (T *)d->out, g, (const T *)d->bias, d->bias_stride);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }
@@ -158,6 +168,37 @@ static nd_status gemm(const nd_matmul_desc *d, const gemm_batch &g, cudaStream_t
 }
 
 /* ---------------------------------------------------------- the cuBLAS path */
+
+/* Every row of out (rows x n) = the bias row (element j at bias[j * stride]):
+ * what cuBLAS then adds the product to (beta 1), in float, before its one
+ * rounding, as the kernel above and the CPU add a linear layer's bias. */
+template <class T>
+__global__ void bias_rows_kernel(int64_t rows, int64_t n, const T *bias, int64_t stride, T *out) {
+    for (int64_t z = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; z < rows * n;
+         z += (int64_t)gridDim.x * blockDim.x)
+        out[z] = bias[z % n * stride];
+}
+
+template <class T>
+static nd_status fill_bias_rows_typed(const nd_matmul_desc *d, int64_t rows, cudaStream_t stream) {
+    ND_LAUNCH(bias_rows_kernel<T>, nd_cuda_blocks(rows * d->n, ND_CUDA_THREADS), ND_CUDA_THREADS, 0,
+              stream, rows, d->n, (const T *)d->bias, d->bias_stride, (T *)d->out);
+    ND_CUDA_CHECK(cudaGetLastError());
+    return ND_OK;
+}
+
+/* out = the bias in every row of every product (the dtypes whose bias the
+ * matmul adds: nd_cuda_matmul_adds_bias). */
+static nd_status fill_bias_rows(const nd_matmul_desc *d, int64_t count, cudaStream_t stream) {
+    const int64_t rows = count * d->m;
+    switch (d->dtype) {
+    case ND_FLOAT16: return fill_bias_rows_typed<nd_half_t>(d, rows, stream);
+    case ND_BFLOAT16: return fill_bias_rows_typed<nd_bf16_t>(d, rows, stream);
+    default: return nd_backend_lacks_dtype("cuda", "a matmul's bias", d->dtype);
+    }
+}
+
+int nd_cuda_matmul_adds_bias(nd_dtype dtype) { return dtype == ND_FLOAT16 || dtype == ND_BFLOAT16; }
 
 static int fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 
@@ -214,9 +255,9 @@ static nd_status cublas_matmul_pointers(nd_cublas_handle h, nd_device *dev, cons
     nd_status status = ND_OK;
     cudaError_t err = cudaGetLastError();
     if (err == cudaSuccess)
-        status =
-            nd_cublas_gemm_batched(h, d->dtype, op_b, op_a, (int)d->n, (int)d->m, (int)d->k, b_ptrs,
-                                   (int)ldb, a_ptrs, (int)lda, out_ptrs, (int)d->n, (int)g.count);
+        status = nd_cublas_gemm_batched(h, d->dtype, op_b, op_a, (int)d->n, (int)d->m, (int)d->k,
+                                        b_ptrs, (int)ldb, a_ptrs, (int)lda, out_ptrs, (int)d->n,
+                                        (int)g.count, d->bias != NULL);
     nd_cuda_raw_free(dev, scratch, bytes);
     ND_CUDA_CHECK(err);
     return status;
@@ -237,11 +278,12 @@ static nd_status cublas_matmul(nd_cublas_handle h, nd_device *dev, const nd_matm
     long long stride_a = g.ndim == 1 ? g.a[0] : 0, stride_b = g.ndim == 1 ? g.b[0] : 0;
     return nd_cublas_gemm_strided(h, d->dtype, op_b, op_a, (int)d->n, (int)d->m, (int)d->k, d->b,
                                   (int)ldb, stride_b, d->a, (int)lda, stride_a, d->out, (int)d->n,
-                                  (long long)(d->m * d->n), (int)g.count);
+                                  (long long)(d->m * d->n), (int)g.count, d->bias != NULL);
 }
 
 /* One try of the whole product through cuBLAS, for the out-of-memory ladder
- * (a retry recomputes every output: out is fresh and never an operand). */
+ * (a retry recomputes every output: out is fresh and never an operand; a
+ * bias is written into it again first). */
 typedef struct cublas_attempt {
     nd_cublas_handle h;
     nd_device *dev;
@@ -251,6 +293,7 @@ typedef struct cublas_attempt {
 
 static nd_status try_cublas(void *ctx) {
     const cublas_attempt *at = (const cublas_attempt *)ctx;
+    if (at->d->bias != NULL) ND_TRY(fill_bias_rows(at->d, at->g->count, 0));
     return cublas_matmul(at->h, at->dev, at->d, *at->g);
 }
 
@@ -264,6 +307,7 @@ nd_status nd_cuda_matmul(const nd_matmul_desc *d) {
     nd_device *dev = NULL;
     ND_TRY(nd_cuda_activate(d->out, &dev));
     cudaStream_t stream = 0;
+    if (d->k == 0 && d->bias != NULL) return fill_bias_rows(d, g.count, stream);
     if (d->k == 0) {
         ND_CUDA_CHECK(nd_cuda_memset(
             d->out, 0, (size_t)(g.count * d->m * d->n * nd_dtype_size(d->dtype)), stream));
