@@ -112,7 +112,11 @@ if sanitize:
 # needle_c/ is grouped by idea: array/ (the NDArray binding), autograd/ (Tensor, Op,
 # backward, the ops), memory/ (statistics, the collection policy); headers are
 # included relative to needle_c/ and csrc/.
-sources = sorted(glob.glob("needle_c/**/*.c", recursive=True)) + sorted(glob.glob("csrc/*.c"))
+sources = (
+    sorted(glob.glob("needle_c/**/*.c", recursive=True))
+    + sorted(glob.glob("csrc/*.c"))
+    + sorted(glob.glob("csrc/cpu/*.c"))
+)
 
 # ------------------------------------------------------------------------- CUDA
 
@@ -550,7 +554,11 @@ BuildExt.cuda = cuda_plan()
 define_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 libraries = ["m", "dl"]
 depends = sorted(
-    glob.glob("csrc/*.h") + glob.glob("csrc/*.inc") + glob.glob("needle_c/**/*.h", recursive=True)
+    glob.glob("csrc/*.h")
+    + glob.glob("csrc/*.inc")
+    + glob.glob("csrc/cpu/*.h")
+    + glob.glob("csrc/cpu/*.inc")
+    + glob.glob("needle_c/**/*.h", recursive=True)
 )
 
 needle_c = Extension(

@@ -3,7 +3,7 @@
  * needle's GEMM and the BLAS (NEEDLE_GEMM_SPLIT), and _cpu_kernels(), the
  * report benchmarks print in their headers.
  *
- * The choices themselves live in the engine (csrc/cpu_isa.c, cpu_matmul.c);
+ * The choices themselves live in the engine (csrc/cpu/cpu_isa.c, cpu_matmul.c);
  * this file only reads the environment at import, converts, and reports.
  */
 #include "needle_c.h"

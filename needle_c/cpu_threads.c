@@ -1,6 +1,6 @@
 /* cpu_threads.c: how many threads the CPU backend's row kernels (softmax,
  * cross-entropy) use, read and set from Python: needle_c._num_threads() and
- * needle_c._set_num_threads(n). The engine owns the number (csrc/cpu_parallel.c:
+ * needle_c._set_num_threads(n). The engine owns the number (csrc/cpu/cpu_parallel.c:
  * NEEDLE_NUM_THREADS, else the online processors); benchmarks read it to give
  * PyTorch as many.
  */

@@ -18,7 +18,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 C_TESTS = sorted((ROOT / "tests" / "c").glob("test_*.c"))
-ENGINE_SOURCES = sorted((ROOT / "csrc").glob("*.c"))
+ENGINE_SOURCES = sorted((ROOT / "csrc").glob("*.c")) + sorted((ROOT / "csrc" / "cpu").glob("*.c"))
 COMPILER = shutil.which("cc") or shutil.which("gcc")
 SANITIZE = (
     ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g"]

@@ -2,7 +2,7 @@
 
 Where the CPU widens a narrow product (float16; bfloat16 without AMX: needle_c._cpu_kernels()
 lists them as 'linear_grads_one_pass'), gx = g @ w^T, gw = x^T @ g and gb = g's column sums
-come from one pass over g (csrc/cpu_linear_grads.c) when the layer's input is narrow enough;
+come from one pass over g (csrc/cpu/cpu_linear_grads.c) when the layer's input is narrow enough;
 elsewhere, and whenever the gradients are recorded (create_graph=True), they are composed from
 two matmuls and a sum. Either way each is a float32 sum rounded once to the dtype.
 """

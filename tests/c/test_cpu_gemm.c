@@ -1,4 +1,4 @@
-/* test_cpu_gemm.c: checks needle's SGEMM (csrc/cpu_gemm.c) against a naive
+/* test_cpu_gemm.c: checks needle's SGEMM (csrc/cpu/cpu_gemm.c) against a naive
  * double-precision reference, with each micro-kernel this CPU can run
  * (baseline, AVX2, AVX-512), over every transpose combination, alpha/beta
  * cases, padded leading dimensions and sizes chosen to hit empty, tiny,

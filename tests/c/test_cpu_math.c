@@ -1,4 +1,4 @@
-/* test_cpu_math.c: checks the vectorizable libm replacements (csrc/cpu_math.h)
+/* test_cpu_math.c: checks the vectorizable libm replacements (csrc/cpu/cpu_math.h)
  * against double-precision libm, over strided sweeps of all float bit
  * patterns, dense sweeps of the ranges where the algorithms switch or lose
  * precision, a pow grid aimed at the whole exponent range, and the special
@@ -13,7 +13,7 @@
  *       tests/c/test_cpu_math.c -lm -o /tmp/test_cpu_math
  *   /tmp/test_cpu_math
  */
-#include "cpu_math.h"
+#include "cpu/cpu_math.h"
 
 #include <float.h>
 #include <math.h>

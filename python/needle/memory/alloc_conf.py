@@ -8,7 +8,7 @@ kind of device it is for: ``max_split_size_mb:128,cuda:garbage_collection_thresh
 An item without a prefix applies to every device kind the option means something on; one
 with ``cpu:`` to the host devices, one with ``cuda:`` to every GPU. Options named are
 changed, the others kept (as ``torch.cuda.memory._set_allocator_settings`` does). The
-engine applies them (csrc/allocator.c, csrc/cpu_memory.c, csrc/cuda/cuda_allocator.cu).
+engine applies them (csrc/allocator.c, csrc/cpu/cpu_memory.c, csrc/cuda/cuda_allocator.cu).
 """
 
 import needle_c as _c
