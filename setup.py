@@ -98,6 +98,8 @@ compile_args = [
     "-g" if debug or sanitize else "-g0",
     "-Wall",
     "-Wextra",
+    # Arithmetic on a void * (an untyped buffer of some dtype) moves by bytes, not elements.
+    "-Wpointer-arith",
     # Lets sqrtf and friends vectorise; needle never reads errno.
     "-fno-math-errno",
     "-fvisibility=hidden",

@@ -128,13 +128,13 @@ nd_status nd_array_amp_unscale(const nd_array *const *grads, int64_t count,
     if (skip == NULL)
         return nd_fail(ND_ERR_OOM, "amp_unscale: no host memory for %lld flags", (long long)count);
     nd_status status = mark_aliases(grads, count, skip);
-    float *flag = nd_storage_data(found_inf->storage) + found_inf->layout.offset;
+    float *flag = nd_storage_f32(found_inf->storage) + found_inf->layout.offset;
     for (int64_t i = 0; i < count && status == ND_OK; i++) {
         const nd_array *g = grads[i];
         nd_layout distinct;
         distinct_elements(&g->layout, &distinct);
         if (skip[i] || nd_layout_numel(&distinct) == 0) continue;
-        nd_amp_unscale_desc d = {&distinct, nd_storage_data(g->storage), flag, inv_scale};
+        nd_amp_unscale_desc d = {&distinct, nd_storage_f32(g->storage), flag, inv_scale};
         status = backend->amp_unscale(&d);
     }
     free(skip);

@@ -57,14 +57,8 @@ nd_status nd_same_device(const nd_array *a, const nd_array *b) {
     return ND_OK;
 }
 
-/* Element `offset` of storage s, of whichever dtype (the descriptors that
- * take a pointer to an operand's first element carry float pointers). */
-static float *element_at(const nd_storage *s, int64_t offset) {
-    return (float *)(void *)((char *)nd_storage_ptr(s) + offset * nd_dtype_size(s->dtype));
-}
-
 static nd_kernel_operand array_operand(const nd_array *a, const nd_layout *layout) {
-    nd_kernel_operand op = {nd_storage_data(a->storage), layout, 0.0f};
+    nd_kernel_operand op = {a->storage->data, layout, 0.0};
     return op;
 }
 
@@ -72,11 +66,10 @@ static nd_kernel_operand array_operand(const nd_array *a, const nd_layout *layou
  * any dtypes: the float32 copy kernels when both are float32. */
 static nd_status copy_view(const nd_array *dst, const nd_array *src, const nd_layout *src_layout) {
     if (dst->storage->dtype == ND_FLOAT32 && src->storage->dtype == ND_FLOAT32)
-        return backend_of(dst)->copy(&dst->layout, nd_storage_data(dst->storage),
+        return backend_of(dst)->copy(&dst->layout, dst->storage->data,
                                      array_operand(src, src_layout));
-    return backend_of(dst)->convert(&dst->layout, nd_storage_ptr(dst->storage), dst->storage->dtype,
-                                    src_layout, nd_storage_ptr(src->storage), src->storage->dtype,
-                                    0.0);
+    return backend_of(dst)->convert(&dst->layout, dst->storage->data, dst->storage->dtype,
+                                    src_layout, src->storage->data, src->storage->dtype, 0.0);
 }
 
 /* Moves src (any dtype, compact or not) into dst (compact, src's dtype and
@@ -85,7 +78,7 @@ static nd_status copy_between_devices(const nd_array *src, const nd_array *dst) 
     nd_device *from = src->storage->device, *to = dst->storage->device;
     if (from->kind == ND_DEVICE_CPU && to->kind == ND_DEVICE_CPU)
         return copy_view(dst, src, &src->layout);
-    if (to->kind == ND_DEVICE_CPU) return nd_array_to_host(src, nd_storage_ptr(dst->storage));
+    if (to->kind == ND_DEVICE_CPU) return nd_array_to_host(src, dst->storage->data);
     int64_t nbytes = nd_layout_numel(&src->layout) * nd_dtype_size(src->storage->dtype);
     void *host = malloc((size_t)(nbytes > 0 ? nbytes : 1));
     if (host == NULL) return nd_fail(ND_ERR_OOM, "out of host memory for a device transfer");
@@ -135,47 +128,19 @@ nd_status nd_array_assign(const nd_array *dst, const nd_array *src) {
 
 nd_status nd_array_fill(const nd_array *dst, double value) {
     if (dst->storage->dtype != ND_FLOAT32)
-        return backend_of(dst)->convert(&dst->layout, nd_storage_ptr(dst->storage),
-                                        dst->storage->dtype, NULL, NULL, ND_FLOAT32, value);
+        return backend_of(dst)->convert(&dst->layout, dst->storage->data, dst->storage->dtype, NULL,
+                                        NULL, ND_FLOAT32, value);
     nd_kernel_operand scalar = {NULL, NULL, (float)value};
-    return backend_of(dst)->copy(&dst->layout, nd_storage_data(dst->storage), scalar);
+    return backend_of(dst)->copy(&dst->layout, dst->storage->data, scalar);
 }
 
-/* The float32 transfers gather and scatter strided views themselves; the
- * other dtypes are compacted on the device and moved as bytes. */
+/* The backend gathers or scatters a strided view itself, any dtype. */
 nd_status nd_array_to_host(const nd_array *src, void *host) {
-    if (src->storage->dtype == ND_FLOAT32)
-        return backend_of(src)->to_host(&src->layout, nd_storage_data(src->storage), host);
-    int64_t nbytes = nd_layout_numel(&src->layout) * nd_dtype_size(src->storage->dtype);
-    if (nd_layout_is_contiguous(&src->layout))
-        return backend_of(src)->bytes_to_host((const char *)nd_storage_ptr(src->storage) +
-                                                  src->layout.offset *
-                                                      nd_dtype_size(src->storage->dtype),
-                                              host, nbytes);
-    nd_array tmp;
-    nd_status status = nd_array_compact_copy(src, NULL, &tmp);
-    if (status != ND_OK) return status;
-    status = backend_of(src)->bytes_to_host(nd_storage_ptr(tmp.storage), host, nbytes);
-    nd_array_release(&tmp);
-    return status;
+    return backend_of(src)->to_host(&src->layout, src->storage->data, src->storage->dtype, host);
 }
 
 nd_status nd_array_from_host(const nd_array *dst, const void *host) {
-    if (dst->storage->dtype == ND_FLOAT32)
-        return backend_of(dst)->from_host(&dst->layout, nd_storage_data(dst->storage), host);
-    int64_t itemsize = nd_dtype_size(dst->storage->dtype);
-    int64_t nbytes = nd_layout_numel(&dst->layout) * itemsize;
-    if (nd_layout_is_contiguous(&dst->layout))
-        return backend_of(dst)->bytes_from_host(
-            (char *)nd_storage_ptr(dst->storage) + dst->layout.offset * itemsize, host, nbytes);
-    nd_array tmp;
-    nd_status status = nd_array_empty_typed(dst->storage->device, dst->layout.ndim,
-                                            dst->layout.shape, dst->storage->dtype, &tmp);
-    if (status != ND_OK) return status;
-    status = backend_of(dst)->bytes_from_host(nd_storage_ptr(tmp.storage), host, nbytes);
-    if (status == ND_OK) status = copy_view(dst, &tmp, &tmp.layout);
-    nd_array_release(&tmp);
-    return status;
+    return backend_of(dst)->from_host(&dst->layout, dst->storage->data, dst->storage->dtype, host);
 }
 
 nd_dtype nd_promote_dtypes(nd_dtype a, nd_dtype b) {
@@ -246,8 +211,7 @@ nd_status nd_array_binary(nd_binary_op op, nd_operand a, nd_operand b, nd_array 
      * allocation runs, even if it starts a collection. */
     status = nd_array_empty_typed(any->storage->device, ndim, shape, dtype, out);
     if (status != ND_OK) goto done;
-    status =
-        backend_of(any)->binary(op, dtype, &out->layout, nd_storage_data(out->storage), ka, kb);
+    status = backend_of(any)->binary(op, dtype, &out->layout, out->storage->data, ka, kb);
     if (status != ND_OK) nd_array_release(out);
 done:
     release_tmp(&a_tmp);
@@ -262,8 +226,8 @@ nd_status nd_array_unary(nd_unary_op op, const nd_array *a, nd_array *out) {
     nd_status status =
         nd_array_empty_typed(a->storage->device, a->layout.ndim, a->layout.shape, dtype, out);
     if (status != ND_OK) return status;
-    status = backend_of(a)->unary(op, dtype, &out->layout, nd_storage_data(out->storage),
-                                  &a->layout, nd_storage_data(a->storage));
+    status = backend_of(a)->unary(op, dtype, &out->layout, out->storage->data, &a->layout,
+                                  a->storage->data);
     if (status != ND_OK) nd_array_release(out);
     return status;
 }
@@ -299,8 +263,8 @@ nd_status nd_array_reduce(nd_reduce_op op, const nd_array *a, uint32_t axes_mask
     /* The backend writes every output (one GPU launch, no fill before it);
      * with nothing to reduce each output is the identity. */
     if (nd_layout_numel(in) > 0) {
-        status = backend_of(a)->reduce(op, dtype, &kernel_out, nd_storage_data(out->storage), in,
-                                       nd_storage_data(a->storage));
+        status =
+            backend_of(a)->reduce(op, dtype, &kernel_out, out->storage->data, in, a->storage->data);
     } else {
         status = nd_array_fill(out, nd_reduce_identity(op));
     }
@@ -375,7 +339,7 @@ static int fuse_bias_row(const nd_array *bias, const nd_layout *out_layout, nd_m
         return 0;
     for (int i = 0; i < row.ndim - 1; i++)
         if (row.strides[i] != 0 && row.shape[i] > 1) return 0;
-    desc->bias = element_at(bias->storage, row.offset);
+    desc->bias = nd_storage_at(bias->storage, row.offset);
     desc->bias_stride = row.strides[row.ndim - 1];
     return 1;
 }
@@ -440,9 +404,9 @@ static nd_status matmul_same_dtype(const nd_array *a, const nd_array *b, const n
         desc.a_batch_strides[i] = (ai >= 0 && la->shape[ai] != 1) ? la->strides[ai] : 0;
         desc.b_batch_strides[i] = (bi >= 0 && lb->shape[bi] != 1) ? lb->strides[bi] : 0;
     }
-    desc.a = element_at(a_view.storage, la->offset);
-    desc.b = element_at(b_view.storage, lb->offset);
-    desc.out = nd_storage_data(out->storage);
+    desc.a = nd_storage_at(a_view.storage, la->offset);
+    desc.b = nd_storage_at(b_view.storage, lb->offset);
+    desc.out = out->storage->data;
     desc.dtype = a->storage->dtype;
     if (bias != NULL && !drop_m && !drop_n) *bias_added = fuse_bias_row(bias, &out->layout, &desc);
     if (nd_layout_numel(&out->layout) > 0 && (status = backend_of(a)->matmul(&desc)) != ND_OK) {
@@ -481,8 +445,8 @@ nd_status nd_array_linear(const nd_array *x, const nd_array *w, const nd_array *
     status =
         nd_layout_broadcast_to(&bias->layout, out->layout.ndim, out->layout.shape, &bias_layout);
     if (status == ND_OK) {
-        float *data = nd_storage_data(out->storage);
-        nd_kernel_operand product = {data, &out->layout, 0.0f};
+        void *data = out->storage->data;
+        nd_kernel_operand product = {data, &out->layout, 0.0};
         status = backend_of(out)->binary(ND_ADD, out->storage->dtype, &out->layout, data, product,
                                          array_operand(bias, &bias_layout));
     }
@@ -521,12 +485,12 @@ nd_status nd_array_linear_grads(const nd_array *g, const nd_array *x, const nd_a
             k,
             n,
             dtype,
-            element_at(g->storage, g->layout.offset),
-            element_at(x->storage, x->layout.offset),
-            element_at(w->storage, w->layout.offset),
-            nd_storage_data(gx->storage),
-            nd_storage_data(gw->storage),
-            nd_storage_data(gb->storage),
+            nd_storage_at(g->storage, g->layout.offset),
+            nd_storage_at(x->storage, x->layout.offset),
+            nd_storage_at(w->storage, w->layout.offset),
+            gx->storage->data,
+            gw->storage->data,
+            gb->storage->data,
         };
         status = be->linear_grads(&d);
     }
@@ -565,8 +529,8 @@ nd_status nd_array_add_into(const nd_array *dst, const nd_array *src) {
         nd_array_release(&tmp);
         return status;
     }
-    float *data = nd_storage_data(dst->storage);
-    nd_kernel_operand self = {data, l, 0.0f};
+    void *data = dst->storage->data;
+    nd_kernel_operand self = {data, l, 0.0};
     return backend_of(dst)->binary(ND_ADD, dst->storage->dtype, l, data, self,
                                    array_operand(src, &src_layout));
 }

@@ -248,11 +248,13 @@ nd_status nd_storage_new_typed(nd_device *dev, int64_t numel, nd_dtype dtype, nd
 nd_status nd_storage_new(nd_device *dev, int64_t numel, nd_storage **out);
 void nd_storage_retain(nd_storage *s);
 void nd_storage_release(nd_storage *s);
-/* The buffer as float32: only for a float32 storage (the operations check
- * their operands' dtype before they take it). */
-float *nd_storage_data(const nd_storage *s);
-/* The buffer, of any dtype. */
-void *nd_storage_ptr(const nd_storage *s);
+/* A storage's buffer and the dtype of its elements: the one way to a
+ * storage's bytes (data is 64-byte aligned on the host). */
+typedef struct nd_buffer {
+    void *data;
+    nd_dtype dtype;
+} nd_buffer;
+nd_buffer nd_storage_buffer(const nd_storage *s);
 nd_dtype nd_storage_dtype(const nd_storage *s);
 int64_t nd_storage_numel(const nd_storage *s);
 nd_device *nd_storage_device(const nd_storage *s);

@@ -30,11 +30,11 @@ static const nd_backend *backend_of(const nd_array *a) { return a->storage->devi
 static nd_status compact_data(const nd_array *a, nd_array *tmp, const float **data) {
     memset(tmp, 0, sizeof *tmp);
     if (nd_layout_is_contiguous(&a->layout)) {
-        *data = nd_storage_data(a->storage) + a->layout.offset;
+        *data = nd_storage_f32(a->storage) + a->layout.offset;
         return ND_OK;
     }
     nd_status status = nd_array_compact_copy(a, NULL, tmp);
-    if (status == ND_OK) *data = nd_storage_data(tmp->storage) + tmp->layout.offset;
+    if (status == ND_OK) *data = nd_storage_f32(tmp->storage) + tmp->layout.offset;
     return status;
 }
 
@@ -108,7 +108,7 @@ nd_status nd_array_layer_norm(const nd_array *x, const nd_array *w, const nd_arr
         (status = compact_data(b, &tb, &d.b)) == ND_OK)
         status = nd_array_empty(x->storage->device, x->layout.ndim, x->layout.shape, out);
     if (status == ND_OK && rows > 0) {
-        d.out = nd_storage_data(out->storage);
+        d.out = nd_storage_f32(out->storage);
         if ((status = backend_of(x)->layer_norm(&d)) != ND_OK) nd_array_release(out);
     }
     nd_array_release(&tx);
@@ -161,14 +161,14 @@ nd_status nd_array_layer_norm_grad(const nd_array *x, const nd_array *w, const n
         (status = nd_array_empty(dev, x->layout.ndim, x->layout.shape, dx)) == ND_OK &&
         (status = nd_array_empty(dev, 1, &cols, dw)) == ND_OK &&
         (status = nd_array_empty(dev, 1, &cols, db)) == ND_OK) {
-        d.out = nd_storage_data(dx->storage);
-        d.dw = nd_storage_data(dw->storage);
-        d.db = nd_storage_data(db->storage);
+        d.out = nd_storage_f32(dx->storage);
+        d.dw = nd_storage_f32(dw->storage);
+        d.db = nd_storage_f32(db->storage);
         if (rows == 0) { /* nothing summed: zero gradients for the parameters */
             if ((status = nd_array_fill(dw, 0.0f)) == ND_OK) status = nd_array_fill(db, 0.0f);
         } else if ((status = nd_array_empty(dev, 3, (int64_t[]){d.chunks, 2, cols}, &partials)) ==
                    ND_OK) {
-            d.partials = nd_storage_data(partials.storage);
+            d.partials = nd_storage_f32(partials.storage);
             status = backend_of(x)->layer_norm_grad(&d);
         }
     }
@@ -228,7 +228,7 @@ nd_status nd_array_attention_softmax(const nd_array *x, float divisor, int causa
     if ((status = compact_data(x, &tx, &d.x)) == ND_OK &&
         (status = nd_array_empty(x->storage->device, l->ndim, l->shape, out)) == ND_OK &&
         d.rows > 0 && d.cols > 0) {
-        d.out = nd_storage_data(out->storage);
+        d.out = nd_storage_f32(out->storage);
         if ((status = backend_of(x)->attention_softmax(&d)) != ND_OK) nd_array_release(out);
     }
     nd_array_release(&tx);
@@ -265,7 +265,7 @@ nd_status nd_array_attention_softmax_grad(const nd_array *y, const nd_array *g, 
         (status = compact_data(g, &tg, &d.g)) == ND_OK &&
         (status = nd_array_empty(y->storage->device, l->ndim, l->shape, dx)) == ND_OK &&
         d.rows > 0 && d.cols > 0) {
-        d.out = nd_storage_data(dx->storage);
+        d.out = nd_storage_f32(dx->storage);
         if ((status = backend_of(y)->attention_softmax_grad(&d)) != ND_OK) nd_array_release(dx);
     }
     nd_array_release(&ty);

@@ -70,9 +70,9 @@ nd_status nd_array_gather_rows(const nd_array *table, const nd_array *indices, n
     if (status == ND_OK) {
         nd_layout rows;
         nd_layout_contiguous(2, (int64_t[]){n, d}, &rows);
-        status = backend->gather_rows(&rows, nd_storage_data(out->storage), &table->layout,
-                                      nd_storage_data(table->storage), &idx.layout,
-                                      nd_storage_data(idx.storage));
+        status = backend->gather_rows(&rows, nd_storage_f32(out->storage), &table->layout,
+                                      nd_storage_f32(table->storage), &idx.layout,
+                                      nd_storage_f32(idx.storage));
         if (status != ND_OK) nd_array_release(out);
     }
     if (idx_tmp.storage != NULL) nd_array_release(&idx_tmp);
@@ -124,9 +124,9 @@ nd_status nd_array_scatter_add_rows_into(const nd_array *dst, const nd_array *sr
         return status;
     status = reshaped(indices, 1, &n, indices->storage == dst->storage, &idx, &idx_tmp);
     if (status == ND_OK) {
-        status = backend->scatter_add_rows(&dst->layout, nd_storage_data(dst->storage),
-                                           &rows.layout, nd_storage_data(rows.storage), &idx.layout,
-                                           nd_storage_data(idx.storage));
+        status = backend->scatter_add_rows(&dst->layout, nd_storage_f32(dst->storage),
+                                           &rows.layout, nd_storage_f32(rows.storage), &idx.layout,
+                                           nd_storage_f32(idx.storage));
         if (idx_tmp.storage != NULL) nd_array_release(&idx_tmp);
     }
     if (rows_tmp.storage != NULL) nd_array_release(&rows_tmp);

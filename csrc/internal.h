@@ -16,7 +16,7 @@
  * at elements of the operation's dtype (float32 for copy); the scalar is
  * converted to the type the dtype computes in. */
 typedef struct nd_kernel_operand {
-    const float *data;
+    const void *data;
     const nd_layout *layout;
     double scalar;
 } nd_kernel_operand;
@@ -31,18 +31,18 @@ typedef struct nd_matmul_desc {
     int64_t batch_shape[ND_MAX_DIMS];
     int64_t a_batch_strides[ND_MAX_DIMS];
     int64_t b_batch_strides[ND_MAX_DIMS];
-    const float *a;
+    const void *a;
     int64_t a_row_stride, a_col_stride;
-    const float *b;
+    const void *b;
     int64_t b_row_stride, b_col_stride;
-    float *out; /* (batch..., m, n) contiguous */
+    void *out; /* (batch..., m, n) contiguous */
     /* The operands' and the product's dtype: a, b and out point at its
      * elements (float32, the zero value, when the describer says nothing). */
     nd_dtype dtype;
     /* A row of n elements of dtype (element j at bias + j*bias_stride) added
      * to every row of every product before it is stored, or NULL. Set only
      * where the backend's matmul_adds_bias says it adds it. */
-    const float *bias;
+    const void *bias;
     int64_t bias_stride;
 } nd_matmul_desc;
 
@@ -53,8 +53,8 @@ typedef struct nd_matmul_desc {
 typedef struct nd_linear_grads_desc {
     int64_t m, k, n;
     nd_dtype dtype;
-    const float *g, *x, *w; /* elements of dtype */
-    float *gx, *gw, *gb;
+    const void *g, *x, *w; /* elements of dtype */
+    void *gx, *gw, *gb;
 } nd_linear_grads_desc;
 
 /* What row_apply writes for element x at column j of row r (m, s: the row's
@@ -73,10 +73,10 @@ typedef enum nd_row_mode {
  * kernels take device pointers and never fail on valid input. */
 typedef struct nd_rows_desc {
     int64_t rows, cols;
-    const float *x;
+    const void *x; /* elements of dtype */
     int64_t ldx;
     float *stats; /* (rows, 2) */
-    float *out;   /* see each entry */
+    void *out;    /* elements of dtype; see each entry */
     int64_t ldo;  /* out's row stride (row_stats: between log-sum-exps) */
     nd_row_mode mode;
     const float *labels; /* (rows,) class ids as floats, stride label_stride */
@@ -202,25 +202,28 @@ typedef struct nd_backend {
     /* Returns cached bytes to the system; returns how many. */
     int64_t (*release_cache)(nd_device *dev);
     /* dst[view] = src broadcast to dst's shape (src->layout has dst's shape). */
-    nd_status (*copy)(const nd_layout *dst_layout, float *dst, nd_kernel_operand src);
+    nd_status (*copy)(const nd_layout *dst_layout, void *dst, nd_kernel_operand src);
     /* binary, unary and reduce: out and the array operands point at
      * elements of dtype, which they compute in (float16 and bfloat16 in
      * float32 registers); ND_ERR_DTYPE for a dtype the backend lacks. */
-    nd_status (*binary)(nd_binary_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
+    nd_status (*binary)(nd_binary_op op, nd_dtype dtype, const nd_layout *out_layout, void *out,
                         nd_kernel_operand a, nd_kernel_operand b);
-    nd_status (*unary)(nd_unary_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
-                       const nd_layout *a_layout, const float *a);
+    nd_status (*unary)(nd_unary_op op, nd_dtype dtype, const nd_layout *out_layout, void *out,
+                       const nd_layout *a_layout, const void *a);
     /* out has a's shape with stride 0 along the reduced axes; out's storage
      * is contiguous over the kept axes. a has at least one element; every
      * output is written (out's prior contents are not read). */
-    nd_status (*reduce)(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
-                        const nd_layout *a_layout, const float *a);
+    nd_status (*reduce)(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_layout, void *out,
+                        const nd_layout *a_layout, const void *a);
     nd_status (*matmul)(const nd_matmul_desc *desc);
     /* Whether matmul adds nd_matmul_desc.bias for dtype (else the front end
      * adds the bias to the stored product); NULL: for no dtype. */
     int (*matmul_adds_bias)(nd_dtype dtype);
-    nd_status (*to_host)(const nd_layout *src_layout, const float *src, float *host);
-    nd_status (*from_host)(const nd_layout *dst_layout, float *dst, const float *host);
+    /* The one transfer pair: a strided view of elements of dtype to or from
+     * a contiguous, row-major host buffer. */
+    nd_status (*to_host)(const nd_layout *src_layout, const void *src, nd_dtype dtype, void *host);
+    nd_status (*from_host)(const nd_layout *dst_layout, void *dst, nd_dtype dtype,
+                           const void *host);
     /* Row r of out (n x d) = row idx[r] of table (rows x d); idx is 1-D (n).
      * Checks every index (integer, in [0, rows)) before writing: ND_ERR_INDEX. */
     nd_status (*gather_rows)(const nd_layout *out_layout, float *out, const nd_layout *table_layout,
@@ -269,9 +272,6 @@ typedef struct nd_backend {
     nd_status (*convert)(const nd_layout *dst_layout, void *dst, nd_dtype dst_dtype,
                          const nd_layout *src_layout, const void *src, nd_dtype src_dtype,
                          double scalar);
-    /* nbytes of contiguous device memory to or from the host. */
-    nd_status (*bytes_to_host)(const void *src, void *host, int64_t nbytes);
-    nd_status (*bytes_from_host)(void *dst, const void *host, int64_t nbytes);
     /* GradScaler's in-place unscale and inf/NaN check of one gradient
      * (amp_unscale.h): one pass, one kernel launch on a GPU. */
     nd_status (*amp_unscale)(const struct nd_amp_unscale_desc *d);
@@ -312,6 +312,19 @@ struct nd_storage {
      * nd_memory_blocks walks (borrowed ones are not on it). */
     struct nd_storage *prev_live, *next_live;
 };
+
+/* The buffer as float32, for the kernels that compute in float32 alone (their
+ * front ends convert other dtypes first, dtype_island.c, or refuse them,
+ * nd_array_require_float32); NULL for a storage of another dtype, so that a
+ * missing check faults instead of reading other bytes as floats. */
+static inline float *nd_storage_f32(const nd_storage *s) {
+    return s->dtype == ND_FLOAT32 ? (float *)s->data : NULL;
+}
+
+/* Element `offset` (in elements of the storage's dtype) of s. */
+static inline void *nd_storage_at(const nd_storage *s, int64_t offset) {
+    return (char *)s->data + offset * nd_dtype_size(s->dtype);
+}
 
 /* The iteration space of an elementwise kernel, shared by the backends: drops
  * size-1 dims, orders dims by decreasing |stride| of operand order_by (-1
@@ -466,8 +479,6 @@ void nd_cpu_parallel_for(int64_t n, int64_t grain, nd_range_fn fn, void *ctx);
 nd_status nd_cpu_convert(const nd_layout *dst_layout, void *dst, nd_dtype dst_dtype,
                          const nd_layout *src_layout, const void *src, nd_dtype src_dtype,
                          double scalar);
-nd_status nd_cpu_bytes_to_host(const void *src, void *host, int64_t nbytes);
-nd_status nd_cpu_bytes_from_host(void *dst, const void *host, int64_t nbytes);
 
 /* The CPU's LSTM step kernels (cpu_lstm.c), entries of nd_cpu_backend. */
 nd_status nd_cpu_lstm_step(const nd_lstm_step_desc *d);

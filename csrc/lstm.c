@@ -20,7 +20,7 @@
 static const nd_backend *backend_of(const nd_array *a) { return a->storage->device->backend; }
 
 static const float *data_of(const nd_array *a) {
-    return nd_storage_data(a->storage) + a->layout.offset;
+    return nd_storage_f32(a->storage) + a->layout.offset;
 }
 
 /* ------------------------------------------------------------ shapes */
@@ -139,7 +139,7 @@ static nd_status gemm(const nd_backend *be, mat a, mat b, float *out) {
     return be->matmul(&d);
 }
 
-static float *mutable_data(const nd_array *a) { return nd_storage_data(a->storage); }
+static float *mutable_data(const nd_array *a) { return nd_storage_f32(a->storage); }
 
 /* Releases the arrays of outs that hold a storage (NULL entries skipped). */
 static void release_all_present(nd_array *const *outs, int n) {
@@ -349,7 +349,7 @@ nd_status nd_array_lstm_backward(const nd_array *x, const nd_array *h0, const nd
         status = nd_array_empty(dev, 2, (int64_t[]){B, H}, dh_buf);
     if (status == ND_OK && (state || T > 1))
         status = nd_array_empty(dev, 2, (int64_t[]){B, H}, dc_buf);
-    const float *base = nd_storage_data(y->storage);
+    const float *base = nd_storage_f32(y->storage);
     const float *ys = base + d.y_off, *cs = base + d.cs_off, *saved = base + d.saved_off;
     float *dg = tmp[DG].storage ? mutable_data(&tmp[DG]) : NULL;
     float *dh = dh_buf->storage ? mutable_data(dh_buf) : NULL;

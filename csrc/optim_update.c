@@ -49,7 +49,7 @@ typedef struct prepared {
 } prepared;
 
 static const float *data_of(const nd_array *a) {
-    return nd_storage_data(a->storage) + a->layout.offset;
+    return nd_storage_f32(a->storage) + a->layout.offset;
 }
 
 /* data_of(a), or of a contiguous copy of a kept in *copy. */
@@ -104,7 +104,7 @@ static nd_status prepare(const char *op, const nd_array *param, const nd_array *
         release_copies(pr);
         return status;
     }
-    pr->param_out = nd_storage_data(param_out->storage);
+    pr->param_out = nd_storage_f32(param_out->storage);
     return ND_OK;
 }
 

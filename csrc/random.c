@@ -31,6 +31,6 @@ nd_status nd_array_fill_random(const nd_array *dst, const nd_random_params *para
         nd_array_release(&wide);
         return status;
     }
-    float *data = nd_storage_data(dst->storage) + dst->layout.offset;
+    float *data = nd_storage_f32(dst->storage) + dst->layout.offset;
     return dst->storage->device->backend->random(params, n, data);
 }

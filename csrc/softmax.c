@@ -16,17 +16,15 @@
  * x + r*ld; tmp holds the compact copy made when the layout allows no such
  * view (released by rows_release). */
 typedef struct rows_view {
-    const float *x; /* points at elements of dtype */
+    const void *x; /* points at elements of dtype */
     int64_t rows, cols, ld;
     nd_dtype dtype;
     nd_array tmp;
 } rows_view;
 
 /* Element `offset` of a's storage, whichever its dtype. */
-static const float *first_element(const nd_array *a, int64_t offset) {
-    const nd_storage *s = a->storage;
-    return (const float *)(const void *)((const char *)nd_storage_ptr(s) +
-                                         offset * nd_dtype_size(nd_storage_dtype(s)));
+static const void *first_element(const nd_array *a, int64_t offset) {
+    return nd_storage_at(a->storage, offset);
 }
 
 static nd_status as_rows(const nd_array *a, rows_view *v) {
@@ -97,7 +95,7 @@ nd_status nd_array_logsumexp_last(const nd_array *a, int keepdims, nd_array *out
             status = nd_array_fill(out, -__builtin_inff()); /* log(0) */
         } else {
             nd_rows_desc d = rows_desc(&v);
-            d.out = nd_storage_data(out->storage) + out->layout.offset;
+            d.out = nd_storage_at(out->storage, out->layout.offset);
             d.ldo = 1;
             status = backend_of(a)->row_stats(&d);
         }
@@ -127,10 +125,10 @@ nd_status nd_array_softmax_last(const nd_array *a, int log, nd_array *out) {
         status = nd_array_empty(dev, 2, (int64_t[]){v.rows, 2}, &stats);
         if (status == ND_OK) {
             nd_rows_desc d = rows_desc(&v);
-            d.stats = nd_storage_data(stats.storage);
+            d.stats = nd_storage_f32(stats.storage);
             status = backend_of(a)->row_stats(&d);
             d.mode = log ? ND_ROW_LOG_SOFTMAX : ND_ROW_SOFTMAX;
-            d.out = nd_storage_data(out->storage);
+            d.out = out->storage->data;
             d.ldo = v.cols;
             if (status == ND_OK) status = backend_of(a)->row_apply(&d);
             nd_array_release(&stats);
@@ -146,7 +144,7 @@ nd_status nd_array_softmax_last(const nd_array *a, int log, nd_array *out) {
 /* ND_ERR_INDEX (nd_index_error) unless every label is an integer in
  * [0, classes). */
 static nd_status check_labels(const nd_array *labels, int64_t classes) {
-    return backend_of(labels)->check_indices(&labels->layout, nd_storage_data(labels->storage),
+    return backend_of(labels)->check_indices(&labels->layout, nd_storage_f32(labels->storage),
                                              classes, "label", "classes");
 }
 
@@ -165,7 +163,7 @@ static nd_status xent_check(const nd_array *logits, const nd_array *labels) {
 }
 
 static void set_labels(nd_rows_desc *d, const nd_array *labels) {
-    d->labels = nd_storage_data(labels->storage) + labels->layout.offset;
+    d->labels = nd_storage_f32(labels->storage) + labels->layout.offset;
     d->label_stride = labels->layout.strides[0];
 }
 
@@ -206,7 +204,7 @@ nd_status nd_array_softmax_xent(const nd_array *logits, const nd_array *labels, 
     if (status == ND_OK) {
         nd_rows_desc d = rows_desc(&v);
         set_labels(&d, labels);
-        d.stats = nd_storage_data(buf.storage);
+        d.stats = nd_storage_f32(buf.storage);
         if (n > 0) status = backend_of(logits)->row_stats(&d); /* no log-sum-exp rows */
         d.out = d.stats + 2 * n;
         if (status == ND_OK) status = backend_of(logits)->xent_loss(&d);
@@ -258,8 +256,8 @@ static nd_status recompute_kept_loss(const nd_array *loss, const rows_view *v,
     if (status != ND_OK) return status;
     nd_rows_desc d = rows_desc(v);
     set_labels(&d, labels);
-    d.stats = nd_storage_data(loss->storage);
-    d.out = nd_storage_data(again->storage);
+    d.stats = nd_storage_f32(loss->storage);
+    d.out = again->storage->data;
     status = backend_of(labels)->xent_loss(&d);
     if (status != ND_OK) nd_array_release(again);
     return status;
@@ -293,17 +291,17 @@ nd_status nd_array_softmax_xent_grad(const nd_array *logits, const nd_array *lab
         nd_rows_desc d = rows_desc(&v);
         set_labels(&d, labels);
         if (kept) {
-            d.stats = nd_storage_data(loss->storage);
-            d.kept_loss = nd_storage_data(loss->storage) + loss->layout.offset;
-            d.again_loss = nd_storage_data(again.storage);
+            d.stats = nd_storage_f32(loss->storage);
+            d.kept_loss = nd_storage_f32(loss->storage) + loss->layout.offset;
+            d.again_loss = nd_storage_f32(again.storage);
         } else if ((status = nd_array_empty(dev, 2, (int64_t[]){v.rows, 2}, &fresh)) == ND_OK) {
-            d.stats = nd_storage_data(fresh.storage);
+            d.stats = nd_storage_f32(fresh.storage);
             status = backend_of(logits)->row_stats(&d);
         }
         d.mode = ND_ROW_XENT_GRAD;
         d.scale =
-            out_grad != NULL ? nd_storage_data(out_grad->storage) + out_grad->layout.offset : NULL;
-        d.out = nd_storage_data(grad->storage);
+            out_grad != NULL ? nd_storage_f32(out_grad->storage) + out_grad->layout.offset : NULL;
+        d.out = grad->storage->data;
         d.ldo = v.cols;
         if (status == ND_OK) status = backend_of(logits)->row_apply(&d);
     }

@@ -115,8 +115,7 @@ void nd_storage_release(nd_storage *s) {
     free(s);
 }
 
-float *nd_storage_data(const nd_storage *s) { return (float *)s->data; }
-void *nd_storage_ptr(const nd_storage *s) { return s->data; }
+nd_buffer nd_storage_buffer(const nd_storage *s) { return (nd_buffer){s->data, s->dtype}; }
 nd_dtype nd_storage_dtype(const nd_storage *s) { return s->dtype; }
 int64_t nd_storage_numel(const nd_storage *s) { return s->numel; }
 nd_device *nd_storage_device(const nd_storage *s) { return s->device; }

@@ -32,6 +32,7 @@ FLAGS = [
     "-O2",
     "-Wall",
     "-Wextra",
+    "-Wpointer-arith",
     "-Werror",
     "-fno-math-errno",
     *SANITIZE,

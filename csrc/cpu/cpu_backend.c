@@ -37,12 +37,13 @@ static void copy_transposed(const nd_iter *it, float *dst, const float *src) {
     }
 }
 
-static nd_status cpu_copy(const nd_layout *dst_layout, float *dst, nd_kernel_operand src) {
-    float scalar = src.scalar;
+/* float32 only (the front end converts every other pair of dtypes). */
+static nd_status cpu_copy(const nd_layout *dst_layout, void *dst, nd_kernel_operand src) {
+    float scalar = (float)src.scalar;
     const nd_layout *layouts[2] = {dst_layout, src.data ? src.layout : NULL};
     nd_iter it;
     nd_iter_prepare(&it, dst_layout->shape, dst_layout->ndim, 2, layouts, 0);
-    float *base[2] = {dst + dst_layout->offset,
+    float *base[2] = {(float *)dst + dst_layout->offset,
                       src.data ? (float *)src.data + src.layout->offset : &scalar};
     if (it.ndim == 2 && it.strides[0][1] == 1 && it.strides[1][0] == 1 && it.shape[0] >= 16 &&
         it.shape[1] >= 16) {
@@ -53,17 +54,25 @@ static nd_status cpu_copy(const nd_layout *dst_layout, float *dst, nd_kernel_ope
     return ND_OK;
 }
 
-static nd_status cpu_to_host(const nd_layout *src_layout, const float *src, float *host) {
+/* Host memory is this device's: a transfer is a copy of the view, through
+ * the float32 copy kernels (tiled transposes) or the converter's bit moves. */
+static nd_status cpu_to_host(const nd_layout *src_layout, const void *src, nd_dtype dtype,
+                             void *host) {
     nd_layout host_layout;
     nd_layout_contiguous(src_layout->ndim, src_layout->shape, &host_layout);
-    nd_kernel_operand op = {src, src_layout, 0.0f};
+    if (dtype != ND_FLOAT32)
+        return nd_cpu_convert(&host_layout, host, dtype, src_layout, src, dtype, 0.0);
+    nd_kernel_operand op = {src, src_layout, 0.0};
     return cpu_copy(&host_layout, host, op);
 }
 
-static nd_status cpu_from_host(const nd_layout *dst_layout, float *dst, const float *host) {
+static nd_status cpu_from_host(const nd_layout *dst_layout, void *dst, nd_dtype dtype,
+                               const void *host) {
     nd_layout host_layout;
     nd_layout_contiguous(dst_layout->ndim, dst_layout->shape, &host_layout);
-    nd_kernel_operand op = {host, &host_layout, 0.0f};
+    if (dtype != ND_FLOAT32)
+        return nd_cpu_convert(dst_layout, dst, dtype, &host_layout, host, dtype, 0.0);
+    nd_kernel_operand op = {host, &host_layout, 0.0};
     return cpu_copy(dst_layout, dst, op);
 }
 
@@ -74,7 +83,7 @@ static nd_status cpu_from_host(const nd_layout *dst_layout, float *dst, const fl
  * element it is), a float in the context for the narrow types (rounding it
  * to 16 bits would change x * 0.1 from what float32 computes). */
 static nd_status binary_typed(nd_inner_fn fn, nd_dtype dtype, const nd_layout *out_layout,
-                              float *out, nd_kernel_operand a, nd_kernel_operand b) {
+                              void *out, nd_kernel_operand a, nd_kernel_operand b) {
     const int64_t size = nd_dtype_size(dtype);
     const int64_t sizes[3] = {size, size, size};
     double wide[2] = {a.scalar, b.scalar};
@@ -94,8 +103,8 @@ static nd_status binary_typed(nd_inner_fn fn, nd_dtype dtype, const nd_layout *o
     return ND_OK;
 }
 
-static nd_status cpu_binary(nd_binary_op op, nd_dtype dtype, const nd_layout *out_layout,
-                            float *out, nd_kernel_operand a, nd_kernel_operand b) {
+static nd_status cpu_binary(nd_binary_op op, nd_dtype dtype, const nd_layout *out_layout, void *out,
+                            nd_kernel_operand a, nd_kernel_operand b) {
     if (dtype < 0 || dtype >= ND_DTYPE_COUNT)
         return nd_backend_lacks_dtype("cpu", "a binary op", dtype);
     const nd_cpu_loops *loops = nd_cpu_loops_current();
@@ -109,11 +118,12 @@ static nd_status cpu_binary(nd_binary_op op, nd_dtype dtype, const nd_layout *ou
         if (form != ND_POW_GENERAL) b.scalar = 0.0f;
     }
     if (dtype != ND_FLOAT32) return binary_typed(fn, dtype, out_layout, out, a, b);
-    float sa = a.scalar, sb = b.scalar;
+    float sa = (float)a.scalar, sb = (float)b.scalar;
     const nd_layout *layouts[3] = {out_layout, a.data ? a.layout : NULL, b.data ? b.layout : NULL};
     nd_iter it;
     nd_iter_prepare(&it, out_layout->shape, out_layout->ndim, 3, layouts, 0);
-    float *base[3] = {out + out_layout->offset, a.data ? (float *)a.data + a.layout->offset : &sa,
+    float *base[3] = {(float *)out + out_layout->offset,
+                      a.data ? (float *)a.data + a.layout->offset : &sa,
                       b.data ? (float *)b.data + b.layout->offset : &sb};
     nd_iter_run(&it, base, fn, NULL);
     return ND_OK;
@@ -121,8 +131,8 @@ static nd_status cpu_binary(nd_binary_op op, nd_dtype dtype, const nd_layout *ou
 
 /* --------------------------------------------------------- unary ops */
 
-static nd_status cpu_unary(nd_unary_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
-                           const nd_layout *a_layout, const float *a) {
+static nd_status cpu_unary(nd_unary_op op, nd_dtype dtype, const nd_layout *out_layout, void *out,
+                           const nd_layout *a_layout, const void *a) {
     if (dtype < 0 || dtype >= ND_DTYPE_COUNT)
         return nd_backend_lacks_dtype("cpu", "a unary op", dtype);
     const nd_layout *layouts[2] = {out_layout, a_layout};
@@ -136,7 +146,7 @@ static nd_status cpu_unary(nd_unary_op op, nd_dtype dtype, const nd_layout *out_
         nd_iter_run_sized(&it, base, sizes, fn, NULL);
         return ND_OK;
     }
-    float *base[2] = {out + out_layout->offset, (float *)a + a_layout->offset};
+    float *base[2] = {(float *)out + out_layout->offset, (float *)a + a_layout->offset};
     nd_iter_run(&it, base, fn, NULL);
     return ND_OK;
 }
@@ -222,7 +232,7 @@ static int sum_into_shadow(const nd_iter *it, double *acc, const float *a) {
  * (float16 and bfloat16 rows in float32 lanes first, cpu_loops.inc) and is
  * rounded into the dtype once, at the end. */
 static nd_status reduce_wide(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_layout,
-                             float *out, const nd_layout *a_layout, const float *a) {
+                             void *out, const nd_layout *a_layout, const void *a) {
     int64_t outputs = 1;
     for (int d = 0; d < out_layout->ndim; d++)
         if (out_layout->strides[d] != 0) outputs *= out_layout->shape[d];
@@ -246,8 +256,8 @@ static nd_status reduce_wide(nd_reduce_op op, nd_dtype dtype, const nd_layout *o
     return st;
 }
 
-static nd_status cpu_reduce(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_layout,
-                            float *out, const nd_layout *a_layout, const float *a) {
+static nd_status cpu_reduce(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_layout, void *out,
+                            const nd_layout *a_layout, const void *a) {
     if (dtype < 0 || dtype >= ND_DTYPE_COUNT)
         return nd_backend_lacks_dtype("cpu", "a reduction", dtype);
     if (dtype != ND_FLOAT32) return reduce_wide(op, dtype, out_layout, out, a_layout, a);
@@ -255,7 +265,7 @@ static nd_status cpu_reduce(nd_reduce_op op, nd_dtype dtype, const nd_layout *ou
     nd_iter it;
     /* Walk in the input's memory order; the output is small or contiguous. */
     nd_iter_prepare(&it, a_layout->shape, a_layout->ndim, 2, layouts, 1);
-    float *base[2] = {out + out_layout->offset, (float *)a + a_layout->offset};
+    float *base[2] = {(float *)out + out_layout->offset, (float *)a + a_layout->offset};
     /* The loops combine into out, which the contract does not fill: start
      * every output (contiguous over the kept axes) at the identity. */
     int64_t outputs = 1;
@@ -308,8 +318,6 @@ const nd_backend nd_cpu_backend = {
     .attention_softmax = nd_cpu_attention_softmax,
     .attention_softmax_grad = nd_cpu_attention_softmax_grad,
     .convert = nd_cpu_convert,
-    .bytes_to_host = nd_cpu_bytes_to_host,
-    .bytes_from_host = nd_cpu_bytes_from_host,
     .amp_unscale = nd_cpu_amp_unscale,
     .fuses_linear_grads = nd_cpu_fuses_linear_grads,
     .linear_grads = nd_cpu_linear_grads,

@@ -137,13 +137,3 @@ nd_status nd_cpu_convert(const nd_layout *dst_layout, void *dst, nd_dtype dst_dt
     }
     return ND_OK;
 }
-
-nd_status nd_cpu_bytes_to_host(const void *src, void *host, int64_t nbytes) {
-    if (nbytes > 0) memcpy(host, src, (size_t)nbytes);
-    return ND_OK;
-}
-
-nd_status nd_cpu_bytes_from_host(void *dst, const void *host, int64_t nbytes) {
-    if (nbytes > 0) memcpy(dst, host, (size_t)nbytes);
-    return ND_OK;
-}

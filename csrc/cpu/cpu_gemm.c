@@ -297,10 +297,10 @@ void nd_cpu_sgemm_batched(const nd_matmul_desc *d) {
     for (int64_t batch = 0; batch < batches; batch++) {
         int64_t a_off, b_off;
         nd_matmul_batch_offsets(d, batch, &a_off, &b_off);
-        gemm_operand a = {d->a + a_off, d->a_row_stride, d->a_col_stride};
-        gemm_operand b = {d->b + b_off, d->b_row_stride, d->b_col_stride};
-        run_planned(&plan, d->m, d->n, d->k, 1.0f, a, b, 0.0f, d->out + batch * d->m * d->n, d->n,
-                    bpack);
+        gemm_operand a = {(const float *)d->a + a_off, d->a_row_stride, d->a_col_stride};
+        gemm_operand b = {(const float *)d->b + b_off, d->b_row_stride, d->b_col_stride};
+        run_planned(&plan, d->m, d->n, d->k, 1.0f, a, b, 0.0f,
+                    (float *)d->out + batch * d->m * d->n, d->n, bpack);
     }
     free(heap);
 }

@@ -154,8 +154,9 @@ nd_status nd_cpu_matmul_float32(const nd_matmul_desc *d) {
     for (int64_t batch = 0; batch < batches; batch++) {
         int64_t a_off, b_off;
         nd_matmul_batch_offsets(d, batch, &a_off, &b_off);
-        installed_sgemm(trans_a, trans_b, d->m, d->n, d->k, 1.0f, d->a + a_off, lda, d->b + b_off,
-                        ldb, 0.0f, d->out + batch * d->m * d->n, d->n);
+        installed_sgemm(trans_a, trans_b, d->m, d->n, d->k, 1.0f, (const float *)d->a + a_off, lda,
+                        (const float *)d->b + b_off, ldb, 0.0f,
+                        (float *)d->out + batch * d->m * d->n, d->n);
     }
     return ND_OK;
 }

@@ -72,17 +72,17 @@ nd_status nd_cpu_row_apply(const nd_rows_desc *d) {
  * nd_array_softmax_xent_grad relies on to recognise a loss's statistics. */
 nd_status nd_cpu_xent_loss(const nd_rows_desc *d) {
     if (d->rows == 0) {
-        d->out[0] = NAN;
+        ((float *)d->out)[0] = NAN;
         return ND_OK;
     }
     double total = 0.0;
     for (int64_t r = 0; r < d->rows; r++) {
         const int64_t y = (int64_t)d->labels[r * d->label_stride];
         const double m = d->stats[2 * r], s = d->stats[2 * r + 1];
-        const double x =
-            d->dtype == ND_FLOAT32 ? (double)d->x[r * d->ldx + y] : (double)narrow_load(d, r, y);
+        const double x = d->dtype == ND_FLOAT32 ? (double)((const float *)d->x)[r * d->ldx + y]
+                                                : (double)narrow_load(d, r, y);
         total += (m - x) + log(s);
     }
-    d->out[0] = (float)(total / (double)d->rows);
+    ((float *)d->out)[0] = (float)(total / (double)d->rows);
     return ND_OK;
 }

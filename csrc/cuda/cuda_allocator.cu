@@ -65,7 +65,8 @@ typedef struct block_vec {
 /* expandable_segments: one address range per GPU, reserved once (PyTorch's
  * 1 1/8 of the GPU's memory, so that no run of requests can exhaust it),
  * whose pages (the driver's granularity) get memory only while a block that
- * is not free needs them (cuda_expandable.cuh). */
+ * is not free needs them (the driver's virtual memory calls: nd_cuda_vm_* in
+ * cuda_common.cuh, made in cuda_census.cu). */
 typedef struct expandable_segment {
     char *base; /* NULL: not reserved */
     int64_t size, page;

@@ -180,26 +180,25 @@ int64_t nd_cuda_release_cache(nd_device *dev);
 nd_status nd_cuda_check_expandable(nd_device *dev);
 
 /* cuda_ewise.cu */
-nd_status nd_cuda_copy(const nd_layout *dst_layout, float *dst, nd_kernel_operand src);
-nd_status nd_cuda_binary(nd_binary_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
+nd_status nd_cuda_copy(const nd_layout *dst_layout, void *dst, nd_kernel_operand src);
+nd_status nd_cuda_binary(nd_binary_op op, nd_dtype dtype, const nd_layout *out_layout, void *out,
                          nd_kernel_operand a, nd_kernel_operand b);
-nd_status nd_cuda_unary(nd_unary_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
-                        const nd_layout *a_layout, const float *a);
+nd_status nd_cuda_unary(nd_unary_op op, nd_dtype dtype, const nd_layout *out_layout, void *out,
+                        const nd_layout *a_layout, const void *a);
 
 /* cuda_convert.cu */
 nd_status nd_cuda_convert(const nd_layout *dst_layout, void *dst, nd_dtype dst_dtype,
                           const nd_layout *src_layout, const void *src, nd_dtype src_dtype,
                           double scalar);
-nd_status nd_cuda_bytes_to_host(const void *src, void *host, int64_t nbytes);
-nd_status nd_cuda_bytes_from_host(void *dst, const void *host, int64_t nbytes);
 
 /* cuda_transfer.cu */
-nd_status nd_cuda_to_host(const nd_layout *src_layout, const float *src, float *host);
-nd_status nd_cuda_from_host(const nd_layout *dst_layout, float *dst, const float *host);
+nd_status nd_cuda_to_host(const nd_layout *src_layout, const void *src, nd_dtype dtype, void *host);
+nd_status nd_cuda_from_host(const nd_layout *dst_layout, void *dst, nd_dtype dtype,
+                            const void *host);
 
 /* cuda_reduce.cu */
-nd_status nd_cuda_reduce(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
-                         const nd_layout *a_layout, const float *a);
+nd_status nd_cuda_reduce(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_layout, void *out,
+                         const nd_layout *a_layout, const void *a);
 
 /* cuda_matmul.cu */
 nd_status nd_cuda_matmul(const nd_matmul_desc *desc);

@@ -72,17 +72,3 @@ nd_status nd_cuda_convert(const nd_layout *dst_layout, void *dst, nd_dtype dst_d
         &it, dst, dst_layout->offset, src, src != NULL ? src_layout->offset : 0, src_dtype, scalar};
     return nd_cuda_with_dtype(dst_dtype, to);
 }
-
-nd_status nd_cuda_bytes_to_host(const void *src, void *host, int64_t nbytes) {
-    if (nbytes == 0) return ND_OK;
-    ND_TRY(nd_cuda_activate(src, NULL));
-    ND_CUDA_CHECK(nd_cuda_copy_to_host(host, src, (size_t)nbytes));
-    return ND_OK;
-}
-
-nd_status nd_cuda_bytes_from_host(void *dst, const void *host, int64_t nbytes) {
-    if (nbytes == 0) return ND_OK;
-    ND_TRY(nd_cuda_activate(dst, NULL));
-    ND_CUDA_CHECK(nd_cuda_copy_from_host(dst, host, (size_t)nbytes));
-    return ND_OK;
-}

@@ -225,16 +225,17 @@ static nd_status fill(const nd_cuda_iter &it, float *dst, float value, cudaStrea
 
 /* ------------------------------------------------------- backend entries */
 
-nd_status nd_cuda_copy(const nd_layout *dst_layout, float *dst, nd_kernel_operand src) {
+/* float32 only (the front end converts every other pair of dtypes). */
+nd_status nd_cuda_copy(const nd_layout *dst_layout, void *dst, nd_kernel_operand src) {
     const nd_layout *layouts[2] = {dst_layout, src.data != NULL ? src.layout : NULL};
     nd_cuda_iter it;
     nd_cuda_iter_make(&it, dst_layout->ndim, dst_layout->shape, src.data != NULL ? 2 : 1, layouts);
     if (it.numel == 0) return ND_OK;
     ND_TRY(nd_cuda_activate(dst, NULL));
-    float *d = dst + dst_layout->offset;
+    float *d = (float *)dst + dst_layout->offset;
     cudaStream_t stream = 0;
     if (src.data == NULL) return fill(it, d, src.scalar, stream);
-    const float *s = src.data + src.layout->offset;
+    const float *s = (const float *)src.data + src.layout->offset;
     if (it.ndim == 1 && it.strides[0][0] == 1 && it.strides[1][0] == 1) {
         /* The front end never passes overlapping source and destination. */
         ND_CUDA_CHECK(nd_cuda_copy_on_device(d, s, (size_t)it.numel * sizeof(float), stream));
@@ -266,7 +267,7 @@ static nd_status binary_typed(nd_binary_op op, const nd_cuda_iter &it, const nd_
     return binary_op<T>(op, pow_form_of<C>(b), it, o, x, scalar_in<C>(a), y, scalar_in<C>(b), 0);
 }
 
-nd_status nd_cuda_binary(nd_binary_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
+nd_status nd_cuda_binary(nd_binary_op op, nd_dtype dtype, const nd_layout *out_layout, void *out,
                          nd_kernel_operand a, nd_kernel_operand b) {
     const nd_layout *layouts[3] = {out_layout, a.data != NULL ? a.layout : NULL,
                                    b.data != NULL ? b.layout : NULL};
@@ -289,8 +290,8 @@ static nd_status unary_typed(nd_unary_op op, const nd_cuda_iter &it, const nd_la
     return unary_op<T>(op, it, (T *)out + out_layout->offset, (const T *)a + a_layout->offset, 0);
 }
 
-nd_status nd_cuda_unary(nd_unary_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
-                        const nd_layout *a_layout, const float *a) {
+nd_status nd_cuda_unary(nd_unary_op op, nd_dtype dtype, const nd_layout *out_layout, void *out,
+                        const nd_layout *a_layout, const void *a) {
     const nd_layout *layouts[2] = {out_layout, a_layout};
     nd_cuda_iter it;
     nd_cuda_iter_make(&it, out_layout->ndim, out_layout->shape, 2, layouts);

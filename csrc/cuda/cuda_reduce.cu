@@ -665,8 +665,8 @@ static void make_iter(nd_cuda_iter *it, int ndim, const int64_t *shape, int nops
     it->ndim = nd_coalesce(ndim, shape, nops, layouts, order_by, it->shape, it->strides);
 }
 
-nd_status nd_cuda_reduce(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_layout, float *out,
-                         const nd_layout *a_layout, const float *a) {
+nd_status nd_cuda_reduce(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_layout, void *out,
+                         const nd_layout *a_layout, const void *a) {
     if (dtype != ND_FLOAT32 && dtype != ND_FLOAT16 && dtype != ND_BFLOAT16 && dtype != ND_FLOAT64)
         return nd_backend_lacks_dtype("cuda", "a reduction", dtype);
     /* Split the dims: reduced ones have out-stride 0 and length > 1. A dim
@@ -718,8 +718,8 @@ nd_status nd_cuda_reduce(nd_reduce_op op, nd_dtype dtype, const nd_layout *out_l
                                        (const double *)(const void *)a + a_off);
     default: break; /* float32: below */
     }
-    float *o = out + out_off;
-    const float *x = a + a_off;
+    float *o = (float *)out + out_off;
+    const float *x = (const float *)a + a_off;
     switch (op) {
     case ND_REDUCE_SUM: return reduce_any<reduce_sum>(dev, kept, reduced, o, x);
     case ND_REDUCE_MAX: return reduce_any<reduce_max>(dev, kept, reduced, o, x);

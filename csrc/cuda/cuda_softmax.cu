@@ -107,7 +107,7 @@ template <int G, class T> __global__ void row_stats_kernel(nd_rows_desc d) {
                 d.stats[2 * r] = m;
                 d.stats[2 * r + 1] = s;
             }
-            if (d.out != NULL) d.out[r * d.ldo] = (float)((double)m + log((double)s));
+            if (d.out != NULL) ((float *)d.out)[r * d.ldo] = (float)((double)m + log((double)s));
         }
     }
 }
@@ -193,7 +193,7 @@ template <class T> __global__ void xent_loss_kernel(nd_rows_desc d) {
         __syncthreads();
     }
     /* no rows: 0 / 0, nan, as on the CPU */
-    if (threadIdx.x == 0) d.out[0] = (float)(partial[0] / (double)d.rows);
+    if (threadIdx.x == 0) ((float *)d.out)[0] = (float)(partial[0] / (double)d.rows);
 }
 
 /* A warp per short row, a block per long one. */

@@ -46,27 +46,38 @@ static void walk_next(host_walk *w) {
     }
 }
 
-/* host[i] = view element i; base is the view's first element. */
-static void host_gather(const nd_cuda_iter *it, const float *base, float *host) {
+/* host[i] = view element i (es bytes each); base is the view's first element. */
+static void host_gather(const nd_cuda_iter *it, const char *base, char *host, size_t es) {
     host_walk w = {it, {0}, 0};
-    for (int64_t i = 0; i < it->numel; i++, walk_next(&w)) host[i] = base[w.offset];
+    for (int64_t i = 0; i < it->numel; i++, walk_next(&w))
+        memcpy(host + (size_t)i * es, base + w.offset * (int64_t)es, es);
 }
 
-static void host_scatter(const nd_cuda_iter *it, float *base, const float *host) {
+static void host_scatter(const nd_cuda_iter *it, char *base, const char *host, size_t es) {
     host_walk w = {it, {0}, 0};
-    for (int64_t i = 0; i < it->numel; i++, walk_next(&w)) base[w.offset] = host[i];
+    for (int64_t i = 0; i < it->numel; i++, walk_next(&w))
+        memcpy(base + w.offset * (int64_t)es, host + (size_t)i * es, es);
 }
 
-/* A scratch block of numel floats, or NULL when none can be had. */
-static float *scratch_alloc(nd_device *dev, int64_t numel) {
+/* A scratch block of nbytes, or NULL when none can be had. */
+static void *scratch_alloc(nd_device *dev, int64_t nbytes) {
     void *p = NULL;
-    if (dev == NULL || nd_cuda_raw_alloc(dev, numel * (int64_t)sizeof(float), &p) != ND_OK)
-        return NULL;
-    return (float *)p;
+    if (dev == NULL || nd_cuda_raw_alloc(dev, nbytes, &p) != ND_OK) return NULL;
+    return p;
 }
 
-static void scratch_free(nd_device *dev, float *p, int64_t numel) {
-    nd_cuda_raw_free(dev, p, numel * (int64_t)sizeof(float));
+static void scratch_free(nd_device *dev, void *p, int64_t nbytes) {
+    nd_cuda_raw_free(dev, p, nbytes);
+}
+
+/* dst (dst_layout) = src (src_layout) on the device, both of dtype: the
+ * float32 copy kernel, or the converter (a same-dtype conversion moves bits). */
+static nd_status copy_view(const nd_layout *dst_layout, void *dst, const nd_layout *src_layout,
+                           const void *src, nd_dtype dtype) {
+    if (dtype != ND_FLOAT32)
+        return nd_cuda_convert(dst_layout, dst, dtype, src_layout, src, dtype, 0.0);
+    nd_kernel_operand view = {src, src_layout, 0.0};
+    return nd_cuda_copy(dst_layout, dst, view);
 }
 
 /* ------------------------------------------------------ the staging ring */
@@ -126,14 +137,16 @@ static cudaError_t upload(nd_device *dev, void *dst, const void *host, size_t by
 }
 
 /* The touched range of the view, copied to a host buffer, gathered. */
-static nd_status to_host_through_range(const nd_layout *l, const nd_cuda_iter *it, const float *src,
-                                       float *host) {
+static nd_status to_host_through_range(const nd_layout *l, const nd_cuda_iter *it, const void *src,
+                                       size_t es, void *host) {
     int64_t lo, hi;
     nd_layout_extent(l, &lo, &hi);
-    float *range = (float *)malloc((size_t)(hi - lo) * sizeof(float));
+    char *range = (char *)malloc((size_t)(hi - lo) * es);
     if (range == NULL) return nd_fail(ND_ERR_OOM, "out of host memory for a device transfer");
-    cudaError_t err = nd_cuda_copy_to_host(range, src + lo, (size_t)(hi - lo) * sizeof(float));
-    if (err == cudaSuccess) host_gather(it, range + (l->offset - lo), host);
+    cudaError_t err =
+        nd_cuda_copy_to_host(range, (const char *)src + lo * (int64_t)es, (size_t)(hi - lo) * es);
+    if (err == cudaSuccess)
+        host_gather(it, range + (l->offset - lo) * (int64_t)es, (char *)host, es);
     free(range);
     ND_CUDA_CHECK(err);
     return ND_OK;
@@ -141,87 +154,93 @@ static nd_status to_host_through_range(const nd_layout *l, const nd_cuda_iter *i
 
 /* The view into host; dev's GPU is current. */
 static nd_status view_to_host(nd_device *dev, const nd_layout *src_layout, const nd_cuda_iter &it,
-                              const float *src, float *host) {
-    const float *first = src + src_layout->offset;
+                              const void *src, nd_dtype dtype, void *host) {
+    const size_t es = (size_t)nd_dtype_size(dtype);
+    const char *first = (const char *)src + src_layout->offset * (int64_t)es;
     if (it.ndim == 1 && it.strides[0][0] == 1) {
-        ND_CUDA_CHECK(nd_cuda_copy_to_host(host, first, (size_t)it.numel * sizeof(float)));
+        ND_CUDA_CHECK(nd_cuda_copy_to_host(host, first, (size_t)it.numel * es));
         return ND_OK;
     }
     int64_t lo, hi;
     nd_layout_extent(src_layout, &lo, &hi);
-    float *scratch = hi - lo <= 2 * it.numel + HOST_SLACK ? NULL : scratch_alloc(dev, it.numel);
-    if (scratch == NULL) return to_host_through_range(src_layout, &it, src, host);
+    const int64_t nbytes = it.numel * (int64_t)es;
+    void *scratch = hi - lo <= 2 * it.numel + HOST_SLACK ? NULL : scratch_alloc(dev, nbytes);
+    if (scratch == NULL) return to_host_through_range(src_layout, &it, src, es, host);
     /* Compact on the device, then one copy. */
     nd_layout packed;
     nd_layout_contiguous(src_layout->ndim, src_layout->shape, &packed);
-    nd_kernel_operand view = {src, src_layout, 0.0f};
-    nd_status status = nd_cuda_copy(&packed, scratch, view);
+    nd_status status = copy_view(&packed, scratch, src_layout, src, dtype);
     cudaError_t err = cudaSuccess;
-    if (status == ND_OK)
-        err = nd_cuda_copy_to_host(host, scratch, (size_t)it.numel * sizeof(float));
-    scratch_free(dev, scratch, it.numel);
+    if (status == ND_OK) err = nd_cuda_copy_to_host(host, scratch, (size_t)nbytes);
+    scratch_free(dev, scratch, nbytes);
     ND_TRY(status);
     ND_CUDA_CHECK(err);
     return ND_OK;
 }
 
-nd_status nd_cuda_to_host(const nd_layout *src_layout, const float *src, float *host) {
+nd_status nd_cuda_to_host(const nd_layout *src_layout, const void *src, nd_dtype dtype,
+                          void *host) {
+    if (nd_dtype_size(dtype) == 0) return nd_backend_lacks_dtype("cuda", "a transfer", dtype);
     const nd_layout *layouts[1] = {src_layout};
     nd_cuda_iter it;
     nd_cuda_iter_make(&it, src_layout->ndim, src_layout->shape, 1, layouts);
     if (it.numel == 0) return ND_OK;
     nd_device *dev = NULL;
     ND_TRY(nd_cuda_activate(src, &dev));
-    ND_TRY(view_to_host(dev, src_layout, it, src, host));
+    ND_TRY(view_to_host(dev, src_layout, it, src, dtype, host));
     /* The copy waited for the GPU: errors its kernels found are reported now. */
     return nd_cuda_index_errors(dev);
 }
 
 /* The touched range read, patched on the host, written back (synchronous,
  * so the elements between the view's are written back unchanged). */
-static nd_status from_host_through_range(const nd_layout *l, const nd_cuda_iter *it, float *dst,
-                                         const float *host) {
+static nd_status from_host_through_range(const nd_layout *l, const nd_cuda_iter *it, void *dst,
+                                         size_t es, const void *host) {
     int64_t lo, hi;
     nd_layout_extent(l, &lo, &hi);
-    size_t bytes = (size_t)(hi - lo) * sizeof(float);
-    float *range = (float *)malloc(bytes);
+    size_t bytes = (size_t)(hi - lo) * es;
+    char *range = (char *)malloc(bytes);
     if (range == NULL) return nd_fail(ND_ERR_OOM, "out of host memory for a device transfer");
-    cudaError_t err = nd_cuda_copy_to_host(range, dst + lo, bytes);
+    char *first = (char *)dst + lo * (int64_t)es;
+    cudaError_t err = nd_cuda_copy_to_host(range, first, bytes);
     if (err == cudaSuccess) {
-        host_scatter(it, range + (l->offset - lo), host);
-        err = nd_cuda_copy_from_host(dst + lo, range, bytes);
+        host_scatter(it, range + (l->offset - lo) * (int64_t)es, (const char *)host, es);
+        err = nd_cuda_copy_from_host(first, range, bytes);
     }
     free(range);
     ND_CUDA_CHECK(err);
     return ND_OK;
 }
 
-nd_status nd_cuda_from_host(const nd_layout *dst_layout, float *dst, const float *host) {
+nd_status nd_cuda_from_host(const nd_layout *dst_layout, void *dst, nd_dtype dtype,
+                            const void *host) {
+    if (nd_dtype_size(dtype) == 0) return nd_backend_lacks_dtype("cuda", "a transfer", dtype);
+    const size_t es = (size_t)nd_dtype_size(dtype);
     const nd_layout *layouts[1] = {dst_layout};
     nd_cuda_iter it;
     nd_cuda_iter_make(&it, dst_layout->ndim, dst_layout->shape, 1, layouts);
     if (it.numel == 0) return ND_OK;
     nd_device *dev = NULL;
     ND_TRY(nd_cuda_activate(dst, &dev));
-    float *first = dst + dst_layout->offset;
+    char *first = (char *)dst + dst_layout->offset * (int64_t)es;
+    const int64_t nbytes = it.numel * (int64_t)es;
     if (it.ndim == 1 && it.strides[0][0] == 1) {
-        ND_CUDA_CHECK(upload(dev, first, host, (size_t)it.numel * sizeof(float)));
+        ND_CUDA_CHECK(upload(dev, first, host, (size_t)nbytes));
         return ND_OK;
     }
-    float *scratch = scratch_alloc(dev, it.numel);
-    if (scratch == NULL) return from_host_through_range(dst_layout, &it, dst, host);
+    void *scratch = scratch_alloc(dev, nbytes);
+    if (scratch == NULL) return from_host_through_range(dst_layout, &it, dst, es, host);
     /* One copy up, then a strided copy kernel into the view. The scratch block
      * goes back to the cache at once: later kernels on the stream run after
      * this one. */
     nd_status status = ND_OK;
-    cudaError_t err = upload(dev, scratch, host, (size_t)it.numel * sizeof(float));
+    cudaError_t err = upload(dev, scratch, host, (size_t)nbytes);
     if (err == cudaSuccess) {
         nd_layout packed;
         nd_layout_contiguous(dst_layout->ndim, dst_layout->shape, &packed);
-        nd_kernel_operand values = {scratch, &packed, 0.0f};
-        status = nd_cuda_copy(dst_layout, dst, values);
+        status = copy_view(dst_layout, dst, &packed, scratch, dtype);
     }
-    scratch_free(dev, scratch, it.numel);
+    scratch_free(dev, scratch, nbytes);
     ND_CUDA_CHECK(err);
     return status;
 }

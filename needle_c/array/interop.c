@@ -282,7 +282,7 @@ PyObject *interop_ndarray_dlpack(PyObject *op, PyObject *args, PyObject *kwargs)
      * need a negative byte_offset for views with negative strides, and some
      * ignore byte_offset altogether. */
     DLTensor t = {
-        .data = (char *)nd_storage_ptr(source.storage) + l->offset * itemsize,
+        .data = (char *)nd_storage_buffer(source.storage).data + l->offset * itemsize,
         .device = device,
         .ndim = l->ndim,
         .dtype = {dtype == ND_BFLOAT16 ? kDLBfloat : kDLFloat, (uint8_t)(itemsize * 8), 1},
@@ -353,8 +353,8 @@ static PyObject *array_interface(NDArrayObject *self, int cuda) {
         Py_DECREF(strides);
         return NULL;
     }
-    PyObject *ptr =
-        PyLong_FromVoidPtr((char *)nd_storage_ptr(self->array.storage) + l->offset * itemsize);
+    PyObject *ptr = PyLong_FromVoidPtr((char *)nd_storage_buffer(self->array.storage).data +
+                                       l->offset * itemsize);
     if (ptr == NULL) {
         Py_DECREF(shape);
         Py_DECREF(strides);
@@ -698,7 +698,8 @@ static PyObject *module_from_dlpack(PyObject *module, PyObject *args, PyObject *
 PyMethodDef interop_module_functions[] = {
     {"from_dlpack", (PyCFunction)(void (*)(void))module_from_dlpack, METH_VARARGS | METH_KEYWORDS,
      "from_dlpack(obj, device=None)\n--\n\nAn NDArray sharing the memory of obj (anything with "
-     "__dlpack__, e.g. NumPy arrays and torch tensors, or a 'dltensor' capsule); float32 only. "
+     "__dlpack__, e.g. NumPy arrays and torch tensors, or a 'dltensor' capsule) of float32, "
+     "float16, bfloat16 or float64. "
      "With a device other than obj's, a copy there."},
     {NULL, NULL, 0, NULL},
 };

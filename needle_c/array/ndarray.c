@@ -640,8 +640,8 @@ static PyMethodDef ndarray_methods[] = {
      "is_compact($self, /)\n--\n\nTrue when the strides are the row-major ones of the shape "
      "(size-1 dims included), as in the course."},
     {"astype", (PyCFunction)(void (*)(void))ndarray_astype, METH_FASTCALL | METH_KEYWORDS,
-     "astype($self, /, dtype)\n--\n\nfloat32: an NDArray copy; any other dtype: a NumPy array of "
-     "that dtype (NDArray holds float32 only)."},
+     "astype($self, /, dtype)\n--\n\nA copy of this array converted to dtype (float32, float16, "
+     "bfloat16 or float64), on the same device."},
     {"process_slice", (PyCFunction)(void (*)(void))ndarray_process_slice, METH_FASTCALL,
      "process_slice($self, sl, dim, /)\n--\n\nThe course's helper: sl with explicit start, stop "
      "and step for dimension dim."},

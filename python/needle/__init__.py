@@ -50,7 +50,7 @@ backend_ndarray.from_dlpack = _c.from_dlpack
 
 def from_dlpack(obj, requires_grad=False):
     """A leaf Tensor sharing the memory of ``obj`` (anything with ``__dlpack__``:
-    NumPy arrays, torch tensors, needle arrays). float32 only; no copy is made,
+    NumPy arrays, torch tensors, needle arrays) of any of needle's dtypes; no copy is made,
     so writes through either side are visible in the other."""
     return Tensor.make_const(_c.from_dlpack(obj), requires_grad=requires_grad)
 

@@ -16,7 +16,8 @@ static void test_accounting(void) {
     nd_storage *s;
     CHECK(nd_storage_new(cpu, 1000, &s) == ND_OK);
     CHECK(allocated(cpu) == base + 4000);
-    CHECK(((uintptr_t)nd_storage_data(s) % 64) == 0);
+    CHECK(((uintptr_t)nd_storage_buffer(s).data % 64) == 0);
+    CHECK(nd_storage_buffer(s).dtype == ND_FLOAT32);
     nd_storage_retain(s);
     nd_storage_release(s);
     CHECK(allocated(cpu) == base + 4000);
@@ -209,13 +210,13 @@ static void test_large_block_cache(void) {
     int64_t allocated = st.allocated_current, reserved = st.reserved_current;
     nd_storage *s;
     CHECK(nd_storage_new(cpu, 3 << 20, &s) == ND_OK); /* 12 MiB */
-    float *first = nd_storage_data(s);
+    void *first = nd_storage_buffer(s).data;
     nd_storage_release(s);
     nd_memory_get_stats(cpu, &st);
     CHECK(st.allocated_current == allocated);
     CHECK(st.reserved_current == reserved + (12 << 20));
     CHECK(nd_storage_new(cpu, 3 << 20, &s) == ND_OK);
-    CHECK(nd_storage_data(s) == first);
+    CHECK(nd_storage_buffer(s).data == first);
     nd_memory_get_stats(cpu, &st);
     CHECK(st.reserved_current == reserved + (12 << 20));
     nd_storage_release(s);

@@ -122,7 +122,7 @@ static void test_xent_statistics(void) {
     free(gr);
 
     /* statistics written over: not used, the gradient is still right */
-    float *stats = nd_storage_data(loss.storage);
+    float *stats = nd_storage_buffer(loss.storage).data;
     stats[1] *= 2.0f;
     CHECK(nd_array_softmax_xent_grad(&z, &y, &loss, &g, &swapped) == ND_OK);
     CHECK(same_bits(&swapped, &fresh));

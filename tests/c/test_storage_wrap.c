@@ -24,7 +24,7 @@ static void test_wrap_release(void) {
     int token;
     nd_storage *s;
     CHECK(nd_storage_wrap(cpu, buffer, 6, ND_FLOAT32, on_release, &token, &s) == ND_OK);
-    CHECK(nd_storage_data(s) == buffer);
+    CHECK(nd_storage_buffer(s).data == buffer);
     CHECK(nd_storage_numel(s) == 6);
     CHECK(nd_storage_device(s) == cpu);
     CHECK(nd_storage_refcount(s) == 1);
@@ -58,7 +58,7 @@ static void test_views_write_through(void) {
     /* A copy is ordinary engine memory and outlives the borrowed buffer. */
     nd_array copy;
     CHECK(nd_array_compact_copy(&view, NULL, &copy) == ND_OK);
-    CHECK(nd_storage_data(copy.storage) != buffer);
+    CHECK(nd_storage_buffer(copy.storage).data != buffer);
     nd_array_release(&view);
     CHECK(released == 0);
     nd_array_release(&a);

@@ -2,8 +2,9 @@
 
 The array type and its kernels are C (needle_c.NDArray over the engine in
 csrc/); this module adds the course's module-level functions and the dtype
-checks. Arrays hold float32 (the default), float16, bfloat16 or float64; every operation
-computes in float32 (the others convert with ``astype``).
+checks. Arrays hold float32 (the default), float16, bfloat16 or float64, each stored as
+itself; elementwise ops, reductions and products compute in float32 (float64 in float64) and
+round once into the result's dtype.
 """
 
 import needle_c as _c
