@@ -132,7 +132,9 @@ for device_name in sys.argv[1:]:
         same(untouched, kept, f"{dtype} outside the view")
 
         # async, AVG, on a Tensor that requires grad.
-        t = ndl.Tensor(make(operands(dtype, rank), dtype, device), requires_grad=True)
+        t = ndl.Tensor(
+            make(operands(dtype, rank), dtype, device), device=device, requires_grad=True
+        )
         work = dist.all_reduce(t, op="avg", async_op=True)
         assert work.wait() is True
         assert t.dtype == dtype and t.is_leaf
@@ -154,7 +156,7 @@ for device_name in sys.argv[1:]:
             mine = np.array(SPECIAL + list(operands(dtype, rank)))
             outs = [make(np.full(mine.shape, -1.0), dtype, device) for _ in range(size)]
             if kind == "tensors":
-                outs = [ndl.Tensor(o) for o in outs]
+                outs = [ndl.Tensor(o, device=device) for o in outs]
             dist.all_gather(outs, make(mine, dtype, device))
             for r in range(size):
                 assert outs[r].dtype == dtype
@@ -212,6 +214,43 @@ a = make([rank + 0.1, 1e-12], "float64", home)
 dist.all_reduce(a)
 same(a.numpy(), np.array([0.1 + 1.1, 2e-12]), "after the errors")
 ok("errors")
+
+
+# DDP: one bucket per dtype, each gradient averaged in its parameter's dtype and left in it.
+class Model(ndl.nn.Module):
+    def __init__(self, dtypes):
+        super().__init__()
+        self.params = [
+            ndl.nn.Parameter(ndl.Tensor(np.full((3,), 1.0 + i), dtype=d, device=home))
+            for i, d in enumerate(dtypes)
+        ]
+
+
+GRADS = {  # rank 0's and rank 1's gradient of each dtype, and their mean rounded once
+    "float64": ([0.1 + 1e-12, 1.0, -2.0], [0.3 + 1e-12, 2.0**-40, 4.0]),
+    "float32": ([0.5, 1.0, 2.0**-24], [0.25, 2.0**-24, 1.0]),
+    "float16": ([1.0, 3.0, -0.5], [2.0**-10, 1.0, 0.25]),
+    "bfloat16": ([1.0, 2.0**-7, 5.0], [2.0**-7, 1.0, -1.0]),
+}
+for dtypes in (["float64"], ["float16", "float64", "bfloat16"], ["float32", "float16"]):
+    model = Model(dtypes)
+    ddp = dist.DistributedDataParallel(model, aligned=False)
+    # Reversed order; a new bucket at each dtype change; a float32 one for the flags when the
+    # last is narrow (reduction order: the last parameter's first).
+    want_buckets = [3] * len(dtypes) + ([0] if dtypes[0] in ("float16", "bfloat16") else [])
+    assert ddp.bucket_sizes == want_buckets, (dtypes, ddp.bucket_sizes)
+    for p, d in zip(model.params, dtypes):
+        p.grad = ndl.Tensor(np.array(GRADS[d][rank]), dtype=d, device=home)
+    ddp.sync_gradients()
+    for p, d in zip(model.params, dtypes):
+        assert p.grad.dtype == d, (d, p.grad.dtype)
+        a, b = (narrow(np.array(GRADS[d][r]), d) for r in range(2))
+        if d == "float64":
+            want = (a + b) / 2
+        else:
+            want = narrow((a.astype(np.float32) + b.astype(np.float32)) / np.float32(2), d)
+        same(p.grad.numpy(), want, f"ddp {dtypes} {d}")
+ok("ddp dtypes")
 dist.destroy_process_group()
 if rank == 0:
     print("done", flush=True)

@@ -257,7 +257,9 @@ def _start(pg, what):
 
 def all_reduce(tensor, op=ReduceOp.SUM, async_op=False):
     """Reduces ``tensor`` (an NDArray or a Tensor's data) over all ranks, in place on its
-    device: ``ReduceOp.SUM`` (``"sum"``) or ``ReduceOp.AVG`` (``"avg"``). With
+    device and in its dtype: ``ReduceOp.SUM`` (``"sum"``) or ``ReduceOp.AVG`` (``"avg"``;
+    the sum divided by the world size). float16 and bfloat16 sum in float32 over MPI and round
+    once (NCCL reduces them natively). With
     ``async_op=True`` returns a :class:`Work` to ``wait()`` on; else None."""
     op = ReduceOp.of(op)
     pg = _start(group("all_reduce"), "all_reduce")
