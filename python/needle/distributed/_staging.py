@@ -101,7 +101,10 @@ class Staged:
             if self.dtype == self.row.wire:
                 self.arr[...] = _dtypes.from_wire(self.row, self.buf)
             else:
-                self.arr[...] = self.buf
+                # A float32 sum past float16's range is inf, as a float16 sum would be: no
+                # warning from NumPy's cast.
+                with np.errstate(over="ignore"):
+                    self.arr[...] = self.buf
 
 
 def scale(staged, divisor):

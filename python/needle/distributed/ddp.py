@@ -90,14 +90,15 @@ class DistributedDataParallel(Module):
     Buckets: the parameters that require grad, in reverse order (PyTorch's: the last layers'
     gradients come first), are packed into flat buffers of about ``bucket_cap_mb`` MiB each (a
     larger parameter gets a bucket of its own), one device and dtype per bucket (a gradient is
-    reduced in its parameter's dtype, float64 included, and stays in it); the layout depends only on shapes and
-    ``requires_grad`` at wrap time, so it is the same on every rank. A synchronisation copies
-    each gradient into its bucket (zeros for a parameter whose ``grad`` is None on this rank),
-    runs one SUM all-reduce per bucket, divides by the world size, and sets each ``p.grad`` to
-    a detached Tensor that is a view of the bucket (no copy back): the gradients stay valid
-    until the next synchronisation overwrites the buckets. A parameter whose ``grad`` was None
-    on every rank keeps ``grad = None`` (the optimizers skip it, as in one process); the
-    presence flags that decide this ride in the last bucket, with no extra round trip. The
+    reduced in its parameter's dtype, float64 included, and stays in it); the layout depends
+    only on shapes, dtypes and ``requires_grad`` at wrap time, so it is the same on every rank.
+    A synchronisation copies each gradient into its bucket (zeros for a parameter whose
+    ``grad`` is None on this rank), runs one SUM all-reduce per bucket, divides by the world
+    size, and sets each ``p.grad`` to a detached Tensor that is a view of the bucket (no copy
+    back): the gradients stay valid until the next synchronisation overwrites the buckets. A
+    parameter whose ``grad`` was None on every rank keeps ``grad = None`` (the optimizers skip
+    it, as in one process); the presence flags that decide this ride in the last bucket, with
+    no extra round trip (in one more, float32, bucket when the last is float16 or bfloat16). The
     all-reduces are blocking, one per bucket: none could overlap the backward, which needle
     runs whole before the synchronisation (its backward has no per-parameter hooks).
 
