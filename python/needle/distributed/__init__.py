@@ -8,10 +8,11 @@ PyTorch's names::
     dist.all_gather(outputs, x)
     dist.barrier(); dist.destroy_process_group()
 
-Collectives work in place on NDArrays and Tensors (a Tensor's data), on their device, and
-return None (or a :class:`Work` with ``async_op=True``). Every failure is a
-:class:`DistributedError` that names the rank(s). mpi4py is imported by init_process_group,
-not here: importing needle.distributed starts no MPI.
+Collectives work in place on NDArrays and Tensors (a Tensor's data), on their device and in
+their dtype (float32, float16, bfloat16, float64: see ``_dtypes``), and return None (or a
+:class:`Work` with ``async_op=True``). Every failure is a :class:`DistributedError` that names
+the rank(s). mpi4py is imported by init_process_group, not here: importing needle.distributed
+starts no MPI.
 """
 
 from .. import _environ

@@ -15,6 +15,12 @@ aborted (``ncclCommAbort``) so that no kernel stays waiting for a dead peer.
 
 Buffers NCCL needs beyond the arrays (all_gather's gathered block, a compact copy of a view)
 come from needle's allocator, so they are counted and go through its out-of-memory ladder.
+
+Dtypes: every call passes the array's ``ncclDataType_t`` (_dtypes' table: float16, float32,
+float64 and bfloat16, which NCCL reduces natively) and its element count. The device
+pointers come from DLPack (``__dlpack__``), which carries all four dtypes (the CUDA array
+interface has no bfloat16). tests/test_collectives_dtypes.py checks the calls' arguments
+against a stub libnccl (tests/distributed/nccl_stub.c) on host arrays, with no GPU.
 """
 
 import ctypes
@@ -23,15 +29,36 @@ import os
 import needle_c as _c
 
 from .. import _environ
+from . import _dtypes
 from ._group import DistributedError, ReduceOp
 
 _NCCL_SUCCESS = 0
 _NCCL_IN_PROGRESS = 7
-_NCCL_FLOAT32 = 7
 _NCCL_OPS = {ReduceOp.SUM: 0, ReduceOp.AVG: 4}  # ncclSum, ncclAvg (NCCL >= 2.10)
 _CUDA_SUCCESS = 0
 _CUDA_ERROR_NOT_READY = 600
 _UNIQUE_ID_BYTES = 128
+_DLPACK_CAPSULE = b"dltensor"
+
+
+def _capsule_pointer():
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    return get
+
+
+_CAPSULE_POINTER = _capsule_pointer()
+
+
+def data_pointer(arr):
+    """The address of ``arr``'s first element (any dtype, any device), read from its DLPack
+    export: a DLManagedTensor begins with its DLTensor, which begins with ``void *data``
+    (needle exports byte_offset 0). The capsule is dropped unconsumed, which releases only
+    its own reference: ``arr`` keeps the memory alive."""
+    capsule = arr.__dlpack__()
+    managed = _CAPSULE_POINTER(capsule, _DLPACK_CAPSULE)
+    return ctypes.c_void_p(ctypes.c_void_p.from_address(managed).value)
 
 
 class _UniqueId(ctypes.Structure):
@@ -118,13 +145,19 @@ class _StreamRequest:
 
 
 class Communicator:
-    """This rank's NCCL communicator on its local rank's GPU (``pg.device``)."""
+    """This rank's NCCL communicator on its local rank's GPU (``pg.device``): :meth:`join`
+    makes one; the constructor only holds the group, the library, the driver and the
+    ``ncclComm_t`` (the tests give it a stub library and host arrays)."""
 
-    def __init__(self, pg):
-        self.pg = pg
-        self.lib, self.path = library()
-        self.driver = _load("libcuda.so.1")
+    def __init__(self, pg, lib, driver, comm):
+        self.pg, self.lib, self.driver, self.comm = pg, lib, driver, comm
         self.lib.ncclGetErrorString.restype = ctypes.c_char_p
+
+    @classmethod
+    def join(cls, pg):
+        """Rank 0 makes the unique id, every rank joins with ncclCommInitRank."""
+        lib, _ = library()
+        self = cls(pg, lib, _load("libcuda.so.1"), ctypes.c_void_p())
         self._make_current()
         uid = _UniqueId()
         status = ctypes.c_int(0)
@@ -138,11 +171,11 @@ class Communicator:
                 "ncclGetUniqueId failed"
             )
         ctypes.memmove(ctypes.byref(uid), bytes(packet[:_UNIQUE_ID_BYTES]), _UNIQUE_ID_BYTES)
-        self.comm = ctypes.c_void_p()
         self._check(
             self.lib.ncclCommInitRank(ctypes.byref(self.comm), pg.size, uid, pg.rank),
             "ncclCommInitRank",
         )
+        return self
 
     def _make_current(self):
         """Makes the rank's GPU current on this thread (its primary context, the one needle's
@@ -182,9 +215,11 @@ class Communicator:
             )
         return arr if arr.is_compact() else arr.compact()
 
-    @staticmethod
-    def _pointer(arr):
-        return ctypes.c_void_p(arr.__cuda_array_interface__["data"][0])
+    def _arguments(self, buf, what):
+        """(data pointer, element count, ncclDataType_t) of the compact ``buf``: the count is
+        of ``buf``'s elements in its own dtype, never bytes counted as float32."""
+        row = _dtypes.of(buf, f"rank {self.pg.rank}: {what}")
+        return data_pointer(buf), ctypes.c_size_t(buf.size), ctypes.c_int(row.nccl)
 
     def _work(self, what, finish, keep):
         from .collectives import Work
@@ -197,16 +232,10 @@ class Communicator:
     def all_reduce(self, arr, op, what):
         buf = self._compact(arr, what)
         if buf.size:
-            ptr = self._pointer(buf)
+            ptr, count, dtype = self._arguments(buf, what)
             self._check(
                 self.lib.ncclAllReduce(
-                    ptr,
-                    ptr,
-                    ctypes.c_size_t(buf.size),
-                    _NCCL_FLOAT32,
-                    _NCCL_OPS[op],
-                    self.comm,
-                    None,
+                    ptr, ptr, count, dtype, ctypes.c_int(_NCCL_OPS[op]), self.comm, None
                 ),
                 "ncclAllReduce",
             )
@@ -215,34 +244,27 @@ class Communicator:
     def broadcast(self, arr, src, what):
         buf = self._compact(arr, what)
         if buf.size:
-            ptr = self._pointer(buf)
+            ptr, count, dtype = self._arguments(buf, what)
             self._check(
-                self.lib.ncclBroadcast(
-                    ptr, ptr, ctypes.c_size_t(buf.size), _NCCL_FLOAT32, src, self.comm, None
-                ),
+                self.lib.ncclBroadcast(ptr, ptr, count, dtype, ctypes.c_int(src), self.comm, None),
                 "ncclBroadcast",
             )
         return self._work(what, self._write_back(arr, buf), (arr, buf))
 
     def all_gather(self, outs, arr, what):
         buf = self._compact(arr, what)
-        every = _c.empty((self.pg.size,) + tuple(arr.shape), device=arr.device)
+        every = arr.device.empty((self.pg.size,) + tuple(arr.shape), dtype=arr.dtype)
         if buf.size:
+            ptr, count, dtype = self._arguments(buf, what)
             self._check(
-                self.lib.ncclAllGather(
-                    self._pointer(buf),
-                    self._pointer(every),
-                    ctypes.c_size_t(buf.size),
-                    _NCCL_FLOAT32,
-                    self.comm,
-                    None,
-                ),
+                self.lib.ncclAllGather(ptr, data_pointer(every), count, dtype, self.comm, None),
                 "ncclAllGather",
             )
 
         def finish():
+            # NDArray's integer index keeps the axis (the course's semantics): drop it.
             for r, out in enumerate(outs):
-                out[...] = every[r]
+                out[...] = every[r].reshape(tuple(arr.shape))
 
         return self._work(what, finish, (buf, every, outs))
 

@@ -1,11 +1,15 @@
-"""Host buffers for MPI: an NDArray's (or Tensor's) values as a C-contiguous float32 NumPy
-array MPI can read and write, and the write-back of a collective's result.
+"""Host buffers for MPI: an NDArray's (or Tensor's) values as a C-contiguous NumPy array MPI
+can read and write, in the form _dtypes' table gives its dtype (on the wire: itself, or
+bfloat16's bits; reduced: itself, or float32 for the narrow dtypes), and the write-back of a
+collective's result, which rounds a narrow dtype's float32 sum once.
 
-A compact CPU array is handed to MPI with no copy (NumPy's view of its memory through
-``__array_interface__``); a non-compact view is copied into a contiguous host buffer and
-written back with ``arr[...] = host``; a CUDA array is copied to the host and back, unless
-the MPI library says it can read device memory (then MPI gets the array itself, through
-``__cuda_array_interface__``, after needle's stream has finished its work on it).
+A compact CPU array whose dtype is its own wire type is handed to MPI with no copy (NumPy's
+view of its memory through ``__array_interface__``); anything else (a non-compact view,
+bfloat16, a narrow reduction) is copied into a contiguous host buffer and written back with
+``arr[...] = host``; a CUDA array is copied to the host and back, unless the MPI library says
+it can read device memory (then MPI gets a float32, float64 or float16 array itself, through
+``__cuda_array_interface__``, after needle's stream has finished its work on it; bfloat16
+has no such interface and a narrow reduction needs float32, so those are staged on the host).
 """
 
 import numpy as np
@@ -13,6 +17,7 @@ import numpy as np
 import needle_c as _c
 
 from .. import _environ
+from . import _dtypes
 
 
 def ndarray_of(x, what):
@@ -47,42 +52,65 @@ def mpi_cuda_aware(mpi):
 
 
 class Staged:
-    """``arr``'s values where MPI can work on them: ``buf`` (a C-contiguous float32 NumPy
-    array, or on CUDA-aware MPI the compact device array itself) and :meth:`finish`, which
-    writes ``buf`` back into ``arr`` when ``buf`` is a copy."""
+    """``arr``'s values where MPI can work on them: ``buf`` (a C-contiguous NumPy array, or on
+    CUDA-aware MPI the compact device array itself), :meth:`mpi_buffer` (``buf`` with its MPI
+    datatype) and :meth:`finish`, which writes ``buf`` back into ``arr`` when ``buf`` is a
+    copy. ``reduce``: MPI will reduce ``buf`` (so it is in the dtype's reduction type);
+    ``read=False``: ``buf``'s values are only written (a broadcast's receivers)."""
 
-    def __init__(self, arr, cuda_aware, read=True):
+    def __init__(self, arr, cuda_aware, read=True, reduce=False):
         self.arr = arr
+        self.row = row = _dtypes.of(arr, "collective")
+        self.dtype, self.datatype = (row.reduce, row.reduce_mpi) if reduce else (row.wire, row.mpi)
         self.copy = True
         if is_cuda(arr):
-            if cuda_aware and arr.is_compact():
+            # Device memory goes to MPI as it is when it holds the values MPI works on.
+            if cuda_aware and arr.is_compact() and arr.dtype == self.dtype.name:
                 # MPI reads the device memory directly, outside needle's stream: wait for it.
                 _c._cuda_synchronize(arr.device.index)
                 self.buf, self.copy = arr, False
+            elif read:
+                self.buf = self._host(arr.numpy())
             else:
-                self.buf = np.ascontiguousarray(arr.numpy(), dtype=np.float32)
+                self.buf = np.empty(arr.shape, self.dtype)
             return
-        view = np.asarray(arr)
-        if view.flags.c_contiguous and view.flags.writeable and view.dtype == np.float32:
+        # NumPy's view of the memory when the array holds the values MPI works on (bfloat16's
+        # np.asarray is a float32 copy, a narrow reduction needs float32: never a view).
+        view = np.asarray(arr) if arr.dtype == self.dtype.name else None
+        if view is not None and view.flags.c_contiguous and view.flags.writeable:
             self.buf, self.copy = view, False
         elif read:
-            self.buf = np.ascontiguousarray(view, dtype=np.float32)
+            self.buf = self._host(view if view is not None else arr.numpy())
         else:
-            self.buf = np.empty(view.shape, np.float32)
+            self.buf = np.empty(arr.shape, self.dtype)
+
+    def _host(self, values):
+        """A contiguous copy of ``values`` (NumPy's form of the array) in ``self.dtype``."""
+        if self.dtype == self.row.wire:
+            return _dtypes.to_wire(self.row, values)
+        return np.array(values, self.dtype, order="C")  # widening to the reduction's type
 
     def mpi_buffer(self, mpi):
-        """The buffer argument for mpi4py: NumPy arrays as they are, device arrays typed."""
-        return self.buf if isinstance(self.buf, np.ndarray) else [self.buf, mpi.FLOAT]
+        """The buffer argument for mpi4py: the buffer with its MPI datatype."""
+        return [self.buf, getattr(mpi, self.datatype)]
 
     def finish(self):
-        """Writes the result back into the array when MPI worked on a copy."""
+        """Writes the result back into the array when MPI worked on a copy (a narrow dtype's
+        float32 result rounds here, once)."""
         if self.copy and self.buf.size:
-            self.arr[...] = self.buf
+            if self.dtype == self.row.wire:
+                self.arr[...] = _dtypes.from_wire(self.row, self.buf)
+            else:
+                # A float32 sum past float16's range is inf, as a float16 sum would be: no
+                # warning from NumPy's cast.
+                with np.errstate(over="ignore"):
+                    self.arr[...] = self.buf
 
 
-def scale(staged, factor):
-    """Multiplies the staged values by ``factor`` in place (AVG after SUM)."""
+def scale(staged, divisor):
+    """Divides the staged values by ``divisor`` in place (AVG after SUM), in their reduction
+    dtype (float64 stays float64), correctly rounded."""
     if isinstance(staged.buf, np.ndarray):
-        staged.buf *= np.float32(factor)
+        np.divide(staged.buf, staged.buf.dtype.type(divisor), out=staged.buf)
     else:
-        staged.arr[...] = staged.arr * factor
+        staged.arr[...] = staged.arr / divisor

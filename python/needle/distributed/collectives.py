@@ -3,9 +3,10 @@
 Every collective is in place on its array's device and goes in two steps:
 
 1. the agreement: a tiny all-reduce of the collective's signature (its name, op or root,
-   shape and dtype) checks that every rank called the same collective on the same shape;
-   the ranks that disagree get a DistributedError naming each rank's call, instead of MPI
-   reading past a buffer or waiting for ever. It costs one small round trip (see
+   shape and dtype) checks that every rank called the same collective on the same shape and
+   dtype; the ranks that disagree get a DistributedError naming each rank's call (and each
+   rank's dtype when those differ), instead of MPI reading past a buffer, reading float16
+   bits as float32, or waiting for ever. It costs one small round trip (see
    README.md's distributed section for the measurement) and is on by default;
    ``init_process_group(check=False)`` skips it for all_reduce (DDP's buckets, whose
    shapes are the same on every rank by construction); broadcast and all_gather always
@@ -18,6 +19,9 @@ Every collective is in place on its array's device and goes in two steps:
    buffers. Without the agreement (all_reduce with check=False) and with ``async_op=True``
    the transfer is a non-blocking request polled with the group's timeout instead. NCCL's
    calls are queued on needle's stream.
+
+Every dtype (float32, float16, bfloat16, float64) works in its own type; how each travels
+and is reduced is _dtypes' table (the narrow ones sum in float32 over MPI and round once).
 """
 
 import os
@@ -28,7 +32,7 @@ import numpy as np
 import needle_c as _c
 
 from ..memory import alignment
-from . import _group, _staging, faults
+from . import _dtypes, _group, _staging, faults
 from ._group import DistributedError, ReduceOp
 
 # Bytes of one rank's signature in the exchange that names the ranks that disagree.
@@ -141,7 +145,7 @@ def init_process_group(backend="mpi", timeout=None, check=True):
 
             problem = _nccl.unavailable_reason(pg.device)
             _agree_ready(pg, "init_process_group(backend='nccl')", problem)
-            pg.nccl = _nccl.Communicator(pg)
+            pg.nccl = _nccl.Communicator.join(pg)
         else:
             _agree_ready(pg, "init_process_group", None)
     except BaseException:
@@ -188,19 +192,26 @@ def _exchange(pg, what, text):
     return [bytes(row).rstrip(b"\0").decode(errors="replace") for row in every]
 
 
-def _agree(pg, what, call, shape):
-    """Checks that every rank called ``call`` on ``shape``: one all-reduce (MAX) of the
-    signature's CRC and its negation; both come back unchanged on every rank only when all
-    signatures match. Otherwise every rank sees the disagreement and raises, naming each
-    rank's call."""
-    signature = f"{call} on shape {tuple(shape)} float32"
+def _agree(pg, what, call, arr):
+    """Checks that every rank called ``call`` on an array of ``arr``'s shape and dtype: one
+    all-reduce (MAX) of the signature's CRC and its negation; both come back unchanged on
+    every rank only when all signatures match. Otherwise every rank sees the disagreement and
+    raises, naming each rank's call, and each rank's dtype when the dtypes differ."""
+    signature = f"{call} on shape {tuple(arr.shape)} {arr.dtype}"
     code = zlib.crc32(signature.encode())
     pair = np.array([code, -code], np.int64)
     pg.wait(pg.comm.Iallreduce(pg.MPI.IN_PLACE, pair, op=pg.MPI.MAX), what, pair)
     if pair[0] != code or pair[1] != -code:
         calls = _exchange(pg, what, signature)
         named = ", ".join(f"rank {r} called {c}" for r, c in enumerate(calls))
-        raise DistributedError(f"rank {pg.rank}: {what}: the ranks disagree: {named}")
+        # The dtype is the signature's last word (shapes and calls have no spaces at its end).
+        dtypes = [c.rsplit(" ", 1)[-1] for c in calls]
+        if len(set(dtypes)) > 1:
+            each = ", ".join(f"rank {r}: {d}" for r, d in enumerate(dtypes))
+            named = f" on the dtype ({each}): {named}"
+        else:
+            named = f": {named}"
+        raise DistributedError(f"rank {pg.rank}: {what}: the ranks disagree{named}")
 
 
 class Work:
@@ -246,17 +257,19 @@ def _start(pg, what):
 
 def all_reduce(tensor, op=ReduceOp.SUM, async_op=False):
     """Reduces ``tensor`` (an NDArray or a Tensor's data) over all ranks, in place on its
-    device: ``ReduceOp.SUM`` (``"sum"``) or ``ReduceOp.AVG`` (``"avg"``). With
+    device and in its dtype: ``ReduceOp.SUM`` (``"sum"``) or ``ReduceOp.AVG`` (``"avg"``;
+    the sum divided by the world size). float16 and bfloat16 sum in float32 over MPI and round
+    once (NCCL reduces them natively). With
     ``async_op=True`` returns a :class:`Work` to ``wait()`` on; else None."""
     op = ReduceOp.of(op)
     pg = _start(group("all_reduce"), "all_reduce")
     arr = _staging.ndarray_of(tensor, "all_reduce")
     what = f"all_reduce({op.value})"
     if pg.check:
-        _agree(pg, what, what, arr.shape)
+        _agree(pg, what, what, arr)
     if pg.nccl is not None:
         return _run(pg.nccl.all_reduce(arr, op, what), async_op)
-    staged = _staging.Staged(arr, pg.cuda_aware)
+    staged = _staging.Staged(arr, pg.cuda_aware, reduce=True)
     if arr.size == 0:
         return _run(Work(pg, what, None, lambda: None, ()), async_op)
     mpi, buf = pg.MPI, staged.mpi_buffer(pg.MPI)
@@ -268,7 +281,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, async_op=False):
 
     def finish():
         if op is ReduceOp.AVG:
-            _staging.scale(staged, 1.0 / pg.size)
+            _staging.scale(staged, pg.size)
         staged.finish()
 
     return _run(Work(pg, what, request, finish, staged), async_op)
@@ -281,7 +294,7 @@ def broadcast(tensor, src=0, async_op=False):
         raise ValueError(f"broadcast: src must be a rank in 0..{pg.size - 1}, got {src!r}")
     arr = _staging.ndarray_of(tensor, "broadcast")
     what = f"broadcast(src={src})"
-    _agree(pg, what, what, arr.shape)
+    _agree(pg, what, what, arr)
     if pg.nccl is not None:
         return _run(pg.nccl.broadcast(arr, src, what), async_op)
     staged = _staging.Staged(arr, pg.cuda_aware, read=pg.rank == src)
@@ -313,28 +326,30 @@ def all_gather(tensor_list, tensor, async_op=False):
         )
     outs = [_staging.ndarray_of(t, "all_gather") for t in tensor_list]
     for i, out in enumerate(outs):
-        if out.shape != arr.shape or out.device != arr.device:
+        if out.shape != arr.shape or out.device != arr.device or out.dtype != arr.dtype:
             raise ValueError(
-                f"all_gather: tensor_list[{i}] has shape {out.shape} on {out.device!r}; "
-                f"expected {arr.shape} on {arr.device!r}, as the gathered array"
+                f"all_gather: tensor_list[{i}] is {out.dtype} of shape {out.shape} on "
+                f"{out.device!r}; expected {arr.dtype} of shape {arr.shape} on {arr.device!r}, "
+                "as the gathered array"
             )
     what = "all_gather"
-    _agree(pg, what, what, arr.shape)
+    _agree(pg, what, what, arr)
     if pg.nccl is not None:
         return _run(pg.nccl.all_gather(outs, arr, what), async_op)
     mine = _staging.Staged(arr, False)
-    every = np.empty((pg.size,) + tuple(arr.shape), np.float32)
+    every = np.empty((pg.size,) + tuple(arr.shape), mine.dtype)
     if arr.size == 0:
         return _run(Work(pg, what, None, lambda: None, ()), async_op)
+    gathered = [every, getattr(pg.MPI, mine.datatype)]
     if async_op:
-        request = pg.comm.Iallgather(mine.buf, every)
+        request = pg.comm.Iallgather(mine.mpi_buffer(pg.MPI), gathered)
     else:
-        pg.comm.Allgather(mine.buf, every)
+        pg.comm.Allgather(mine.mpi_buffer(pg.MPI), gathered)
         request = None
 
     def finish():
         for out, values in zip(outs, every):
-            out[...] = values
+            out[...] = _dtypes.from_wire(mine.row, values)
 
     return _run(Work(pg, what, request, finish, (mine, every)), async_op)
 

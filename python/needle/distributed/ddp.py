@@ -26,12 +26,17 @@ def _dist():
     return distributed
 
 
+# The dtypes that carry the presence flags and the alignment wants (seconds) exactly enough;
+# a model whose last bucket is narrow gets one more, float32, bucket for them.
+_TAIL_DTYPES = ("float32", "float64")
+
+
 class _Bucket:
-    """One flat float32 buffer (on the parameters' device) holding the gradients of
+    """One flat buffer (on the parameters' device, in their dtype) holding the gradients of
     ``params`` back to back, reduced with one all-reduce. The last bucket reduced also carries
     one presence flag per synchronised parameter and the alignment wants after them."""
 
-    def __init__(self, params, device, extra):
+    def __init__(self, params, device, dtype, extra):
         self.params = params
         self.offsets = []
         size = 0
@@ -40,7 +45,7 @@ class _Bucket:
             size += _numel(p)
         self.grad_size = size
         self.device = device
-        self.flat = empty((size + extra,), device=device)
+        self.flat = empty((size + extra,), dtype=dtype, device=device)
 
 
 def _numel(p):
@@ -84,14 +89,16 @@ class DistributedDataParallel(Module):
 
     Buckets: the parameters that require grad, in reverse order (PyTorch's: the last layers'
     gradients come first), are packed into flat buffers of about ``bucket_cap_mb`` MiB each (a
-    larger parameter gets a bucket of its own); the layout depends only on shapes and
-    ``requires_grad`` at wrap time, so it is the same on every rank. A synchronisation copies
-    each gradient into its bucket (zeros for a parameter whose ``grad`` is None on this rank),
-    runs one SUM all-reduce per bucket, divides by the world size, and sets each ``p.grad`` to
-    a detached Tensor that is a view of the bucket (no copy back): the gradients stay valid
-    until the next synchronisation overwrites the buckets. A parameter whose ``grad`` was None
-    on every rank keeps ``grad = None`` (the optimizers skip it, as in one process); the
-    presence flags that decide this ride in the last bucket, with no extra round trip. The
+    larger parameter gets a bucket of its own), one device and dtype per bucket (a gradient is
+    reduced in its parameter's dtype, float64 included, and stays in it); the layout depends
+    only on shapes, dtypes and ``requires_grad`` at wrap time, so it is the same on every rank.
+    A synchronisation copies each gradient into its bucket (zeros for a parameter whose
+    ``grad`` is None on this rank), runs one SUM all-reduce per bucket, divides by the world
+    size, and sets each ``p.grad`` to a detached Tensor that is a view of the bucket (no copy
+    back): the gradients stay valid until the next synchronisation overwrites the buckets. A
+    parameter whose ``grad`` was None on every rank keeps ``grad = None`` (the optimizers skip
+    it, as in one process); the presence flags that decide this ride in the last bucket, with
+    no extra round trip (in one more, float32, bucket when the last is float16 or bfloat16). The
     all-reduces are blocking, one per bucket: none could overlap the backward, which needle
     runs whole before the synchronisation (its backward has no per-parameter hooks).
 
@@ -145,28 +152,30 @@ class DistributedDataParallel(Module):
 
     def _build_buckets(self, cap_bytes):
         """Buckets over the synchronised parameters in reverse order; a new bucket starts when
-        the next parameter would pass ``cap_bytes`` or lives on another device."""
+        the next parameter would pass ``cap_bytes``, lives on another device or has another
+        dtype. The flags ride on the last bucket when it is float32 or float64, else on one
+        more float32 bucket of no gradients."""
         groups = []
-        current, current_bytes, current_device = [], 0, None
+        current, current_bytes, current_key = [], 0, None
         for p in reversed(self._state.params):
-            nbytes = _numel(p) * 4
-            if current and (current_bytes + nbytes > cap_bytes or p.device != current_device):
-                groups.append((current, current_device))
+            key = (p.device, p.dtype)
+            nbytes = _numel(p) * p.realize_cached_data().itemsize
+            if current and (current_bytes + nbytes > cap_bytes or key != current_key):
+                groups.append((current, *current_key))
                 current, current_bytes = [], 0
             current.append(p)
             current_bytes += nbytes
-            current_device = p.device
+            current_key = key
         if current:
-            groups.append((current, current_device))
-        if not groups and self._num_wants():
-            # nothing to average, but the wants still have to meet
-            groups.append(([], _module_device(self.module)))
+            groups.append((current, *current_key))
+        extra = len(self._state.params) + self._num_wants()
+        if extra and (not groups or groups[-1][2] not in _TAIL_DTYPES):
+            # nothing to average, or a narrow last bucket: the flags still have to meet
+            device = groups[-1][1] if groups else _module_device(self.module)
+            groups.append(([], device, "float32"))
         buckets = []
-        for i, (params, device) in enumerate(groups):
-            extra = 0
-            if i == len(groups) - 1:
-                extra = len(self._state.params) + self._num_wants()
-            buckets.append(_Bucket(params, device, extra))
+        for i, (params, device, dtype) in enumerate(groups):
+            buckets.append(_Bucket(params, device, dtype, extra if i == len(groups) - 1 else 0))
         return buckets
 
     def _num_wants(self):
