@@ -18,7 +18,8 @@ export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=1:allocator_m
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export NEEDLE_SANITIZE=1
 if [ "$#" -eq 0 ]; then
-    set -- tests/test_gc.py tests/test_memory.py tests/test_pressure.py tests/test_gradient_scope.py \
+    set -- tests/test_gc.py tests/test_memory_accounting.py tests/test_memory_limits.py \
+        tests/test_gc_policy_args.py tests/test_pressure.py tests/test_gradient_scope.py \
         tests/test_autograd_errors.py tests/test_view_limits.py tests/test_autograd.py tests/test_engine_c.py \
         tests/test_threads.py tests/test_oom_recovery.py tests/fuzz
 fi
