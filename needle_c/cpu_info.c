@@ -114,8 +114,7 @@ static PyObject *cpu_kernels(PyObject *module, PyObject *Py_UNUSED(ignored)) {
     if (set_item(d, "isa", PyUnicode_FromString(nd_cpu_isa_name(isa))) < 0 ||
         set_item(d, "best", PyUnicode_FromString(nd_cpu_isa_name(nd_cpu_isa_best()))) < 0 ||
         PyDict_SetItemString(d, "supported", supported) < 0 ||
-        set_item(d, "env",
-                 forced[0] ? PyUnicode_FromString(forced) : Py_NewRef(Py_None)) < 0 ||
+        set_item(d, "env", forced[0] ? PyUnicode_FromString(forced) : Py_NewRef(Py_None)) < 0 ||
         set_item(d, "gemm", PyUnicode_FromString(nd_cpu_gemm_kernel_name(isa))) < 0 ||
         set_item(d, "gemm_bfloat16",
                  PyUnicode_FromString(nd_cpu_gemm_narrow_kernel_name(ND_BFLOAT16))) < 0 ||

@@ -12,13 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_environment import probe, refused, run_probe
 
 import needle as ndl
 import needle_c
 from needle import _environ
 from needle.distributed import _group
 from needle.memory import alloc_conf
-from test_environment import probe, refused, run_probe
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = _environ.VARIABLES
@@ -140,9 +140,7 @@ def test_the_scan_finds_the_readers_it_must():
 def test_every_variable_read_is_in_the_table_and_every_row_is_read():
     found = names_read()
     for macro in MACROS:
-        used = [
-            p for p in source_files() if re.search(rf"#if(def)? .*\b{macro}\b", p.read_text())
-        ]
+        used = [p for p in source_files() if re.search(rf"#if(def)? .*\b{macro}\b", p.read_text())]
         assert used, f"{macro} is listed as a macro but no #ifdef uses it"
     read = set(found) - MACROS
     missing = {name: sorted(found[name]) for name in read - set(TABLE)}
@@ -298,7 +296,9 @@ def test_cuda_limit_where_no_gpu_can_be_used():
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = probe(NEEDLE_MEMORY_LIMIT=value)
     assert out["cpu"] == 2**30
-    warning = f"RuntimeWarning: NEEDLE_MEMORY_LIMIT={value!r}: the limit on cuda() applies to nothing"
+    warning = (
+        f"RuntimeWarning: NEEDLE_MEMORY_LIMIT={value!r}: the limit on cuda() applies to nothing"
+    )
     if out["cuda"]:
         assert out["cuda_limit"] == 256 * MiB
         assert warning not in proc.stderr

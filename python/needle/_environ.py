@@ -23,9 +23,7 @@ import re
 
 import needle_c as _c
 
-Variable = collections.namedtuple(
-    "Variable", "name section kind lo hi choices default accepts doc"
-)
+Variable = collections.namedtuple("Variable", "name section kind lo hi choices default accepts doc")
 """One row of the table: ``section`` is ``"run"`` (read by needle), ``"build"`` (setup.py) or
 ``"test"`` (the tests and bench scripts); ``kind`` names the parser; ``lo``/``hi`` bound a
 count; ``choices`` are a choice's words separated by ``|``."""
