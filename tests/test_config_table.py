@@ -338,3 +338,17 @@ def test_a_warning_made_an_error_stops_the_import():
     )
     assert proc.returncode != 0
     assert "RuntimeWarning: NEEDLE_MEMORY_LIMIT='cuda=1GiB'" in proc.stderr.splitlines()[-1]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not needle_c._cuda_simulated(), reason="needs the CUDA simulator")
+def test_cuda_limit_on_a_cuda_build_whose_gpu_cannot_be_used():
+    """A CUDA build whose only GPU has no code in it (the simulator reporting sm_70 to a CUDA 13
+    build): the cuda limit applies to nothing, and the warning says why, with CUDA's reason."""
+    value = "cpu=1GiB,cuda=256MiB"
+    proc = run_probe(NEEDLE_MEMORY_LIMIT=value, NEEDLE_SIM_COMPUTE_CAPABILITY="7.0")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (
+        f"RuntimeWarning: NEEDLE_MEMORY_LIMIT={value!r}: the limit on cuda() applies to nothing: "
+        "no GPU can be used (GPU 0 (needle CUDA simulator (CPU)): needle was built for"
+    ) in proc.stderr, proc.stderr
