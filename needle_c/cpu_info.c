@@ -8,9 +8,9 @@
  */
 #include "needle_c.h"
 
-#include <errno.h>
-#include <stdlib.h>
 #include <string.h>
+
+#include "config.h"
 
 /* Applies NEEDLE_CPU_ISA and NEEDLE_GEMM_SPLIT at import. A value that names
  * nothing (an unknown instruction set, a split that is not a count) is a
@@ -19,32 +19,32 @@
  * (the same setting is right on another machine). -1 with an exception set on
  * failure. */
 int cpu_settings_install(void) {
-    const char *isa_env = getenv("NEEDLE_CPU_ISA");
-    if (isa_env != NULL && isa_env[0] != '\0') {
+    static const char *const isa_words[] = {"avx512", "avx2", "baseline"}; /* the table's order */
+    int word = 0;
+    int set = nd_config_choice(ND_CFG_CPU_ISA, &word);
+    if (set < 0) {
+        PyErr_SetString(PyExc_ValueError, nd_last_error());
+        return -1;
+    }
+    if (set == 1) {
         nd_cpu_isa isa;
-        if (nd_cpu_isa_from_name(isa_env, &isa) != ND_OK) {
-            PyErr_Format(PyExc_ValueError, "NEEDLE_CPU_ISA='%.40s': %s", isa_env, nd_last_error());
+        if (nd_cpu_isa_from_name(isa_words[word], &isa) != ND_OK) {
+            PyErr_SetString(PyExc_SystemError, nd_last_error()); /* the table and the engine */
             return -1;
         }
         if (nd_cpu_set_isa(isa) != ND_OK &&
-            PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "NEEDLE_CPU_ISA=%.40s ignored: %s; using %s",
-                             isa_env, nd_last_error(), nd_cpu_isa_name(nd_cpu_isa_current())) < 0)
+            PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "NEEDLE_CPU_ISA=%s ignored: %s; using %s",
+                             isa_words[word], nd_last_error(),
+                             nd_cpu_isa_name(nd_cpu_isa_current())) < 0)
             return -1;
     }
-    const char *split_env = getenv("NEEDLE_GEMM_SPLIT");
-    if (split_env != NULL && split_env[0] != '\0') {
-        char *end = NULL;
-        errno = 0;
-        long long value = strtoll(split_env, &end, 10);
-        if (end == split_env || *end != '\0' || errno != 0 || value < 0) {
-            PyErr_Format(PyExc_ValueError,
-                         "NEEDLE_GEMM_SPLIT='%.40s': expected a count of multiply-adds (an "
-                         "integer >= 0; unset: measured)",
-                         split_env);
-            return -1;
-        }
-        nd_cpu_set_gemm_split((int64_t)value);
+    int64_t split = 0;
+    set = nd_config_count(ND_CFG_GEMM_SPLIT, &split);
+    if (set < 0) {
+        PyErr_SetString(PyExc_ValueError, nd_last_error());
+        return -1;
     }
+    if (set == 1) nd_cpu_set_gemm_split(split);
     return 0;
 }
 
@@ -107,14 +107,14 @@ static PyObject *cpu_kernels(PyObject *module, PyObject *Py_UNUSED(ignored)) {
         }
         Py_DECREF(name);
     }
-    const char *forced = getenv("NEEDLE_CPU_ISA");
+    char forced[64];
+    if (nd_config_text(ND_CFG_CPU_ISA, forced, sizeof forced) < 0) forced[0] = '\0';
     int64_t split = nd_cpu_gemm_split();
     nd_cpu_isa isa = nd_cpu_isa_current();
     if (set_item(d, "isa", PyUnicode_FromString(nd_cpu_isa_name(isa))) < 0 ||
         set_item(d, "best", PyUnicode_FromString(nd_cpu_isa_name(nd_cpu_isa_best()))) < 0 ||
         PyDict_SetItemString(d, "supported", supported) < 0 ||
-        set_item(d, "env",
-                 forced && forced[0] ? PyUnicode_FromString(forced) : Py_NewRef(Py_None)) < 0 ||
+        set_item(d, "env", forced[0] ? PyUnicode_FromString(forced) : Py_NewRef(Py_None)) < 0 ||
         set_item(d, "gemm", PyUnicode_FromString(nd_cpu_gemm_kernel_name(isa))) < 0 ||
         set_item(d, "gemm_bfloat16",
                  PyUnicode_FromString(nd_cpu_gemm_narrow_kernel_name(ND_BFLOAT16))) < 0 ||

@@ -6,9 +6,9 @@
  */
 #include "needle_c.h"
 
-#include <stdlib.h>
+#include "config.h"
 
-/* The most threads a caller may ask for (the engine caps its own choice the same way). */
+/* The most threads a caller may ask for: NEEDLE_NUM_THREADS's bound (config.h). */
 #define THREADS_ACCEPTED_MAX 256
 
 static PyObject *num_threads(PyObject *module, PyObject *Py_UNUSED(ignored)) {
@@ -36,18 +36,12 @@ static PyObject *set_num_threads(PyObject *module, PyObject *arg) {
 }
 
 /* The engine reads NEEDLE_NUM_THREADS itself, when a kernel first splits rows, and would
- * quietly use the online processors for a value it cannot use: checked here at import
- * instead, where the mistake can still be reported. */
+ * use the online processors for a value it cannot use: the same parser (config.h) runs here
+ * at import, where the mistake can still be reported. */
 int cpu_threads_check_environment(void) {
-    const char *env = getenv("NEEDLE_NUM_THREADS");
-    if (env == NULL || env[0] == '\0') return 0;
-    char *end = NULL;
-    long n = strtol(env, &end, 10);
-    if (end == env || *end != '\0' || n < 1 || n > THREADS_ACCEPTED_MAX) {
-        PyErr_Format(PyExc_ValueError,
-                     "NEEDLE_NUM_THREADS='%.40s': expected a thread count from 1 to %d (unset: "
-                     "the online processors)",
-                     env, THREADS_ACCEPTED_MAX);
+    int64_t n = 0;
+    if (nd_config_count(ND_CFG_NUM_THREADS, &n) < 0) {
+        PyErr_SetString(PyExc_ValueError, nd_last_error());
         return -1;
     }
     return 0;

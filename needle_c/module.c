@@ -23,6 +23,7 @@ needle_state *state_of_type(PyTypeObject *type) {
 
 extern PyMethodDef cuda_info_module_functions[]; /* cuda_info.c */
 extern PyMethodDef cpu_info_module_functions[];  /* cpu_info.c */
+extern PyMethodDef config_module_functions[];    /* config_table.c */
 
 static int add_function_table(PyObject *module, PyMethodDef *table) {
     return PyModule_AddFunctions(module, table);
@@ -73,6 +74,7 @@ static int needle_c_exec(PyObject *module) {
         add_function_table(module, scoped_module_functions) < 0 ||
         add_function_table(module, cuda_info_module_functions) < 0 ||
         add_function_table(module, cpu_info_module_functions) < 0 ||
+        add_function_table(module, config_module_functions) < 0 ||
         add_function_table(module, interop_module_functions) < 0 ||
         add_function_table(module, optim_module_functions) < 0)
         return -1;

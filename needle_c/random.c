@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
+
 enum { RNG_AUTO = 0, RNG_HOST = 1, RNG_DEVICE = 2, RNG_MODE_COUNT };
 static const char *const rng_mode_names[RNG_MODE_COUNT] = {"auto", "host", "device"};
 
@@ -250,11 +252,13 @@ static PyMethodDef random_module_functions[] = {
 
 int random_module_init(PyObject *module, needle_state *st) {
     st->rng_mode = RNG_AUTO;
-    const char *env = getenv("NEEDLE_RNG");
-    if (env != NULL && env[0] != '\0') {
-        int mode = rng_mode_from_text("NEEDLE_RNG", env);
-        if (mode < 0) return -1;
-        st->rng_mode = mode;
+    /* The table's choices are "auto|host|device", the order of rng_mode_names (each mode is
+     * checked through NEEDLE_RNG by tests/test_random.py). */
+    int mode = RNG_AUTO;
+    if (nd_config_choice(ND_CFG_RNG, &mode) < 0) {
+        PyErr_SetString(PyExc_ValueError, nd_last_error());
+        return -1;
     }
+    st->rng_mode = mode;
     return PyModule_AddFunctions(module, random_module_functions);
 }

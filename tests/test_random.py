@@ -399,7 +399,7 @@ def test_environment_variable():
         assert run.stdout.split() == expected.split()
     bad = _run_with_env("gpu", code)
     assert bad.returncode != 0
-    assert "ValueError: NEEDLE_RNG=gpu: expected 'auto'" in bad.stderr
+    assert "ValueError: NEEDLE_RNG='gpu': expected auto (the device generator" in bad.stderr
 
 
 # ------------------------------------------------------------------ bad input

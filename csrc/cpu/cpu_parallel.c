@@ -11,23 +11,24 @@
  */
 #define _DEFAULT_SOURCE /* sysconf: hidden by -std=c11 */
 
+#include "config.h"
 #include "internal.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+/* The table's bound for NEEDLE_NUM_THREADS, which the arrays below are sized by. */
 #define MAX_THREADS 256
 
 static int chosen_threads = 0; /* 0: not decided yet */
 
+/* NEEDLE_NUM_THREADS (config.h's parser, the one needle_c checks at import,
+ * so that a bad value never gets here under needle), else the online
+ * processors. */
 static int default_threads(void) {
-    const char *env = getenv("NEEDLE_NUM_THREADS");
-    if (env != NULL && *env != '\0') {
-        char *end = NULL;
-        long n = strtol(env, &end, 10);
-        if (end != NULL && *end == '\0' && n >= 1 && n <= MAX_THREADS) return (int)n;
-    }
+    int64_t n = 0;
+    if (nd_config_count(ND_CFG_NUM_THREADS, &n) == 1) return (int)n;
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     if (online < 1) return 1;
     return online > MAX_THREADS ? MAX_THREADS : (int)online;

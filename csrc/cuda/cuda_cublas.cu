@@ -31,6 +31,7 @@
  * architecture) does make the kernel permanent for that GPU, as the
  * description says. Never prints, exits or aborts.
  */
+#include "../config.h"
 #include "cuda_common.cuh"
 
 #include <dlfcn.h>
@@ -187,8 +188,14 @@ static void cublas_soname(char *buf, size_t size) {
 static int load_cublas(void) {
     if (cublas.tried) return cublas.library != NULL;
     cublas.tried = 1;
-    const char *env = getenv("NEEDLE_CUBLAS");
-    if (env != NULL && strcmp(env, "0") == 0) {
+    char env[4096]; /* NEEDLE_CUBLAS, blanks removed (config.h) */
+    if (nd_config_text(ND_CFG_CUBLAS, env, sizeof env) < 0) {
+        cublas.disabled = 1;
+        snprintf(cublas.description, sizeof cublas.description,
+                 "%s (NEEDLE_CUBLAS is too long to name a library)", KERNEL_NAME);
+        return 0;
+    }
+    if (strcmp(env, "0") == 0) {
         cublas.disabled = 1;
         snprintf(cublas.description, sizeof cublas.description, "%s (NEEDLE_CUBLAS=0)",
                  KERNEL_NAME);
@@ -210,7 +217,7 @@ static int load_cublas(void) {
              "cublas (the CUDA simulator's stand-in, computed on the CPU)");
     return 1;
 #endif
-    if (env != NULL && env[0] != '\0' && strcmp(env, "1") != 0) {
+    if (env[0] != '\0' && strcmp(env, "1") != 0) {
         if (try_open(env)) return 1;
         cublas.disabled = 1;
         snprintf(cublas.description, sizeof cublas.description,

@@ -4,7 +4,7 @@
  * it gives NumPy's matmul speed with no extra dependency. Elsewhere a system
  * OpenBLAS/CBLAS is tried, and without any the engine keeps its own GEMM.
  * NEEDLE_BLAS=0 forces the engine's GEMM; any value but 0, 1 or empty is a ValueError at
- * import.
+ * import (config.h's choice parser).
  */
 #include "needle_c.h"
 
@@ -12,6 +12,8 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "config.h"
 
 enum { CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112 };
 
@@ -111,15 +113,12 @@ static int try_numpy_libs(void) {
 }
 
 int install_blas(void) {
-    const char *env = getenv("NEEDLE_BLAS");
-    if (env != NULL && env[0] != '\0' && strcmp(env, "0") != 0 && strcmp(env, "1") != 0) {
-        PyErr_Format(PyExc_ValueError,
-                     "NEEDLE_BLAS='%.40s': expected 0 (needle's own GEMM) or 1 (a BLAS when one "
-                     "is found, the default)",
-                     env);
+    int choice = 1; /* the table's "0|1": 0 is needle's own GEMM */
+    if (nd_config_choice(ND_CFG_BLAS, &choice) < 0) {
+        PyErr_SetString(PyExc_ValueError, nd_last_error());
         return -1;
     }
-    if (env != NULL && strcmp(env, "0") == 0) {
+    if (choice == 0) {
         nd_cpu_set_sgemm(NULL);
         snprintf(description, sizeof description, "needle's built-in GEMM (NEEDLE_BLAS=0)");
         return 0;

@@ -4,7 +4,9 @@
  * the check of a stream handle. Not seen by the backend's .cu files.
  *
  * Switches (read once, at the first CUDA call; a malformed value makes device
- * discovery fail with cudaErrorInvalidValue, naming the variable):
+ * discovery fail with cudaErrorInvalidValue, naming the variable). Each is a
+ * row of csrc/config.h's table (and README.md's); the simulator, a stand-in
+ * for the driver, keeps its own parsers of them:
  *   NEEDLE_SIM_MEMORY=<bytes>  the simulated GPU's memory (default 4GiB; a
  *       number with an optional KiB/MiB/GiB suffix): cudaMalloc fails with
  *       cudaErrorMemoryAllocation past it, and cudaMemGetInfo and

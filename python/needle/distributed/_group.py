@@ -69,7 +69,7 @@ def timeout_seconds(timeout):
         except ValueError:
             value = float("nan")
         if not value > 0 or value == float("inf"):
-            raise _environ.invalid("NEEDLE_DIST_TIMEOUT", text, "a number of seconds > 0")
+            raise _environ.invalid("NEEDLE_DIST_TIMEOUT", text)
         return value
     if hasattr(timeout, "total_seconds"):
         timeout = timeout.total_seconds()

@@ -9,7 +9,8 @@ On the CPU a limit emulates a GPU's capacity, so that running out of memory
 (and not running out) can be tested on a machine without a GPU. The
 environment variable ``NEEDLE_MEMORY_LIMIT`` sets limits at import: either
 one size for every device (``"2GiB"``) or per device
-(``"cpu=1GiB,cuda=8GiB"``). The caching allocators' settings (PyTorch's
+(``"cpu=1GiB,cuda=8GiB"``, each device named once; a limit on a GPU this process cannot use
+applies to nothing, which a RuntimeWarning says). The caching allocators' settings (PyTorch's
 ``PYTORCH_ALLOC_CONF`` options) are :func:`set_allocator_settings` and
 ``NEEDLE_ALLOC_CONF`` (:mod:`.alloc_conf`).
 

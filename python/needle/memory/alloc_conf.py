@@ -6,9 +6,11 @@ imported).
 A settings string is comma-separated ``option:value`` items, each optionally prefixed by the
 kind of device it is for: ``max_split_size_mb:128,cuda:garbage_collection_threshold:0.8``.
 An item without a prefix applies to every device kind the option means something on; one
-with ``cpu:`` to the host devices, one with ``cuda:`` to every GPU. Options named are
-changed, the others kept (as ``torch.cuda.memory._set_allocator_settings`` does). The
-engine applies them (csrc/allocator.c, csrc/cpu/cpu_memory.c, csrc/cuda/cuda_allocator.cu).
+with ``cpu:`` to the host devices, one with ``cuda:`` to every GPU. An option may be set once
+per device kind: ``max_split_size_mb:128,cuda:max_split_size_mb:256`` is refused (a ValueError),
+not read last-wins as PyTorch does. Options named are changed, the others kept (as
+``torch.cuda.memory._set_allocator_settings`` does). The engine applies them (csrc/allocator.c,
+csrc/cpu/cpu_memory.c, csrc/cuda/cuda_allocator.cu).
 """
 
 import needle_c as _c
@@ -30,11 +32,8 @@ _UNSUPPORTED = (
     "pinned_use_background_threads",
     "backend",
 )
-ACCEPTED = (
-    "comma-separated [cpu:|cuda:]option:value items; options: max_split_size_mb:<integer > "
-    f"{_MIN_SPLIT_MB}> or None, garbage_collection_threshold:<number in (0, 1)> or None, "
-    "expandable_segments:True|False"
-)
+# The engine keeps a block size in an int64_t: max_split_size_mb's bytes must fit in one.
+_MAX_SPLIT_MB = (2**63 - 1) // _MiB
 
 
 def _parse_value(option, text):
@@ -47,10 +46,10 @@ def _parse_value(option, text):
     if text.lower() == "none":
         return 0 if option == "max_split_size_mb" else 0.0
     if option == "max_split_size_mb":
-        if not text.isdigit() or int(text) <= _MIN_SPLIT_MB:
+        if not text.isdigit() or not _MIN_SPLIT_MB < int(text) <= _MAX_SPLIT_MB:
             raise ValueError(
                 f"max_split_size_mb must be a whole number of MiB above {_MIN_SPLIT_MB} "
-                f"(PyTorch's bound) or None, got {text!r}"
+                f"(PyTorch's bound) and at most {_MAX_SPLIT_MB}, or None, got {text!r}"
             )
         return int(text) * _MiB
     try:
@@ -70,7 +69,7 @@ def parse_allocator_settings(settings):
     for a bad one."""
     if not isinstance(settings, str):
         raise TypeError(f"allocator settings must be a string, got {type(settings).__name__}")
-    parsed = []
+    parsed, seen = [], {}
     for item in settings.split(","):
         parts = [part.strip() for part in item.split(":")]
         kinds = None
@@ -100,8 +99,18 @@ def parse_allocator_settings(settings):
                     "is no segment to grow in place)"
                 )
             kinds = kinds or ("cuda",)  # PyTorch's CUDA option; the CPU has no such segments
-        parsed.append((kinds or _KINDS, option, value))
-    return parsed
+        parsed.append((kinds or _KINDS, option, value, item.strip()))
+    # Each option once per device kind (a second one would silently win), checked once every
+    # item is known good, so that a malformed item is reported as such.
+    for kinds, option, _, item in parsed:
+        for kind in kinds:
+            if (kind, option) in seen:
+                raise ValueError(
+                    f"allocator settings {seen[kind, option]!r} and {item!r} both set {option} "
+                    f"for {kind} devices"
+                )
+            seen[kind, option] = item
+    return [entry[:3] for entry in parsed]
 
 
 def _devices(kind):
@@ -181,4 +190,4 @@ def _settings_from_environment():
     try:
         set_allocator_settings(text)
     except ValueError as err:
-        raise _environ.invalid("NEEDLE_ALLOC_CONF", text, ACCEPTED, str(err)) from None
+        raise _environ.invalid("NEEDLE_ALLOC_CONF", text, str(err)) from None

@@ -58,10 +58,21 @@ def set_gc_policy(
                 raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
             kwargs[name] = float(value)
     if min_growth is not None:
-        kwargs["min_growth"] = parse_size(min_growth)
+        kwargs["min_growth"] = _bytes_argument("min_growth", parse_size(min_growth))
     if watermark is not ...:
         kwargs["watermark"] = _watermark_argument(watermark)
     _c._set_gc_policy(**kwargs)
+
+
+# needle_c keeps the policy's sizes in int64_t.
+_MAX_BYTES = 2**63 - 1
+
+
+def _bytes_argument(name, value):
+    """``value`` (bytes) when needle_c can hold it; ValueError naming ``name`` otherwise."""
+    if value > _MAX_BYTES:
+        raise ValueError(f"{name} must be at most {_MAX_BYTES} bytes, got {value}")
+    return value
 
 
 set_gc_policy.__doc__ = set_gc_policy.__doc__.format(
@@ -75,7 +86,9 @@ def _watermark_argument(watermark):
     if watermark is None:
         return None
     fraction = _size_fraction(watermark)
-    return fraction if fraction is not None else parse_size(watermark)
+    if fraction is not None:
+        return fraction
+    return _bytes_argument("watermark", parse_size(watermark))
 
 
 def get_gc_policy():
@@ -163,12 +176,14 @@ def collect(scope="needle"):
     return {"scope": scope, "objects": objects, "bytes": freed, "seconds": seconds, "ran": ran}
 
 
-# The policy's numeric variables: (variable, set_gc_policy argument, what it accepts).
+# The policy's variables, each with the set_gc_policy argument it sets (what each accepts is
+# the table's: csrc/config.h).
 _NUMBER_VARIABLES = (
-    ("NEEDLE_GC_GROWTH", "growth", "a finite number >= 0, e.g. 1.0"),
-    ("NEEDLE_GC_HIGH_WATER", "high_water", "a fraction of the budget in (0, 1], e.g. 0.9"),
-    ("NEEDLE_GC_MAX_FRACTION", "max_gc_fraction", "a share of wall time in (0, 0.5], e.g. 0.05"),
+    ("NEEDLE_GC_GROWTH", "growth"),
+    ("NEEDLE_GC_HIGH_WATER", "high_water"),
+    ("NEEDLE_GC_MAX_FRACTION", "max_gc_fraction"),
 )
+_SIZE_VARIABLES = (("NEEDLE_GC_MIN_GROWTH", "min_growth"), ("NEEDLE_GC_WATERMARK", "watermark"))
 
 
 def _policy_from_environment():
@@ -177,26 +192,16 @@ def _policy_from_environment():
     enabled = _environ.switch("NEEDLE_GC", None)
     if enabled is not None:
         set_gc_policy(enabled=enabled)
-    for variable, name, accepted in _NUMBER_VARIABLES:
+    for variable, name in _NUMBER_VARIABLES + _SIZE_VARIABLES:
         text = _environ.read(variable)
         if text is None:
             continue
         try:
-            set_gc_policy(**{name: float(text)})
+            value = float(text) if (variable, name) in _NUMBER_VARIABLES else text
+            if name == "watermark" and _watermark_argument(text) == 0:
+                # A watermark of 0 bytes collects before every allocation; "0" is more likely
+                # meant as "off", which is the variable unset.
+                raise ValueError("a watermark of 0 bytes would collect before every allocation")
+            set_gc_policy(**{name: value})
         except (ValueError, TypeError) as err:
-            raise _environ.invalid(variable, text, accepted, str(err)) from None
-    for variable, name, accepted in (
-        ("NEEDLE_GC_MIN_GROWTH", "min_growth", "a size such as 64MiB or 67108864 (bytes)"),
-        (
-            "NEEDLE_GC_WATERMARK",
-            "watermark",
-            "a size such as 1.5GiB or a fraction of each device's budget such as 50% or 0.5",
-        ),
-    ):
-        text = _environ.read(variable)
-        if text is None:
-            continue
-        try:
-            set_gc_policy(**{name: text})
-        except (ValueError, TypeError) as err:
-            raise _environ.invalid(variable, text, accepted, str(err)) from None
+            raise _environ.invalid(variable, text, str(err)) from None

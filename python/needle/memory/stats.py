@@ -10,6 +10,7 @@ own parser (``needle_c._device``), the one every array function uses.
 import numbers
 import os
 import re
+import warnings
 
 import needle_c as _c
 
@@ -280,28 +281,48 @@ def _format_bytes(n, exact=False):
     return f"{n} bytes" if exact else f"{n} B"
 
 
+def _unusable_reason(dev):
+    """Why this process cannot use ``dev``, a CUDA device."""
+    if not _c._cuda_compiled():
+        return "this needle was built without CUDA"
+    if not _c.cuda(0).enabled():
+        return f"no GPU can be used ({_c._cuda_init_error() or 'none was found'})"
+    return f"{dev!r} is not one of this process's GPUs"
+
+
 def _limits_from_environment():
     """Applies NEEDLE_MEMORY_LIMIT: one size for every device this process can use, or
-    ``name=size`` pairs; a device named that cannot be used (no GPU) is skipped."""
+    ``name=size`` pairs, each device named once. A pair for a device this process cannot use
+    (a GPU on a build without CUDA or where none is found) has its size checked and applies to
+    nothing, which a RuntimeWarning naming the variable says."""
     text = _environ.read("NEEDLE_MEMORY_LIMIT")
     if text is None:
         return
     try:
         if "=" in text:
+            pairs, seen = [], {}
             for part in text.split(","):
                 name, _, size = part.partition("=")
                 dev = _resolve(name.strip())
+                key = (dev.name, dev.index)
+                if key in seen:
+                    raise ValueError(f"{seen[key]!r} and {part.strip()!r} both limit {dev!r}")
+                seen[key] = part.strip()
+                pairs.append((dev, size.strip()))
+            for dev, size in pairs:
                 if dev.enabled():
-                    set_memory_limit(dev, size.strip())
+                    set_memory_limit(dev, size)
+                    continue
+                parse_size(size, capacity=1)  # its form, though no capacity resolves it
+                warnings.warn(
+                    f"NEEDLE_MEMORY_LIMIT={text!r}: the limit on {dev!r} applies to nothing: "
+                    f"{_unusable_reason(dev)}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         else:
             for dev in (_c.cpu(), _c.cpu_numpy(), _c.cuda()):
                 if dev.enabled():
                     set_memory_limit(dev, text)
-    except (ValueError, TypeError, _c.DeviceError) as err:
-        raise _environ.invalid(
-            "NEEDLE_MEMORY_LIMIT",
-            text,
-            "a size for every device such as 2GiB, 4096 (bytes), 0.5 or 50% (of each device's "
-            "capacity), or sizes per device such as cpu=1GiB,cuda=0.5",
-            str(err),
-        ) from None
+    except (ValueError, TypeError, OverflowError, _c.DeviceError) as err:
+        raise _environ.invalid("NEEDLE_MEMORY_LIMIT", text, str(err)) from None
