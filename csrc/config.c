@@ -30,6 +30,7 @@ const char *nd_config_kind_name(nd_config_kind kind) {
     case ND_CFG_LIBRARY: return "library";
     case ND_CFG_CAPABILITY: return "capability";
     case ND_CFG_LIST: return "list";
+    case ND_CFG_PATH: return "path";
     }
     return "?";
 }

@@ -143,7 +143,9 @@ extern "C" {
     X(FUZZ_SEED, ND_CFG_TEST, ND_CFG_COUNT, 0, INT64_MAX, "", "0", "a whole number >= 0",          \
       "the first program (seed) tests/fuzz runs")                                                  \
     X(VALIDATE_SUITE, ND_CFG_TEST, ND_CFG_LIST, 0, 0, "", "the tests marked cuda",                 \
-      "all, or pytest arguments", "what bench/gpu_validate.sh's suite step runs")
+      "all, or pytest arguments", "what bench/gpu_validate.sh's suite step runs")                  \
+    X(NCCL_STUB_LOG, ND_CFG_TEST, ND_CFG_PATH, 0, 0, "", "none (the stub records nothing)",        \
+      "a file path", "where tests/distributed/nccl_stub.c appends each NCCL call it receives")
 
 /* Who reads a variable (the table's SECTION). */
 typedef enum nd_config_section { ND_CFG_RUN, ND_CFG_BUILD, ND_CFG_TEST } nd_config_section;
@@ -158,7 +160,8 @@ typedef enum nd_config_kind {
     ND_CFG_SIZE,       /* bytes with an optional unit: needle.memory.parse_size, the simulator */
     ND_CFG_LIBRARY,    /* the path or soname of a shared library: dlopen'd by its reader */
     ND_CFG_CAPABILITY, /* <major>.<minor>: the simulator */
-    ND_CFG_LIST        /* comma- or space-separated items with their own grammar */
+    ND_CFG_LIST,       /* comma- or space-separated items with their own grammar */
+    ND_CFG_PATH        /* a file's path */
 } nd_config_kind;
 
 typedef enum nd_config_var {
