@@ -7,6 +7,7 @@
  */
 #include "needle_c.h"
 #include "autograd/tensor.h"
+#include "runtime.h"
 
 #include <structmember.h>
 
@@ -81,6 +82,11 @@ static int needle_c_exec(PyObject *module) {
     if (install_blas() < 0 || cpu_settings_install() < 0 || cpu_threads_check_environment() < 0)
         return -1;
     if (scoped_install(module, st) < 0) return -1;
+    /* The engine's callbacks, tp_dealloc and tp_traverse reach this module
+     * through the runtime (runtime.h); backward reaches the collection
+     * policy's safe point through it, so autograd/ does not call memory/. */
+    needle_rt.state = st;
+    needle_rt.autograd.safe_point = pressure_safe_point;
     pressure_install();
     return 0;
 }
@@ -96,7 +102,8 @@ static int needle_c_traverse(PyObject *module, visitproc visit, void *arg) {
         Py_VISIT(st->devices[i]);
     Py_VISIT(st->cuda_placeholder);
     Py_VISIT(st->numpy_random);
-    return autograd_traverse(st, visit, arg);
+    int rc = scoped_traverse(st, visit, arg);
+    return rc != 0 ? rc : autograd_traverse(st, visit, arg);
 }
 
 static int needle_c_clear(PyObject *module) {
@@ -110,6 +117,7 @@ static int needle_c_clear(PyObject *module) {
         Py_CLEAR(st->devices[i]);
     Py_CLEAR(st->cuda_placeholder);
     Py_CLEAR(st->numpy_random);
+    if (needle_rt.state == st) needle_rt.state = NULL;
     scoped_forget(st);
     autograd_clear(st);
     return 0;

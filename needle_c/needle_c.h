@@ -30,6 +30,10 @@ typedef struct {
     PyObject *numpy_random;          /* numpy.random, for Device.rand/randn/randb */
     int rng_mode;                    /* random.c: where Device.rand/randn/randb draw */
     struct autograd_state *autograd; /* tensor.h: Tensor/Op types, graph mode */
+    /* memory/scoped.c: the (phase, info) observers called around each scoped
+     * collection (a list), and gc.get_freeze_count, read as each one begins. */
+    PyObject *scoped_observers;
+    PyObject *gc_get_freeze_count;
 } needle_state;
 
 typedef struct {
@@ -143,7 +147,8 @@ typedef enum scoped_refusal {
     SCOPED_RAN = 0,
     SCOPED_UNSUPPORTED = 1, /* free-threaded build, or the module is gone */
     SCOPED_BUSY = 2,        /* inside Python's collection or another scoped one */
-    SCOPED_NO_MEMORY = 3    /* the mark stack could not grow: nothing freed */
+    SCOPED_NO_MEMORY = 3    /* the mark stack could not grow, or the freeze count could not be
+                               read: nothing freed */
 } scoped_refusal;
 typedef struct scoped_result {
     Py_ssize_t collected, examined;
@@ -158,7 +163,10 @@ Py_ssize_t scoped_collect(scoped_result *r);
 int scoped_supported(void);
 int scoped_busy(void);
 const scoped_totals *scoped_get_totals(void);
+/* The module's part: the gc.callbacks observer, the module state's observers
+ * list and gc.get_freeze_count (traversed and cleared by the module). */
 int scoped_install(PyObject *module, needle_state *st);
+int scoped_traverse(needle_state *st, visitproc visit, void *arg);
 void scoped_forget(needle_state *st);
 extern PyMethodDef scoped_module_functions[];
 

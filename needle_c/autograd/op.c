@@ -45,7 +45,7 @@ static PyObject *op_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     if (self == NULL) return NULL;
     self->kind = kind_of_type(st->autograd, type);
     self->p.stride = 1;
-    scoped_link_op((PyObject *)self);
+    registry_link_op((PyObject *)self);
     return (PyObject *)self;
 }
 
@@ -67,7 +67,7 @@ static int op_clear(PyObject *op) {
 /* Untracks, clears, frees, drops the type. */
 static void op_dealloc(PyObject *op) {
     PyTypeObject *tp = Py_TYPE(op);
-    scoped_unlink_op(op); /* first: see value_dealloc */
+    registry_unlink_op(op); /* first: see value_dealloc */
     PyObject_GC_UnTrack(op);
     if (Op_CAST(op)->weakreflist != NULL) PyObject_ClearWeakRefs(op);
     op_clear(op);
@@ -500,6 +500,6 @@ PyObject *op_new_builtin(needle_state *st, op_kind kind, const op_params *p) {
     op->kind = kind;
     op->p = *p;
     Py_XINCREF(op->p.key);
-    scoped_link_op((PyObject *)op);
+    registry_link_op((PyObject *)op);
     return (PyObject *)op;
 }
