@@ -65,6 +65,9 @@ static int needle_c_exec(PyObject *module) {
 
     if (device_module_init(module, st) < 0) return -1;
     if (random_module_init(module, st) < 0) return -1;
+    if (device_add_methods(st, ndarray_device_factories) < 0 ||
+        device_add_methods(st, random_device_methods) < 0)
+        return -1;
 
     if (add_function_table(module, blas_module_functions) < 0 ||
         add_function_table(module, cpu_threads_module_functions) < 0 ||

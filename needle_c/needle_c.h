@@ -68,8 +68,16 @@ nd_device *device_from_object(needle_state *st, PyObject *obj);
 /* Module init: the Device type, one Device per engine device, the device
  * functions (cpu, cpu_numpy, cuda, _device) and MAX_DEVICES. */
 int device_module_init(PyObject *module, needle_state *st);
+/* Adds methods to the Device type (device.c): the layers above devices give
+ * it their array factories (module.c), so devices depend on no array code.
+ * methods must outlive the type. 0, or -1. */
+int device_add_methods(needle_state *st, PyMethodDef *methods);
+/* The factories Device carries: empty, full, one_hot (array/factories.c);
+ * rand, randn, randb (random.c). */
+extern PyMethodDef ndarray_device_factories[];
+extern PyMethodDef random_device_methods[];
 /* A factory's dtype argument (parse.h's parse_dtype_param; NULL or None:
- * float32): 0, or -1 with TypeError. */
+ * float32): 0, or -1 with TypeError (array/factories.c). */
 int factory_dtype(PyObject *dtype, nd_dtype *out);
 /* A factory's shape from its varargs: f(2, 3) or f((2, 3)); a new tuple. */
 PyObject *shape_from_args(PyObject *args);

@@ -79,11 +79,16 @@ struct memory_history {
     size_t needle_prefix_len;
 };
 
-/* The runtime's tables, made now when they are not there yet; NULL with
- * MemoryError set when they cannot be. */
+static void on_event(void *ctx, nd_device *dev, const nd_memory_event *event);
+
+/* The runtime's tables, made (and the engine's event callback installed with
+ * them) when they are not there yet; NULL with MemoryError set when they
+ * cannot be. */
 static memory_history *history_tables(void) {
-    if (needle_rt.history == NULL && (needle_rt.history = calloc(1, sizeof *needle_rt.history)) == NULL)
-        PyErr_NoMemory();
+    if (needle_rt.history != NULL) return needle_rt.history;
+    needle_rt.history = calloc(1, sizeof *needle_rt.history);
+    if (needle_rt.history == NULL) return (memory_history *)PyErr_NoMemory();
+    nd_memory_set_event_callback(on_event, NULL);
     return needle_rt.history;
 }
 
@@ -335,10 +340,7 @@ static void on_event(void *ctx, nd_device *dev, const nd_memory_event *event) {
 /* 0, or -1 with MemoryError set (the tables could not be made). */
 static int history_set(nd_device *dev, int enabled, int context, int all_frames,
                        int64_t max_entries, unsigned skip, int clear) {
-    if (needle_rt.history == NULL) {
-        if (history_tables() == NULL) return -1;
-        nd_memory_set_event_callback(on_event, NULL); /* once: with the tables */
-    }
+    if (history_tables() == NULL) return -1;
     device_history *h = &needle_rt.history->devices[nd_device_id(dev)];
     if (enabled == HISTORY_OFF || clear) trace_clear(h);
     if (enabled == HISTORY_OFF) live_clear(&h->live);
