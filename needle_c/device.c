@@ -12,11 +12,6 @@
  */
 #include "needle_c.h"
 
-PyObject *device_object(needle_state *st, const nd_device *dev) {
-    int id = nd_device_id(dev);
-    return id >= 0 && id < ND_MAX_DEVICES ? st->devices[id] : NULL;
-}
-
 static PyObject *make_device(needle_state *st, int engine_id, const char *name, int ordinal) {
     DeviceObject *d = PyObject_New(DeviceObject, st->device_type);
     if (d == NULL) return NULL;

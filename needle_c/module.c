@@ -11,15 +11,6 @@
 
 #include <structmember.h>
 
-needle_state *state_of_module(PyObject *module) {
-    return (needle_state *)PyModule_GetState(module);
-}
-
-needle_state *state_of_type(PyTypeObject *type) {
-    PyObject *module = PyType_GetModuleByDef(type, &needle_c_module);
-    return module ? state_of_module(module) : NULL;
-}
-
 /* ------------------------------------------------------------- module */
 
 extern PyMethodDef cuda_info_module_functions[]; /* cuda_info.c */

@@ -50,19 +50,31 @@ typedef struct {
 #define Device_CAST(op) ((DeviceObject *)(op))
 #define NDArray_CAST(op) ((NDArrayObject *)(op))
 
-extern PyModuleDef needle_c_module;
+extern PyModuleDef needle_c_module; /* module.c */
 
-needle_state *state_of_module(PyObject *module);
+/* The state of a needle_c module; inline here (not in module.c, which
+ * initialises every part) so that the parts depend on this header alone. */
+static inline needle_state *state_of_module(PyObject *module) {
+    return (needle_state *)PyModule_GetState(module);
+}
 /* The state reached from any of our objects' types (NULL + exception if
  * the type is not ours). */
-needle_state *state_of_type(PyTypeObject *type);
+static inline needle_state *state_of_type(PyTypeObject *type) {
+    PyObject *module = PyType_GetModuleByDef(type, &needle_c_module);
+    return module ? state_of_module(module) : NULL;
+}
 
 /* Raises the exception that matches status, with the engine's message
  * (errors.c; ND_ERR_OOM raises needle.OutOfMemoryError with its figures). */
 PyObject *raise_status(needle_state *st, nd_status status);
 
 /* Devices (device.c). */
-PyObject *device_object(needle_state *st, const nd_device *dev); /* borrowed */
+/* The Device object of an engine device (borrowed; NULL for none): inline,
+ * a lookup in the module state, so that errors.c need not call device.c. */
+static inline PyObject *device_object(needle_state *st, const nd_device *dev) {
+    int id = nd_device_id(dev);
+    return id >= 0 && id < ND_MAX_DEVICES ? st->devices[id] : NULL;
+}
 /* Resolves None (cpu), a Device, or a name like "cpu", "cuda:0". */
 nd_device *device_from_object(needle_state *st, PyObject *obj);
 /* Module init: the Device type, one Device per engine device, the device
@@ -178,10 +190,9 @@ int scoped_traverse(needle_state *st, visitproc visit, void *arg);
 void scoped_forget(needle_state *st);
 extern PyMethodDef scoped_module_functions[];
 
-/* BLAS discovery (blas.c): installs NumPy's OpenBLAS sgemm in the engine; -1 with a
- * ValueError set when NEEDLE_BLAS is malformed. */
+/* BLAS discovery (blas.c): installs NumPy's OpenBLAS sgemm in the engine (what was found:
+ * runtime.h's needle_rt.blas); -1 with a ValueError set when NEEDLE_BLAS is malformed. */
 int install_blas(void);
-const char *blas_description(void);
 extern PyMethodDef blas_module_functions[]; /* _blas() */
 /* _num_threads(), _set_num_threads(n) (cpu_threads.c); cpu_threads_check_environment()
  * refuses a malformed NEEDLE_NUM_THREADS at import (-1, ValueError set). */

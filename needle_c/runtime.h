@@ -31,9 +31,8 @@ typedef struct needle_link {
 typedef struct memory_history memory_history;
 
 /* A CBLAS sgemm found at import (array/blas.c); at most one is set. */
-typedef void (*needle_cblas_sgemm64)(int, int, int, int64_t, int64_t, int64_t, float,
-                                     const float *, int64_t, const float *, int64_t, float,
-                                     float *, int64_t);
+typedef void (*needle_cblas_sgemm64)(int, int, int, int64_t, int64_t, int64_t, float, const float *,
+                                     int64_t, const float *, int64_t, float, float *, int64_t);
 typedef void (*needle_cblas_sgemm32)(int, int, int, int, int, int, float, const float *, int,
                                      const float *, int, float, float *, int);
 

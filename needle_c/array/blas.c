@@ -21,15 +21,17 @@ enum { CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112 };
 static void call_sgemm64(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                          float *c, int64_t ldc) {
-    needle_rt.blas.sgemm64(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS, tb ? CBLAS_TRANS : CBLAS_NO_TRANS,
-            m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    needle_rt.blas.sgemm64(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS,
+                           tb ? CBLAS_TRANS : CBLAS_NO_TRANS, m, n, k, alpha, a, lda, b, ldb, beta,
+                           c, ldc);
 }
 
 static void call_sgemm32(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                          float *c, int64_t ldc) {
-    needle_rt.blas.sgemm32(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS, tb ? CBLAS_TRANS : CBLAS_NO_TRANS,
-            (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    needle_rt.blas.sgemm32(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS,
+                           tb ? CBLAS_TRANS : CBLAS_NO_TRANS, (int)m, (int)n, (int)k, alpha, a,
+                           (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }
 
 /* 32-bit CBLAS cannot take dims past INT_MAX; those go to needle's GEMM. */
@@ -50,14 +52,16 @@ static int try_library(const char *path) {
     if (sym != NULL) {
         needle_rt.blas.sgemm64 = (needle_cblas_sgemm64)sym;
         nd_cpu_set_sgemm(call_sgemm64);
-        snprintf(needle_rt.blas.description, sizeof needle_rt.blas.description, "OpenBLAS (ILP64) from %s", path);
+        snprintf(needle_rt.blas.description, sizeof needle_rt.blas.description,
+                 "OpenBLAS (ILP64) from %s", path);
         return 1;
     }
     sym = dlsym(lib, "cblas_sgemm");
     if (sym != NULL) {
         needle_rt.blas.sgemm32 = (needle_cblas_sgemm32)sym;
         nd_cpu_set_sgemm(call_sgemm32_checked);
-        snprintf(needle_rt.blas.description, sizeof needle_rt.blas.description, "CBLAS from %s", path);
+        snprintf(needle_rt.blas.description, sizeof needle_rt.blas.description, "CBLAS from %s",
+                 path);
         return 1;
     }
     dlclose(lib);
@@ -115,7 +119,8 @@ int install_blas(void) {
     }
     if (env != NULL && strcmp(env, "0") == 0) {
         nd_cpu_set_sgemm(NULL);
-        snprintf(needle_rt.blas.description, sizeof needle_rt.blas.description, "needle's built-in GEMM (NEEDLE_BLAS=0)");
+        snprintf(needle_rt.blas.description, sizeof needle_rt.blas.description,
+                 "needle's built-in GEMM (NEEDLE_BLAS=0)");
         return 0;
     }
     if (try_numpy_libs()) return 0;
@@ -126,7 +131,6 @@ int install_blas(void) {
     return 0;
 }
 
-const char *blas_description(void) { return needle_rt.blas.description; }
 
 static PyObject *module_blas(PyObject *module, PyObject *Py_UNUSED(ignored)) {
     (void)module;

@@ -79,13 +79,14 @@ static needle_link *link_of(PyObject *o) {
     const autograd_state *types = st->autograd;
     if (types->value_type != NULL && PyType_IsSubtype(tp, types->value_type))
         return &Tensor_CAST(o)->link;
-    if (types->op_type != NULL && PyType_IsSubtype(tp, types->op_type))
-        return &Op_CAST(o)->link;
+    if (types->op_type != NULL && PyType_IsSubtype(tp, types->op_type)) return &Op_CAST(o)->link;
     return NULL;
 }
 
 /* In this collection's set. */
-static int member(const needle_link *l) { return l->epoch == needle_rt.scoped.epoch && l->state != LINK_OUT; }
+static int member(const needle_link *l) {
+    return l->epoch == needle_rt.scoped.epoch && l->state != LINK_OUT;
+}
 
 /* A tuple or dict that only its referrer holds: seen through as part of it. */
 static int owned(PyObject *o) {
@@ -261,7 +262,8 @@ Py_ssize_t scoped_collect(scoped_result *r) {
     if (++needle_rt.scoped.epoch == 0) needle_rt.scoped.epoch = 1;
     /* Examining the set runs no Python code and allocates no Python object:
      * nothing can change the registry or any refcount until clearing. */
-    r->examined = enter_set(&needle_rt.autograd.values, value_of_link) + enter_set(&needle_rt.autograd.ops, op_of_link);
+    r->examined = enter_set(&needle_rt.autograd.values, value_of_link) +
+                  enter_set(&needle_rt.autograd.ops, op_of_link);
     subtract_internal(&needle_rt.autograd.values, value_of_link);
     subtract_internal(&needle_rt.autograd.ops, op_of_link);
     mark_stack s = {NULL, 0, 0, 0, 1}, garbage = {NULL, 0, 0, 0, 0};
@@ -378,12 +380,11 @@ static PyObject *collect_needle(PyObject *module, PyObject *Py_UNUSED(ignored)) 
 static PyObject *scoped_info(PyObject *module, PyObject *Py_UNUSED(ignored)) {
     PyObject *observers = state_of_module(module)->scoped_observers;
     const scoped_totals *totals = &needle_rt.scoped.totals;
-    return Py_BuildValue("{s:O,s:n,s:L,s:L,s:L,s:d,s:O}", "supported",
-                         scoped_supported() ? Py_True : Py_False, "registered",
-                         needle_rt.autograd.linked, "collections", (long long)totals->collections,
-                         "examined", (long long)totals->examined, "collected",
-                         (long long)totals->collected, "seconds", totals->seconds, "observers",
-                         observers ? observers : Py_None);
+    return Py_BuildValue(
+        "{s:O,s:n,s:L,s:L,s:L,s:d,s:O}", "supported", scoped_supported() ? Py_True : Py_False,
+        "registered", needle_rt.autograd.linked, "collections", (long long)totals->collections,
+        "examined", (long long)totals->examined, "collected", (long long)totals->collected,
+        "seconds", totals->seconds, "observers", observers ? observers : Py_None);
 }
 
 static PyObject *set_scoped_enabled(PyObject *module, PyObject *arg) {
