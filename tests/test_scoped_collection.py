@@ -596,6 +596,25 @@ def test_an_unfreeze_clears_the_marks():
     assert made_while_frozen() is None
 
 
+def test_a_replaced_get_freeze_count_changes_nothing(monkeypatch):
+    """needle took gc.get_freeze_count from the gc module at import: a replacement set later
+    (here one that raises) is never called, and frozen objects are still told apart."""
+
+    def broken():
+        raise RuntimeError("not the gc module's")
+
+    monkeypatch.setattr(gc, "get_freeze_count", broken)
+    frozen = needle_cycle(4096)
+    gc.freeze()
+    try:
+        result = memory.collect("needle")
+        assert result["ran"] and frozen() is not None
+    finally:
+        gc.unfreeze()
+    assert memory.collect("needle")["objects"] > 0
+    assert frozen() is None
+
+
 def test_oom_path_uses_the_ladder():
     _c._reset_pressure_stats(memory._engine_id("cpu"))
     base = memory.memory_allocated()
