@@ -476,11 +476,12 @@ int op_types_init(PyObject *module, needle_state *st) {
         PyModule_AddType(module, ag->tensor_op_type) < 0 ||
         PyModule_AddType(module, ag->tensor_tuple_op_type) < 0)
         return -1;
-    static char names[OP_KIND_COUNT][64];
     for (int k = 1; k < OP_KIND_COUNT; k++) {
-        snprintf(names[k], sizeof names[k], "needle.ops.%s", op_table[k].name);
+        /* Python 3.11+ copies a spec's name into the type: a local will do. */
+        char name[64];
+        snprintf(name, sizeof name, "needle.ops.%s", op_table[k].name);
         PyType_Spec spec = {
-            .name = names[k],
+            .name = name,
             .basicsize = sizeof(OpObject),
             .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
             .slots = builtin_op_slots,
