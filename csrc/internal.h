@@ -195,6 +195,8 @@ typedef struct nd_lstm_step_grad_desc {
  * counted as allocated; a kernel that needs memory to start, such as the
  * CUDA matmul's cuBLAS workspace, may run nd_memory_retry and so a
  * collection). */
+struct nd_live_storage; /* below, with nd_storage_live */
+
 typedef struct nd_backend {
     const char *name;
     nd_status (*raw_alloc)(nd_device *dev, int64_t nbytes, void **out);
@@ -280,6 +282,14 @@ typedef struct nd_backend {
      * matmuls and a sum); NULL: never. */
     int (*fuses_linear_grads)(nd_dtype dtype, int64_t m, int64_t k, int64_t n);
     nd_status (*linear_grads)(const nd_linear_grads_desc *d);
+    /* The device's block map (memory_blocks.c): the first cap of every
+     * segment and block its allocator holds, in any order, into out; returns
+     * how many there are. live (nlive, sorted by address) are the device's
+     * live storages: a backend that keeps no map of its own blocks builds
+     * them from it; one that does may report a storage's block as
+     * ND_BLOCK_ENGINE, which nd_memory_blocks then marks as the storage's. */
+    int64_t (*memory_blocks)(nd_device *dev, const struct nd_live_storage *live, int64_t nlive,
+                             nd_memory_block *out, int64_t cap);
 } nd_backend;
 
 typedef struct nd_allocator {
@@ -382,7 +392,8 @@ void nd_memory_stat_update(nd_memory_stat *stat, int64_t n);
 int nd_memory_oversize(const nd_device *dev, int64_t size);
 
 /* Reports an allocator event to the host when the device is traced
- * (memory_history.c); backends report their segments through it. */
+ * (memory_history.c); backends report their segments through it. The block
+ * map (memory_blocks.c) reaches the blocks through the backend table. */
 void nd_memory_trace(nd_device *dev, nd_memory_action action, const void *address, int64_t size);
 
 /* A live storage's buffer, as nd_storage_live lists it. */
@@ -418,11 +429,10 @@ int64_t nd_cpu_release_cache(nd_device *dev);
 /* Host blocks of this size and more are rounded to it and cached on free;
  * smaller ones go straight back to the C library (a "small" segment). */
 #define ND_CPU_LARGE_BLOCK ((int64_t)2 << 20)
-/* The bytes the CPU backend takes for a request of nbytes (rounding included). */
-int64_t nd_cpu_block_size(int64_t nbytes);
-/* Writes the first cap of the device's cached blocks (each its own segment,
- * ND_BLOCK_FREE) into out; returns how many there are. */
-int64_t nd_cpu_cached_blocks(const nd_device *dev, nd_memory_block *out, int64_t cap);
+/* nd_backend.memory_blocks: each live storage's buffer and each cached block
+ * is a segment of its own. */
+int64_t nd_cpu_memory_blocks(nd_device *dev, const struct nd_live_storage *live, int64_t nlive,
+                             nd_memory_block *out, int64_t cap);
 
 #ifdef NEEDLE_WITH_CUDA
 /* csrc/cuda: registers one device per GPU (none without a driver or GPU). */

@@ -7,6 +7,7 @@
  * this file only reads the environment at import, converts, and reports.
  */
 #include "needle_c.h"
+#include "runtime.h"
 
 #include <string.h>
 
@@ -122,7 +123,7 @@ static PyObject *cpu_kernels(PyObject *module, PyObject *Py_UNUSED(ignored)) {
                  PyUnicode_FromString(nd_cpu_gemm_narrow_kernel_name(ND_FLOAT16))) < 0 ||
         set_item(d, "linear_grads_one_pass", one_pass_dtypes()) < 0 ||
         set_item(d, "elementwise", PyUnicode_FromString(nd_cpu_isa_name(isa))) < 0 ||
-        set_item(d, "blas", PyUnicode_FromString(blas_description())) < 0 ||
+        set_item(d, "blas", PyUnicode_FromString(needle_rt.blas.description)) < 0 ||
         set_item(d, "gemm_split",
                  split < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong((long long)split)) < 0 ||
         set_item(d, "calibration", calibration_dict(nd_cpu_gemm_last_calibration())) < 0)

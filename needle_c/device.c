@@ -1,6 +1,7 @@
-/* device.c: the Device type (needle_c.Device), the array factories it
- * carries (empty, full, one_hot here; rand, randn, randb in random.c), the
- * module functions that return devices (cpu, cpu_numpy, cuda) or count
+/* device.c: the Device type (needle_c.Device) and the way other layers add
+ * methods to it (the array factories: empty, full, one_hot in
+ * array/factories.c; rand, randn, randb in random.c, so that devices know
+ * nothing of arrays), the module functions that return devices (cpu, cpu_numpy, cuda) or count
  * them, and the one parser that turns a user's device argument (None, a
  * Device, "cpu", "cuda:1") into an engine device (Python reaches it through
  * _device).
@@ -10,13 +11,6 @@
  * placeholder whose enabled() is False.
  */
 #include "needle_c.h"
-
-#include "array/parse.h"
-
-PyObject *device_object(needle_state *st, const nd_device *dev) {
-    int id = nd_device_id(dev);
-    return id >= 0 && id < ND_MAX_DEVICES ? st->devices[id] : NULL;
-}
 
 static PyObject *make_device(needle_state *st, int engine_id, const char *name, int ordinal) {
     DeviceObject *d = PyObject_New(DeviceObject, st->device_type);
@@ -152,101 +146,9 @@ static PyObject *device_get_id(PyObject *op, void *Py_UNUSED(closure)) {
     return PyLong_FromLong(Device_CAST(op)->engine_id);
 }
 
-/* ---------------------------------------------------------- factories */
-
-int factory_dtype(PyObject *dtype, nd_dtype *out) {
-    *out = ND_FLOAT32;
-    if (dtype == NULL || dtype == Py_None) return 0;
-    return parse_dtype_param(dtype, out);
-}
-
-/* Shapes from varargs: rand(2, 3) or rand((2, 3)). */
-PyObject *shape_from_args(PyObject *args) {
-    if (PyTuple_GET_SIZE(args) == 1 &&
-        (PyTuple_Check(PyTuple_GET_ITEM(args, 0)) || PyList_Check(PyTuple_GET_ITEM(args, 0))))
-        return PySequence_Tuple(PyTuple_GET_ITEM(args, 0));
-    return Py_NewRef(args);
-}
-
-static PyObject *device_one_hot(PyObject *op, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"n", "i", "dtype", NULL};
-    Py_ssize_t n;
-    PyObject *index, *dtype = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nO|O:one_hot", kwlist, &n, &index, &dtype))
-        return NULL;
-    nd_dtype dt;
-    if (factory_dtype(dtype, &dt) < 0) return NULL;
-    needle_state *st = state_of_type(Py_TYPE(op));
-    if (st == NULL) return NULL;
-    nd_device *dev = device_from_object(st, op);
-    if (dev == NULL) return NULL;
-    if (n < 0) {
-        PyErr_SetString(PyExc_ValueError, "one_hot: n must be non-negative");
-        return NULL;
-    }
-    PyObject *numpy = PyImport_ImportModule("numpy");
-    if (numpy == NULL) return NULL;
-    PyObject *eye = PyObject_CallMethod(numpy, "eye", "nnns", n, n, (Py_ssize_t)0, "float32");
-    Py_DECREF(numpy);
-    if (eye == NULL) return NULL;
-    PyObject *rows = PyObject_GetItem(eye, index);
-    Py_DECREF(eye);
-    if (rows == NULL) return NULL;
-    PyObject *result = ndarray_from_object(st, rows, dev, &dt);
-    Py_DECREF(rows);
-    return result;
-}
-
-/* empty and full: an array of shape_obj on op's device, filled when fill. */
-static PyObject *device_new_array(PyObject *op, PyObject *shape_obj, PyObject *dtype, int fill,
-                                  double value) {
-    nd_dtype dt;
-    if (factory_dtype(dtype, &dt) < 0) return NULL;
-    needle_state *st = state_of_type(Py_TYPE(op));
-    if (st == NULL) return NULL;
-    nd_device *dev = device_from_object(st, op);
-    return dev ? ndarray_new_on(st, dev, shape_obj, fill ? &value : NULL, dt) : NULL;
-}
-
-static PyObject *device_empty(PyObject *op, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"shape", "dtype", NULL};
-    PyObject *shape_obj, *dtype = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:empty", kwlist, &shape_obj, &dtype))
-        return NULL;
-    return device_new_array(op, shape_obj, dtype, 0, 0.0);
-}
-
-static PyObject *device_full(PyObject *op, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"shape", "fill_value", "dtype", NULL};
-    PyObject *shape_obj, *value_obj, *dtype = NULL;
-    double value;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O:full", kwlist, &shape_obj, &value_obj,
-                                     &dtype) ||
-        parse_scalar_param(value_obj, &value) < 0)
-        return NULL;
-    return device_new_array(op, shape_obj, dtype, 1, value);
-}
-
 static PyMethodDef device_methods[] = {
     {"enabled", device_enabled, METH_NOARGS,
      "enabled($self, /)\n--\n\nTrue when arrays can be created on this device."},
-    {"empty", (PyCFunction)(void (*)(void))device_empty, METH_VARARGS | METH_KEYWORDS,
-     "empty($self, /, shape, dtype='float32')\n--\n\nAn uninitialised array of the given shape."},
-    {"full", (PyCFunction)(void (*)(void))device_full, METH_VARARGS | METH_KEYWORDS,
-     "full($self, /, shape, fill_value, dtype='float32')\n--\n\nAn array filled with fill_value."},
-    {"rand", (PyCFunction)(void (*)(void))device_rand, METH_VARARGS | METH_KEYWORDS,
-     "rand($self, /, *shape, dtype='float32')\n--\n\nUniform [0, 1) values: "
-     "numpy.random.rand(*shape) copied here, or the device generator (one kernel keyed by one "
-     "draw from NumPy's global RNG) where needle.random's mode says so (CUDA by default)."},
-    {"randn", (PyCFunction)(void (*)(void))device_randn, METH_VARARGS | METH_KEYWORDS,
-     "randn($self, /, *shape, dtype='float32')\n--\n\nStandard normal values: "
-     "numpy.random.randn(*shape) copied here, or the device generator (see rand)."},
-    {"randb", (PyCFunction)(void (*)(void))device_randb, METH_VARARGS | METH_KEYWORDS,
-     "randb($self, /, *shape, p=0.5, dtype='float32')\n--\n\n1.0 where a uniform value is "
-     "<= p, else 0.0: rand(*shape) <= p from NumPy's draws, or one bernoulli kernel of the "
-     "device generator (see rand). p must be in [0, 1]."},
-    {"one_hot", (PyCFunction)(void (*)(void))device_one_hot, METH_VARARGS | METH_KEYWORDS,
-     "one_hot($self, /, n, i, dtype='float32')\n--\n\nRows i of the n x n identity matrix."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -274,6 +176,20 @@ static PyType_Spec device_type_spec = {
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
     .slots = device_type_slots,
 };
+
+/* Adds methods (a table that outlives the type) to the Device type: the
+ * layers above devices give it their factories this way. 0, or -1. */
+int device_add_methods(needle_state *st, PyMethodDef *methods) {
+    PyTypeObject *type = st->device_type;
+    for (PyMethodDef *m = methods; m->ml_name != NULL; m++) {
+        PyObject *descr = PyDescr_NewMethod(type, m);
+        int rc = descr != NULL ? PyDict_SetItemString(type->tp_dict, m->ml_name, descr) : -1;
+        Py_XDECREF(descr);
+        if (rc < 0) return -1;
+    }
+    PyType_Modified(type);
+    return 0;
+}
 
 /* --------------------------------------------------- module functions */
 

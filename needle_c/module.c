@@ -7,17 +7,9 @@
  */
 #include "needle_c.h"
 #include "autograd/tensor.h"
+#include "runtime.h"
 
 #include <structmember.h>
-
-needle_state *state_of_module(PyObject *module) {
-    return (needle_state *)PyModule_GetState(module);
-}
-
-needle_state *state_of_type(PyTypeObject *type) {
-    PyObject *module = PyType_GetModuleByDef(type, &needle_c_module);
-    return module ? state_of_module(module) : NULL;
-}
 
 /* ------------------------------------------------------------- module */
 
@@ -65,6 +57,9 @@ static int needle_c_exec(PyObject *module) {
 
     if (device_module_init(module, st) < 0) return -1;
     if (random_module_init(module, st) < 0) return -1;
+    if (device_add_methods(st, ndarray_device_factories) < 0 ||
+        device_add_methods(st, random_device_methods) < 0)
+        return -1;
 
     if (add_function_table(module, blas_module_functions) < 0 ||
         add_function_table(module, cpu_threads_module_functions) < 0 ||
@@ -83,6 +78,11 @@ static int needle_c_exec(PyObject *module) {
     if (install_blas() < 0 || cpu_settings_install() < 0 || cpu_threads_check_environment() < 0)
         return -1;
     if (scoped_install(module, st) < 0) return -1;
+    /* The engine's callbacks, tp_dealloc and tp_traverse reach this module
+     * through the runtime (runtime.h); backward reaches the collection
+     * policy's safe point through it, so autograd/ does not call memory/. */
+    needle_rt.state = st;
+    needle_rt.autograd.safe_point = pressure_safe_point;
     pressure_install();
     return 0;
 }
@@ -98,7 +98,8 @@ static int needle_c_traverse(PyObject *module, visitproc visit, void *arg) {
         Py_VISIT(st->devices[i]);
     Py_VISIT(st->cuda_placeholder);
     Py_VISIT(st->numpy_random);
-    return autograd_traverse(st, visit, arg);
+    int rc = scoped_traverse(st, visit, arg);
+    return rc != 0 ? rc : autograd_traverse(st, visit, arg);
 }
 
 static int needle_c_clear(PyObject *module) {
@@ -112,6 +113,7 @@ static int needle_c_clear(PyObject *module) {
         Py_CLEAR(st->devices[i]);
     Py_CLEAR(st->cuda_placeholder);
     Py_CLEAR(st->numpy_random);
+    if (needle_rt.state == st) needle_rt.state = NULL;
     scoped_forget(st);
     autograd_clear(st);
     return 0;

@@ -30,6 +30,10 @@ typedef struct {
     PyObject *numpy_random;          /* numpy.random, for Device.rand/randn/randb */
     int rng_mode;                    /* random.c: where Device.rand/randn/randb draw */
     struct autograd_state *autograd; /* tensor.h: Tensor/Op types, graph mode */
+    /* memory/scoped.c: the (phase, info) observers called around each scoped
+     * collection (a list), and gc.get_freeze_count, read as each one begins. */
+    PyObject *scoped_observers;
+    PyObject *gc_get_freeze_count;
 } needle_state;
 
 typedef struct {
@@ -46,26 +50,46 @@ typedef struct {
 #define Device_CAST(op) ((DeviceObject *)(op))
 #define NDArray_CAST(op) ((NDArrayObject *)(op))
 
-extern PyModuleDef needle_c_module;
+extern PyModuleDef needle_c_module; /* module.c */
 
-needle_state *state_of_module(PyObject *module);
+/* The state of a needle_c module; inline here (not in module.c, which
+ * initialises every part) so that the parts depend on this header alone. */
+static inline needle_state *state_of_module(PyObject *module) {
+    return (needle_state *)PyModule_GetState(module);
+}
 /* The state reached from any of our objects' types (NULL + exception if
  * the type is not ours). */
-needle_state *state_of_type(PyTypeObject *type);
+static inline needle_state *state_of_type(PyTypeObject *type) {
+    PyObject *module = PyType_GetModuleByDef(type, &needle_c_module);
+    return module ? state_of_module(module) : NULL;
+}
 
 /* Raises the exception that matches status, with the engine's message
  * (errors.c; ND_ERR_OOM raises needle.OutOfMemoryError with its figures). */
 PyObject *raise_status(needle_state *st, nd_status status);
 
 /* Devices (device.c). */
-PyObject *device_object(needle_state *st, const nd_device *dev); /* borrowed */
+/* The Device object of an engine device (borrowed; NULL for none): inline,
+ * a lookup in the module state, so that errors.c need not call device.c. */
+static inline PyObject *device_object(needle_state *st, const nd_device *dev) {
+    int id = nd_device_id(dev);
+    return id >= 0 && id < ND_MAX_DEVICES ? st->devices[id] : NULL;
+}
 /* Resolves None (cpu), a Device, or a name like "cpu", "cuda:0". */
 nd_device *device_from_object(needle_state *st, PyObject *obj);
 /* Module init: the Device type, one Device per engine device, the device
  * functions (cpu, cpu_numpy, cuda, _device) and MAX_DEVICES. */
 int device_module_init(PyObject *module, needle_state *st);
+/* Adds methods to the Device type (device.c): the layers above devices give
+ * it their array factories (module.c), so devices depend on no array code.
+ * methods must outlive the type. 0, or -1. */
+int device_add_methods(needle_state *st, PyMethodDef *methods);
+/* The factories Device carries: empty, full, one_hot (array/factories.c);
+ * rand, randn, randb (random.c). */
+extern PyMethodDef ndarray_device_factories[];
+extern PyMethodDef random_device_methods[];
 /* A factory's dtype argument (parse.h's parse_dtype_param; NULL or None:
- * float32): 0, or -1 with TypeError. */
+ * float32): 0, or -1 with TypeError (array/factories.c). */
 int factory_dtype(PyObject *dtype, nd_dtype *out);
 /* A factory's shape from its varargs: f(2, 3) or f((2, 3)); a new tuple. */
 PyObject *shape_from_args(PyObject *args);
@@ -143,7 +167,8 @@ typedef enum scoped_refusal {
     SCOPED_RAN = 0,
     SCOPED_UNSUPPORTED = 1, /* free-threaded build, or the module is gone */
     SCOPED_BUSY = 2,        /* inside Python's collection or another scoped one */
-    SCOPED_NO_MEMORY = 3    /* the mark stack could not grow: nothing freed */
+    SCOPED_NO_MEMORY = 3    /* the mark stack could not grow, or the freeze count could not be
+                               read: nothing freed */
 } scoped_refusal;
 typedef struct scoped_result {
     Py_ssize_t collected, examined;
@@ -158,14 +183,16 @@ Py_ssize_t scoped_collect(scoped_result *r);
 int scoped_supported(void);
 int scoped_busy(void);
 const scoped_totals *scoped_get_totals(void);
+/* The module's part: the gc.callbacks observer, the module state's observers
+ * list and gc.get_freeze_count (traversed and cleared by the module). */
 int scoped_install(PyObject *module, needle_state *st);
+int scoped_traverse(needle_state *st, visitproc visit, void *arg);
 void scoped_forget(needle_state *st);
 extern PyMethodDef scoped_module_functions[];
 
-/* BLAS discovery (blas.c): installs NumPy's OpenBLAS sgemm in the engine; -1 with a
- * ValueError set when NEEDLE_BLAS is malformed. */
+/* BLAS discovery (blas.c): installs NumPy's OpenBLAS sgemm in the engine (what was found:
+ * runtime.h's needle_rt.blas); -1 with a ValueError set when NEEDLE_BLAS is malformed. */
 int install_blas(void);
-const char *blas_description(void);
 extern PyMethodDef blas_module_functions[]; /* _blas() */
 /* _num_threads(), _set_num_threads(n) (cpu_threads.c); cpu_threads_check_environment()
  * refuses a malformed NEEDLE_NUM_THREADS at import (-1, ValueError set). */

@@ -233,6 +233,21 @@ static PyObject *module_philox(PyObject *module, PyObject *args, PyObject *kwarg
     return dev ? generated_array(st, dev, shape, &params, 0) : NULL;
 }
 
+PyMethodDef random_device_methods[] = {
+    {"rand", (PyCFunction)(void (*)(void))device_rand, METH_VARARGS | METH_KEYWORDS,
+     "rand($self, /, *shape, dtype='float32')\n--\n\nUniform [0, 1) values: "
+     "numpy.random.rand(*shape) copied here, or the device generator (one kernel keyed by one "
+     "draw from NumPy's global RNG) where needle.random's mode says so (CUDA by default)."},
+    {"randn", (PyCFunction)(void (*)(void))device_randn, METH_VARARGS | METH_KEYWORDS,
+     "randn($self, /, *shape, dtype='float32')\n--\n\nStandard normal values: "
+     "numpy.random.randn(*shape) copied here, or the device generator (see rand)."},
+    {"randb", (PyCFunction)(void (*)(void))device_randb, METH_VARARGS | METH_KEYWORDS,
+     "randb($self, /, *shape, p=0.5, dtype='float32')\n--\n\n1.0 where a uniform value is "
+     "<= p, else 0.0: rand(*shape) <= p from NumPy's draws, or one bernoulli kernel of the "
+     "device generator (see rand). p must be in [0, 1]."},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyMethodDef random_module_functions[] = {
     {"_set_rng_mode", module_set_rng_mode, METH_O,
      "_set_rng_mode(mode, /)\n--\n\nWhere Device.rand/randn/randb draw: 'auto', 'host' or "

@@ -8,6 +8,8 @@ requested during a collection, and the course loop under the pressure ladder.
 
 import gc
 import random
+import subprocess
+import sys
 import time
 import weakref
 
@@ -503,13 +505,31 @@ def test_fallbacks_that_free_nothing_back_off_and_useful_ones_end_it():
     assert "skipped by the back-off" in memory.memory_summary("cpu")
 
 
+def test_importing_needle_leaves_gc_freeze_as_it_is():
+    """needle patches nothing of Python's: after `import needle`, gc.freeze and gc.unfreeze are
+    the very functions the gc module had before (checked in a fresh interpreter), here too."""
+    code = (
+        "import gc\n"
+        "freeze, unfreeze = gc.freeze, gc.unfreeze\n"
+        "import needle\n"
+        "assert gc.freeze is freeze and gc.unfreeze is unfreeze, (gc.freeze, gc.unfreeze)\n"
+        "print('same')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "same", done.stderr
+    for fn in (gc.freeze, gc.unfreeze):
+        assert fn.__module__ == "gc" and fn.__self__ is gc
+        assert "needle" not in fn.__doc__
+
+
 def test_frozen_garbage_is_left_alone_as_gc_collect_leaves_it():
     """gc.freeze()'s objects are never examined by the collector; the scoped collection keeps
-    them too (they are roots), and frees garbage made after the freeze."""
+    them too (they are roots), frees garbage made after the freeze, and frees the frozen
+    garbage once gc.unfreeze() ran."""
     frozen = needle_cycle(4096)
-    gc.freeze()  # needle's wrapper of the gc module's own
+    gc.freeze()
     try:
-        assert gc.get_freeze_count() > 0 and "needle" in gc.freeze.__doc__
+        assert gc.get_freeze_count() > 0
         assert memory.collect("needle")["ran"]
         assert frozen() is not None
         gc.collect()
@@ -519,7 +539,79 @@ def test_frozen_garbage_is_left_alone_as_gc_collect_leaves_it():
         assert later() is None and frozen() is not None
     finally:
         gc.unfreeze()
+    assert memory.collect("needle")["objects"] > 0
+    assert frozen() is None
+
+
+def test_garbage_made_after_a_freeze_waits_for_the_full_collection():
+    """The scoped collection learns of a freeze as it begins (gc.get_freeze_count() grew), so
+    it treats every needle object alive then as frozen, also a cycle made after the freeze:
+    that cycle is left to gc.collect(), which frees it (it is not frozen in truth)."""
+    gc.freeze()
+    try:
+        after = needle_cycle(4096)
+        assert memory.collect("needle")["ran"]
+        assert after() is not None
+        gc.collect()
+        assert after() is None
+    finally:
+        gc.unfreeze()
+
+
+def test_an_unfreeze_and_a_smaller_freeze_keep_what_the_second_froze():
+    """Between two scoped collections, gc.unfreeze() then gc.freeze() of fewer objects leave the
+    count lower than before, as frozen objects dying do; the scoped collection takes either as
+    a freeze: the cycle the second freeze froze is kept, and freed after gc.unfreeze()."""
+    junk = [[] for _ in range(2000)]
+    gc.freeze()
+    try:
+        assert memory.collect("needle")["ran"]
+        refrozen = needle_cycle(4096)
+        before = gc.get_freeze_count()
+        del junk
+        gc.unfreeze()
+        gc.freeze()
+        assert 0 < gc.get_freeze_count() < before
+        assert memory.collect("needle")["ran"]
+        assert refrozen() is not None
+        gc.collect()
+        assert refrozen() is not None  # frozen: what gc.collect() does with it too
+    finally:
+        gc.unfreeze()
     memory.collect("needle")
+    assert refrozen() is None
+
+
+def test_an_unfreeze_clears_the_marks():
+    """A freeze count that drops to 0 clears every mark: garbage made while frozen, still
+    alive at the unfreeze, is then the scoped collection's to free."""
+    gc.freeze()
+    made_while_frozen = needle_cycle(4096)
+    memory.collect("needle")
+    assert made_while_frozen() is not None
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    result = memory.collect("needle")
+    assert result["ran"] and result["objects"] > 0
+    assert made_while_frozen() is None
+
+
+def test_a_replaced_get_freeze_count_changes_nothing(monkeypatch):
+    """needle took gc.get_freeze_count from the gc module at import: a replacement set later
+    (here one that raises) is never called, and frozen objects are still told apart."""
+
+    def broken():
+        raise RuntimeError("not the gc module's")
+
+    monkeypatch.setattr(gc, "get_freeze_count", broken)
+    frozen = needle_cycle(4096)
+    gc.freeze()
+    try:
+        result = memory.collect("needle")
+        assert result["ran"] and frozen() is not None
+    finally:
+        gc.unfreeze()
+    assert memory.collect("needle")["objects"] > 0
     assert frozen() is None
 
 

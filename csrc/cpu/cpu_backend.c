@@ -321,4 +321,5 @@ const nd_backend nd_cpu_backend = {
     .amp_unscale = nd_cpu_amp_unscale,
     .fuses_linear_grads = nd_cpu_fuses_linear_grads,
     .linear_grads = nd_cpu_linear_grads,
+    .memory_blocks = nd_cpu_memory_blocks,
 };

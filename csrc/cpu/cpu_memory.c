@@ -39,7 +39,8 @@ typedef struct block_cache {
 
 static block_cache caches[ND_MAX_DEVICES];
 
-int64_t nd_cpu_block_size(int64_t nbytes) {
+/* The bytes the CPU backend takes for a request of nbytes (rounding included). */
+static int64_t block_size(int64_t nbytes) {
     return nbytes >= LARGE_BLOCK ? (nbytes + LARGE_BLOCK - 1) / LARGE_BLOCK * LARGE_BLOCK : nbytes;
 }
 
@@ -61,7 +62,7 @@ static void count_segment(nd_device *dev, int64_t size, int n) {
 }
 
 nd_status nd_cpu_raw_alloc(nd_device *dev, int64_t nbytes, void **out) {
-    int64_t size = nd_cpu_block_size(nbytes);
+    int64_t size = block_size(nbytes);
     block_cache *cache = cache_of(dev);
     if (size >= LARGE_BLOCK && cache != NULL) {
         for (int i = cache->count - 1; i >= 0; i--) {
@@ -94,7 +95,7 @@ nd_status nd_cpu_raw_alloc(nd_device *dev, int64_t nbytes, void **out) {
 }
 
 void nd_cpu_raw_free(nd_device *dev, void *ptr, int64_t nbytes) {
-    int64_t size = nd_cpu_block_size(nbytes);
+    int64_t size = block_size(nbytes);
     block_cache *cache = cache_of(dev);
     count_active(dev, size, -1);
     if (size >= LARGE_BLOCK && cache != NULL && cache->bytes + size <= MAX_CACHED_BYTES) {
@@ -133,7 +134,9 @@ int64_t nd_cpu_release_cache(nd_device *dev) {
     return released;
 }
 
-int64_t nd_cpu_cached_blocks(const nd_device *dev, nd_memory_block *out, int64_t cap) {
+/* Writes the first cap of the device's cached blocks (each its own segment,
+ * ND_BLOCK_FREE) into out; returns how many there are. */
+static int64_t cached_blocks(const nd_device *dev, nd_memory_block *out, int64_t cap) {
     const block_cache *cache = cache_of(dev);
     if (cache == NULL) return 0;
     for (int i = 0; i < cache->count && i < cap; i++) {
@@ -146,4 +149,22 @@ int64_t nd_cpu_cached_blocks(const nd_device *dev, nd_memory_block *out, int64_t
                                    .state = ND_BLOCK_FREE};
     }
     return cache->count;
+}
+
+/* The CPU backend keeps no map of its live blocks: each storage's buffer is
+ * a segment of its own, as is each cached block. */
+int64_t nd_cpu_memory_blocks(nd_device *dev, const nd_live_storage *live, int64_t nlive,
+                             nd_memory_block *out, int64_t cap) {
+    for (int64_t i = 0; i < nlive && i < cap; i++) {
+        int64_t size = block_size(live[i].nbytes);
+        out[i] = (nd_memory_block){.segment_address = live[i].address,
+                                   .segment_size = size,
+                                   .segment_small = size < ND_CPU_LARGE_BLOCK,
+                                   .address = live[i].address,
+                                   .size = size,
+                                   .requested = live[i].nbytes,
+                                   .state = ND_BLOCK_STORAGE};
+    }
+    int64_t room = cap > nlive ? cap - nlive : 0;
+    return nlive + cached_blocks(dev, out + (cap > nlive ? nlive : cap), room);
 }

@@ -24,6 +24,15 @@ static int cuda_device_count = 0;
 /* The GPU when there is exactly one: no pointer lookups then. */
 static nd_device *sole_device = NULL;
 
+/* nd_backend.memory_blocks: the caching allocator's map, which has every
+ * block; nd_memory_blocks tells the storages among them apart. */
+static int64_t cuda_memory_blocks(nd_device *dev, const nd_live_storage *live, int64_t nlive,
+                                  nd_memory_block *out, int64_t cap) {
+    (void)live;
+    (void)nlive;
+    return nd_cuda_blocks(dev, out, cap);
+}
+
 static const nd_backend nd_cuda_backend = {
     /* .name = */ "cuda",
     /* .raw_alloc = */ nd_cuda_raw_alloc,
@@ -57,6 +66,7 @@ static const nd_backend nd_cuda_backend = {
     /* .amp_unscale = */ nd_cuda_amp_unscale,
     /* .fuses_linear_grads = */ nullptr, /* composed: cuBLAS reads g at its bandwidth */
     /* .linear_grads = */ nullptr,
+    /* .memory_blocks = */ cuda_memory_blocks,
 };
 
 /* Why no GPU was registered ("" when one was): the CUDA error of discovery

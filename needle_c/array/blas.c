@@ -6,7 +6,7 @@
  * NEEDLE_BLAS=0 forces the engine's GEMM; any value but 0, 1 or empty is a ValueError at
  * import (config.h's choice parser).
  */
-#include "needle_c.h"
+#include "runtime.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -17,27 +17,23 @@
 
 enum { CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112 };
 
-typedef void (*cblas_sgemm64_fn)(int, int, int, int64_t, int64_t, int64_t, float, const float *,
-                                 int64_t, const float *, int64_t, float, float *, int64_t);
-typedef void (*cblas_sgemm32_fn)(int, int, int, int, int, int, float, const float *, int,
-                                 const float *, int, float, float *, int);
-
-static cblas_sgemm64_fn sgemm64 = NULL;
-static cblas_sgemm32_fn sgemm32 = NULL;
-static char description[512] = "needle's built-in GEMM";
+/* What was found lives in the runtime (needle_rt.blas): the engine calls the
+ * adapters below with no module at hand. */
 
 static void call_sgemm64(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                          float *c, int64_t ldc) {
-    sgemm64(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS, tb ? CBLAS_TRANS : CBLAS_NO_TRANS,
-            m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    needle_rt.blas.sgemm64(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS,
+                           tb ? CBLAS_TRANS : CBLAS_NO_TRANS, m, n, k, alpha, a, lda, b, ldb, beta,
+                           c, ldc);
 }
 
 static void call_sgemm32(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                          float *c, int64_t ldc) {
-    sgemm32(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS, tb ? CBLAS_TRANS : CBLAS_NO_TRANS,
-            (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    needle_rt.blas.sgemm32(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS,
+                           tb ? CBLAS_TRANS : CBLAS_NO_TRANS, (int)m, (int)n, (int)k, alpha, a,
+                           (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }
 
 /* 32-bit CBLAS cannot take dims past INT_MAX; those go to needle's GEMM. */
@@ -56,16 +52,18 @@ static int try_library(const char *path) {
     void *sym = dlsym(lib, "scipy_cblas_sgemm64_");
     if (sym == NULL) sym = dlsym(lib, "cblas_sgemm64_");
     if (sym != NULL) {
-        sgemm64 = (cblas_sgemm64_fn)sym;
+        needle_rt.blas.sgemm64 = (needle_cblas_sgemm64)sym;
         nd_cpu_set_sgemm(call_sgemm64);
-        snprintf(description, sizeof description, "OpenBLAS (ILP64) from %s", path);
+        snprintf(needle_rt.blas.description, sizeof needle_rt.blas.description,
+                 "OpenBLAS (ILP64) from %s", path);
         return 1;
     }
     sym = dlsym(lib, "cblas_sgemm");
     if (sym != NULL) {
-        sgemm32 = (cblas_sgemm32_fn)sym;
+        needle_rt.blas.sgemm32 = (needle_cblas_sgemm32)sym;
         nd_cpu_set_sgemm(call_sgemm32_checked);
-        snprintf(description, sizeof description, "CBLAS from %s", path);
+        snprintf(needle_rt.blas.description, sizeof needle_rt.blas.description, "CBLAS from %s",
+                 path);
         return 1;
     }
     dlclose(lib);
@@ -120,7 +118,8 @@ int install_blas(void) {
     }
     if (choice == 0) {
         nd_cpu_set_sgemm(NULL);
-        snprintf(description, sizeof description, "needle's built-in GEMM (NEEDLE_BLAS=0)");
+        snprintf(needle_rt.blas.description, sizeof needle_rt.blas.description,
+                 "needle's built-in GEMM (NEEDLE_BLAS=0)");
         return 0;
     }
     if (try_numpy_libs()) return 0;
@@ -131,11 +130,10 @@ int install_blas(void) {
     return 0;
 }
 
-const char *blas_description(void) { return description; }
 
 static PyObject *module_blas(PyObject *module, PyObject *Py_UNUSED(ignored)) {
     (void)module;
-    return PyUnicode_FromString(description);
+    return PyUnicode_FromString(needle_rt.blas.description);
 }
 
 PyMethodDef blas_module_functions[] = {

@@ -4,11 +4,8 @@
  */
 #include "tensor.h"
 
-/* Live Values, for the course's autograd.TENSOR_COUNTER. */
-static Py_ssize_t live_values = 0;
-
-/* When on, each new Value remembers the frames that created it. */
-static int record_history = 0;
+/* The count and the switch are the runtime's (needle_rt.autograd
+ * .live_values, .record_sites): a Value's dealloc has no module to reach. */
 #define HISTORY_DEPTH 12
 
 static void remember_site(PyObject *value) {
@@ -47,26 +44,26 @@ fail:
 }
 
 void alloc_site_record(PyObject *value) {
-    live_values++;
-    if (record_history) remember_site(value);
+    needle_rt.autograd.live_values++;
+    if (needle_rt.autograd.record_sites) remember_site(value);
 }
 
 void alloc_site_forget(PyObject *value) {
     (void)value;
-    live_values--;
+    needle_rt.autograd.live_values--;
 }
 
 static PyObject *mod_tensor_count(PyObject *module, PyObject *Py_UNUSED(ignored)) {
     (void)module;
-    return PyLong_FromSsize_t(live_values);
+    return PyLong_FromSsize_t(needle_rt.autograd.live_values);
 }
 
 static PyObject *mod_record_history(PyObject *module, PyObject *arg) {
     (void)module;
     int on = PyObject_IsTrue(arg);
     if (on < 0) return NULL;
-    PyObject *previous = PyBool_FromLong(record_history);
-    record_history = on;
+    PyObject *previous = PyBool_FromLong(needle_rt.autograd.record_sites);
+    needle_rt.autograd.record_sites = on;
     return previous;
 }
 

@@ -105,11 +105,11 @@ static const char *const policy_names[] = {
     [CAST_FLOAT32] = "float32",
 };
 
-/* By op kind; all CAST_NONE until Python sets it. Written and read under
- * the GIL. */
-static unsigned char policy_table[OP_KIND_COUNT];
-
-static cast_policy policy_of(op_kind kind) { return (cast_policy)policy_table[kind]; }
+/* The table by op kind is module state (autograd_state.autocast_policy);
+ * written and read under the GIL. */
+static cast_policy policy_of(needle_state *st, op_kind kind) {
+    return (cast_policy)st->autograd->autocast_policy[kind];
+}
 
 /* The dtype an input of `have` is cast to under the policy (have: no cast). */
 static nd_dtype policy_target(cast_policy policy, nd_dtype narrow, nd_dtype have) {
@@ -118,7 +118,7 @@ static nd_dtype policy_target(cast_policy policy, nd_dtype narrow, nd_dtype have
 }
 
 PyObject *autocast_inputs(needle_state *st, op_kind kind, PyObject *inputs) {
-    cast_policy policy = policy_of(kind);
+    cast_policy policy = policy_of(st, kind);
     Py_ssize_t n = PyTuple_GET_SIZE(inputs);
     if (policy == CAST_NONE || n == 0 || !is_tensor(st, PyTuple_GET_ITEM(inputs, 0)))
         return Py_NewRef(inputs);
@@ -218,7 +218,6 @@ static PyObject *mod_autocast_get(PyObject *module, PyObject *arg) {
  * table (ops not named: no cast). A name needle has no built-in op of, or
  * another policy, is a ValueError and leaves the table as it was. */
 static PyObject *mod_autocast_set_policy(PyObject *module, PyObject *mapping) {
-    (void)module;
     if (!PyDict_Check(mapping)) {
         PyErr_Format(PyExc_TypeError, "the autocast policy is a dict, got %.100s",
                      Py_TYPE(mapping)->tp_name);
@@ -256,13 +255,13 @@ static PyObject *mod_autocast_set_policy(PyObject *module, PyObject *mapping) {
         Py_DECREF(name);
         Py_DECREF(policy);
     }
-    memcpy(policy_table, table, sizeof table);
+    memcpy(state_of_module(module)->autograd->autocast_policy, table, sizeof table);
     Py_RETURN_NONE;
 }
 
 /* The table in force as {op class name: policy}, the ops it casts only. */
 static PyObject *mod_autocast_policy(PyObject *module, PyObject *Py_UNUSED(ignored)) {
-    (void)module;
+    const unsigned char *policy_table = state_of_module(module)->autograd->autocast_policy;
     PyObject *d = PyDict_New();
     if (d == NULL) return NULL;
     for (int k = 1; k < OP_KIND_COUNT; k++) {

@@ -54,8 +54,7 @@ static graph_mode current_graph_mode(const needle_state *st) {
  * were. The path holds a reference to each node on it and to its inputs (a
  * collection may change them meanwhile). */
 PyObject *find_topo_sort(needle_state *st, PyObject *roots) {
-    static uint64_t sorts = 0;
-    uint64_t mark = ++sorts;
+    uint64_t mark = ++needle_rt.autograd.sorts;
     PyObject *order = PyList_New(0), *visited = PySet_New(NULL);
     /* A small graph's path lives on the C stack; a deeper one moves to the heap. */
     enum { INLINE_PATH = 32 };
@@ -482,8 +481,9 @@ PyObject *tensor_backward(PyObject *self, PyObject *args, PyObject *kwargs) {
             "'needle', the course's).");
         return NULL;
     }
-    /* The previous step's graph is usually garbage by now. */
-    pressure_safe_point();
+    /* The previous step's graph is usually garbage by now (module.c hands
+     * the collection policy's safe point to the runtime). */
+    if (needle_rt.autograd.safe_point != NULL) needle_rt.autograd.safe_point();
     PyObject *seed;
     if (out_grad == Py_None) {
         PyObject *data = realize(st, self);
@@ -688,7 +688,6 @@ int autograd_traverse(needle_state *st, visitproc visit, void *arg) {
 void autograd_clear(needle_state *st) {
     autograd_state *ag = st->autograd;
     if (ag == NULL) return;
-    forget_state(st);
     Py_CLEAR(ag->value_type);
     Py_CLEAR(ag->tensor_type);
     Py_CLEAR(ag->tensor_tuple_type);

@@ -45,7 +45,7 @@ static PyObject *op_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     if (self == NULL) return NULL;
     self->kind = kind_of_type(st->autograd, type);
     self->p.stride = 1;
-    scoped_link_op((PyObject *)self);
+    registry_link_op((PyObject *)self);
     return (PyObject *)self;
 }
 
@@ -67,7 +67,7 @@ static int op_clear(PyObject *op) {
 /* Untracks, clears, frees, drops the type. */
 static void op_dealloc(PyObject *op) {
     PyTypeObject *tp = Py_TYPE(op);
-    scoped_unlink_op(op); /* first: see value_dealloc */
+    registry_unlink_op(op); /* first: see value_dealloc */
     PyObject_GC_UnTrack(op);
     if (Op_CAST(op)->weakreflist != NULL) PyObject_ClearWeakRefs(op);
     op_clear(op);
@@ -476,11 +476,12 @@ int op_types_init(PyObject *module, needle_state *st) {
         PyModule_AddType(module, ag->tensor_op_type) < 0 ||
         PyModule_AddType(module, ag->tensor_tuple_op_type) < 0)
         return -1;
-    static char names[OP_KIND_COUNT][64];
     for (int k = 1; k < OP_KIND_COUNT; k++) {
-        snprintf(names[k], sizeof names[k], "needle.ops.%s", op_table[k].name);
+        /* Python 3.11+ copies a spec's name into the type: a local will do. */
+        char name[64];
+        snprintf(name, sizeof name, "needle.ops.%s", op_table[k].name);
         PyType_Spec spec = {
-            .name = names[k],
+            .name = name,
             .basicsize = sizeof(OpObject),
             .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
             .slots = builtin_op_slots,
@@ -500,6 +501,6 @@ PyObject *op_new_builtin(needle_state *st, op_kind kind, const op_params *p) {
     op->kind = kind;
     op->p = *p;
     Py_XINCREF(op->p.key);
-    scoped_link_op((PyObject *)op);
+    registry_link_op((PyObject *)op);
     return (PyObject *)op;
 }

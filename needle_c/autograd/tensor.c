@@ -10,24 +10,16 @@
  */
 #include "tensor.h"
 
-/* A cache, not an owner: it is used only when the object's type is exactly
- * this state's Tensor or TensorTuple type, so a stale or foreign entry can
- * never answer; autograd_clear forgets it. */
-static needle_state *last_state = NULL;
-
+/* The runtime's module (runtime.h) answers when the object's type is exactly
+ * its Tensor or TensorTuple type (an operator call needs the state every
+ * time); any other type (a subclass, a Value) is looked up. */
 needle_state *state_of_value(PyObject *value) {
     PyTypeObject *type = Py_TYPE(value);
-    needle_state *st = last_state;
-    if (st != NULL &&
+    needle_state *st = needle_rt.state;
+    if (st != NULL && st->autograd != NULL &&
         (type == st->autograd->tensor_type || type == st->autograd->tensor_tuple_type))
         return st;
-    st = state_of_type(type);
-    if (st != NULL && st->autograd != NULL && st->autograd->tensor_type != NULL) last_state = st;
-    return st;
-}
-
-void forget_state(needle_state *st) {
-    if (last_state == st) last_state = NULL;
+    return state_of_type(type);
 }
 
 int is_tensor(needle_state *st, PyObject *obj) {
@@ -55,24 +47,23 @@ PyObject *value_alloc(PyTypeObject *type) {
         return NULL;
     }
     self->num_outputs = 1;
-    scoped_link_value((PyObject *)self);
+    registry_link_value((PyObject *)self);
     alloc_site_record((PyObject *)self);
     return (PyObject *)self;
 }
 
-/* The gc_blind demonstration: when 0, every autograd tp_traverse (Values
- * here, Ops in op.c) reports no references, so the collector can neither
- * see nor free graph cycles (an extension invisible to the collector). */
-static int gc_visible = 1;
-
-int autograd_gc_visible(void) { return gc_visible; }
+/* The gc_blind demonstration: while off (needle_rt.autograd.gc_visible 0),
+ * every autograd tp_traverse (Values here, Ops in op.c) reports no
+ * references, so the collector can neither see nor free graph cycles (an
+ * extension invisible to the collector). */
+int autograd_gc_visible(void) { return needle_rt.autograd.gc_visible; }
 
 static PyObject *set_gc_visible(PyObject *module, PyObject *arg) {
     (void)module;
     int visible = PyObject_IsTrue(arg);
     if (visible < 0) return NULL;
-    PyObject *previous = PyBool_FromLong(gc_visible);
-    gc_visible = visible;
+    PyObject *previous = PyBool_FromLong(needle_rt.autograd.gc_visible);
+    needle_rt.autograd.gc_visible = visible;
     return previous;
 }
 
@@ -87,7 +78,7 @@ PyMethodDef gc_visibility_functions[] = {
 /* Visits the type, then every owned reference. */
 int value_traverse(PyObject *op, visitproc visit, void *arg) {
     TensorObject *self = Tensor_CAST(op);
-    if (!gc_visible) return 0; /* the gc_blind demonstration */
+    if (!needle_rt.autograd.gc_visible) return 0; /* the gc_blind demonstration */
     Py_VISIT(Py_TYPE(op));
     Py_VISIT(self->op);
     Py_VISIT(self->inputs);
@@ -117,7 +108,7 @@ void value_dealloc(PyObject *op) {
     PyTypeObject *tp = Py_TYPE(op);
     /* Off the registry before anything can run (weakref callbacks, the
      * trashcan's deferral): a scoped collection never sees a dying node. */
-    scoped_unlink_value(op);
+    registry_unlink_value(op);
     PyObject_GC_UnTrack(op);
     Py_TRASHCAN_BEGIN(op, value_dealloc) if (Tensor_CAST(op)->weakreflist != NULL)
         PyObject_ClearWeakRefs(op);

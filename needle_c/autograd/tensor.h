@@ -11,7 +11,7 @@
 #ifndef NEEDLE_TENSOR_H
 #define NEEDLE_TENSOR_H
 
-#include "needle_c.h"
+#include "runtime.h"
 
 /* How a built-in op's compute takes its inputs. */
 typedef enum op_input_kind {
@@ -121,17 +121,10 @@ typedef struct op_params {
     nd_dtype dtype;   /* Cast's target */
 } op_params;
 
-/* A registry entry (memory/scoped.c): every live Value and Op is on one of
- * two doubly linked lists, so a scoped collection can walk needle's objects
- * without the process heap. refs, epoch and state are the collection's
- * scratch space (gc_refs of the collector's algorithm). */
-typedef struct needle_link {
-    struct needle_link *prev, *next; /* NULL while not linked */
-    Py_ssize_t refs;
-    uint32_t epoch;
-    int state;
-    int frozen; /* alive when gc.freeze() last ran (memory/scoped.c) */
-} needle_link;
+/* Every Value and Op carries a registry entry (runtime.h's needle_link): it
+ * is on one of two doubly linked lists, so a scoped collection can walk
+ * needle's objects without the process heap. refs, epoch and state are the
+ * collection's scratch space (gc_refs of the collector's algorithm). */
 
 typedef struct {
     PyObject_HEAD PyObject *dict;
@@ -169,6 +162,9 @@ typedef struct autograd_state {
     PyTypeObject *op_type, *tensor_op_type, *tensor_tuple_op_type;
     PyTypeObject *op_types[OP_KIND_COUNT];
     graph_mode mode;
+    /* autocast.c's policy by op kind (a cast_policy each); all "none" until
+     * Python sets it. */
+    unsigned char autocast_policy[OP_KIND_COUNT];
 } autograd_state;
 
 /* Whether ops record graph nodes in this thread (off inside no_grad() and
@@ -176,10 +172,10 @@ typedef struct autograd_state {
 int is_recording(void);
 int set_recording(int on);
 
-/* The module state of one of our Values or Ops, found through a one-entry
- * cache of the last module (an operator call needs it every time). */
+/* The module state of one of our Values or Ops: the runtime's module for
+ * its exact Tensor and TensorTuple types (an operator call needs it every
+ * time), else found through the type. */
 needle_state *state_of_value(PyObject *value);
-void forget_state(needle_state *st);
 
 /* Is obj a Tensor (or subclass) / TensorTuple / any Value? */
 int is_tensor(needle_state *st, PyObject *obj);
@@ -214,12 +210,13 @@ int value_clear(PyObject *op);
 void value_dealloc(PyObject *op);
 int op_traverse(PyObject *op, visitproc visit, void *arg);
 
-/* The registry of memory/scoped.c: link a Value or Op once it is valid
- * (after tp_alloc), unlink it first thing in its dealloc (idempotent). */
-void scoped_link_value(PyObject *value);
-void scoped_unlink_value(PyObject *value);
-void scoped_link_op(PyObject *op);
-void scoped_unlink_op(PyObject *op);
+/* The registry (registry.c), which memory/scoped.c walks: link a Value or
+ * Op once it is valid (after tp_alloc), unlink it first thing in its dealloc
+ * (idempotent). */
+void registry_link_value(PyObject *value);
+void registry_unlink_value(PyObject *value);
+void registry_link_op(PyObject *op);
+void registry_unlink_op(PyObject *op);
 
 /* The gc_blind switch (tensor.c), read by every autograd tp_traverse. */
 int autograd_gc_visible(void);

@@ -13,6 +13,7 @@
  * and so change that state.
  */
 #include "history.h"
+#include "runtime.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -64,11 +65,32 @@ typedef struct device_history {
     int64_t ring_cap, ring_count, ring_next;
 } device_history;
 
-static device_history histories[ND_MAX_DEVICES];
-static frame_stack *pending = NULL;
-/* needle's package directory: frames from files under it are needle's own. */
-static char *needle_prefix = NULL;
-static size_t needle_prefix_len = 0;
+/* The history's C state: the runtime's (needle_rt.history), since the
+ * engine's event callback has no module to reach. Made on first use (a
+ * process that never records a history never pays for the tables). The code
+ * objects its frame stacks hold are owned by C data the engine's events
+ * reach, not by the module state: code objects are no GC containers, so no
+ * cycle can run through them. */
+struct memory_history {
+    device_history devices[ND_MAX_DEVICES];
+    frame_stack *pending; /* stacks whose last reference went where Python may not run */
+    /* needle's package directory: frames from files under it are needle's own. */
+    char *needle_prefix;
+    size_t needle_prefix_len;
+};
+
+static void on_event(void *ctx, nd_device *dev, const nd_memory_event *event);
+
+/* The runtime's tables, made (and the engine's event callback installed with
+ * them) when they are not there yet; NULL with MemoryError set when they
+ * cannot be. */
+static memory_history *history_tables(void) {
+    if (needle_rt.history != NULL) return needle_rt.history;
+    needle_rt.history = calloc(1, sizeof *needle_rt.history);
+    if (needle_rt.history == NULL) return (memory_history *)PyErr_NoMemory();
+    nd_memory_set_event_callback(on_event, NULL);
+    return needle_rt.history;
+}
 
 /* ---------------------------------------------------------- frame stacks */
 
@@ -76,29 +98,33 @@ static size_t needle_prefix_len = 0;
  * goes waits for release_pending. */
 static void stack_unref(frame_stack *s) {
     if (s == NULL || --s->refs > 0) return;
-    s->next_pending = pending;
-    pending = s;
+    /* A stack exists only once the tables do (it was captured for them). */
+    s->next_pending = needle_rt.history->pending;
+    needle_rt.history->pending = s;
 }
 
 /* Only where Python may run: code objects may be freed. */
 static void release_pending(void) {
-    while (pending != NULL) {
-        frame_stack *s = pending;
-        pending = s->next_pending;
+    memory_history *mh = needle_rt.history;
+    while (mh != NULL && mh->pending != NULL) {
+        frame_stack *s = mh->pending;
+        mh->pending = s->next_pending;
         for (int i = 0; i < s->depth; i++) Py_DECREF(s->frames[i].code);
         free(s);
     }
 }
 
 static int is_needle_file(PyObject *filename) {
-    if (needle_prefix == NULL || !PyUnicode_Check(filename)) return 0;
+    const memory_history *mh = needle_rt.history;
+    if (mh == NULL || mh->needle_prefix == NULL || !PyUnicode_Check(filename)) return 0;
     Py_ssize_t n = 0;
     const char *utf8 = PyUnicode_AsUTF8AndSize(filename, &n);
     if (utf8 == NULL) {
         PyErr_Clear();
         return 0;
     }
-    return (size_t)n >= needle_prefix_len && memcmp(utf8, needle_prefix, needle_prefix_len) == 0;
+    return (size_t)n >= mh->needle_prefix_len &&
+           memcmp(utf8, mh->needle_prefix, mh->needle_prefix_len) == 0;
 }
 
 /* The calling Python frames, innermost first, from the innermost one outside
@@ -262,8 +288,10 @@ static void trace_clear(device_history *h) {
 static void on_event(void *ctx, nd_device *dev, const nd_memory_event *event) {
     (void)ctx;
     int id = nd_device_id(dev);
-    if (id < 0 || id >= ND_MAX_DEVICES || histories[id].enabled == HISTORY_OFF) return;
-    device_history *h = &histories[id];
+    memory_history *mh = needle_rt.history;
+    if (mh == NULL || id < 0 || id >= ND_MAX_DEVICES || mh->devices[id].enabled == HISTORY_OFF)
+        return;
+    device_history *h = &mh->devices[id];
     trace_entry e = {0, event->address, event->size, 0, now_us(), NULL};
     switch (event->action) {
     case ND_MEMORY_ALLOC:
@@ -309,14 +337,11 @@ static void on_event(void *ctx, nd_device *dev, const nd_memory_event *event) {
     }
 }
 
-static void history_set(nd_device *dev, int enabled, int context, int all_frames,
-                        int64_t max_entries, unsigned skip, int clear) {
-    static int installed = 0;
-    if (!installed) {
-        nd_memory_set_event_callback(on_event, NULL);
-        installed = 1;
-    }
-    device_history *h = &histories[nd_device_id(dev)];
+/* 0, or -1 with MemoryError set (the tables could not be made). */
+static int history_set(nd_device *dev, int enabled, int context, int all_frames,
+                       int64_t max_entries, unsigned skip, int clear) {
+    if (history_tables() == NULL) return -1;
+    device_history *h = &needle_rt.history->devices[nd_device_id(dev)];
     if (enabled == HISTORY_OFF || clear) trace_clear(h);
     if (enabled == HISTORY_OFF) live_clear(&h->live);
     h->enabled = enabled;
@@ -327,15 +352,21 @@ static void history_set(nd_device *dev, int enabled, int context, int all_frames
     h->max_entries = max_entries;
     nd_memory_set_tracing(dev, enabled != HISTORY_OFF);
     release_pending();
+    return 0;
 }
 
+/* 0, or -1 with MemoryError set. */
 static int history_set_prefix(const char *prefix) {
-    char *copy = malloc(strlen(prefix) + 1);
-    if (copy == NULL) return -1;
+    memory_history *mh = history_tables();
+    char *copy = mh != NULL ? malloc(strlen(prefix) + 1) : NULL;
+    if (copy == NULL) {
+        if (mh != NULL) PyErr_NoMemory();
+        return -1;
+    }
     strcpy(copy, prefix);
-    free(needle_prefix);
-    needle_prefix = copy;
-    needle_prefix_len = strlen(copy);
+    free(mh->needle_prefix);
+    mh->needle_prefix = copy;
+    mh->needle_prefix_len = strlen(copy);
     return 0;
 }
 
@@ -403,7 +434,9 @@ static int copy_state(nd_device *dev, snapshot_copy *c, nd_status *failed) {
         if (c->blocks == NULL) goto no_memory;
     }
     c->nblocks = count;
-    const device_history *h = &histories[nd_device_id(dev)];
+    static const device_history never_recorded; /* const: a process that never recorded */
+    const device_history *h =
+        needle_rt.history ? &needle_rt.history->devices[nd_device_id(dev)] : &never_recorded;
     c->block_stacks = calloc((size_t)(count > 0 ? count : 1), sizeof *c->block_stacks);
     c->trace = malloc(sizeof *c->trace * (size_t)(h->ring_count > 0 ? h->ring_count : 1));
     if (c->block_stacks == NULL || c->trace == NULL) goto no_memory;
@@ -501,7 +534,9 @@ PyObject *history_py_record(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_ValueError, "_memory_record_history: an argument is out of range");
         return NULL;
     }
-    history_set(dev, (int)enabled, (int)context, all_frames, max_entries, (unsigned)skip, clear);
+    if (history_set(dev, (int)enabled, (int)context, all_frames, max_entries, (unsigned)skip,
+                    clear) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -519,7 +554,7 @@ PyObject *history_py_set_prefix(PyObject *module, PyObject *arg) {
     (void)module;
     const char *prefix = PyUnicode_AsUTF8(arg);
     if (prefix == NULL) return NULL;
-    if (history_set_prefix(prefix) < 0) return PyErr_NoMemory();
+    if (history_set_prefix(prefix) < 0) return NULL;
     Py_RETURN_NONE;
 }
 

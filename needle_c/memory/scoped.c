@@ -3,18 +3,11 @@
  * costs what the graph costs, not what every tracked object of the process
  * costs (docs/design.md, "The scoped collection").
  *
- * The registry: every live Value (Tensor, TensorTuple, subclasses) and Op
- * (built-in ops, TensorOp, TensorTupleOp, Python subclasses) is on one of two
- * intrusive doubly linked lists (the needle_link field of its layout): linked
- * in value_alloc / op_new / op_new_builtin once its fields are valid, which
- * every construction goes through (a Python subclass's tp_new included), and
- * unlinked first thing in its dealloc, before weakref callbacks or the
- * trashcan can run code. O(1) both ways, no allocation.
- *
- * The set: the linked objects that are GC-tracked (an untracked one is in
- * its dealloc, e.g. a subclass instance waiting in the trashcan; it is left
- * out, which only keeps more alive), seen through the tuples and dicts they
- * own alone (refcount 1: a node's inputs tuple, its __dict__).
+ * The set: the linked objects of the registry (autograd/registry.c: every
+ * live Value and Op) that are GC-tracked (an untracked one is in its
+ * dealloc, e.g. a subclass instance waiting in the trashcan; it is left out,
+ * which only keeps more alive), seen through the tuples and dicts they own
+ * alone (refcount 1: a node's inputs tuple, its __dict__).
  *
  * The algorithm (the collector's): refs = refcount for each object of the
  * set; subtract every reference that comes from inside the set (tp_traverse);
@@ -22,14 +15,7 @@
  * frame, a closure, a C local): a root. Objects whose type has a finalizer
  * (tp_finalize: a Python subclass with __del__) are roots too, so finalizers
  * are left to the full collection. So are frozen objects (gc.freeze()), which
- * the collector never examines. The public API cannot tell which objects
- * are frozen, so needle wraps gc.freeze and gc.unfreeze (the gc module's
- * attributes, replaced when needle_c is imported): a freeze marks every
- * linked object, an unfreeze clears the marks, objects linked later start
- * unmarked. A freeze through a reference to the original function taken
- * before needle_c was imported goes unseen (then frozen needle garbage may
- * be freed; objects made before needle_c cannot be needle objects).
- * Everything reachable from a root (an
+ * the collector never examines. Everything reachable from a root (an
  * explicit stack, no recursion) is kept; the rest is garbage nothing outside
  * the set can reach. Garbage is freed as the collector frees it: a reference
  * is held to each, tp_clear is called on each, the references are released.
@@ -38,6 +24,27 @@
  * inputs empty). No Python object is allocated until the clearing starts, no
  * Python code runs while the set is examined.
  *
+ * Frozen objects. The public API cannot tell which objects are frozen, and
+ * needle patches nothing of Python's (gc.freeze stays the gc module's), so
+ * the scoped collection reads gc.get_freeze_count() as it begins and keeps a
+ * mark per linked object (needle_link.frozen), compared with the count it
+ * read the time before (needle_rt.scoped.freeze_count):
+ * - 0: nothing is frozen (an unfreeze, or no freeze ever): every mark goes;
+ * - grown: a freeze ran since; every object linked now is marked, also those
+ *   linked after that freeze and before this collection (not frozen in
+ *   truth: they are left to the full collection, which only collects less);
+ * - shrunk but not 0: frozen objects died, or an unfreeze and a smaller
+ *   freeze ran since; the two look alike, so every linked object is marked
+ *   as for a freeze (the same conservative answer);
+ * - unchanged: the marks stand; an object linked since starts unmarked.
+ * The freezes this misses are those that leave the count where it was
+ * between two scoped collections (an unfreeze and a freeze of as many
+ * objects, or a freeze of as many objects as frozen ones died): objects
+ * linked in between may then be freed while frozen (their memory is handled
+ * as under reference counting; only freeze's promise to leave them be is
+ * broken). gc.freeze() is meant for a process's setup, before its garbage
+ * starts; needle takes this over replacing gc.freeze for the whole process.
+ *
  * Never during Python's own collection (a gc.callbacks observer tracks the
  * phases), never nested (including from code run while garbage is freed), and
  * not at all on free-threaded builds (Py_GIL_DISABLED: the lists would need
@@ -45,59 +52,16 @@
  * collection).
  */
 #include "../autograd/tensor.h"
+#include "runtime.h"
 
 #include <time.h>
 
 enum { LINK_OUT = 0, LINK_IN = 1, LINK_REACHABLE = 2 };
 
-static needle_link values_head = {&values_head, &values_head, 0, 0, LINK_OUT, 0};
-static needle_link ops_head = {&ops_head, &ops_head, 0, 0, LINK_OUT, 0};
-static Py_ssize_t linked_count = 0;
-
-/* Borrowed: the types of the module that installed the scoped collection
- * (they live in module state); NULL once it is cleared. */
-static autograd_state *types = NULL;
-static uint32_t epoch = 0;
-static int in_progress = 0;
-/* _set_scoped_enabled(False): the ladder runs full collections only (for
- * comparisons in benchmarks and tests). */
-static int enabled = 1;
-static int python_gc_running = 0;
-/* Observers called like gc.callbacks ("start"/"stop", info) around each
- * scoped collection (warn_on_cycles uses it); a list, or NULL. */
-static PyObject *observers = NULL;
-/* The gc module's own freeze and unfreeze, which needle's wrappers call. */
-static PyObject *gc_freeze = NULL, *gc_unfreeze = NULL;
-
-static scoped_totals totals;
-
-static void link_insert(needle_link *head, needle_link *l) {
-#ifndef Py_GIL_DISABLED
-    l->next = head->next;
-    l->prev = head;
-    l->frozen = 0;
-    head->next->prev = l;
-    head->next = l;
-    linked_count++;
-#else
-    (void)head;
-    (void)l;
-#endif
-}
-
-static void link_remove(needle_link *l) {
-    if (l->prev == NULL) return;
-    l->prev->next = l->next;
-    l->next->prev = l->prev;
-    l->prev = l->next = NULL;
-    linked_count--;
-}
-
-void scoped_link_value(PyObject *value) { link_insert(&values_head, &Tensor_CAST(value)->link); }
-void scoped_unlink_value(PyObject *value) { link_remove(&Tensor_CAST(value)->link); }
-void scoped_link_op(PyObject *op) { link_insert(&ops_head, &Op_CAST(op)->link); }
-void scoped_unlink_op(PyObject *op) { link_remove(&Op_CAST(op)->link); }
-
+/* The registry's lists are needle_rt.autograd's; the collection's own
+ * state is needle_rt.scoped (the engine's allocation callback starts a
+ * collection with no module at hand); its Python objects (the observers,
+ * gc.get_freeze_count) are module state, reached through needle_rt.state. */
 static PyObject *value_of_link(needle_link *l) {
     return (PyObject *)((char *)l - offsetof(TensorObject, link));
 }
@@ -110,14 +74,19 @@ static needle_link *link_of(PyObject *o) {
     PyTypeObject *tp = Py_TYPE(o);
     if (tp->tp_traverse == value_traverse) return &Tensor_CAST(o)->link;
     if (tp->tp_traverse == op_traverse) return &Op_CAST(o)->link;
-    if (!(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || types == NULL) return NULL;
-    if (PyType_IsSubtype(tp, types->value_type)) return &Tensor_CAST(o)->link;
-    if (PyType_IsSubtype(tp, types->op_type)) return &Op_CAST(o)->link;
+    const needle_state *st = needle_rt.state;
+    if (!(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || st == NULL || st->autograd == NULL) return NULL;
+    const autograd_state *types = st->autograd;
+    if (types->value_type != NULL && PyType_IsSubtype(tp, types->value_type))
+        return &Tensor_CAST(o)->link;
+    if (types->op_type != NULL && PyType_IsSubtype(tp, types->op_type)) return &Op_CAST(o)->link;
     return NULL;
 }
 
 /* In this collection's set. */
-static int member(const needle_link *l) { return l->epoch == epoch && l->state != LINK_OUT; }
+static int member(const needle_link *l) {
+    return l->epoch == needle_rt.scoped.epoch && l->state != LINK_OUT;
+}
 
 /* A tuple or dict that only its referrer holds: seen through as part of it. */
 static int owned(PyObject *o) {
@@ -181,14 +150,16 @@ int scoped_supported(void) {
 #ifdef Py_GIL_DISABLED
     return 0;
 #else
-    return types != NULL && enabled;
+    return needle_rt.state != NULL && needle_rt.state->gc_get_freeze_count != NULL &&
+           needle_rt.scoped.enabled;
 #endif
 }
 
-int scoped_busy(void) { return in_progress || python_gc_running; }
+int scoped_busy(void) { return needle_rt.scoped.in_progress || needle_rt.scoped.python_gc_running; }
 
 /* Calls each observer with (phase, info); never raises. */
 static void notify(const char *phase, Py_ssize_t collected) {
+    PyObject *observers = needle_rt.state ? needle_rt.state->scoped_observers : NULL;
     if (observers == NULL || PyList_GET_SIZE(observers) == 0) return;
     PyObject *copy = PyList_GetSlice(observers, 0, PyList_GET_SIZE(observers));
     PyObject *info = Py_BuildValue("{s:i,s:n,s:n,s:s}", "generation", -1, "collected", collected,
@@ -208,7 +179,7 @@ static Py_ssize_t enter_set(needle_link *head, PyObject *(*object_of)(needle_lin
     Py_ssize_t n = 0;
     for (needle_link *l = head->next; l != head; l = l->next) {
         PyObject *o = object_of(l);
-        l->epoch = epoch;
+        l->epoch = needle_rt.scoped.epoch;
         if (!PyObject_GC_IsTracked(o)) {
             l->state = LINK_OUT;
             continue;
@@ -248,6 +219,25 @@ static void mark_frozen(needle_link *head, int frozen) {
     for (needle_link *l = head->next; l != head; l = l->next) l->frozen = frozen;
 }
 
+/* Brings the frozen marks up to date with gc.get_freeze_count() (the
+ * header's rules). 0, or -1 (no exception set) when the count cannot be read:
+ * the collection is then not run. */
+static int sync_frozen(void) {
+    PyObject *result = PyObject_CallNoArgs(needle_rt.state->gc_get_freeze_count);
+    Py_ssize_t count = result != NULL ? PyLong_AsSsize_t(result) : -1;
+    Py_XDECREF(result);
+    if (count < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (count != needle_rt.scoped.freeze_count) {
+        mark_frozen(&needle_rt.autograd.values, count > 0);
+        mark_frozen(&needle_rt.autograd.ops, count > 0);
+        needle_rt.scoped.freeze_count = count;
+    }
+    return 0;
+}
+
 Py_ssize_t scoped_collect(scoped_result *r) {
     memset(r, 0, sizeof *r);
     if (!scoped_supported()) {
@@ -258,25 +248,34 @@ Py_ssize_t scoped_collect(scoped_result *r) {
         r->refused = SCOPED_BUSY;
         return -1;
     }
-    in_progress = 1;
+    needle_rt.scoped.in_progress = 1;
     double start = now_seconds();
     notify("start", 0);
-    if (++epoch == 0) epoch = 1;
+    /* Python may run while the count is read (a collection, finalizers);
+     * from here on nothing runs until the clearing. */
+    if (sync_frozen() < 0) {
+        r->refused = SCOPED_NO_MEMORY;
+        notify("stop", 0);
+        needle_rt.scoped.in_progress = 0;
+        return -1;
+    }
+    if (++needle_rt.scoped.epoch == 0) needle_rt.scoped.epoch = 1;
     /* Examining the set runs no Python code and allocates no Python object:
      * nothing can change the registry or any refcount until clearing. */
-    r->examined = enter_set(&values_head, value_of_link) + enter_set(&ops_head, op_of_link);
-    subtract_internal(&values_head, value_of_link);
-    subtract_internal(&ops_head, op_of_link);
+    r->examined = enter_set(&needle_rt.autograd.values, value_of_link) +
+                  enter_set(&needle_rt.autograd.ops, op_of_link);
+    subtract_internal(&needle_rt.autograd.values, value_of_link);
+    subtract_internal(&needle_rt.autograd.ops, op_of_link);
     mark_stack s = {NULL, 0, 0, 0, 1}, garbage = {NULL, 0, 0, 0, 0};
-    push_roots(&values_head, value_of_link, &s);
-    push_roots(&ops_head, op_of_link, &s);
+    push_roots(&needle_rt.autograd.values, value_of_link, &s);
+    push_roots(&needle_rt.autograd.ops, op_of_link, &s);
     while (s.n > 0 && !s.failed) {
         PyObject *o = s.items[--s.n];
         Py_TYPE(o)->tp_traverse(o, visit_mark, &s);
     }
     if (!s.failed) {
-        gather_garbage(&values_head, value_of_link, &garbage);
-        gather_garbage(&ops_head, op_of_link, &garbage);
+        gather_garbage(&needle_rt.autograd.values, value_of_link, &garbage);
+        gather_garbage(&needle_rt.autograd.ops, op_of_link, &garbage);
     }
     PyMem_RawFree(s.items);
     if (s.failed || garbage.failed) {
@@ -295,15 +294,16 @@ Py_ssize_t scoped_collect(scoped_result *r) {
     r->collected = (Py_ssize_t)garbage.n;
     notify("stop", r->collected);
     r->seconds = now_seconds() - start;
-    totals.collections++;
-    totals.examined += r->examined;
-    totals.collected += r->collected;
-    totals.seconds += r->seconds;
-    in_progress = 0;
+    scoped_totals *totals = &needle_rt.scoped.totals;
+    totals->collections++;
+    totals->examined += r->examined;
+    totals->collected += r->collected;
+    totals->seconds += r->seconds;
+    needle_rt.scoped.in_progress = 0;
     return r->refused ? -1 : r->collected;
 }
 
-const scoped_totals *scoped_get_totals(void) { return &totals; }
+const scoped_totals *scoped_get_totals(void) { return &needle_rt.scoped.totals; }
 
 /* ------------------------------------------------- the gc.callbacks observer */
 
@@ -311,7 +311,7 @@ static PyObject *on_gc_phase(PyObject *module, PyObject *args) {
     (void)module;
     PyObject *phase, *info;
     if (!PyArg_ParseTuple(args, "OO", &phase, &info)) return NULL;
-    python_gc_running =
+    needle_rt.scoped.python_gc_running =
         PyUnicode_Check(phase) && PyUnicode_CompareWithASCIIString(phase, "start") == 0;
     Py_RETURN_NONE;
 }
@@ -321,80 +321,45 @@ static PyMethodDef on_gc_phase_def = {
     "_scoped_gc_phase(phase, info, /)\n--\n\nThe gc.callbacks observer that keeps scoped "
     "collections out of Python's own collections."};
 
-/* ------------------------------------------------- gc.freeze / gc.unfreeze */
+/* ------------------------------------------------- install */
 
-static PyObject *call_and_mark(PyObject *original, int frozen) {
-    PyObject *result = PyObject_CallNoArgs(original);
-    if (result != NULL) {
-        mark_frozen(&values_head, frozen);
-        mark_frozen(&ops_head, frozen);
-    }
-    return result;
-}
-
-static PyObject *freeze_wrapper(PyObject *module, PyObject *Py_UNUSED(ignored)) {
-    (void)module;
-    return call_and_mark(gc_freeze, 1);
-}
-
-static PyObject *unfreeze_wrapper(PyObject *module, PyObject *Py_UNUSED(ignored)) {
-    (void)module;
-    return call_and_mark(gc_unfreeze, 0);
-}
-
-static PyMethodDef freeze_def = {
-    "freeze", freeze_wrapper, METH_NOARGS,
-    "freeze()\n--\n\nFreeze all current tracked objects and ignore them for future "
-    "collections (Python's gc.freeze; needle's wrapper also tells its scoped collection, "
-    "which then leaves these objects alone too)."};
-static PyMethodDef unfreeze_def = {
-    "unfreeze", unfreeze_wrapper, METH_NOARGS,
-    "unfreeze()\n--\n\nUnfreeze all objects in the permanent generation (Python's "
-    "gc.unfreeze; needle's wrapper also tells its scoped collection)."};
-
-/* Replaces gc.<name> by a wrapper of def around it, keeping the original in
- * *original; a wrapper already there (a second import) is kept. */
-static int wrap_one(PyObject *module, PyObject *gc, const char *name, PyMethodDef *def,
-                    PyObject **original) {
-    PyObject *current = PyObject_GetAttrString(gc, name);
-    if (current == NULL) return -1;
-    if (PyCFunction_Check(current) && PyCFunction_GetFunction(current) == def->ml_meth) {
-        Py_DECREF(current);
-        return 0;
-    }
-    PyObject *wrapper = PyCFunction_NewEx(def, module, NULL);
-    int rc = wrapper != NULL ? PyObject_SetAttrString(gc, name, wrapper) : -1;
-    Py_XDECREF(wrapper);
-    if (rc == 0) {
-        Py_XSETREF(*original, current);
-    } else {
-        Py_DECREF(current);
-    }
-    return rc;
-}
-
-static int wrap_freezing(PyObject *module, PyObject *gc) {
-    if (wrap_one(module, gc, "freeze", &freeze_def, &gc_freeze) < 0) return -1;
-    return wrap_one(module, gc, "unfreeze", &unfreeze_def, &gc_unfreeze);
-}
-
+/* Adds the gc.callbacks observer and takes gc.get_freeze_count and the
+ * observers' list into the module state; the runtime's collection then
+ * belongs to this module. The gc module itself is left as it is. */
 int scoped_install(PyObject *module, needle_state *st) {
-    types = st->autograd;
-    if (observers == NULL && (observers = PyList_New(0)) == NULL) return -1;
+    if (st->scoped_observers == NULL && (st->scoped_observers = PyList_New(0)) == NULL) return -1;
     PyObject *fn = PyCFunction_NewEx(&on_gc_phase_def, module, NULL);
     PyObject *gc = fn ? PyImport_ImportModule("gc") : NULL;
     PyObject *callbacks = gc ? PyObject_GetAttrString(gc, "callbacks") : NULL;
     int rc = callbacks != NULL && PyList_Check(callbacks) ? PyList_Append(callbacks, fn) : -1;
-    if (rc == 0) rc = wrap_freezing(module, gc);
     if (rc < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "gc.callbacks missing");
+    PyObject *count_fn = rc == 0 ? PyObject_GetAttrString(gc, "get_freeze_count") : NULL;
+    PyObject *count = count_fn ? PyObject_CallNoArgs(count_fn) : NULL;
+    Py_ssize_t n = count ? PyLong_AsSsize_t(count) : -1;
+    if (n < 0) {
+        rc = -1;
+        Py_CLEAR(count_fn);
+    }
+    Py_XDECREF(count);
     Py_XDECREF(callbacks);
     Py_XDECREF(gc);
     Py_XDECREF(fn);
-    return rc;
+    if (rc < 0) return -1;
+    Py_XSETREF(st->gc_get_freeze_count, count_fn);
+    /* What is frozen already holds no needle object: none existed before. */
+    if (needle_rt.state == NULL) needle_rt.scoped.freeze_count = n;
+    return 0;
+}
+
+int scoped_traverse(needle_state *st, visitproc visit, void *arg) {
+    Py_VISIT(st->scoped_observers);
+    Py_VISIT(st->gc_get_freeze_count);
+    return 0;
 }
 
 void scoped_forget(needle_state *st) {
-    if (st->autograd == types) types = NULL;
+    Py_CLEAR(st->scoped_observers);
+    Py_CLEAR(st->gc_get_freeze_count);
 }
 
 /* ------------------------------------------------- module functions */
@@ -413,20 +378,21 @@ static PyObject *collect_needle(PyObject *module, PyObject *Py_UNUSED(ignored)) 
 }
 
 static PyObject *scoped_info(PyObject *module, PyObject *Py_UNUSED(ignored)) {
-    (void)module;
-    return Py_BuildValue("{s:O,s:n,s:L,s:L,s:L,s:d,s:O}", "supported",
-                         scoped_supported() ? Py_True : Py_False, "registered", linked_count,
-                         "collections", (long long)totals.collections, "examined",
-                         (long long)totals.examined, "collected", (long long)totals.collected,
-                         "seconds", totals.seconds, "observers", observers ? observers : Py_None);
+    PyObject *observers = state_of_module(module)->scoped_observers;
+    const scoped_totals *totals = &needle_rt.scoped.totals;
+    return Py_BuildValue(
+        "{s:O,s:n,s:L,s:L,s:L,s:d,s:O}", "supported", scoped_supported() ? Py_True : Py_False,
+        "registered", needle_rt.autograd.linked, "collections", (long long)totals->collections,
+        "examined", (long long)totals->examined, "collected", (long long)totals->collected,
+        "seconds", totals->seconds, "observers", observers ? observers : Py_None);
 }
 
 static PyObject *set_scoped_enabled(PyObject *module, PyObject *arg) {
     (void)module;
     int on = PyObject_IsTrue(arg);
     if (on < 0) return NULL;
-    PyObject *previous = PyBool_FromLong(enabled);
-    enabled = on;
+    PyObject *previous = PyBool_FromLong(needle_rt.scoped.enabled);
+    needle_rt.scoped.enabled = on;
     return previous;
 }
 
