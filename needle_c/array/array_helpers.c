@@ -1,6 +1,8 @@
 /* array_helpers.c: the shared NDArray helpers of array_helpers.h. */
 #include "array_helpers.h"
 
+#include "dtype_convert.h"
+
 const nd_layout *array_layout(PyObject *a) { return &NDArray_CAST(a)->array.layout; }
 
 PyObject *array_result(needle_state *st, nd_status status, nd_array *out) {
@@ -42,9 +44,22 @@ PyObject *array_binary(needle_state *st, nd_binary_op op, PyObject *a, PyObject 
     return array_result(st, nd_array_binary(op, x, y, &out), &out);
 }
 
+nd_operand array_scalar_operand(nd_binary_op op, const nd_array *a, double s) {
+    /* The engine computes a scalar in the array's compute type: float64 as
+     * the double it is, float32 rounded once to float, float16 and
+     * bfloat16 as float32 (PyTorch's opmath: x16 + 0.1 is float(x) +
+     * 0.1f rounded once). PyTorch rounds a power's exponent to the narrow
+     * type itself, so it is here. */
+    nd_dtype dtype = nd_array_dtype(a);
+    if (op == ND_POW && dtype == ND_FLOAT16) s = nd_half_to_float(nd_float_to_half((float)s));
+    if (op == ND_POW && dtype == ND_BFLOAT16) s = nd_bf16_to_float(nd_float_to_bf16((float)s));
+    return (nd_operand){NULL, s};
+}
+
 PyObject *array_binary_scalar(needle_state *st, nd_binary_op op, PyObject *a, double s,
                               int reflected) {
-    nd_operand x = {&NDArray_CAST(a)->array, 0}, y = {NULL, (float)s};
+    nd_operand x = {&NDArray_CAST(a)->array, 0},
+               y = array_scalar_operand(op, &NDArray_CAST(a)->array, s);
     nd_array out;
     return array_result(
         st, reflected ? nd_array_binary(op, y, x, &out) : nd_array_binary(op, x, y, &out), &out);
