@@ -183,8 +183,8 @@ static PyObject *clamp_gradient(grad_scope *s, const op_params *p, PyObject *g, 
     return grads1(s, weighted(s, g, inside, g_input(s, 0)));
 }
 
-/* PyTorch's masks: x gets g where min <= x <= max, min where x >= min
- * fails (NaN x included), max where x <= max fails. */
+/* PyTorch's masks: x gets g where min <= x <= max; min where x < min < max;
+ * max where x > max or max < min (NaN x: none of them). */
 static PyObject *clamp_tensor_gradient(grad_scope *s, const op_params *p, PyObject *g,
                                        PyObject *node) {
     UNUSED(p);
@@ -193,17 +193,25 @@ static PyObject *clamp_tensor_gradient(grad_scope *s, const op_params *p, PyObje
              *hi = g_data(s, g_input(s, 2));
     if (x == NULL || lo == NULL || hi == NULL) return NULL;
     needle_state *st = s->st;
-    PyObject *ge = scope_keep(s, array_binary(st, ND_GE, x, lo));
-    PyObject *le = ge ? scope_keep(s, array_binary(st, ND_LE, x, hi)) : NULL;
-    if (le == NULL) return scope_fail(s);
-    PyObject *gx = g_wanted(s, 0) ? weighted(s, g, array_binary(st, ND_MUL, ge, le), g_input(s, 0))
-                                  : g_unwanted();
-    PyObject *glo = g_wanted(s, 1)
-                        ? weighted(s, g, array_binary_scalar(st, ND_SUB, ge, 1.0, 1), g_input(s, 1))
-                        : g_unwanted();
-    PyObject *ghi = g_wanted(s, 2)
-                        ? weighted(s, g, array_binary_scalar(st, ND_SUB, le, 1.0, 1), g_input(s, 2))
-                        : g_unwanted();
+    PyObject *gx = g_unwanted(), *glo = g_unwanted(), *ghi = g_unwanted();
+    if (g_wanted(s, 0)) {
+        PyObject *ge = scope_keep(s, array_binary(st, ND_GE, x, lo));
+        PyObject *le = ge ? scope_keep(s, array_binary(st, ND_LE, x, hi)) : NULL;
+        gx = le ? weighted(s, g, array_binary(st, ND_MUL, ge, le), g_input(s, 0)) : NULL;
+    }
+    if (g_wanted(s, 1)) {
+        PyObject *below = scope_keep(s, array_binary(st, ND_LT, x, lo));
+        PyObject *ordered = below ? scope_keep(s, array_binary(st, ND_LT, lo, hi)) : NULL;
+        glo = ordered ? weighted(s, g, array_binary(st, ND_MUL, below, ordered), g_input(s, 1))
+                      : NULL;
+    }
+    if (g_wanted(s, 2)) {
+        PyObject *above = scope_keep(s, array_binary(st, ND_GT, x, hi));
+        PyObject *crossed = above ? scope_keep(s, array_binary(st, ND_LT, hi, lo)) : NULL;
+        ghi = crossed
+                  ? weighted(s, g, array_binary(st, ND_MAXIMUM, above, crossed), g_input(s, 2))
+                  : NULL;
+    }
     return grads_n(s, (PyObject *[]){gx, glo, ghi}, 3);
 }
 

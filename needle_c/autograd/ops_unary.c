@@ -64,6 +64,21 @@ static PyObject *relu_gradient(grad_scope *s, PyObject *g, PyObject *node) {
     return g_mul(s, g, g_const(s, mask_of(s, node, ND_GT)));
 }
 
+/* x in float32 when it is float16 or bfloat16: the derivatives below cancel
+ * (1 + erf, 1 + tanh near -1), so they are computed as PyTorch's kernels
+ * compute them, in float32, and g * f'(x) rounds once, to x's dtype
+ * (narrow_result). A recorded Cast, so the graph stays differentiable. */
+static PyObject *widened(grad_scope *s, PyObject *x) {
+    PyObject *data = g_data(s, x);
+    if (data == NULL) return NULL;
+    nd_dtype dtype = nd_array_dtype(&NDArray_CAST(data)->array);
+    return dtype == ND_FLOAT16 || dtype == ND_BFLOAT16 ? g_cast(s, x, ND_FLOAT32) : x;
+}
+
+static PyObject *narrow_result(grad_scope *s, PyObject *g, PyObject *derivative) {
+    return g_as_dtype_of(s, g_mul(s, g, derivative), g_input(s, 0));
+}
+
 /* 2 / sqrt(pi), 1 / sqrt(2), 1 / sqrt(2 pi), and gelu_tanh's sqrt(2 / pi) and 0.044715. */
 #define TWO_OVER_SQRT_PI 1.12837916709551257390
 #define SQRT_HALF 0.70710678118654752440
@@ -74,15 +89,15 @@ static PyObject *relu_gradient(grad_scope *s, PyObject *g, PyObject *node) {
 static PyObject *erf_gradient(grad_scope *s, PyObject *g, PyObject *node) {
     UNUSED(node);
     /* g * 2/sqrt(pi) * exp(-x**2) */
-    PyObject *x = g_input(s, 0);
+    PyObject *x = widened(s, g_input(s, 0));
     PyObject *e = g_unary(s, OP_EXP, g_neg(s, g_scalar(s, OP_POWER_SCALAR, x, 2.0)));
-    return g_mul(s, g, g_scalar(s, OP_MUL_SCALAR, e, TWO_OVER_SQRT_PI));
+    return narrow_result(s, g, g_scalar(s, OP_MUL_SCALAR, e, TWO_OVER_SQRT_PI));
 }
 
 static PyObject *gelu_gradient(grad_scope *s, PyObject *g, PyObject *node) {
     UNUSED(node);
     /* g * (Phi(x) + x * phi(x)): Phi = (1 + erf(x / sqrt 2)) / 2, phi = exp(-x**2 / 2) / sqrt(2 pi) */
-    PyObject *x = g_input(s, 0);
+    PyObject *x = widened(s, g_input(s, 0));
     PyObject *cdf = g_scalar(
         s, OP_ADD_SCALAR,
         g_scalar(s, OP_MUL_SCALAR, g_unary(s, OP_ERF, g_scalar(s, OP_MUL_SCALAR, x, SQRT_HALF)),
@@ -92,14 +107,14 @@ static PyObject *gelu_gradient(grad_scope *s, PyObject *g, PyObject *node) {
         s, OP_MUL_SCALAR,
         g_unary(s, OP_EXP, g_scalar(s, OP_MUL_SCALAR, g_scalar(s, OP_POWER_SCALAR, x, 2.0), -0.5)),
         INV_SQRT_2PI);
-    return g_mul(s, g, g_add(s, cdf, g_mul(s, x, pdf)));
+    return narrow_result(s, g, g_add(s, cdf, g_mul(s, x, pdf)));
 }
 
 static PyObject *gelu_tanh_gradient(grad_scope *s, PyObject *g, PyObject *node) {
     UNUSED(node);
     /* PyTorch's: t = tanh(beta * (x + kappa x**3));
      * g * (0.5 (1 + t) + 0.5 x (1 - t**2) beta (1 + 3 kappa x**2)) */
-    PyObject *x = g_input(s, 0), *x2 = g_scalar(s, OP_POWER_SCALAR, x, 2.0);
+    PyObject *x = widened(s, g_input(s, 0)), *x2 = g_scalar(s, OP_POWER_SCALAR, x, 2.0);
     PyObject *inner = g_scalar(
         s, OP_MUL_SCALAR, g_add(s, x, g_scalar(s, OP_MUL_SCALAR, g_mul(s, x2, x), GELU_KAPPA)),
         GELU_BETA);
@@ -109,7 +124,7 @@ static PyObject *gelu_tanh_gradient(grad_scope *s, PyObject *g, PyObject *node) 
     PyObject *slope = g_scalar(
         s, OP_ADD_SCALAR, g_scalar(s, OP_MUL_SCALAR, x2, 3.0 * GELU_KAPPA * GELU_BETA), GELU_BETA);
     PyObject *right = g_mul(s, g_mul(s, g_scalar(s, OP_MUL_SCALAR, x, 0.5), sech2), slope);
-    return g_mul(s, g, g_add(s, left, right));
+    return narrow_result(s, g, g_add(s, left, right));
 }
 
 /* ------------------------------------------- expanded from the catalogue */
