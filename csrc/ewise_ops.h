@@ -75,6 +75,7 @@
     X(A, ERF, erf, Erf, "The error function.", ND_EW_ERF(x))                                  \
     X(A, GELU, gelu, GELU, "x * Phi(x), Phi the normal CDF (PyTorch's gelu).",                \
       x * 0.5f * (1.0f + ND_EW_ERF(x * ND_EW_K(x, 0.70710678118654752440))))                               \
+    X(A, SILU, silu, SiLU, "x * sigmoid(x).", x * ND_EW_SIGMOID(x))                           \
     X(A, GELU_TANH, gelu_tanh, GELUTanh,                                                      \
       "PyTorch's gelu(x, approximate='tanh'): "                                               \
       "0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3))).",                          \

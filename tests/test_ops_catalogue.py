@@ -80,6 +80,7 @@ UNARY = {
         lambda t: F.gelu(t, approximate="tanh"),
         lambda: sample(0),
     ),
+    "silu": (lambda x: ndl.ops.silu(x), F.silu, lambda: sample(0, scale=4.0)),
     "abs": (lambda x: ndl.ops.abs(x), torch.abs, lambda: sample(0)),
     "erf": (lambda x: ndl.ops.erf(x), torch.erf, lambda: sample(0, scale=1.5)),
 }
@@ -336,7 +337,7 @@ def test_where_scalars_and_promotion(device):
 # -------------------------------------------------------------- autocast
 
 
-@pytest.mark.parametrize("op", ["gelu", "abs", "erf"])
+@pytest.mark.parametrize("op", ["gelu", "silu", "abs", "erf"])
 def test_autocast_keeps_the_input_dtype(op):
     """As PyTorch's autocast, which lists none of them: they run in their input's dtype."""
     for dtype in ("float32", "bfloat16"):

@@ -127,6 +127,15 @@ static PyObject *gelu_tanh_gradient(grad_scope *s, PyObject *g, PyObject *node) 
     return narrow_result(s, g, g_add(s, left, right));
 }
 
+static PyObject *silu_gradient(grad_scope *s, PyObject *g, PyObject *node) {
+    UNUSED(node);
+    /* PyTorch's: g * sigmoid(x) * (1 + x * (1 - sigmoid(x))) */
+    PyObject *x = widened(s, g_input(s, 0)), *sig = g_unary(s, OP_SIGMOID, x);
+    PyObject *inner = g_scalar(
+        s, OP_ADD_SCALAR, g_mul(s, x, g_scalar(s, OP_ADD_SCALAR, g_neg(s, sig), 1.0)), 1.0);
+    return narrow_result(s, g, g_mul(s, sig, inner));
+}
+
 /* ------------------------------------------- expanded from the catalogue */
 
 #define UNARY_COMPUTE(A, id, name, Class, doc, formula)                                       \
