@@ -358,6 +358,12 @@ def test_nn_gelu(approximate, device):
     assert ndl.nn.GELU().approximate == "none"
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_nn_silu(device):
+    x, t = both(sample(0), "float32", device)
+    assert_same(ndl.nn.SiLU()(x), F.silu(t), 4e-6, 1e-9)
+
+
 # ------------------------------------------------------------- bad input
 
 

@@ -156,6 +156,13 @@ class GELU(Module):
         return ops.gelu(x, approximate=self.approximate)
 
 
+class SiLU(Module):
+    """ops.silu as a module, as torch.nn.SiLU: x * sigmoid(x)."""
+
+    def forward(self, x):
+        return ops.silu(x)
+
+
 class Sequential(Module):
     def __init__(self, *modules):
         super().__init__()
