@@ -46,13 +46,18 @@ PyObject *array_binary(needle_state *st, nd_binary_op op, PyObject *a, PyObject 
 
 nd_operand array_scalar_operand(nd_binary_op op, const nd_array *a, double s) {
     /* The engine computes a scalar in the array's compute type: float64 as
-     * the double it is, float32 rounded once to float, float16 and
-     * bfloat16 as float32 (PyTorch's opmath: x16 + 0.1 is float(x) +
-     * 0.1f rounded once). PyTorch rounds a power's exponent to the narrow
-     * type itself, so it is here. */
+     * the double it is, float32 rounded once to float. float16 and bfloat16
+     * compute in float32, and the scalar is what PyTorch 2.13 makes of it
+     * (checked bit for bit, tests/test_scalar_operands.py): a factor or a
+     * divisor stays float32 (its products and quotients use the float32
+     * scalar), anything else is rounded to the narrow type first (sums,
+     * differences, comparisons, powers, maximum/minimum, clamp bounds). The
+     * result is rounded once, to the array's dtype. */
     nd_dtype dtype = nd_array_dtype(a);
-    if (op == ND_POW && dtype == ND_FLOAT16) s = nd_half_to_float(nd_float_to_half((float)s));
-    if (op == ND_POW && dtype == ND_BFLOAT16) s = nd_bf16_to_float(nd_float_to_bf16((float)s));
+    if (op != ND_MUL && op != ND_DIV) {
+        if (dtype == ND_FLOAT16) s = nd_half_to_float(nd_float_to_half((float)s));
+        if (dtype == ND_BFLOAT16) s = nd_bf16_to_float(nd_float_to_bf16((float)s));
+    }
     return (nd_operand){NULL, s};
 }
 
