@@ -337,6 +337,15 @@ def test_where_scalars_and_promotion(device):
 # -------------------------------------------------------------- autocast
 
 
+def test_autocast_policy_names_the_new_ops():
+    from needle import _autocast
+
+    for name in ("GELU", "GELUTanh", "SiLU", "Abs", "Erf", "Maximum", "Clamp", "Where"):
+        assert name in _autocast.INPUT_DTYPE_OPS
+        assert name not in _autocast.NARROW_OPS + _autocast.FLOAT32_OPS
+        assert hasattr(needle_c, name)
+
+
 @pytest.mark.parametrize("op", ["gelu", "silu", "abs", "erf"])
 def test_autocast_keeps_the_input_dtype(op):
     """As PyTorch's autocast, which lists none of them: they run in their input's dtype."""
