@@ -10,10 +10,11 @@ import math
 
 import numpy as np
 import pytest
-from devices import DEVICES
 
 import needle as ndl
 import needle_c
+
+from devices import DEVICES
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -206,7 +207,10 @@ def test_maximum_minimum_tensors(op, dtype, device):
     # Ties, NaN on either side, infinities; b broadcast along the rows. (A tie of zeros of
     # opposite signs is left out: PyTorch's vectorized and scalar loops differ there;
     # needle returns the first operand, test_signed_zero_ties.)
-    av = [[1.0, 2.0, 3.0, math.nan, 1.0, -0.0, 0.0, math.inf], [0.5, -2.0, 7.0, 1.0, 4.0, 1.0, 2.0, -math.inf]]
+    av = [
+        [1.0, 2.0, 3.0, math.nan, 1.0, -0.0, 0.0, math.inf],
+        [0.5, -2.0, 7.0, 1.0, 4.0, 1.0, 2.0, -math.inf],
+    ]
     bv = [1.0, 1.0, 4.0, 1.0, math.nan, -0.0, 0.0, 5.0]
     a, ta = both(av, dtype, device)
     b, tb = both(bv, dtype, device)

@@ -13,9 +13,10 @@ import math
 
 import numpy as np
 import pytest
-from devices import DEVICES
 
 import needle as ndl
+
+from devices import DEVICES
 
 torch = pytest.importorskip("torch")
 

@@ -57,7 +57,7 @@ static __device__ __forceinline__ double ew_pow(double x, double y) { return pow
     struct pow_##name {                                                              \
         template <class C> __device__ C operator()(C x, C) const { return formula; } \
     };
-#define ND_CUDA_UNARY_FUNCTOR(A, id, name, Class, doc, formula)                             \
+#define ND_CUDA_UNARY_FUNCTOR(A, id, name, Class, doc, formula)                   \
     struct op_##name {                                                            \
         template <class C> __device__ C operator()(C x) const { return formula; } \
     };

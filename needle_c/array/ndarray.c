@@ -666,10 +666,13 @@ static PyMethodDef ndarray_methods[] = {
      "DLPack capsule sharing this view's memory (interop.c)."},
     {"__dlpack_device__", interop_ndarray_dlpack_device, METH_NOARGS,
      "__dlpack_device__($self, /)\n--\n\n(device_type, device_id) as DLPack numbers them."},
+/* One method per row of the catalogue (csrc/ewise_ops.h). */
+/* clang-format off */
 #define NDARRAY_UNARY_METHOD(A, id, name, Class, doc, formula) \
     {#name, ndarray_unary_##name, METH_NOARGS, #name "($self, /)\n--\n\n" doc " Elementwise."},
     ND_EWISE_UNARY_OPS(NDARRAY_UNARY_METHOD, )
 #undef NDARRAY_UNARY_METHOD
+    /* clang-format on */
     {"maximum", ndarray_maximum, METH_O,
      "maximum($self, other, /)\n--\n\nElementwise maximum with an NDArray or a number."},
     {"minimum", ndarray_minimum, METH_O,

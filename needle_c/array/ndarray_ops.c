@@ -65,7 +65,7 @@ static PyObject *unary(PyObject *a, nd_unary_op op) { return array_unary(ndarray
 PyObject *ndarray_negative(PyObject *a) { return unary(a, ND_NEG); }
 PyObject *ndarray_absolute(PyObject *a) { return unary(a, ND_ABS); }
 
-#define UNARY_METHOD(A, id, name, Class, doc, formula)                           \
+#define UNARY_METHOD(A, id, name, Class, doc, formula)                          \
     PyObject *ndarray_unary_##name(PyObject *a, PyObject *Py_UNUSED(ignored)) { \
         return unary(a, ND_##id);                                               \
     }

@@ -1,6 +1,7 @@
-/* ops_basic.c: compute (NDArrays) and gradient (Tensors) of the elementwise,
- * shape, reduction, matmul, indexing and tuple ops, with the course's
- * gradient formulas (so "needle" mode builds the course's graphs).
+/* ops_basic.c: compute (NDArrays) and gradient (Tensors) of the binary
+ * elementwise, shape, reduction, matmul, indexing and tuple ops, with the
+ * course's gradient formulas (so "needle" mode builds the course's graphs).
+ * The unary ops are the catalogue's (ops_unary.c).
  *
  * Elementwise ops broadcast like NumPy; their gradients sum back to each
  * input's shape (unbroadcast), which is a no-op for the course's equal shapes.

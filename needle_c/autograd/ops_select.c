@@ -24,9 +24,9 @@ static const op_params no_params;
 static PyObject *tie_weights(needle_state *st, PyObject *x, PyObject *y, double ys,
                              nd_binary_op lose) {
     PyObject *lost = y ? array_binary(st, lose, x, y) : array_binary_scalar(st, lose, x, ys, 0);
-    PyObject *tie = lost ? (y ? array_binary(st, ND_EQ, x, y)
-                              : array_binary_scalar(st, ND_EQ, x, ys, 0))
-                         : NULL;
+    PyObject *tie =
+        lost ? (y ? array_binary(st, ND_EQ, x, y) : array_binary_scalar(st, ND_EQ, x, ys, 0))
+             : NULL;
     PyObject *half = tie ? array_binary_scalar(st, ND_MUL, tie, 0.5, 0) : NULL;
     PyObject *won = half ? array_binary_scalar(st, ND_SUB, lost, 1.0, 1) : NULL;
     PyObject *w = won ? array_binary(st, ND_SUB, won, half) : NULL;
@@ -129,22 +129,20 @@ static PyObject *minmax_gradient(grad_scope *s, PyObject *g, nd_binary_op a_lose
     PyObject *a = g_input(s, 0), *b = g_input(s, 1);
     PyObject *x = g_data(s, a), *y = g_data(s, b);
     if (x == NULL || y == NULL) return NULL;
-    PyObject *ga = g_wanted(s, 0) ? weighted(s, g, tie_weights(s->st, x, y, 0.0, a_loses), a)
-                                  : g_unwanted();
-    PyObject *gb = g_wanted(s, 1) ? weighted(s, g, tie_weights(s->st, y, x, 0.0, b_loses), b)
-                                  : g_unwanted();
+    PyObject *ga =
+        g_wanted(s, 0) ? weighted(s, g, tie_weights(s->st, x, y, 0.0, a_loses), a) : g_unwanted();
+    PyObject *gb =
+        g_wanted(s, 1) ? weighted(s, g, tie_weights(s->st, y, x, 0.0, b_loses), b) : g_unwanted();
     return grads2(s, ga, gb);
 }
 
-static PyObject *maximum_gradient(grad_scope *s, const op_params *p, PyObject *g,
-                                  PyObject *node) {
+static PyObject *maximum_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
     UNUSED(node);
     return minmax_gradient(s, g, ND_LT, ND_LT);
 }
 
-static PyObject *minimum_gradient(grad_scope *s, const op_params *p, PyObject *g,
-                                  PyObject *node) {
+static PyObject *minimum_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
     UNUSED(node);
     return minmax_gradient(s, g, ND_GT, ND_GT);
@@ -208,9 +206,8 @@ static PyObject *clamp_tensor_gradient(grad_scope *s, const op_params *p, PyObje
     if (g_wanted(s, 2)) {
         PyObject *above = scope_keep(s, array_binary(st, ND_GT, x, hi));
         PyObject *crossed = above ? scope_keep(s, array_binary(st, ND_LT, hi, lo)) : NULL;
-        ghi = crossed
-                  ? weighted(s, g, array_binary(st, ND_MAXIMUM, above, crossed), g_input(s, 2))
-                  : NULL;
+        ghi = crossed ? weighted(s, g, array_binary(st, ND_MAXIMUM, above, crossed), g_input(s, 2))
+                      : NULL;
     }
     return grads_n(s, (PyObject *[]){gx, glo, ghi}, 3);
 }
@@ -219,14 +216,14 @@ static PyObject *where_gradient(grad_scope *s, const op_params *p, PyObject *g, 
     UNUSED(p);
     UNUSED(node);
     /* (none, where(c, g, 0), where(c, 0, g)) */
-    PyObject *c = g_input(s, 0), *zeros = g_wanted(s, 1) || g_wanted(s, 2) ? g_zeros_like(s, g)
-                                                                             : NULL;
-    PyObject *gx = g_wanted(s, 1)
-                       ? unbroadcast(s, g_apply3(s, OP_WHERE, &no_params, c, g, zeros), g_input(s, 1))
-                       : g_unwanted();
-    PyObject *gy = g_wanted(s, 2)
-                       ? unbroadcast(s, g_apply3(s, OP_WHERE, &no_params, c, zeros, g), g_input(s, 2))
-                       : g_unwanted();
+    PyObject *c = g_input(s, 0),
+             *zeros = g_wanted(s, 1) || g_wanted(s, 2) ? g_zeros_like(s, g) : NULL;
+    PyObject *gx = g_wanted(s, 1) ? unbroadcast(s, g_apply3(s, OP_WHERE, &no_params, c, g, zeros),
+                                                g_input(s, 1))
+                                  : g_unwanted();
+    PyObject *gy = g_wanted(s, 2) ? unbroadcast(s, g_apply3(s, OP_WHERE, &no_params, c, zeros, g),
+                                                g_input(s, 2))
+                                  : g_unwanted();
     return grads_n(s, (PyObject *[]){g_input_zeros(s, 0), gx, gy}, 3);
 }
 

@@ -98,11 +98,11 @@ static PyObject *gelu_gradient(grad_scope *s, PyObject *g, PyObject *node) {
     UNUSED(node);
     /* g * (Phi(x) + x * phi(x)): Phi = (1 + erf(x / sqrt 2)) / 2, phi = exp(-x**2 / 2) / sqrt(2 pi) */
     PyObject *x = widened(s, g_input(s, 0));
-    PyObject *cdf = g_scalar(
-        s, OP_ADD_SCALAR,
-        g_scalar(s, OP_MUL_SCALAR, g_unary(s, OP_ERF, g_scalar(s, OP_MUL_SCALAR, x, SQRT_HALF)),
-                 0.5),
-        0.5);
+    PyObject *cdf =
+        g_scalar(s, OP_ADD_SCALAR,
+                 g_scalar(s, OP_MUL_SCALAR,
+                          g_unary(s, OP_ERF, g_scalar(s, OP_MUL_SCALAR, x, SQRT_HALF)), 0.5),
+                 0.5);
     PyObject *pdf = g_scalar(
         s, OP_MUL_SCALAR,
         g_unary(s, OP_EXP, g_scalar(s, OP_MUL_SCALAR, g_scalar(s, OP_POWER_SCALAR, x, 2.0), -0.5)),
@@ -115,12 +115,13 @@ static PyObject *gelu_tanh_gradient(grad_scope *s, PyObject *g, PyObject *node) 
     /* PyTorch's: t = tanh(beta * (x + kappa x**3));
      * g * (0.5 (1 + t) + 0.5 x (1 - t**2) beta (1 + 3 kappa x**2)) */
     PyObject *x = widened(s, g_input(s, 0)), *x2 = g_scalar(s, OP_POWER_SCALAR, x, 2.0);
-    PyObject *inner = g_scalar(
-        s, OP_MUL_SCALAR, g_add(s, x, g_scalar(s, OP_MUL_SCALAR, g_mul(s, x2, x), GELU_KAPPA)),
-        GELU_BETA);
+    PyObject *inner =
+        g_scalar(s, OP_MUL_SCALAR,
+                 g_add(s, x, g_scalar(s, OP_MUL_SCALAR, g_mul(s, x2, x), GELU_KAPPA)), GELU_BETA);
     PyObject *t = g_unary(s, OP_TANH, inner);
     PyObject *left = g_scalar(s, OP_MUL_SCALAR, g_scalar(s, OP_ADD_SCALAR, t, 1.0), 0.5);
-    PyObject *sech2 = g_scalar(s, OP_ADD_SCALAR, g_neg(s, g_scalar(s, OP_POWER_SCALAR, t, 2.0)), 1.0);
+    PyObject *sech2 =
+        g_scalar(s, OP_ADD_SCALAR, g_neg(s, g_scalar(s, OP_POWER_SCALAR, t, 2.0)), 1.0);
     PyObject *slope = g_scalar(
         s, OP_ADD_SCALAR, g_scalar(s, OP_MUL_SCALAR, x2, 3.0 * GELU_KAPPA * GELU_BETA), GELU_BETA);
     PyObject *right = g_mul(s, g_mul(s, g_scalar(s, OP_MUL_SCALAR, x, 0.5), sech2), slope);
@@ -131,8 +132,8 @@ static PyObject *silu_gradient(grad_scope *s, PyObject *g, PyObject *node) {
     UNUSED(node);
     /* PyTorch's: g * sigmoid(x) * (1 + x * (1 - sigmoid(x))) */
     PyObject *x = widened(s, g_input(s, 0)), *sig = g_unary(s, OP_SIGMOID, x);
-    PyObject *inner = g_scalar(
-        s, OP_ADD_SCALAR, g_mul(s, x, g_scalar(s, OP_ADD_SCALAR, g_neg(s, sig), 1.0)), 1.0);
+    PyObject *inner = g_scalar(s, OP_ADD_SCALAR,
+                               g_mul(s, x, g_scalar(s, OP_ADD_SCALAR, g_neg(s, sig), 1.0)), 1.0);
     return narrow_result(s, g, g_mul(s, sig, inner));
 }
 
@@ -149,10 +150,11 @@ ND_EWISE_UNARY_OPS(UNARY_COMPUTE, )
 #undef UNARY_COMPUTE
 
 /* The op_gradient_fn of a row: its formula's one gradient as the tuple. */
-#define UNARY_GRADIENT(A, id, name, Class, doc, formula)                                         \
-    static PyObject *name##_grads(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) { \
-        UNUSED(p);                                                                               \
-        return grads1(s, name##_gradient(s, g, node));                                           \
+#define UNARY_GRADIENT(A, id, name, Class, doc, formula)                          \
+    static PyObject *name##_grads(grad_scope *s, const op_params *p, PyObject *g, \
+                                  PyObject *node) {                               \
+        UNUSED(p);                                                                \
+        return grads1(s, name##_gradient(s, g, node));                            \
     }
 ND_EWISE_UNARY_OPS(UNARY_GRADIENT, )
 #undef UNARY_GRADIENT
@@ -165,18 +167,17 @@ void ops_unary_register(op_impl *t) {
 }
 
 int ops_unary_export(PyObject *module) {
-#define UNARY_ROW(A, id, name, Class, doc, formula) Py_BuildValue("(sss)", #name, #Class, doc),
-    PyObject *rows[] = {ND_EWISE_UNARY_OPS(UNARY_ROW, )};
+#define UNARY_ROW(A, id, name, Class, doc, formula) {#name, #Class, doc},
+    static const char *const rows[][3] = {ND_EWISE_UNARY_OPS(UNARY_ROW, )};
 #undef UNARY_ROW
     const Py_ssize_t n = (Py_ssize_t)(sizeof rows / sizeof rows[0]);
     PyObject *catalogue = PyTuple_New(n);
-    int ok = catalogue != NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        ok = ok && rows[i] != NULL;
-        if (ok) PyTuple_SET_ITEM(catalogue, i, rows[i]);
-        else Py_XDECREF(rows[i]);
+    for (Py_ssize_t i = 0; catalogue != NULL && i < n; i++) {
+        PyObject *row = Py_BuildValue("(sss)", rows[i][0], rows[i][1], rows[i][2]);
+        if (row == NULL) Py_CLEAR(catalogue);
+        else PyTuple_SET_ITEM(catalogue, i, row);
     }
-    int rc = ok ? PyModule_AddObjectRef(module, "UNARY_OPS", catalogue) : -1;
+    int rc = catalogue != NULL ? PyModule_AddObjectRef(module, "UNARY_OPS", catalogue) : -1;
     Py_XDECREF(catalogue);
     return rc;
 }

@@ -240,7 +240,7 @@ PyObject *tensor_transpose(PyObject *self, PyObject *args, PyObject *kwargs) {
     return apply1(st, OP_TRANSPOSE, &p, self);
 }
 
-#define TENSOR_UNARY(A, id, name, Class, doc, formula)                             \
+#define TENSOR_UNARY(A, id, name, Class, doc, formula)                            \
     PyObject *tensor_unary_##name(PyObject *self, PyObject *Py_UNUSED(ignored)) { \
         needle_state *st = state_of_value(self);                                  \
         return st ? apply1(st, OP_##id, &no_params, self) : NULL;                 \

@@ -491,10 +491,13 @@ static PyMethodDef tensor_methods[] = {
     {"transpose", (PyCFunction)(void (*)(void))tensor_transpose, METH_VARARGS | METH_KEYWORDS,
      "transpose($self, /, axes=None)\n--\n\nSwaps two axes (the last two when None)."},
     {"matmul", tensor_matmul_method, METH_O, "matmul($self, other, /)\n--\n\nself @ other."},
+/* One method per row of the catalogue (csrc/ewise_ops.h). */
+/* clang-format off */
 #define TENSOR_UNARY_METHOD(A, id, name, Class, doc, formula) \
     {#name, tensor_unary_##name, METH_NOARGS, #name "($self, /)\n--\n\n" doc " (" #Class ")"},
     ND_EWISE_UNARY_OPS(TENSOR_UNARY_METHOD, )
 #undef TENSOR_UNARY_METHOD
+    /* clang-format on */
     {"maximum", tensor_maximum, METH_O,
      "maximum($self, other, /)\n--\n\nElementwise maximum with a Tensor or a number (NaN "
      "propagates; a tie's gradient is split evenly)."},

@@ -12,12 +12,13 @@ import numbers
 import numpy
 
 import needle_c as _c
-
 from needle_c import (  # noqa: F401
     AddScalar,
     AttentionSoftmax,
     BroadcastTo,
     Cast,
+    Clamp,
+    ClampTensor,
     Conv,
     Dilate,
     DivScalar,
@@ -36,9 +37,6 @@ from needle_c import (  # noqa: F401
     MaximumScalar,
     Minimum,
     MinimumScalar,
-    Clamp,
-    ClampTensor,
-    Where,
     MulScalar,
     PowerScalar,
     Reshape,
@@ -49,6 +47,7 @@ from needle_c import (  # noqa: F401
     Summation,
     Transpose,
     UnDilate,
+    Where,
 )
 
 from .. import backend_ndarray as array_api  # noqa: F401
@@ -215,11 +214,10 @@ def clamp(a, min=None, max=None):  # noqa: A002 - torch.clamp's names
         return _clamp_tensors(a, min, max)
     for what, bound in (("min", min), ("max", max)):
         if bound is not None and not _is_number(bound):
-            raise TypeError(f"clamp: {what} must be a number, a Tensor or None, "
-                            f"got {type(bound).__name__}")
-    return Clamp(
-        -numpy.inf if min is None else min, numpy.inf if max is None else max
-    )(a)
+            raise TypeError(
+                f"clamp: {what} must be a number, a Tensor or None, got {type(bound).__name__}"
+            )
+    return Clamp(-numpy.inf if min is None else min, numpy.inf if max is None else max)(a)
 
 
 def _clamp_tensors(a, min, max):  # noqa: A002
