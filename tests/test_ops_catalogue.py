@@ -418,3 +418,52 @@ def test_bad_inputs_raise():
         x.gelu(1)
     # The process still works.
     np.testing.assert_array_equal(ndl.ops.abs(ndl.Tensor([-2.0])).numpy(), [2.0])
+
+
+# ------------------------------------------------------- no leaks on error
+
+
+def _exercise(device):
+    x = ndl.Tensor([-1.0, 0.0, 2.0, math.nan], device=device)
+    y = ndl.Tensor([0.5, 0.0, 3.0, 1.0], device=device)
+    c = ndl.Tensor([1.0, 0.0, 1.0, 0.0], device=device)
+    outs = [
+        ndl.ops.gelu(x),
+        ndl.ops.gelu(x, approximate="tanh"),
+        ndl.ops.silu(x),
+        ndl.ops.abs(x),
+        ndl.ops.erf(x),
+        ndl.ops.maximum(x, y),
+        ndl.ops.minimum(x, 0.5),
+        ndl.ops.clamp(x, min=0.0, max=1.0),
+        ndl.ops.clamp(x, min=y),
+        ndl.ops.where(c, x, y),
+    ]
+    total = outs[0].sum()
+    for out in outs[1:]:
+        total = total + out.sum()
+    total.backward()
+    for bad in (
+        lambda: ndl.ops.where(ndl.Tensor([1.0, 0.0, 1.0], device=device), x, y),
+        lambda: ndl.ops.maximum(x, ndl.Tensor([1.0, 2.0], device=device)),
+        lambda: x.clamp(min="a"),
+        lambda: ndl.ops.gelu(x, approximate="foo"),
+    ):
+        with pytest.raises((ValueError, TypeError)):
+            bad()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_leaks_over_repeated_calls(device):
+    """Forward, backward and failing calls leave no device bytes and no Python objects behind."""
+    import gc
+
+    _exercise(device)
+    gc.collect()
+    before_bytes = ndl.memory.memory_allocated(device)
+    before_objects = len(gc.get_objects())
+    for _ in range(50):
+        _exercise(device)
+    gc.collect()
+    assert ndl.memory.memory_allocated(device) == before_bytes
+    assert len(gc.get_objects()) <= before_objects + 20
