@@ -327,12 +327,12 @@ static inline float nd_powf(float x, float y) {
  * erf on x clamped to [-4, 4] (beyond it erf rounds to +-1 in float32),
  * evaluated in double: in float the two polynomials cost up to 7 ulp near
  * |x| = 3.6, in double the approximation's own 1.6 ulp remain. The clamp is
- * a select, so NaN passes through; erf(-0) is -0 (+0 / Q(0) < 0). */
+ * a select on float lanes (see nd__self), so NaN passes through and the
+ * loop vectorizes; erf(-0) is -0 (+0 / Q(0) < 0). */
 static inline float nd_erff(float x) {
-    double d = (double)x;
-    d = d > 4.0 ? 4.0 : d;
-    d = d < -4.0 ? -4.0 : d;
-    const double z = d * d;
+    float c = nd__self(x > 4.0f, 4.0f, x);
+    c = nd__self(c < -4.0f, -4.0f, c);
+    const double d = (double)c, z = d * d;
     double p = -2.72614225801306e-10;
     p = p * z + 2.77068142495902e-08;
     p = p * z - 2.10102402082508e-06;
