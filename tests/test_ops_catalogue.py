@@ -126,8 +126,9 @@ def test_unary_special_values(op, dtype, device):
     assert_same(x.grad, t.grad, GRAD[dtype], 0.0, f"{op}' {dtype} special", signs=False)
 
 
-def test_abs_gradient_is_zero_at_zero():
-    x = ndl.Tensor([0.0, -0.0, 2.0, -3.0])
+@pytest.mark.parametrize("device", DEVICES)
+def test_abs_gradient_is_zero_at_zero(device):
+    x = ndl.Tensor([0.0, -0.0, 2.0, -3.0], device=device)
     ndl.ops.abs(x).sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), [0.0, 0.0, 1.0, -1.0])
 
@@ -173,13 +174,14 @@ def test_second_derivative_in_needle_mode(device):
 # ----------------------------------------------------------- the catalogue
 
 
-def test_catalogue_rows_give_methods_classes_and_functions():
+@pytest.mark.parametrize("device", DEVICES)
+def test_catalogue_rows_give_methods_classes_and_functions(device):
     rows = needle_c.UNARY_OPS
     names = [r[0] for r in rows]
     for required in ("neg", "exp", "log", "tanh", "sqrt", "sigmoid", "relu", "abs", "erf"):
         assert required in names
-    a = ndl.NDArray([0.5, -1.0])
-    x = ndl.Tensor([0.5, -1.0])
+    a = ndl.NDArray([0.5, -1.0], device=device)
+    x = ndl.Tensor([0.5, -1.0], device=device)
     for name, class_name, doc in rows:
         op_class = getattr(ndl.ops, class_name)
         assert op_class is getattr(needle_c, class_name)
@@ -253,8 +255,9 @@ def test_signed_zero_ties(dtype, device):
     np.testing.assert_array_equal(np.signbit(as64(ndl.ops.maximum(a, 0.0))), [True, False])
 
 
-def test_maximum_ties_split_as_pytorch():
-    a, b = ndl.Tensor([1.0, 2.0]), ndl.Tensor([1.0, 2.0])
+@pytest.mark.parametrize("device", DEVICES)
+def test_maximum_ties_split_as_pytorch(device):
+    a, b = ndl.Tensor([1.0, 2.0], device=device), ndl.Tensor([1.0, 2.0], device=device)
     ndl.ops.maximum(a, b).sum().backward()
     np.testing.assert_array_equal(a.grad.numpy(), [0.5, 0.5])
     np.testing.assert_array_equal(b.grad.numpy(), [0.5, 0.5])
