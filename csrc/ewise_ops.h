@@ -11,11 +11,12 @@
  * backend passes the storage type it expands for; the enums below, nothing).
  * A formula is one expression of the compute-type operands x (and y): the
  * type the storage type computes in (float for float32). It writes its
- * constants as float literals (exact in every compute type) and its
+ * constants as float literals when they are exact in every compute type,
+ * else as ND_EW_K(x, double literal): the constant in x's compute type, and its
  * functions as the ND_EW_* macros below, which the expanding backend defines
  * for its compute types before it expands a list:
  *   ND_EW_LOG(x) ND_EW_EXP(x) ND_EW_TANH(x) ND_EW_SQRT(x) ND_EW_SIGMOID(x)
- *   ND_EW_ABS(x) ND_EW_POW(x, y)
+ *   ND_EW_ABS(x) ND_EW_POW(x, y) ND_EW_ERF(x)
  * (the CPU's are cpu_math.h's vectorizable versions, CUDA's the device
  * library's), so the two backends agree on everything but the last ulps of
  * the transcendental functions.
@@ -32,7 +33,10 @@
 /* clang-format off */
 
 /* x op y, for arrays and scalars alike. Comparisons give 1.0 or 0.0; NaN
- * propagates from either side of maximum/minimum, as in NumPy. */
+ * propagates from either side of maximum/minimum, as in NumPy. pick is half
+ * of where(c, x, y) = pick(x, c) + pick(y, c == 0): -0 is the one value that
+ * leaves every other unchanged under +, signed zeros, infinities and NaN
+ * included. */
 #define ND_EWISE_BINARY_OPS(X, A)                         \
     X(A, ND_ADD, add, x + y)                              \
     X(A, ND_SUB, sub, x - y)                              \
@@ -46,18 +50,37 @@
     X(A, ND_GE, ge, x >= y ? 1.0f : 0.0f)                 \
     X(A, ND_GT, gt, x > y ? 1.0f : 0.0f)                  \
     X(A, ND_LE, le, x <= y ? 1.0f : 0.0f)                 \
-    X(A, ND_LT, lt, x < y ? 1.0f : 0.0f)
+    X(A, ND_LT, lt, x < y ? 1.0f : 0.0f)                  \
+    X(A, ND_PICK, pick, y != 0.0f ? x : -0.0f)
 
-/* op x. relu keeps NaN, as NumPy's maximum(x, 0) does. */
-#define ND_EWISE_UNARY_OPS(X, A)                \
-    X(A, ND_NEG, neg, -x)                       \
-    X(A, ND_LOG, log, ND_EW_LOG(x))             \
-    X(A, ND_EXP, exp, ND_EW_EXP(x))             \
-    X(A, ND_TANH, tanh, ND_EW_TANH(x))          \
-    X(A, ND_SQRT, sqrt, ND_EW_SQRT(x))          \
-    X(A, ND_SIGMOID, sigmoid, ND_EW_SIGMOID(x)) \
-    X(A, ND_ABS, abs, ND_EW_ABS(x))             \
-    X(A, ND_RELU, relu, (x > 0.0f || x != x) ? x : 0.0f)
+/* op x: needle's catalogue of unary ops. X(A, id, name, Class, doc, formula):
+ * the engine's op is ND_<id>; the binding makes of each row the method
+ * `name` of NDArray and Tensor, the autograd op OP_<id> of class `Class`
+ * (needle_c.Class, ndl.ops.Class) and the function ndl.ops.<name>, all
+ * documented by `doc`; the row's gradient is the function <name>_gradient
+ * of needle_c/autograd/ops_unary.c. So a unary op is added here, with its
+ * gradient and its test, and nowhere else (a formula that needs a new
+ * function adds its ND_EW_* macro to both backends).
+ * relu keeps NaN, as NumPy's maximum(x, 0) does; gelu is the exact (erf)
+ * form, gelu_tanh PyTorch's approximate="tanh" one. */
+#define ND_EWISE_UNARY_OPS(X, A)                                                              \
+    X(A, NEG, neg, Negate, "-x.", -x)                                                         \
+    X(A, LOG, log, Log, "Natural logarithm.", ND_EW_LOG(x))                                   \
+    X(A, EXP, exp, Exp, "Exponential.", ND_EW_EXP(x))                                         \
+    X(A, TANH, tanh, Tanh, "Hyperbolic tangent.", ND_EW_TANH(x))                              \
+    X(A, SQRT, sqrt, Sqrt, "Square root.", ND_EW_SQRT(x))                                     \
+    X(A, SIGMOID, sigmoid, Sigmoid, "1 / (1 + exp(-x)).", ND_EW_SIGMOID(x))                   \
+    X(A, ABS, abs, Abs, "|x| (its gradient is 0 at 0, as PyTorch's).", ND_EW_ABS(x))         \
+    X(A, RELU, relu, ReLU, "max(x, 0).", (x > 0.0f || x != x) ? x : 0.0f)                     \
+    X(A, ERF, erf, Erf, "The error function.", ND_EW_ERF(x))                                  \
+    X(A, GELU, gelu, GELU, "x * Phi(x), Phi the normal CDF (PyTorch's gelu).",                \
+      x * 0.5f * (1.0f + ND_EW_ERF(x * ND_EW_K(x, 0.70710678118654752440))))                               \
+    X(A, SILU, silu, SiLU, "x * sigmoid(x).", x * ND_EW_SIGMOID(x))                           \
+    X(A, GELU_TANH, gelu_tanh, GELUTanh,                                                      \
+      "PyTorch's gelu(x, approximate='tanh'): "                                               \
+      "0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3))).",                          \
+      0.5f * x * (1.0f + ND_EW_TANH(ND_EW_K(x, 0.79788456080286535588) *                    \
+                                    (x + ND_EW_K(x, 0.044715) * x * x * x))))
 
 /* Exact forms of ND_POW by a scalar exponent (x**2 in norms and variances
  * must be exactly x*x, which a general pow is not): X(A, id, name, exponent,
@@ -73,12 +96,14 @@ typedef enum nd_binary_op {
     ND_EWISE_BINARY_OPS(ND_EWISE_ENUMERATOR, )
     ND_BINARY_OP_COUNT
 } nd_binary_op;
+#undef ND_EWISE_ENUMERATOR
 
+#define ND_EWISE_UNARY_ENUMERATOR(A, id, name, Class, doc, formula) ND_##id,
 typedef enum nd_unary_op {
-    ND_EWISE_UNARY_OPS(ND_EWISE_ENUMERATOR, )
+    ND_EWISE_UNARY_OPS(ND_EWISE_UNARY_ENUMERATOR, )
     ND_UNARY_OP_COUNT
 } nd_unary_op;
-#undef ND_EWISE_ENUMERATOR
+#undef ND_EWISE_UNARY_ENUMERATOR
 
 /* How x**e is computed for a scalar e: ND_POW_GENERAL (the ND_POW formula)
  * or one of the exact forms; indexes the backends' tables. */

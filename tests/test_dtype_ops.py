@@ -48,8 +48,12 @@ def to_dtype(x, dtype):
     return x
 
 
-def scalar_in(s, dtype):
-    """A Python scalar as the op computes with it: float32 for the narrow dtypes."""
+def scalar_in(s, dtype, op=None):
+    """A Python scalar as the op computes with it, as PyTorch's: float32 for the narrow
+    dtypes' products and quotients, rounded to the narrow dtype for the other ops (sums,
+    differences, comparisons, powers, maximum/minimum)."""
+    if op not in ("mul", "div") and dtype in ("float16", "bfloat16"):
+        return float(to_dtype(np.float64(s), dtype))
     return float(np.float32(s)) if dtype != "float64" else float(s)
 
 
@@ -146,9 +150,9 @@ def test_binary_with_scalars(op, dtype, device):
     rng = np.random.default_rng(7)
     s = SCALARS[kind]
     for name, v, a in views(rng, dtype, device, kind):
-        check(f_nd(a, s), reference(f_np, v, scalar_in(s, dtype)), dtype, f"{op} {name} s")
+        check(f_nd(a, s), reference(f_np, v, scalar_in(s, dtype, op)), dtype, f"{op} {name} s")
         if op in ("add", "sub", "mul", "div", "pow"):  # the reflected operators
-            check(f_nd(s, a), reference(f_np, scalar_in(s, dtype), v), dtype, f"s {op} {name}")
+            check(f_nd(s, a), reference(f_np, scalar_in(s, dtype, op), v), dtype, f"s {op} {name}")
 
 
 UNARY = {
@@ -409,11 +413,13 @@ def test_bfloat16_rounding(device):
     one = nd.array(np.ones(3), dtype="bfloat16", device=device)
     assert values(one + 2.0**-8).tolist() == [1.0] * 3
     assert values(one + 3 * 2.0**-8).tolist() == [1.015625] * 3  # up, to the even one
-    assert values(one + (2.0**-8 + 2.0**-20)).tolist() == [1.0078125] * 3  # past half
+    # A summand is rounded to bfloat16 first, as PyTorch's: 2**-8 + 2**-20 becomes 2**-8,
+    # and 1 + 2**-8 is the tie again.
+    assert values(one + (2.0**-8 + 2.0**-20)).tolist() == [1.0] * 3
     stored = nd.array(np.full(2, 1.0 + 2.0**-8), dtype="bfloat16", device=device)
     assert values(stored).tolist() == [1.0, 1.0]
-    # A Python scalar enters in float32, not rounded to bfloat16 first (which would make it
-    # 1 + 2**-7 and the product the tie 3 + 1.5 ulps, rounded up to 3.03125).
+    # A factor enters in float32, not rounded to bfloat16 first (which would make it
+    # 1 + 2**-7 and the product the tie 3 + 1.5 ulps, rounded up to 3.03125), as PyTorch's.
     three = nd.array(np.full(2, 3.0), dtype="bfloat16", device=device)
     s = 1.0 + 2.0**-8 + 2.0**-9
     assert values(three * s).tolist() == [3.015625] * 2  # 3.017578125 rounded once

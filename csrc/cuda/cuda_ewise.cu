@@ -32,6 +32,7 @@ ND_EW_OVERLOADS(ew_exp, expf, exp)
 ND_EW_OVERLOADS(ew_tanh, tanhf, tanh)
 ND_EW_OVERLOADS(ew_sqrt, sqrtf, sqrt)
 ND_EW_OVERLOADS(ew_abs, fabsf, fabs)
+ND_EW_OVERLOADS(ew_erf, erff, erf)
 #undef ND_EW_OVERLOADS
 static __device__ __forceinline__ float ew_pow(float x, float y) { return powf(x, y); }
 static __device__ __forceinline__ double ew_pow(double x, double y) { return pow(x, y); }
@@ -43,6 +44,8 @@ static __device__ __forceinline__ double ew_pow(double x, double y) { return pow
 #define ND_EW_SIGMOID(x) nd_cuda_sigmoid(x)
 #define ND_EW_ABS(x) ew_abs(x)
 #define ND_EW_POW(x, y) ew_pow(x, y)
+#define ND_EW_ERF(x) ew_erf(x)
+#define ND_EW_K(x, c) static_cast<C>(c)
 
 /* One functor per op of the list, over operands of any compute type C. */
 #define ND_CUDA_BINARY_FUNCTOR(A, id, name, formula)                                   \
@@ -54,7 +57,7 @@ static __device__ __forceinline__ double ew_pow(double x, double y) { return pow
     struct pow_##name {                                                              \
         template <class C> __device__ C operator()(C x, C) const { return formula; } \
     };
-#define ND_CUDA_UNARY_FUNCTOR(A, id, name, formula)                               \
+#define ND_CUDA_UNARY_FUNCTOR(A, id, name, Class, doc, formula)                   \
     struct op_##name {                                                            \
         template <class C> __device__ C operator()(C x) const { return formula; } \
     };
@@ -201,8 +204,8 @@ static nd_status binary_op(nd_binary_op op, nd_pow_form form, const nd_cuda_iter
 template <class T>
 static nd_status unary_op(nd_unary_op op, const nd_cuda_iter &it, T *o, const T *x,
                           cudaStream_t stream) {
-#define ND_CUDA_UNARY_CASE(A, id, name, formula) \
-    case id: return unary(it, o, x, on_storage<T, op_##name>(), stream);
+#define ND_CUDA_UNARY_CASE(A, id, name, Class, doc, formula) \
+    case ND_##id: return unary(it, o, x, on_storage<T, op_##name>(), stream);
     switch (op) {
         ND_EWISE_UNARY_OPS(ND_CUDA_UNARY_CASE, )
     default: return nd_fail(ND_ERR_VALUE, "unknown unary op %d", (int)op);

@@ -1,6 +1,8 @@
 /* array_helpers.c: the shared NDArray helpers of array_helpers.h. */
 #include "array_helpers.h"
 
+#include "dtype_convert.h"
+
 const nd_layout *array_layout(PyObject *a) { return &NDArray_CAST(a)->array.layout; }
 
 PyObject *array_result(needle_state *st, nd_status status, nd_array *out) {
@@ -42,9 +44,27 @@ PyObject *array_binary(needle_state *st, nd_binary_op op, PyObject *a, PyObject 
     return array_result(st, nd_array_binary(op, x, y, &out), &out);
 }
 
+nd_operand array_scalar_operand(nd_binary_op op, const nd_array *a, double s) {
+    /* The engine computes a scalar in the array's compute type: float64 as
+     * the double it is, float32 rounded once to float. float16 and bfloat16
+     * compute in float32, and the scalar is what PyTorch 2.13 makes of it
+     * (checked bit for bit, tests/test_scalar_operands.py): a factor or a
+     * divisor stays float32 (its products and quotients use the float32
+     * scalar), anything else is rounded to the narrow type first (sums,
+     * differences, comparisons, powers, maximum/minimum, clamp bounds). The
+     * result is rounded once, to the array's dtype. */
+    nd_dtype dtype = nd_array_dtype(a);
+    if (op != ND_MUL && op != ND_DIV) {
+        if (dtype == ND_FLOAT16) s = nd_half_to_float(nd_float_to_half((float)s));
+        if (dtype == ND_BFLOAT16) s = nd_bf16_to_float(nd_float_to_bf16((float)s));
+    }
+    return (nd_operand){NULL, s};
+}
+
 PyObject *array_binary_scalar(needle_state *st, nd_binary_op op, PyObject *a, double s,
                               int reflected) {
-    nd_operand x = {&NDArray_CAST(a)->array, 0}, y = {NULL, (float)s};
+    nd_operand x = {&NDArray_CAST(a)->array, 0},
+               y = array_scalar_operand(op, &NDArray_CAST(a)->array, s);
     nd_array out;
     return array_result(
         st, reflected ? nd_array_binary(op, y, x, &out) : nd_array_binary(op, x, y, &out), &out);

@@ -25,6 +25,10 @@ PyObject *array_compact(needle_state *st, PyObject *a);
 PyObject *array_reshape(needle_state *st, PyObject *a, int ndim, const int64_t *shape);
 
 PyObject *array_binary(needle_state *st, nd_binary_op op, PyObject *a, PyObject *b);
+/* The one way a Python scalar s meets an array a in op (NDArray's and
+ * Tensor's operators, the scalar ops): s at a's dtype, at full precision
+ * (array_helpers.c says how each dtype keeps it). */
+nd_operand array_scalar_operand(nd_binary_op op, const nd_array *a, double s);
 /* a op s, or s op a when reflected. */
 PyObject *array_binary_scalar(needle_state *st, nd_binary_op op, PyObject *a, double s,
                               int reflected);

@@ -666,13 +666,13 @@ static PyMethodDef ndarray_methods[] = {
      "DLPack capsule sharing this view's memory (interop.c)."},
     {"__dlpack_device__", interop_ndarray_dlpack_device, METH_NOARGS,
      "__dlpack_device__($self, /)\n--\n\n(device_type, device_id) as DLPack numbers them."},
-    {"log", ndarray_log, METH_NOARGS, "log($self, /)\n--\n\nNatural logarithm, elementwise."},
-    {"exp", ndarray_exp, METH_NOARGS, "exp($self, /)\n--\n\nExponential, elementwise."},
-    {"tanh", ndarray_tanh, METH_NOARGS, "tanh($self, /)\n--\n\nHyperbolic tangent, elementwise."},
-    {"sqrt", ndarray_sqrt, METH_NOARGS, "sqrt($self, /)\n--\n\nSquare root, elementwise."},
-    {"sigmoid", ndarray_sigmoid, METH_NOARGS, "sigmoid($self, /)\n--\n\n1 / (1 + exp(-x))."},
-    {"abs", ndarray_abs, METH_NOARGS, "abs($self, /)\n--\n\nAbsolute value, elementwise."},
-    {"relu", ndarray_relu, METH_NOARGS, "relu($self, /)\n--\n\nmax(x, 0), elementwise."},
+/* One method per row of the catalogue (csrc/ewise_ops.h). */
+/* clang-format off */
+#define NDARRAY_UNARY_METHOD(A, id, name, Class, doc, formula) \
+    {#name, ndarray_unary_##name, METH_NOARGS, #name "($self, /)\n--\n\n" doc " Elementwise."},
+    ND_EWISE_UNARY_OPS(NDARRAY_UNARY_METHOD, )
+#undef NDARRAY_UNARY_METHOD
+    /* clang-format on */
     {"maximum", ndarray_maximum, METH_O,
      "maximum($self, other, /)\n--\n\nElementwise maximum with an NDArray or a number."},
     {"minimum", ndarray_minimum, METH_O,

@@ -51,13 +51,11 @@ PyObject *ndarray_negative(PyObject *a);
 PyObject *ndarray_absolute(PyObject *a);
 PyObject *ndarray_matmul_slot(PyObject *a, PyObject *b);
 /* Methods defined in ndarray_ops.c (listed in ndarray.c's method table). */
-PyObject *ndarray_log(PyObject *op, PyObject *ignored);
-PyObject *ndarray_exp(PyObject *op, PyObject *ignored);
-PyObject *ndarray_tanh(PyObject *op, PyObject *ignored);
-PyObject *ndarray_sqrt(PyObject *op, PyObject *ignored);
-PyObject *ndarray_sigmoid(PyObject *op, PyObject *ignored);
-PyObject *ndarray_abs(PyObject *op, PyObject *ignored);
-PyObject *ndarray_relu(PyObject *op, PyObject *ignored);
+/* One method per unary op of the catalogue (ewise_ops.h): a.<name>(). */
+#define NDARRAY_UNARY_DECL(A, id, name, Class, doc, formula) \
+    PyObject *ndarray_unary_##name(PyObject *op, PyObject *ignored);
+ND_EWISE_UNARY_OPS(NDARRAY_UNARY_DECL, )
+#undef NDARRAY_UNARY_DECL
 PyObject *ndarray_maximum(PyObject *a, PyObject *b);
 PyObject *ndarray_minimum(PyObject *a, PyObject *b);
 PyObject *ndarray_matmul(PyObject *a, PyObject *b);

@@ -34,6 +34,8 @@ static PyObject *binary(PyObject *a, PyObject *b, nd_binary_op op) {
     int ra = as_operand(a, &x), rb = ra == 1 ? as_operand(b, &y) : 0;
     if (ra < 0 || rb < 0) return NULL;
     if (ra == 0 || rb == 0 || (x.array == NULL && y.array == NULL)) Py_RETURN_NOTIMPLEMENTED;
+    if (x.array == NULL) x = array_scalar_operand(op, y.array, x.scalar);
+    if (y.array == NULL) y = array_scalar_operand(op, x.array, y.scalar);
     needle_state *st = state_of_operands(a, b);
     nd_array out;
     return array_result(st, nd_array_binary(op, x, y, &out), &out);
@@ -63,15 +65,12 @@ static PyObject *unary(PyObject *a, nd_unary_op op) { return array_unary(ndarray
 PyObject *ndarray_negative(PyObject *a) { return unary(a, ND_NEG); }
 PyObject *ndarray_absolute(PyObject *a) { return unary(a, ND_ABS); }
 
-#define UNARY_METHOD(name, op) \
-    PyObject *ndarray_##name(PyObject *a, PyObject *Py_UNUSED(ignored)) { return unary(a, op); }
-UNARY_METHOD(log, ND_LOG)
-UNARY_METHOD(exp, ND_EXP)
-UNARY_METHOD(tanh, ND_TANH)
-UNARY_METHOD(sqrt, ND_SQRT)
-UNARY_METHOD(sigmoid, ND_SIGMOID)
-UNARY_METHOD(abs, ND_ABS)
-UNARY_METHOD(relu, ND_RELU)
+#define UNARY_METHOD(A, id, name, Class, doc, formula)                          \
+    PyObject *ndarray_unary_##name(PyObject *a, PyObject *Py_UNUSED(ignored)) { \
+        return unary(a, ND_##id);                                               \
+    }
+ND_EWISE_UNARY_OPS(UNARY_METHOD, )
+#undef UNARY_METHOD
 
 PyObject *ndarray_maximum(PyObject *a, PyObject *b) {
     PyObject *r = binary(a, b, ND_MAXIMUM);

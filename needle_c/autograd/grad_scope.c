@@ -99,7 +99,7 @@ PyObject *g_div(grad_scope *s, PyObject *a, PyObject *b) {
 PyObject *g_matmul(grad_scope *s, PyObject *a, PyObject *b) {
     return g_apply2(s, OP_MATMUL, &no_params, a, b);
 }
-PyObject *g_neg(grad_scope *s, PyObject *a) { return g_apply1(s, OP_NEGATE, &no_params, a); }
+PyObject *g_neg(grad_scope *s, PyObject *a) { return g_apply1(s, OP_NEG, &no_params, a); }
 PyObject *g_unary(grad_scope *s, op_kind kind, PyObject *a) {
     return g_apply1(s, kind, &no_params, a);
 }

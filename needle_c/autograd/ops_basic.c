@@ -1,6 +1,7 @@
-/* ops_basic.c: compute (NDArrays) and gradient (Tensors) of the elementwise,
- * shape, reduction, matmul, indexing and tuple ops, with the course's
- * gradient formulas (so "needle" mode builds the course's graphs).
+/* ops_basic.c: compute (NDArrays) and gradient (Tensors) of the binary
+ * elementwise, shape, reduction, matmul, indexing and tuple ops, with the
+ * course's gradient formulas (so "needle" mode builds the course's graphs).
+ * The unary ops are the catalogue's (ops_unary.c).
  *
  * Elementwise ops broadcast like NumPy; their gradients sum back to each
  * input's shape (unbroadcast), which is a no-op for the course's equal shapes.
@@ -30,13 +31,6 @@ static const op_params no_params;
         UNUSED(n);                                                                            \
         return array_binary_scalar(st, op, a[0], p->scalar, 0);                               \
     }
-#define UNARY_COMPUTE(name, op)                                                               \
-    static PyObject *name##_compute(needle_state *st, const op_params *p, PyObject *const *a, \
-                                    Py_ssize_t n) {                                           \
-        UNUSED(p);                                                                            \
-        UNUSED(n);                                                                            \
-        return array_unary(st, op, a[0]);                                                     \
-    }
 
 EWISE_COMPUTE(add, ND_ADD)
 EWISE_COMPUTE(mul, ND_MUL)
@@ -46,13 +40,6 @@ SCALAR_COMPUTE(add_scalar, ND_ADD)
 SCALAR_COMPUTE(mul_scalar, ND_MUL)
 SCALAR_COMPUTE(div_scalar, ND_DIV)
 SCALAR_COMPUTE(power_scalar, ND_POW)
-UNARY_COMPUTE(negate, ND_NEG)
-UNARY_COMPUTE(log, ND_LOG)
-UNARY_COMPUTE(exp, ND_EXP)
-UNARY_COMPUTE(relu, ND_RELU)
-UNARY_COMPUTE(tanh, ND_TANH)
-UNARY_COMPUTE(sigmoid, ND_SIGMOID)
-UNARY_COMPUTE(sqrt, ND_SQRT)
 
 static PyObject *add_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(p);
@@ -121,53 +108,6 @@ static PyObject *power_scalar_gradient(grad_scope *s, const op_params *p, PyObje
     return grads1(s, g_mul(s, g,
                            g_scalar(s, OP_MUL_SCALAR,
                                     g_scalar(s, OP_POWER_SCALAR, x, p->scalar - 1.0), p->scalar)));
-}
-
-static PyObject *negate_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
-    UNUSED(p);
-    UNUSED(node);
-    return grads1(s, g_neg(s, g)); /* -g */
-}
-
-static PyObject *log_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
-    UNUSED(p);
-    UNUSED(node);
-    return grads1(s, g_div(s, g, g_input(s, 0))); /* g / x */
-}
-
-static PyObject *exp_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
-    UNUSED(p);
-    UNUSED(node);
-    /* g * exp(x): the course builds a new Exp node here (the classic cycle) */
-    return grads1(s, g_mul(s, g, g_unary(s, OP_EXP, g_input(s, 0))));
-}
-
-static PyObject *relu_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
-    UNUSED(p);
-    /* g * (out > 0), the mask a constant of the graph */
-    PyObject *out = g_data(s, node);
-    PyObject *mask = out ? scope_keep(s, array_binary_scalar(s->st, ND_GT, out, 0.0, 0)) : NULL;
-    return grads1(s, g_mul(s, g, g_const(s, mask)));
-}
-
-static PyObject *tanh_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
-    UNUSED(p);
-    /* g * (1 - out**2), reading the node itself as the course does */
-    return grads1(s, g_mul(s, g,
-                           g_scalar(s, OP_ADD_SCALAR,
-                                    g_neg(s, g_scalar(s, OP_POWER_SCALAR, node, 2.0)), 1.0)));
-}
-
-static PyObject *sigmoid_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
-    UNUSED(p);
-    /* g * (out * (1 - out)) */
-    return grads1(s, g_mul(s, g, g_mul(s, node, g_scalar(s, OP_ADD_SCALAR, g_neg(s, node), 1.0))));
-}
-
-static PyObject *sqrt_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
-    UNUSED(p);
-    /* g / (2 * out) */
-    return grads1(s, g_div(s, g, g_scalar(s, OP_MUL_SCALAR, node, 2.0)));
 }
 
 /* ----------------------------------------------------------- shapes */
@@ -689,13 +629,6 @@ void ops_basic_register(op_impl *t) {
     t[OP_SUMMATION] = (op_impl){summation_compute, summation_gradient};
     t[OP_MATMUL] = (op_impl){matmul_compute, matmul_gradient};
     t[OP_MATMUL_BIAS] = (op_impl){matmul_bias_compute, matmul_bias_gradient};
-    t[OP_NEGATE] = (op_impl){negate_compute, negate_gradient};
-    t[OP_LOG] = (op_impl){log_compute, log_gradient};
-    t[OP_EXP] = (op_impl){exp_compute, exp_gradient};
-    t[OP_RELU] = (op_impl){relu_compute, relu_gradient};
-    t[OP_TANH] = (op_impl){tanh_compute, tanh_gradient};
-    t[OP_SIGMOID] = (op_impl){sigmoid_compute, sigmoid_gradient};
-    t[OP_SQRT] = (op_impl){sqrt_compute, sqrt_gradient};
     t[OP_MAX] = (op_impl){max_compute, max_gradient};
     t[OP_GET_ITEM] = (op_impl){getitem_compute, getitem_gradient};
     t[OP_SET_ITEM_GRAD] = (op_impl){scatter_slice_compute, scatter_slice_gradient};

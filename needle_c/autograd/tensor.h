@@ -22,7 +22,10 @@ typedef enum op_input_kind {
 #define ARITY_ANY (-1)
 
 /* The built-in ops: X(kind, class name, constructor signature, arity, input
- * kind, tuple output). */
+ * kind, tuple output). The unary ones are the engine's catalogue
+ * (ewise_ops.h), one row each: kind OP_<id>, class name Class. */
+#define NEEDLE_UNARY_OP(X, id, name, Class, doc, formula) \
+    X(OP_##id, #Class, SIG_NONE, 1, IN_ARRAYS, 0)
 #define NEEDLE_OPS(X)                                                             \
     X(OP_EWISE_ADD, "EWiseAdd", SIG_NONE, 2, IN_ARRAYS, 0)                        \
     X(OP_ADD_SCALAR, "AddScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                    \
@@ -38,13 +41,7 @@ typedef enum op_input_kind {
     X(OP_SUMMATION, "Summation", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                   \
     X(OP_MATMUL, "MatMul", SIG_NONE, 2, IN_ARRAYS, 0)                             \
     X(OP_MATMUL_BIAS, "MatMulBias", SIG_NONE, 3, IN_ARRAYS, 0)                    \
-    X(OP_NEGATE, "Negate", SIG_NONE, 1, IN_ARRAYS, 0)                             \
-    X(OP_LOG, "Log", SIG_NONE, 1, IN_ARRAYS, 0)                                   \
-    X(OP_EXP, "Exp", SIG_NONE, 1, IN_ARRAYS, 0)                                   \
-    X(OP_RELU, "ReLU", SIG_NONE, 1, IN_ARRAYS, 0)                                 \
-    X(OP_TANH, "Tanh", SIG_NONE, 1, IN_ARRAYS, 0)                                 \
-    X(OP_SIGMOID, "Sigmoid", SIG_NONE, 1, IN_ARRAYS, 0)                           \
-    X(OP_SQRT, "Sqrt", SIG_NONE, 1, IN_ARRAYS, 0)                                 \
+    ND_EWISE_UNARY_OPS(NEEDLE_UNARY_OP, X)                                        \
     X(OP_MAX, "Max", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                               \
     X(OP_STACK, "Stack", SIG_AXIS, 1, IN_TUPLE, 0)                                \
     X(OP_SPLIT, "Split", SIG_AXIS, 1, IN_ARRAYS, 1)                               \
@@ -69,7 +66,14 @@ typedef enum op_input_kind {
     X(OP_SOFTMAX_XENT_GRAD, "SoftmaxCrossEntropyGrad", SIG_NONE, 3, IN_ARRAYS, 0) \
     X(OP_LAYER_NORM_GRAD, "LayerNormGrad", SIG_TWO_SCALARS, 3, IN_ARRAYS, 0)      \
     X(OP_ATTN_SOFTMAX_GRAD, "AttentionSoftmaxGrad", SIG_SCALAR, 2, IN_ARRAYS, 0)  \
-    X(OP_CAST, "Cast", SIG_DTYPE, 1, IN_ARRAYS, 0)
+    X(OP_CAST, "Cast", SIG_DTYPE, 1, IN_ARRAYS, 0)                                \
+    X(OP_MAXIMUM, "Maximum", SIG_NONE, 2, IN_ARRAYS, 0)                           \
+    X(OP_MINIMUM, "Minimum", SIG_NONE, 2, IN_ARRAYS, 0)                           \
+    X(OP_MAXIMUM_SCALAR, "MaximumScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)            \
+    X(OP_MINIMUM_SCALAR, "MinimumScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)            \
+    X(OP_CLAMP, "Clamp", SIG_TWO_SCALARS, 1, IN_ARRAYS, 0)                        \
+    X(OP_CLAMP_TENSOR, "ClampTensor", SIG_NONE, 3, IN_ARRAYS, 0)                  \
+    X(OP_WHERE, "Where", SIG_NONE, 3, IN_ARRAYS, 0)
 
 typedef enum op_kind {
     OP_PYTHON = 0, /* a TensorOp/TensorTupleOp subclass written in Python */
@@ -315,6 +319,13 @@ typedef struct op_impl {
 /* Filled at start-up by each ops_*.c file's register function. */
 extern op_impl op_impls[OP_KIND_COUNT];
 void ops_basic_register(op_impl *table);
+/* ops_unary.c: the catalogue's unary ops; ops_select.c: maximum, minimum,
+ * clamp, where. */
+void ops_unary_register(op_impl *table);
+/* needle_c.UNARY_OPS: the catalogue's rows as (name, class name, doc), from
+ * which needle.ops makes its functions. */
+int ops_unary_export(PyObject *module);
+void ops_select_register(op_impl *table);
 void ops_nn_register(op_impl *table);
 /* ops_lstm.c; called by ops_nn_register. */
 void ops_lstm_register(op_impl *table);
@@ -342,12 +353,15 @@ PyObject *tensor_reshape(PyObject *self, PyObject *args);
 PyObject *tensor_broadcast_to(PyObject *self, PyObject *args);
 PyObject *tensor_transpose(PyObject *self, PyObject *args, PyObject *kwargs);
 PyObject *tensor_matmul_method(PyObject *a, PyObject *b);
-PyObject *tensor_exp(PyObject *self, PyObject *ignored);
-PyObject *tensor_log(PyObject *self, PyObject *ignored);
-PyObject *tensor_tanh(PyObject *self, PyObject *ignored);
-PyObject *tensor_relu(PyObject *self, PyObject *ignored);
-PyObject *tensor_sigmoid(PyObject *self, PyObject *ignored);
-PyObject *tensor_sqrt(PyObject *self, PyObject *ignored);
+/* One method per unary op of the catalogue (ewise_ops.h): t.<name>(). */
+#define NEEDLE_TENSOR_UNARY_DECL(A, id, name, Class, doc, formula) \
+    PyObject *tensor_unary_##name(PyObject *self, PyObject *ignored);
+ND_EWISE_UNARY_OPS(NEEDLE_TENSOR_UNARY_DECL, )
+#undef NEEDLE_TENSOR_UNARY_DECL
+PyObject *tensor_abs_slot(PyObject *a);
+PyObject *tensor_maximum(PyObject *self, PyObject *other);
+PyObject *tensor_minimum(PyObject *self, PyObject *other);
+PyObject *tensor_clamp(PyObject *self, PyObject *args, PyObject *kwargs);
 PyObject *tensor_astype(PyObject *self, PyObject *dtype);
 Py_ssize_t tuple_length(PyObject *self);
 PyObject *tuple_item(PyObject *self, PyObject *key);

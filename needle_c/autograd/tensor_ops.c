@@ -63,7 +63,7 @@ static PyObject *add_scalar(needle_state *st, PyObject *t, double s, int left) {
 }
 static PyObject *sub_pair(needle_state *st, PyObject *a, PyObject *b) {
     /* The course's a - b is a + (-b). */
-    PyObject *neg = apply1(st, OP_NEGATE, &no_params, b);
+    PyObject *neg = apply1(st, OP_NEG, &no_params, b);
     if (neg == NULL) return NULL;
     PyObject *r = apply2(st, OP_EWISE_ADD, &no_params, a, neg);
     Py_DECREF(neg);
@@ -74,7 +74,7 @@ static PyObject *sub_scalar(needle_state *st, PyObject *t, double s, int left) {
         op_params p = scalar_params(-s);
         return apply1(st, OP_ADD_SCALAR, &p, t);
     }
-    PyObject *neg = apply1(st, OP_NEGATE, &no_params, t);
+    PyObject *neg = apply1(st, OP_NEG, &no_params, t);
     if (neg == NULL) return NULL;
     op_params p = scalar_params(s);
     PyObject *r = apply1(st, OP_ADD_SCALAR, &p, neg);
@@ -121,8 +121,11 @@ static PyObject *pow_scalar(needle_state *st, PyObject *t, double s, int left) {
         PyErr_SetString(PyExc_TypeError, "scalar ** x needs a Tensor holding an NDArray");
     } else {
         const nd_layout *l = &NDArray_CAST(data)->array.layout;
-        PyObject *full = array_full_like(st, data, l->ndim, l->shape, (float)s);
+        /* ones * s: s at the Tensor's dtype by the one scalar path */
+        PyObject *ones = array_full_like(st, data, l->ndim, l->shape, 1.0f);
+        PyObject *full = ones ? array_binary_scalar(st, ND_MUL, ones, s, 0) : NULL;
         base = full ? make_const(st, full, 0) : NULL;
+        Py_XDECREF(ones);
         Py_XDECREF(full);
     }
     Py_DECREF(data);
@@ -146,7 +149,7 @@ PyObject *tensor_pow(PyObject *a, PyObject *b, PyObject *mod) {
 
 PyObject *tensor_neg(PyObject *a) {
     needle_state *st = state_of_value(a);
-    return st ? apply1(st, OP_NEGATE, &no_params, a) : NULL;
+    return st ? apply1(st, OP_NEG, &no_params, a) : NULL;
 }
 
 PyObject *tensor_matmul(PyObject *a, PyObject *b) {
@@ -237,17 +240,72 @@ PyObject *tensor_transpose(PyObject *self, PyObject *args, PyObject *kwargs) {
     return apply1(st, OP_TRANSPOSE, &p, self);
 }
 
-#define TENSOR_UNARY(name, kind)                                            \
-    PyObject *tensor_##name(PyObject *self, PyObject *Py_UNUSED(ignored)) { \
-        needle_state *st = state_of_value(self);                            \
-        return st ? apply1(st, kind, &no_params, self) : NULL;              \
+#define TENSOR_UNARY(A, id, name, Class, doc, formula)                            \
+    PyObject *tensor_unary_##name(PyObject *self, PyObject *Py_UNUSED(ignored)) { \
+        needle_state *st = state_of_value(self);                                  \
+        return st ? apply1(st, OP_##id, &no_params, self) : NULL;                 \
     }
-TENSOR_UNARY(exp, OP_EXP)
-TENSOR_UNARY(log, OP_LOG)
-TENSOR_UNARY(tanh, OP_TANH)
-TENSOR_UNARY(relu, OP_RELU)
-TENSOR_UNARY(sigmoid, OP_SIGMOID)
-TENSOR_UNARY(sqrt, OP_SQRT)
+ND_EWISE_UNARY_OPS(TENSOR_UNARY, )
+#undef TENSOR_UNARY
+
+PyObject *tensor_abs_slot(PyObject *a) { return tensor_unary_abs(a, NULL); }
+
+/* maximum/minimum with a Tensor (Maximum, Minimum) or a number
+ * (MaximumScalar, MinimumScalar: the number at the Tensor's dtype). */
+static PyObject *minmax(PyObject *self, PyObject *other, op_kind pair, op_kind scalar,
+                        const char *name) {
+    needle_state *st = state_of_value(self);
+    if (st == NULL) return NULL;
+    if (is_tensor(st, other)) return apply2(st, pair, &no_params, self, other);
+    double s;
+    int r = parse_scalar(other, &s);
+    if (r < 0) return NULL;
+    if (r == 0) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a Tensor or a number, got %.100s", name,
+                     Py_TYPE(other)->tp_name);
+        return NULL;
+    }
+    op_params p = scalar_params(s);
+    return apply1(st, scalar, &p, self);
+}
+
+PyObject *tensor_maximum(PyObject *self, PyObject *other) {
+    return minmax(self, other, OP_MAXIMUM, OP_MAXIMUM_SCALAR, "maximum");
+}
+
+PyObject *tensor_minimum(PyObject *self, PyObject *other) {
+    return minmax(self, other, OP_MINIMUM, OP_MINIMUM_SCALAR, "minimum");
+}
+
+/* A clamp bound: None is -inf (min) or inf (max); 1 when given. */
+static int clamp_bound(PyObject *obj, double absent, double *out, const char *which) {
+    if (obj == NULL || obj == Py_None) {
+        *out = absent;
+        return 0;
+    }
+    int r = parse_scalar(obj, out);
+    if (r == 0)
+        PyErr_Format(PyExc_TypeError, "clamp: %s must be a number or None, got %.100s", which,
+                     Py_TYPE(obj)->tp_name);
+    return r == 1 ? 1 : -1;
+}
+
+PyObject *tensor_clamp(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"min", "max", NULL};
+    PyObject *lo = NULL, *hi = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO:clamp", kwlist, &lo, &hi)) return NULL;
+    needle_state *st = state_of_value(self);
+    if (st == NULL) return NULL;
+    op_params p = no_params;
+    int has_lo = clamp_bound(lo, -INFINITY, &p.scalar, "min");
+    int has_hi = has_lo < 0 ? -1 : clamp_bound(hi, INFINITY, &p.scalar2, "max");
+    if (has_lo < 0 || has_hi < 0) return NULL;
+    if (!has_lo && !has_hi) {
+        PyErr_SetString(PyExc_ValueError, "clamp: at least one of 'min' or 'max' must not be None");
+        return NULL;
+    }
+    return apply1(st, OP_CLAMP, &p, self);
+}
 
 /* ------------------------------------------------------ TensorTuple */
 

@@ -491,12 +491,22 @@ static PyMethodDef tensor_methods[] = {
     {"transpose", (PyCFunction)(void (*)(void))tensor_transpose, METH_VARARGS | METH_KEYWORDS,
      "transpose($self, /, axes=None)\n--\n\nSwaps two axes (the last two when None)."},
     {"matmul", tensor_matmul_method, METH_O, "matmul($self, other, /)\n--\n\nself @ other."},
-    {"exp", tensor_exp, METH_NOARGS, "exp($self, /)\n--\n\nExp."},
-    {"log", tensor_log, METH_NOARGS, "log($self, /)\n--\n\nLog."},
-    {"tanh", tensor_tanh, METH_NOARGS, "tanh($self, /)\n--\n\nTanh."},
-    {"relu", tensor_relu, METH_NOARGS, "relu($self, /)\n--\n\nReLU."},
-    {"sigmoid", tensor_sigmoid, METH_NOARGS, "sigmoid($self, /)\n--\n\nSigmoid."},
-    {"sqrt", tensor_sqrt, METH_NOARGS, "sqrt($self, /)\n--\n\nSqrt."},
+/* One method per row of the catalogue (csrc/ewise_ops.h). */
+/* clang-format off */
+#define TENSOR_UNARY_METHOD(A, id, name, Class, doc, formula) \
+    {#name, tensor_unary_##name, METH_NOARGS, #name "($self, /)\n--\n\n" doc " (" #Class ")"},
+    ND_EWISE_UNARY_OPS(TENSOR_UNARY_METHOD, )
+#undef TENSOR_UNARY_METHOD
+    /* clang-format on */
+    {"maximum", tensor_maximum, METH_O,
+     "maximum($self, other, /)\n--\n\nElementwise maximum with a Tensor or a number (NaN "
+     "propagates; a tie's gradient is split evenly)."},
+    {"minimum", tensor_minimum, METH_O,
+     "minimum($self, other, /)\n--\n\nElementwise minimum with a Tensor or a number; see "
+     "maximum."},
+    {"clamp", (PyCFunction)(void (*)(void))tensor_clamp, METH_VARARGS | METH_KEYWORDS,
+     "clamp($self, /, min=None, max=None)\n--\n\nx limited to [min, max] (numbers; either may "
+     "be None); the gradient passes where min <= x <= max."},
     {"astype", tensor_astype, METH_O,
      "astype($self, dtype, /)\n--\n\nThis tensor in dtype: itself when it has it, else a Cast "
      "node whose gradient is cast back."},
@@ -525,6 +535,7 @@ static PyType_Slot tensor_slots[] = {
     {Py_nb_true_divide, tensor_div},
     {Py_nb_power, tensor_pow},
     {Py_nb_negative, tensor_neg},
+    {Py_nb_absolute, tensor_abs_slot},
     {Py_nb_matrix_multiply, tensor_matmul},
     {Py_mp_subscript, tensor_getitem},
     {0, NULL},

@@ -16,7 +16,11 @@ type (``"cpu"`` or ``"cuda"``) choose their compute dtype by op, as PyTorch's au
   weights promote), the attention probabilities in the scores' dtype, for the matmul that
   reads them.
 - **everything else** runs in the widest dtype of its inputs (the engine's promotion: float32 +
-  bfloat16 computes in float32), so an elementwise op on a matmul's output stays narrow.
+  bfloat16 computes in float32), so an elementwise op on a matmul's output stays narrow. The
+  activations and selections ``GELU``, ``GELUTanh``, ``SiLU``, ``Abs``, ``Erf``, ``Maximum``,
+  ``Minimum``, ``MaximumScalar``, ``MinimumScalar``, ``Clamp``, ``ClampTensor`` and ``Where``
+  are named here on purpose (``INPUT_DTYPE_OPS``): PyTorch's autocast lists none of them (a
+  bfloat16 gelu stays bfloat16, a float32 one float32), and neither does needle's.
 
 float64 inputs are never cast. Each cast is a recorded ``Cast`` node, so a float32 parameter
 that a matmul reads in bfloat16 stays float32 (the master weight) and gets a float32 gradient:
@@ -62,6 +66,21 @@ FLOAT32_OPS = (
     "EWisePow",
     "FusedLSTMCell",
     "FusedLSTM",
+)
+# Decided, not forgotten: these run in their inputs' dtype, as under PyTorch's autocast.
+INPUT_DTYPE_OPS = (
+    "GELU",
+    "GELUTanh",
+    "SiLU",
+    "Abs",
+    "Erf",
+    "Maximum",
+    "Minimum",
+    "MaximumScalar",
+    "MinimumScalar",
+    "Clamp",
+    "ClampTensor",
+    "Where",
 )
 _c._autocast_set_policy(
     {**dict.fromkeys(NARROW_OPS, "narrow"), **dict.fromkeys(FLOAT32_OPS, "float32")}

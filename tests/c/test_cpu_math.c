@@ -27,6 +27,7 @@
  * functions whose documented bound is tighter than the distance above. */
 #define BOUND_LOG 1.5
 #define BOUND_TANH 2.0
+#define BOUND_ERF 2.0
 
 static int failures = 0;
 
@@ -121,6 +122,7 @@ DEFINE_BATCH(nd_expf)
 DEFINE_BATCH(nd_logf)
 DEFINE_BATCH(nd_tanhf)
 DEFINE_BATCH(nd_sigmoidf)
+DEFINE_BATCH(nd_erff)
 
 typedef void (*batch_f)(float *restrict, const float *restrict, int);
 typedef double (*unary_d)(double);
@@ -280,6 +282,7 @@ int main(void) {
     stats st = {.name = "tanhf", .tol = TOL_UNARY, .bound = BOUND_TANH, .max_dist = -1};
     stats ss = {.name = "sigmoidf", .tol = TOL_UNARY, .max_dist = -1};
     stats sp = {.name = "powf", .tol = TOL_POW, .max_dist = -1};
+    stats sr = {.name = "erff", .tol = TOL_UNARY, .bound = BOUND_ERF, .max_dist = -1};
 
     sweep_all_bits(&se, batch_nd_expf, exp);
     sweep(&se, batch_nd_expf, exp, -1.0f, 1.0f, 257);
@@ -328,6 +331,17 @@ int main(void) {
     check_exact(&st, FLT_MAX, 0, nd_tanhf(FLT_MAX), 1.0f);
     check_exact(&st, -0x1p-149f, 0, nd_tanhf(-0x1p-149f), -0x1p-149f);
 
+    sweep_all_bits(&sr, batch_nd_erff, erf);
+    sweep(&sr, batch_nd_erff, erf, -4.5f, 4.5f, 31);        /* the rational's range, the clamp */
+    sweep(&sr, batch_nd_erff, erf, 0.0f, 0x1p-120f, 10007); /* tiny and subnormal */
+    check_exact(&sr, 0.0f, 0, nd_erff(0.0f), 0.0f);
+    check_exact(&sr, -0.0f, 0, nd_erff(-0.0f), -0.0f);
+    check_exact(&sr, INFINITY, 0, nd_erff(INFINITY), 1.0f);
+    check_exact(&sr, -INFINITY, 0, nd_erff(-INFINITY), -1.0f);
+    check_exact(&sr, NAN, 0, nd_erff(NAN), NAN);
+    check_exact(&sr, 4.0f, 0, nd_erff(4.0f), 1.0f);
+    check_exact(&sr, -FLT_MAX, 0, nd_erff(-FLT_MAX), -1.0f);
+
     sweep_all_bits(&ss, batch_nd_sigmoidf, ref_sigmoid);
     sweep(&ss, batch_nd_sigmoidf, ref_sigmoid, -20.0f, 20.0f, 307);
     sweep(&ss, batch_nd_sigmoidf, ref_sigmoid, -104.0f, -87.0f, 7); /* subnormal results */
@@ -347,6 +361,7 @@ int main(void) {
     report(&st);
     report(&ss);
     report(&sp);
+    report(&sr);
     if (failures) {
         printf("%d failures\n", failures);
         return 1;

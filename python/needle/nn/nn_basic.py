@@ -142,6 +142,27 @@ class Sigmoid(Module):
         return ops.sigmoid(x)
 
 
+class GELU(Module):
+    """ops.gelu as a module, as torch.nn.GELU: approximate is "none" (the exact erf form)
+    or "tanh"."""
+
+    def __init__(self, approximate="none"):
+        super().__init__()
+        if not isinstance(approximate, str) or approximate not in ("none", "tanh"):
+            raise ValueError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, x):
+        return ops.gelu(x, approximate=self.approximate)
+
+
+class SiLU(Module):
+    """ops.silu as a module, as torch.nn.SiLU: x * sigmoid(x)."""
+
+    def forward(self, x):
+        return ops.silu(x)
+
+
 class Sequential(Module):
     def __init__(self, *modules):
         super().__init__()

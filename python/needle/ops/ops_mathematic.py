@@ -1,16 +1,24 @@
 """Elementwise, shape, reduction, matmul, indexing and convolution ops.
 
 The op classes are implemented in C (compute and gradient); the lowercase
-functions are the course's thin wrappers ``fn(...) = Op(...)(...)``.
+functions are the course's thin wrappers ``fn(...) = Op(...)(...)``. The unary
+elementwise ones (exp, log, tanh, sigmoid, relu, abs, erf, gelu...) are made
+below from the engine's catalogue, ``needle_c.UNARY_OPS`` (csrc/ewise_ops.h):
+one row there gives the class, the function, and the NDArray and Tensor methods.
 """
 
-import numpy  # noqa: F401  (the course's modules leak these names)
+import numbers
 
+import numpy
+
+import needle_c as _c
 from needle_c import (  # noqa: F401
     AddScalar,
     AttentionSoftmax,
     BroadcastTo,
     Cast,
+    Clamp,
+    ClampTensor,
     Conv,
     Dilate,
     DivScalar,
@@ -18,30 +26,28 @@ from needle_c import (  # noqa: F401
     EWiseDiv,
     EWiseMul,
     EWisePow,
-    Exp,
     Flip,
     GatherRows,
     GetItem,
     LayerNorm,
-    Log,
     MatMul,
     MatMulBias,
     Max,
+    Maximum,
+    MaximumScalar,
+    Minimum,
+    MinimumScalar,
     MulScalar,
-    Negate,
     PowerScalar,
-    ReLU,
     Reshape,
     ScatterAddRows,
     ScatterSlice,
-    Sigmoid,
     Split,
-    Sqrt,
     Stack,
     Summation,
-    Tanh,
     Transpose,
     UnDilate,
+    Where,
 )
 
 from .. import backend_ndarray as array_api  # noqa: F401
@@ -140,32 +146,123 @@ def attention_softmax(logits, divisor=1.0, causal=False):
     return AttentionSoftmax(divisor, 1.0 if causal else 0.0)(logits)
 
 
-def negate(a):
-    return Negate()(a)
+def _unary_function(name, op_class, doc):
+    def unary(a):
+        return op_class()(a)
+
+    unary.__name__ = unary.__qualname__ = name
+    unary.__doc__ = f"{doc} Elementwise ({op_class.__name__}): a Tensor of a's shape and dtype."
+    return unary
 
 
-def log(a):
-    return Log()(a)
+for _name, _class_name, _doc in _c.UNARY_OPS:
+    globals()[_class_name] = getattr(_c, _class_name)
+    globals()[_name] = _unary_function(_name, getattr(_c, _class_name), _doc)
+del _name, _class_name, _doc
+
+negate = neg  # noqa: F821 - the course's name for the catalogue's neg
+
+_GELU_FORMS = {"none": "gelu", "tanh": "gelu_tanh"}
 
 
-def exp(a):
-    return Exp()(a)
+def gelu(a, approximate="none"):
+    """x * Phi(x), Phi the standard normal CDF (the exact erf form), or with
+    ``approximate="tanh"`` PyTorch's tanh approximation. A Tensor of a's shape and dtype."""
+    if not isinstance(approximate, str) or approximate not in _GELU_FORMS:
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return (GELU if approximate == "none" else GELUTanh)()(a)  # noqa: F821
 
 
-def relu(a):
-    return ReLU()(a)
+def _is_number(x):
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
-def tanh(a):
-    return Tanh()(a)
+def _check_tensor(name, x, what="input"):
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}: {what} must be a Tensor, got {type(x).__name__}")
 
 
-def sigmoid(a):
-    return Sigmoid()(a)
+def maximum(a, b):
+    """Elementwise maximum of a Tensor and a Tensor (broadcast) or a number, as
+    torch.maximum: NaN propagates, a tie's gradient is split evenly between the two."""
+    _check_tensor("maximum", a)
+    if isinstance(b, Tensor):
+        return Maximum()(a, b)
+    if _is_number(b):
+        return MaximumScalar(b)(a)
+    raise TypeError(f"maximum: expected a Tensor or a number, got {type(b).__name__}")
 
 
-def sqrt(a):
-    return Sqrt()(a)
+def minimum(a, b):
+    """Elementwise minimum; see maximum."""
+    _check_tensor("minimum", a)
+    if isinstance(b, Tensor):
+        return Minimum()(a, b)
+    if _is_number(b):
+        return MinimumScalar(b)(a)
+    raise TypeError(f"minimum: expected a Tensor or a number, got {type(b).__name__}")
+
+
+def clamp(a, min=None, max=None):  # noqa: A002 - torch.clamp's names
+    """a limited to [min, max], as torch.clamp: numbers (or None, not both) or Tensors
+    (broadcast). With min > max every element is max. The gradient passes where
+    min <= a <= max (both inclusive) and is 0 elsewhere and at NaN."""
+    _check_tensor("clamp", a)
+    if min is None and max is None:
+        raise ValueError("clamp: at least one of 'min' or 'max' must not be None")
+    if isinstance(min, Tensor) or isinstance(max, Tensor):
+        return _clamp_tensors(a, min, max)
+    for what, bound in (("min", min), ("max", max)):
+        if bound is not None and not _is_number(bound):
+            raise TypeError(
+                f"clamp: {what} must be a number, a Tensor or None, got {type(bound).__name__}"
+            )
+    return Clamp(-numpy.inf if min is None else min, numpy.inf if max is None else max)(a)
+
+
+def _clamp_tensors(a, min, max):  # noqa: A002
+    """clamp with Tensor bounds (a number or None for the other): ClampTensor, whose
+    gradients are PyTorch's (a where min <= a <= max, min where a >= min fails, max where
+    a <= max fails)."""
+    bounds = []
+    for what, bound, absent in (("min", min, -numpy.inf), ("max", max, numpy.inf)):
+        if bound is None or _is_number(bound):
+            bound = _full_like(a, absent if bound is None else bound)
+        elif not isinstance(bound, Tensor):
+            raise TypeError(
+                f"clamp: {what} must be a number, a Tensor or None, got {type(bound).__name__}"
+            )
+        bounds.append(bound)
+    return ClampTensor()(a, *bounds)
+
+
+def _full_like(x, value):
+    """A constant Tensor of x's shape, device and dtype filled with value (rounded once)."""
+    return Tensor(
+        numpy.full(x.shape, value, dtype=numpy.float64),
+        device=x.device,
+        dtype=x.dtype,
+        requires_grad=False,
+    )
+
+
+def where(condition, x, y):
+    """x where condition is non-zero, else y, elementwise with broadcasting, as
+    torch.where (needle has no bool dtype: any non-zero condition, NaN included, is
+    true). x or y may be a number (at the other's dtype). The gradients are
+    where(condition, g, 0) to x and where(condition, 0, g) to y; the condition has none."""
+    _check_tensor("where", condition, "condition")
+    if not isinstance(x, Tensor) and not isinstance(y, Tensor):
+        raise TypeError("where: x or y must be a Tensor")
+    if not isinstance(x, Tensor):
+        if not _is_number(x):
+            raise TypeError(f"where: x must be a Tensor or a number, got {type(x).__name__}")
+        x = _full_like(y, x)
+    if not isinstance(y, Tensor):
+        if not _is_number(y):
+            raise TypeError(f"where: y must be a Tensor or a number, got {type(y).__name__}")
+        y = _full_like(x, y)
+    return Where()(condition, x, y)
 
 
 def stack(args, axis):
