@@ -141,6 +141,25 @@ def test_float64_is_exact_for_every_operator(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_fill_full_and_setitem_keep_the_scalar_at_the_dtype(dtype, device):
+    """A scalar written into an array (fill, full, setitem) is rounded once, to the array's
+    dtype: a float64 array holds the double itself."""
+    from needle import backend_ndarray as nd
+
+    expected = torch.tensor([0.1], dtype=TORCH[dtype]).to(torch.float64).item()
+    a = nd.array(np.zeros(3), device=device, dtype=dtype)
+    a.fill(0.1)
+    b = nd.full((3,), 0.1, device=device, dtype=dtype)
+    c = nd.array(np.zeros(3), device=device, dtype=dtype)
+    c[1:] = 0.1
+    for arr, count in ((a, 3), (b, 3), (c[1:], 2)):
+        assert arr.dtype == dtype
+        got = arr.astype("float64").numpy()
+        np.testing.assert_array_equal(got, np.full(count, expected))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_ndarray_operators_share_the_path(dtype, device):
     """NDArray's operators, reflected ones and comparisons take the scalar the same way; its
     s / a is one division (NumPy's), where Tensor's is PyTorch's reciprocal * s."""

@@ -511,7 +511,7 @@ static PyObject *ndarray_to(PyObject *op, PyObject *device) {
 static PyObject *ndarray_fill(PyObject *op, PyObject *value) {
     double v;
     if (parse_scalar_param(value, &v) < 0) return NULL;
-    nd_status status = nd_array_fill(&NDArray_CAST(op)->array, (float)v);
+    nd_status status = nd_array_fill(&NDArray_CAST(op)->array, v); /* the dtype rounds it */
     if (status != ND_OK) return raise_status(ndarray_state(op), status);
     Py_RETURN_NONE;
 }
