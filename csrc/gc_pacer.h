@@ -126,9 +126,10 @@ typedef enum nd_pacer_why {
 typedef struct nd_pacer_decision {
     nd_pacer_action action;
     nd_pacer_why why;
-    /* The bytes the ladder asks for: below it the scoped step is followed
-     * by a full one (soft path: the bytes above high water or the fixed
-     * watermark; out of memory: the request). */
+    /* The bytes the ladder asks for: a scoped step that frees less is
+     * followed by a full one (soft path: the bytes above high water or the
+     * fixed watermark, at least 0 for an aligned collection; out of memory:
+     * the request). */
     int64_t target;
 } nd_pacer_decision;
 
