@@ -35,6 +35,12 @@ void nd_memory_set_limit(nd_device *dev, int64_t limit) {
 
 int64_t nd_memory_get_limit(const nd_device *dev) { return dev->alloc.stats.limit; }
 
+int64_t nd_device_budget(const nd_device *dev) {
+    if (dev->alloc.stats.limit >= 0) return dev->alloc.stats.limit;
+    if (dev->kind == ND_DEVICE_CUDA && dev->capacity > 0) return dev->capacity;
+    return -1;
+}
+
 void nd_memory_get_stats(const nd_device *dev, nd_memory_stats *out) { *out = dev->alloc.stats; }
 
 void nd_memory_reset_peaks(nd_device *dev) {
@@ -102,7 +108,7 @@ nd_status nd_memory_reserve(nd_device *dev, int64_t nbytes) {
     /* garbage_collection_threshold: the whole cache goes back (not PyTorch's
      * oldest blocks first) before reserved memory passes the share. */
     double threshold = dev->alloc.settings.gc_threshold;
-    int64_t budget = st->limit >= 0 ? st->limit : dev->capacity;
+    int64_t budget = nd_device_budget(dev);
     if (threshold > 0.0 && budget > 0 &&
         (double)(st->reserved_current + nbytes) > threshold * (double)budget &&
         nd_memory_empty_cache(dev) > 0)
@@ -126,10 +132,11 @@ static void run_collection(nd_device *dev, int64_t requested, nd_collect_reason 
     nd_memory_stats *st = &dev->alloc.stats;
     int64_t before = st->allocated_current;
     collecting = 1;
-    st->num_collect_calls++;
+    st->num_collect_callbacks++;
     collect_fn(collect_ctx, dev, requested, reason);
     collecting = 0;
-    if (st->allocated_current < before) st->collect_freed_bytes += before - st->allocated_current;
+    if (st->allocated_current < before)
+        st->collect_callback_freed_bytes += before - st->allocated_current;
 }
 
 /* The out-of-memory ladder, the one place it is written: try; on ND_ERR_OOM

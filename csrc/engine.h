@@ -111,12 +111,13 @@ typedef struct nd_memory_stats {
     int64_t blocks_current, blocks_peak, blocks_total, blocks_freed;
     int64_t num_alloc_retries; /* allocations retried after freeing memory */
     int64_t num_ooms;          /* allocations refused                      */
-    /* The mechanism's view of collections: callbacks made (both reasons,
-     * including ones the host declined) and the allocated bytes that dropped
-     * during them. needle_c reports its policy's own counters instead
-     * (needle_c/memory/pressure.c), which also cover safe points. */
-    int64_t num_collect_calls;
-    int64_t collect_freed_bytes;
+    /* The mechanism's view of collections: times the allocator called the
+     * host's collection callback (both reasons, including calls the host
+     * declined) and the allocated bytes that dropped during those calls.
+     * Not the collections run: needle_c counts those in its pacer state
+     * (csrc/gc_pacer.h), which also covers safe points. */
+    int64_t num_collect_callbacks;
+    int64_t collect_callback_freed_bytes;
     int64_t limit;   /* bytes; -1 when there is none             */
     int64_t trigger; /* pressure trigger in bytes; -1 when off    */
     /* Fragmentation, with torch.cuda.memory_stats' meanings: segments taken
@@ -155,6 +156,11 @@ void nd_memory_reset_peaks(nd_device *dev);
 /* limit < 0 removes the limit. Limits apply to reserved bytes. */
 void nd_memory_set_limit(nd_device *dev, int64_t limit);
 int64_t nd_memory_get_limit(const nd_device *dev);
+/* The bytes the device may use, the one rule for the allocator's
+ * garbage_collection_threshold and the collection policy (csrc/gc_pacer.h):
+ * its limit, else a GPU's capacity; -1 for none (a CPU without a limit: the
+ * host's memory is not needle's to fill). */
+int64_t nd_device_budget(const nd_device *dev);
 /* Releases cached, unused blocks; returns the bytes released. */
 int64_t nd_memory_empty_cache(nd_device *dev);
 

@@ -151,14 +151,15 @@ PyObject *interop_tensor_dlpack(PyObject *op, PyObject *args, PyObject *kwargs);
 PyObject *interop_tensor_dlpack_device(PyObject *op, PyObject *ignored);
 extern PyMethodDef interop_module_functions[];
 
-/* The collection policy (pressure.c). */
+/* The collection runner (memory/pressure.c; the policy is csrc/gc_pacer.h)
+ * and the aligned collections (memory/alignment.c). */
 extern PyMethodDef pressure_module_functions[];
+extern PyMethodDef alignment_module_functions[];
 void pressure_install(void);
 void pressure_refresh(nd_device *dev);
 /* A point where a training step's old graph has just become garbage
  * (reset_grad, backward): collects if allocations are past the trigger. */
 void pressure_safe_point(void);
-int pressure_add_stats(const nd_device *dev, PyObject *dict);
 
 /* The scoped collection (memory/scoped.c): Python's cycle algorithm over
  * needle's registered objects only. scoped_collect returns how many objects

@@ -1,12 +1,13 @@
 /* stats.c: the engine's per-device memory accounting, exposed to
- * needle.memory: statistics, peaks, limits and the cache.
+ * needle.memory: statistics, peaks, limits and the cache, and beside them the
+ * collector's figures, which the pacer counts (csrc/gc_pacer.h) for every
+ * collection the runner (pressure.c) runs.
  *
  * Devices are named by engine id here; needle.memory resolves user-facing
- * device arguments (through needle_c._device) and units. The collection
- * policy and its counters live in pressure.c, which adds its figures to
- * memory_stats (pressure_add_stats).
+ * device arguments (through needle_c._device) and units.
  */
 #include "history.h"
+#include "pressure.h"
 
 #include <limits.h>
 
@@ -52,6 +53,76 @@ static int set_fragmentation(PyObject *dict, const nd_memory_stats *s) {
                : 0;
 }
 
+/* The collector's figures of memory_stats(), one key per counter of the
+ * device's pacer state (csrc/gc_pacer.h), each with one meaning:
+ *   num_pressure_collections  soft collections run: allocation path, safe points and aligned
+ *   num_safe_point_collections  of which at safe points
+ *   num_oom_collections       collections on the out-of-memory path
+ *   num_collect_calls         every collection run for this device: the two above together
+ *   num_pressure_skips        soft collections that pacing, the cooldown or gc.disable() held back
+ *   num_pressure_deferrals    soft collections left to the next safe point
+ *   gc_seconds                time spent in the collections run
+ *   gc_freed_bytes            allocated bytes on this device that dropped during them
+ *   gc_survivor_bytes         allocated bytes after the last one (the trigger's base)
+ * Each collection runs the ladder; its steps:
+ *   num_scoped_collections    scoped collections run (scoped.c)
+ *   scoped_gc_seconds         their time (part of gc_seconds)
+ *   scoped_objects_examined   needle objects they examined
+ *   scoped_freed_bytes        allocated bytes that dropped during them
+ *   num_full_collections      full collections run (gc.collect)
+ *   num_full_fallbacks        of which after a scoped one that freed too little
+ *   num_fallbacks_skipped     fallbacks the back-off skipped
+ * Alignment (alignment.c):
+ *   num_aligned_wants         soft collections turned into wants
+ *   aligned_rounds_waited     all-reduce rounds those wants waited for (one each when every
+ *                             step carries them)
+ *   num_aligned_collections   aligned collections run with this device's ladder
+ * (The allocator's own num_collect_callbacks, the calls it made to the runner, declined
+ * ones included, are the engine tests' figure and not reported here.) */
+static int set_collector_stats(const nd_device *dev, PyObject *dict) {
+    nd_pacer_state empty;
+    nd_pacer_init(&empty);
+    const nd_pacer_state *state = pressure_device_state(dev);
+    const nd_pacer_counts *c = state != NULL ? &state->counts : &empty.counts;
+    int64_t survivors = state != NULL ? state->survivors : 0;
+    struct {
+        const char *key;
+        int64_t value;
+    } counts[] = {
+        {"num_pressure_collections", c->pressure_collections},
+        {"num_oom_collections", c->oom_collections},
+        {"num_collect_calls", c->pressure_collections + c->oom_collections},
+        {"num_pressure_skips", c->skipped},
+        {"num_safe_point_collections", c->safe_point_collections},
+        {"num_pressure_deferrals", c->deferred},
+        {"gc_freed_bytes", c->freed_bytes},
+        {"gc_survivor_bytes", survivors},
+        {"num_scoped_collections", c->scoped_collections},
+        {"scoped_objects_examined", c->scoped_examined},
+        {"scoped_freed_bytes", c->scoped_freed_bytes},
+        {"num_full_collections", c->full_collections},
+        {"num_full_fallbacks", c->full_fallbacks},
+        {"num_fallbacks_skipped", c->fallbacks_skipped},
+        {"num_aligned_wants", c->aligned_wants},
+        {"aligned_rounds_waited", c->aligned_rounds_waited},
+        {"num_aligned_collections", c->aligned_collections},
+    };
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+        if (set_item(dict, counts[i].key, counts[i].value) < 0) return -1;
+    struct {
+        const char *key;
+        double value;
+    } times[] = {{"gc_seconds", c->seconds}, {"scoped_gc_seconds", c->scoped_seconds}};
+    for (size_t i = 0; i < sizeof times / sizeof times[0]; i++) {
+        PyObject *v = PyFloat_FromDouble(times[i].value);
+        if (v == NULL) return -1;
+        int rc = PyDict_SetItemString(dict, times[i].key, v);
+        Py_DECREF(v);
+        if (rc < 0) return -1;
+    }
+    return 0;
+}
+
 static PyObject *memory_stats(PyObject *module, PyObject *arg) {
     (void)module;
     nd_device *dev = memory_device_arg(arg);
@@ -76,7 +147,7 @@ static PyObject *memory_stats(PyObject *module, PyObject *arg) {
         set_item(d, "num_ooms", s.num_ooms) < 0 || set_item(d, "memory_limit_bytes", s.limit) < 0 ||
         set_item(d, "gc_trigger_bytes", s.trigger) < 0 ||
         set_item(d, "device_capacity_bytes", nd_device_capacity(dev)) < 0 ||
-        set_fragmentation(d, &s) < 0 || pressure_add_stats(dev, d) < 0) {
+        set_fragmentation(d, &s) < 0 || set_collector_stats(dev, d) < 0) {
         Py_DECREF(d);
         return NULL;
     }

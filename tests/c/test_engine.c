@@ -95,7 +95,7 @@ static void test_collect_callback(void) {
     CHECK(nd_storage_new(cpu, 200, &s) == ND_OK);
     CHECK(calls[ND_COLLECT_OOM] == 1 && garbage == NULL);
     nd_memory_get_stats(cpu, &st);
-    CHECK(st.num_alloc_retries == retries + 1 && st.collect_freed_bytes >= 800);
+    CHECK(st.num_alloc_retries == retries + 1 && st.collect_callback_freed_bytes >= 800);
     nd_storage_release(s);
     nd_memory_set_limit(cpu, -1);
     /* Pressure path: the trigger asks for a collection before allocating. */

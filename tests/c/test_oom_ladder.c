@@ -79,7 +79,7 @@ static void test_ladder_order_and_counts(void) {
     CHECK(strcmp(log_text, "aCa") == 0);
     CHECK(asked == 1000);
     CHECK(stats(cpu).num_alloc_retries == before.num_alloc_retries + 1);
-    CHECK(stats(cpu).num_collect_calls == before.num_collect_calls + 1);
+    CHECK(stats(cpu).num_collect_callbacks == before.num_collect_callbacks + 1);
 
     reset(100); /* never works: the last status comes back, no OOM recorded */
     before = stats(cpu);
@@ -114,7 +114,7 @@ static void test_cached_blocks_are_released_first(void) {
     CHECK(strcmp(log_text, "aa") == 0);
     CHECK(before.reserved_current - after.reserved_current == (int64_t)16 << 20);
     CHECK(after.num_alloc_retries == before.num_alloc_retries + 1);
-    CHECK(after.num_collect_calls == before.num_collect_calls);
+    CHECK(after.num_collect_callbacks == before.num_collect_callbacks);
     nd_memory_set_collect_callback(NULL, NULL);
 }
 

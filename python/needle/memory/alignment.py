@@ -4,13 +4,13 @@ In data-parallel training every step ends in a gradient all-reduce that waits fo
 rank: a collection on one rank stalls all of them, and independent collectors add their stalls
 up. With alignment on (``DistributedDataParallel(..., aligned=True)`` turns it on), needle's
 pressure policy records that a rank *wants* a collection instead of running it
-(needle_c/memory/pressure.c, "Aligned collections"), Python's automatic collector is switched
-off and its generations are asked for the same way, and the wants travel beside the gradients
-in the all-reduce (:func:`local_wants` before it, :func:`agreed` after it: no extra round trip).
-When any rank wanted one, every rank collects right after that all-reduce, inside :func:`agreed`:
-the same point of the same step on every rank, before the next forward pass. A want of Python's
-generations alone collects that generation only; needle's want runs the pressure ladder. The
-out-of-memory path stays local.
+(docs/design.md, "The collection policy"; needle_c/memory/alignment.c), Python's automatic
+collector is switched off and its generations are asked for the same way, and the wants travel
+beside the gradients in the all-reduce (:func:`local_wants` before it, :func:`agreed` after it:
+no extra round trip). When any rank wanted one, every rank collects right after that
+all-reduce, inside :func:`agreed`: the same point of the same step on every rank, before the
+next forward pass. A want of Python's generations alone collects that generation only; needle's
+want runs the pressure ladder. The out-of-memory path stays local.
 
 The flags (float32, summed by the all-reduce): ``[needle, gen0, gen1, gen2, seconds per rank]``;
 a flag > 0 after the sum means some rank wanted it; each rank writes the seconds its last aligned

@@ -1,7 +1,9 @@
 """needle.memory.policy: when device-memory pressure runs Python's collector.
 
-The policy itself (the trigger, pacing, safe points) runs in C, in needle_c/memory/pressure.c,
-which also owns its defaults (``needle_c._gc_policy_defaults()``). This module is its Python
+The policy itself (the trigger, pacing, safe points: docs/design.md, "The collection policy")
+is C: the pacer in csrc/gc_pacer.c decides, and owns the defaults
+(``needle_c._gc_policy_defaults()``); needle_c/memory/pressure.c runs the collections. This
+module is its Python
 face: ``set_gc_policy``/``get_gc_policy``, the ``NEEDLE_GC*`` environment variables (parsed
 here, beside the functions they feed, because their sizes use :func:`parse_size`), the
 collector's visibility switch, ``freeze_heap`` and the safe point a training loop reaches.
@@ -82,7 +84,7 @@ set_gc_policy.__doc__ = set_gc_policy.__doc__.format(
 
 def _watermark_argument(watermark):
     """What needle_c takes as the watermark: None, bytes (int) or a fraction (float in (0, 1])
-    that pressure.c resolves against each device's own budget."""
+    that the pacer resolves against each device's own budget."""
     if watermark is None:
         return None
     fraction = _size_fraction(watermark)

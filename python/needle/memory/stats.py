@@ -61,14 +61,16 @@ def memory_stats(device=None):
     ``num_alloc_retries``, ``num_ooms``; ``memory_limit_bytes`` (-1: none),
     ``gc_trigger_bytes`` (-1: none), ``device_capacity_bytes``.
 
-    The collector's figures all come from one set of counters, kept by the pressure policy
-    (needle_c/memory/pressure.c) for every collection it runs on this device:
+    The collector's figures all come from one set of counters, kept by the collection pacer
+    (csrc/gc_pacer.c) for every collection needle runs on this device, one key each:
     ``num_pressure_collections`` (soft ones, of which ``num_safe_point_collections`` at
     safe points), ``num_oom_collections`` (on the out-of-memory path),
-    ``num_collect_calls`` (the two together), ``num_pressure_skips`` (paced out),
-    ``num_pressure_deferrals`` (left to the next safe point), ``gc_seconds`` (time spent),
-    ``gc_freed_bytes`` (allocated bytes that dropped during them; ``collect_freed_bytes``
-    is the same figure under its older name) and ``gc_survivor_bytes``. Under aligned
+    ``num_collect_calls`` (every collection run: the two together), ``num_pressure_skips``
+    (paced out), ``num_pressure_deferrals`` (left to the next safe point), ``gc_seconds``
+    (time spent), ``gc_freed_bytes`` (allocated bytes that dropped during them) and
+    ``gc_survivor_bytes``; each collection's steps: ``num_scoped_collections``,
+    ``scoped_gc_seconds``, ``scoped_objects_examined``, ``scoped_freed_bytes``,
+    ``num_full_collections``, ``num_full_fallbacks``, ``num_fallbacks_skipped``. Under aligned
     collections (``needle.memory.alignment``, data-parallel training): ``num_aligned_wants``
     (soft collections turned into wants), ``aligned_rounds_waited`` (the all-reduces they
     waited for) and ``num_aligned_collections`` (agreed ladders run with this device's). An

@@ -75,7 +75,7 @@ def memory_summary(device=None, abbreviated=False):
         f"limit: {'none' if limit < 0 else _format_bytes(limit)}; "
         f"OOMs: {stats['num_ooms']}; retries: {stats['num_alloc_retries']}; "
         f"collections run: {stats['num_collect_calls']} "
-        f"(freed {_format_bytes(stats['collect_freed_bytes'])})"
+        f"(freed {_format_bytes(stats['gc_freed_bytes'])})"
     )
     if abbreviated:
         lines.append(_collections_line(stats))
