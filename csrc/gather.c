@@ -124,8 +124,8 @@ nd_status nd_array_scatter_add_rows_into(const nd_array *dst, const nd_array *sr
         return status;
     status = reshaped(indices, 1, &n, indices->storage == dst->storage, &idx, &idx_tmp);
     if (status == ND_OK) {
-        status = backend->scatter_add_rows(&dst->layout, nd_storage_f32(dst->storage),
-                                           &rows.layout, nd_storage_f32(rows.storage), &idx.layout,
+        status = backend->scatter_add_rows(&dst->layout, nd_storage_f32(dst->storage), &rows.layout,
+                                           nd_storage_f32(rows.storage), &idx.layout,
                                            nd_storage_f32(idx.storage));
         if (idx_tmp.storage != NULL) nd_array_release(&idx_tmp);
     }

@@ -34,7 +34,17 @@ def test_rows_are_well_formed():
     for row in TABLE.values():
         assert re.fullmatch(r"NEEDLE_[A-Z0-9_]+", row.name), row
         assert row.section in ("run", "build", "test"), row
-        kinds = ("count", "choice", "switch", "number", "size", "library", "capability", "list", "path")
+        kinds = (
+            "count",
+            "choice",
+            "switch",
+            "number",
+            "size",
+            "library",
+            "capability",
+            "list",
+            "path",
+        )
         assert row.kind in kinds, row
         assert (row.kind == "choice") == bool(row.choices), row
         assert row.lo <= row.hi if row.kind == "count" else row.lo == row.hi == 0, row
