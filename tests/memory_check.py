@@ -41,9 +41,13 @@ def _all_devices_present():
 
 @pytest.fixture(autouse=True)
 def clean_memory_state():
-    """Collect garbage before each test and keep the cyclic GC from freeing
-    unrelated storages mid-test; always remove limits afterwards."""
+    """Collect garbage and release every device's cached blocks before each test (a test
+    file run earlier in the same process may leave the CPU's block cache full, and these
+    tests count reserved bytes exactly), keep the cyclic GC from freeing unrelated storages
+    mid-test; always remove limits afterwards."""
     gc.collect()
+    for d in _all_devices_present():
+        mem.empty_cache(d)
     was_enabled = gc.isenabled()
     gc.disable()
     try:

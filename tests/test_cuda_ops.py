@@ -48,6 +48,10 @@ BINARY = {
     "gt": lambda x, y: x > y,
     "le": lambda x, y: x <= y,
     "lt": lambda x, y: x < y,
+    # pick(x, c) is half of where (the other half adds -0, which changes nothing).
+    "pick": lambda x, y: ndl.ops.where(
+        ndl.Tensor(y, device=y.device), ndl.Tensor(x, device=x.device), -0.0
+    ).numpy(),
 }
 
 UNARY = {
@@ -59,6 +63,10 @@ UNARY = {
     "sigmoid": lambda x: x.sigmoid(),
     "abs": lambda x: x.abs(),
     "relu": lambda x: x.relu(),
+    "erf": lambda x: x.erf(),
+    "gelu": lambda x: x.gelu(),
+    "silu": lambda x: x.silu(),
+    "gelu_tanh": lambda x: x.gelu_tanh(),
 }
 
 EWISE_OPS_H = pathlib.Path(__file__).resolve().parents[1] / "csrc" / "ewise_ops.h"
@@ -69,7 +77,8 @@ def listed_ops(macro):
     [(name, rest of the entry)] in list order, e.g. ("square", "2.0f, x * x")."""
     text = EWISE_OPS_H.read_text()
     body = re.search(rf"#define {macro}\(X, A\)(.*?)\n\n", text, re.S).group(1)
-    return re.findall(r"X\(A, ND_\w+, (\w+), (.*)\)\s*\\?$", body, re.M)
+    # The binary and pow rows name the enum ND_<id>; the unary catalogue's rows name <id>.
+    return re.findall(r"X\(A, (?:ND_)?\w+, (\w+), (.*?)\)?\s*\\?$", body, re.M)
 
 
 # The exponents that run an exact form of pow instead of powf, and three that do not.
