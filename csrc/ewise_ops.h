@@ -6,9 +6,11 @@
  *
  * C11 and CUDA C++ alike: macros and a static inline function, nothing else.
  *
- * A list is an X-macro: ND_EWISE_BINARY_OPS(X, A) calls X(A, id, name,
- * formula) once per op, in enum order; A is passed through untouched (a
- * backend passes the storage type it expands for; the enums below, nothing).
+ * A list is an X-macro: ND_EWISE_UNARY_OPS(X, A) calls X(A, id, name, ...,
+ * formula) once per op, in enum order (each list says its fields; the
+ * backends read id, name and formula, the binding the others); A is passed
+ * through untouched (a backend passes the storage type it expands for; the
+ * enums below, nothing).
  * A formula is one expression of the compute-type operands x (and y): the
  * type the storage type computes in (float for float32). It writes its
  * constants as float literals when they are exact in every compute type,
@@ -32,26 +34,56 @@
 /* The lists are laid out by hand: clang-format reads x * y as a declaration. */
 /* clang-format off */
 
-/* x op y, for arrays and scalars alike. Comparisons give 1.0 or 0.0; NaN
- * propagates from either side of maximum/minimum, as in NumPy. pick is half
- * of where(c, x, y) = pick(x, c) + pick(y, c == 0): -0 is the one value that
- * leaves every other unchanged under +, signed zeros, infinities and NaN
- * included. */
-#define ND_EWISE_BINARY_OPS(X, A)                         \
-    X(A, ND_ADD, add, x + y)                              \
-    X(A, ND_SUB, sub, x - y)                              \
-    X(A, ND_MUL, mul, x * y)                              \
-    X(A, ND_DIV, div, x / y)                              \
-    X(A, ND_POW, pow, ND_EW_POW(x, y))                    \
-    X(A, ND_MAXIMUM, maximum, (x >= y || x != x) ? x : y) \
-    X(A, ND_MINIMUM, minimum, (x <= y || x != x) ? x : y) \
-    X(A, ND_EQ, eq, x == y ? 1.0f : 0.0f)                 \
-    X(A, ND_NE, ne, x != y ? 1.0f : 0.0f)                 \
-    X(A, ND_GE, ge, x >= y ? 1.0f : 0.0f)                 \
-    X(A, ND_GT, gt, x > y ? 1.0f : 0.0f)                  \
-    X(A, ND_LE, le, x <= y ? 1.0f : 0.0f)                 \
-    X(A, ND_LT, lt, x < y ? 1.0f : 0.0f)                  \
-    X(A, ND_PICK, pick, y != 0.0f ? x : -0.0f)
+/* ND_EW_IF(field, text...): text, or nothing when field is the marker _
+ * (a row's "no such class, function or method"). The binding expands its
+ * rows through it; the backends never need it. */
+#define ND_EW_IF(field, ...) ND_EW_CAT_(ND_EW_IF_, ND_EW_IS_NONE_(field))(__VA_ARGS__)
+#define ND_EW_IF_0(...) __VA_ARGS__
+#define ND_EW_IF_1(...)
+#define ND_EW_IS_NONE_(field) ND_EW_SECOND_(ND_EW_NONE_##field, 0, ~)
+#define ND_EW_NONE__ ~, 1
+#define ND_EW_SECOND_(...) ND_EW_SECOND__(__VA_ARGS__)
+#define ND_EW_SECOND__(a, b, ...) b
+#define ND_EW_CAT_(a, b) ND_EW_CAT__(a, b)
+#define ND_EW_CAT__(a, b) a##b
+
+/* x op y, for arrays and scalars alike: needle's catalogue of binary ops.
+ * X(A, id, name, Ewise, ewise_fn, Scalar, scalar_fn, method, doc, formula):
+ * the engine's op is ND_<id>; the binding makes of a row, where its field is
+ * not _, the autograd op OP_EWISE_<id> of class `Ewise` (of two Tensors)
+ * with the function ndl.ops.<ewise_fn>(a, b), the autograd op
+ * OP_<id>_SCALAR of class `Scalar` (of a Tensor and its .scalar) with the
+ * function ndl.ops.<scalar_fn>(a, scalar), and the method `method` of
+ * NDArray and Tensor with the function ndl.ops.<method>(a, b) (an array or
+ * a number), all documented by `doc`. The gradients are the functions
+ * <name>_gradient and <name>_scalar_gradient of
+ * needle_c/autograd/ops_binary.c. The operators (+, -, <, ...) stay wired
+ * by hand: their slots and the course's graphs (a - b is a + (-b)) are not
+ * rows. Comparisons have no autograd op (in the course neither); pick is
+ * the engine's own.
+ * Comparisons give 1.0 or 0.0; NaN propagates from either side of
+ * maximum/minimum, as in NumPy. pick is half of where(c, x, y) = pick(x, c)
+ * + pick(y, c == 0): -0 is the one value that leaves every other unchanged
+ * under +, signed zeros, infinities and NaN included. */
+#define ND_EWISE_BINARY_OPS(X, A)                                                             \
+    X(A, ADD, add, EWiseAdd, add, AddScalar, add_scalar, _, "x + y.", x + y)                  \
+    X(A, SUB, sub, _, _, _, _, _, "x - y.", x - y)                                            \
+    X(A, MUL, mul, EWiseMul, multiply, MulScalar, mul_scalar, _, "x * y.", x * y)             \
+    X(A, DIV, div, EWiseDiv, divide, DivScalar, divide_scalar, _, "x / y.", x / y)            \
+    X(A, POW, pow, EWisePow, power, PowerScalar, power_scalar, _, "x ** y.", ND_EW_POW(x, y)) \
+    X(A, MAXIMUM, maximum, Maximum, _, MaximumScalar, _, maximum,                             \
+      "Elementwise maximum, as torch.maximum: NaN propagates, a tie's gradient is split "     \
+      "evenly between the two.",                                                              \
+      (x >= y || x != x) ? x : y)                                                             \
+    X(A, MINIMUM, minimum, Minimum, _, MinimumScalar, _, minimum,                             \
+      "Elementwise minimum, as torch.minimum; see maximum.", (x <= y || x != x) ? x : y)      \
+    X(A, EQ, eq, _, _, _, _, _, "1 where x == y, else 0.", x == y ? 1.0f : 0.0f)              \
+    X(A, NE, ne, _, _, _, _, _, "1 where x != y, else 0.", x != y ? 1.0f : 0.0f)              \
+    X(A, GE, ge, _, _, _, _, _, "1 where x >= y, else 0.", x >= y ? 1.0f : 0.0f)              \
+    X(A, GT, gt, _, _, _, _, _, "1 where x > y, else 0.", x > y ? 1.0f : 0.0f)                \
+    X(A, LE, le, _, _, _, _, _, "1 where x <= y, else 0.", x <= y ? 1.0f : 0.0f)              \
+    X(A, LT, lt, _, _, _, _, _, "1 where x < y, else 0.", x < y ? 1.0f : 0.0f)                \
+    X(A, PICK, pick, _, _, _, _, _, "x where y != 0, else -0.", y != 0.0f ? x : -0.0f)
 
 /* op x: needle's catalogue of unary ops. X(A, id, name, Class, doc, formula):
  * the engine's op is ND_<id>; the binding makes of each row the method
@@ -91,12 +123,14 @@
     X(A, ND_POW_RECIPROCAL, reciprocal, -1.0f, 1.0f / x)
 
 /* The op enums (engine.h's API), in list order. */
-#define ND_EWISE_ENUMERATOR(A, id, name, formula) id,
+#define ND_EWISE_BINARY_ENUMERATOR(A, id, name, Ewise, ewise_fn, Scalar, scalar_fn, method, doc, \
+                                   formula)                                                  \
+    ND_##id,
 typedef enum nd_binary_op {
-    ND_EWISE_BINARY_OPS(ND_EWISE_ENUMERATOR, )
+    ND_EWISE_BINARY_OPS(ND_EWISE_BINARY_ENUMERATOR, )
     ND_BINARY_OP_COUNT
 } nd_binary_op;
-#undef ND_EWISE_ENUMERATOR
+#undef ND_EWISE_BINARY_ENUMERATOR
 
 #define ND_EWISE_UNARY_ENUMERATOR(A, id, name, Class, doc, formula) ND_##id,
 typedef enum nd_unary_op {

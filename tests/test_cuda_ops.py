@@ -77,7 +77,7 @@ def listed_ops(macro):
     [(name, rest of the entry)] in list order, e.g. ("square", "2.0f, x * x")."""
     text = EWISE_OPS_H.read_text()
     body = re.search(rf"#define {macro}\(X, A\)(.*?)\n\n", text, re.S).group(1)
-    # The binary and pow rows name the enum ND_<id>; the unary catalogue's rows name <id>.
+    # The pow rows name the enum ND_<id>; the catalogue's rows (unary, binary) name <id>.
     return re.findall(r"X\(A, (?:ND_)?\w+, (\w+), (.*?)\)?\s*\\?$", body, re.M)
 
 

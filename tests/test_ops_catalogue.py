@@ -6,7 +6,11 @@ zeros included; the catalogue's expansion (one row gives the NDArray and Tensor 
 op class and the ops function); bad inputs raise clearly.
 """
 
+import ast
+import inspect
 import math
+import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -197,6 +201,113 @@ def test_catalogue_rows_give_methods_classes_and_functions(device):
         assert doc in getattr(ndl.Tensor, name).__doc__
         assert doc in getattr(ndl.NDArray, name).__doc__
     assert ndl.ops.negate is ndl.ops.neg
+
+
+# ------------------------------------------------------ the binary catalogue
+
+EWISE_OPS_H = pathlib.Path(__file__).resolve().parents[1] / "csrc" / "ewise_ops.h"
+
+
+def binary_rows_in_header():
+    """ND_EWISE_BINARY_OPS's rows as the header writes them: (name, Ewise, ewise_fn,
+    Scalar, scalar_fn, method, doc), None for the marker _."""
+    text = EWISE_OPS_H.read_text()
+    body = re.search(r"#define ND_EWISE_BINARY_OPS\(X, A\)(.*?)\n\n", text, re.S).group(1)
+    body = body.replace("\\\n", " ")
+    string = r'"(?:[^"\\]|\\.)*"'
+    rows = re.findall(
+        rf"X\(A, \w+, (\w+), (\w+), (\w+), (\w+), (\w+), (\w+),\s*((?:{string}\s*)+),", body
+    )
+    return [
+        tuple(None if f == "_" else f for f in fields) + (ast.literal_eval(doc.strip()),)
+        for *fields, doc in rows
+    ]
+
+
+def test_binary_ops_export_is_the_rows_of_the_header():
+    rows = binary_rows_in_header()
+    assert [r[0] for r in rows] == [
+        "add", "sub", "mul", "div", "pow", "maximum", "minimum",
+        "eq", "ne", "ge", "gt", "le", "lt", "pick",
+    ]  # fmt: skip
+    assert needle_c.BINARY_OPS == tuple(rows)
+
+
+# The course's binary op classes: class -> (function, its parameters, NumPy's operation);
+# a Scalar class takes the scalar and keeps it as .scalar.
+COURSE_BINARY = {
+    "EWiseAdd": ("add", ["a", "b"], np.add),
+    "AddScalar": ("add_scalar", ["a", "scalar"], np.add),
+    "EWiseMul": ("multiply", ["a", "b"], np.multiply),
+    "MulScalar": ("mul_scalar", ["a", "scalar"], np.multiply),
+    "EWiseDiv": ("divide", ["a", "b"], np.divide),
+    "DivScalar": ("divide_scalar", ["a", "scalar"], np.divide),
+    "EWisePow": ("power", ["a", "b"], np.power),
+    "PowerScalar": ("power_scalar", ["a", "scalar"], np.power),
+    "Maximum": ("maximum", ["a", "b"], np.maximum),
+    "MaximumScalar": ("maximum", ["a", "b"], np.maximum),
+    "Minimum": ("minimum", ["a", "b"], np.minimum),
+    "MinimumScalar": ("minimum", ["a", "b"], np.minimum),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("class_name", sorted(COURSE_BINARY))
+def test_course_binary_classes_and_functions(class_name, dtype, device):
+    fn_name, params, numpy_op = COURSE_BINARY[class_name]
+    op_class, fn = getattr(ndl.ops, class_name), getattr(ndl.ops, fn_name)
+    assert op_class is getattr(needle_c, class_name) and op_class.__name__ == class_name
+    assert list(inspect.signature(fn).parameters) == params
+    av, bv = np.array([0.5, 1.5, 2.0, 3.0]), np.array([2.0, 0.5, 2.0, 1.0])
+    a = ndl.Tensor(av, device=device, dtype=dtype)
+    b = ndl.Tensor(bv, device=device, dtype=dtype)
+    if class_name.endswith("Scalar"):
+        op = op_class(1.5)
+        assert op.scalar == 1.5
+        with pytest.raises(TypeError):
+            op_class()
+        y, want = fn(a, 1.5), numpy_op(av, 1.5)
+    else:
+        with pytest.raises(TypeError):
+            op_class(1.5)
+        y, want = fn(a, b), numpy_op(av, bv)
+    assert type(y.op) is op_class
+    assert y.dtype == dtype
+    np.testing.assert_allclose(as64(y), want, rtol=1e-6)
+    direct = op(a) if class_name.endswith("Scalar") else op_class()(a, b)
+    np.testing.assert_array_equal(as64(direct), as64(y))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_binary_rows_methods(dtype, device):
+    """A row's method: NDArray.<m>, Tensor.<m> and ndl.ops.<m> agree, take an array or a
+    number, document themselves with the row's doc and refuse anything else."""
+    methods = [(r[0], r[5], r[6]) for r in needle_c.BINARY_OPS if r[5] is not None]
+    assert [m for _, m, _ in methods] == ["maximum", "minimum"]
+    av, bv = [0.5, -1.0, math.nan, 2.0], [1.0, -2.0, 0.0, math.nan]
+    for name, method, doc in methods:
+        x, t = both(av, dtype, device, requires_grad=False)
+        y, u = both(bv, dtype, device, requires_grad=False)
+        want = getattr(torch, name)(t, u)
+        assert_exact(getattr(x, method)(y), want)
+        assert_exact(getattr(ndl.ops, method)(x, y), want)
+        assert_exact(getattr(x.cached_data, method)(y.cached_data), want)
+        want = getattr(torch, name)(t, torch.tensor(0.75, dtype=TORCH[dtype]))
+        assert_exact(getattr(x, method)(0.75), want)
+        assert_exact(getattr(ndl.ops, method)(x, 0.75), want)
+        assert_exact(getattr(x.cached_data, method)(0.75), want)
+        for owner in (ndl.Tensor, ndl.NDArray, ndl.ops):
+            assert doc in getattr(owner, method).__doc__
+        for call in (
+            lambda: getattr(x, method)("1"),
+            lambda: getattr(ndl.ops, method)(x, "1"),
+            lambda: getattr(ndl.ops, method)(1.0, x),
+            lambda: getattr(x.cached_data, method)([1.0]),
+        ):
+            with pytest.raises(TypeError, match=method):
+                call()
 
 
 # --------------------------------------------------------- maximum/minimum

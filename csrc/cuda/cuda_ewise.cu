@@ -48,9 +48,10 @@ static __device__ __forceinline__ double ew_pow(double x, double y) { return pow
 #define ND_EW_K(x, c) static_cast<C>(c)
 
 /* One functor per op of the list, over operands of any compute type C. */
-#define ND_CUDA_BINARY_FUNCTOR(A, id, name, formula)                                   \
-    struct op_##name {                                                                 \
-        template <class C> __device__ C operator()(C x, C y) const { return formula; } \
+#define ND_CUDA_BINARY_FUNCTOR(A, id, name, Ewise, ewise_fn, Scalar, scalar_fn, method, doc, \
+                               formula)                                                      \
+    struct op_##name {                                                                       \
+        template <class C> __device__ C operator()(C x, C y) const { return formula; }       \
     };
 /* The exact powers ignore the scalar exponent they are passed as y. */
 #define ND_CUDA_POW_FORM_FUNCTOR(A, id, name, exponent, formula)                     \
@@ -184,8 +185,8 @@ static nd_status binary_op(nd_binary_op op, nd_pow_form form, const nd_cuda_iter
                            typename ewise_type<T>::compute ys, cudaStream_t stream) {
 #define ND_CUDA_POW_FORM_CASE(A, id, name, exponent, formula) \
     case id: return binary(it, o, x, xs, y, ys, on_storage<T, pow_##name>(), stream);
-#define ND_CUDA_BINARY_CASE(A, id, name, formula) \
-    case id: return binary(it, o, x, xs, y, ys, on_storage<T, op_##name>(), stream);
+#define ND_CUDA_BINARY_CASE(A, id, name, Ewise, ewise_fn, Scalar, scalar_fn, method, doc, formula) \
+    case ND_##id: return binary(it, o, x, xs, y, ys, on_storage<T, op_##name>(), stream);
     if (op == ND_POW) {
         switch (form) {
             ND_EWISE_POW_FORMS(ND_CUDA_POW_FORM_CASE, )

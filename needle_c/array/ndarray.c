@@ -672,11 +672,13 @@ static PyMethodDef ndarray_methods[] = {
     {#name, ndarray_unary_##name, METH_NOARGS, #name "($self, /)\n--\n\n" doc " Elementwise."},
     ND_EWISE_UNARY_OPS(NDARRAY_UNARY_METHOD, )
 #undef NDARRAY_UNARY_METHOD
+/* One method per binary row that names one (maximum, minimum). */
+#define NDARRAY_BINARY_METHOD(A, id, name, Ewise, ewise_fn, Scalar, scalar_fn, method, doc, formula) \
+    ND_EW_IF(method, {#method, ndarray_binary_##name, METH_O,                                      \
+                      #method "($self, other, /)\n--\n\n" doc " other: an NDArray or a number."},)
+    ND_EWISE_BINARY_OPS(NDARRAY_BINARY_METHOD, )
+#undef NDARRAY_BINARY_METHOD
     /* clang-format on */
-    {"maximum", ndarray_maximum, METH_O,
-     "maximum($self, other, /)\n--\n\nElementwise maximum with an NDArray or a number."},
-    {"minimum", ndarray_minimum, METH_O,
-     "minimum($self, other, /)\n--\n\nElementwise minimum with an NDArray or a number."},
     {"matmul", ndarray_matmul, METH_O,
      "matmul($self, other, /)\n--\n\nself @ other (NumPy rules)."},
     {"sum", (PyCFunction)(void (*)(void))ndarray_sum, METH_FASTCALL | METH_KEYWORDS,

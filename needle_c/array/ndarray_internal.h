@@ -56,8 +56,11 @@ PyObject *ndarray_matmul_slot(PyObject *a, PyObject *b);
     PyObject *ndarray_unary_##name(PyObject *op, PyObject *ignored);
 ND_EWISE_UNARY_OPS(NDARRAY_UNARY_DECL, )
 #undef NDARRAY_UNARY_DECL
-PyObject *ndarray_maximum(PyObject *a, PyObject *b);
-PyObject *ndarray_minimum(PyObject *a, PyObject *b);
+/* One method per binary row of the catalogue that names one: a.<method>(other). */
+#define NDARRAY_BINARY_DECL(A, id, name, Ewise, ewise_fn, Scalar, scalar_fn, method, doc, formula) \
+    ND_EW_IF(method, PyObject *ndarray_binary_##name(PyObject *a, PyObject *b);)
+ND_EWISE_BINARY_OPS(NDARRAY_BINARY_DECL, )
+#undef NDARRAY_BINARY_DECL
 PyObject *ndarray_matmul(PyObject *a, PyObject *b);
 PyObject *ndarray_sum(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kw);
 PyObject *ndarray_max(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kw);

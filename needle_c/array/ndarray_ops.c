@@ -72,27 +72,25 @@ PyObject *ndarray_absolute(PyObject *a) { return unary(a, ND_ABS); }
 ND_EWISE_UNARY_OPS(UNARY_METHOD, )
 #undef UNARY_METHOD
 
-PyObject *ndarray_maximum(PyObject *a, PyObject *b) {
-    PyObject *r = binary(a, b, ND_MAXIMUM);
+/* A binary row's method: op with an NDArray or a number, a TypeError otherwise. */
+static PyObject *binary_method(PyObject *a, PyObject *b, nd_binary_op op, const char *name) {
+    PyObject *r = binary(a, b, op);
     if (r == Py_NotImplemented) {
         Py_DECREF(r);
-        PyErr_Format(PyExc_TypeError, "maximum: expected an NDArray or a number, got %.100s",
+        PyErr_Format(PyExc_TypeError, "%s: expected an NDArray or a number, got %.100s", name,
                      Py_TYPE(b)->tp_name);
         return NULL;
     }
     return r;
 }
 
-PyObject *ndarray_minimum(PyObject *a, PyObject *b) {
-    PyObject *r = binary(a, b, ND_MINIMUM);
-    if (r == Py_NotImplemented) {
-        Py_DECREF(r);
-        PyErr_Format(PyExc_TypeError, "minimum: expected an NDArray or a number, got %.100s",
-                     Py_TYPE(b)->tp_name);
-        return NULL;
-    }
-    return r;
-}
+#define BINARY_METHOD(A, id, name, Ewise, ewise_fn, Scalar, scalar_fn, method, doc, formula) \
+    ND_EW_IF(                                                                                \
+        method, PyObject *ndarray_binary_##name(PyObject *a, PyObject *b) {                  \
+            return binary_method(a, b, ND_##id, #method);                                    \
+        })
+ND_EWISE_BINARY_OPS(BINARY_METHOD, )
+#undef BINARY_METHOD
 
 PyObject *ndarray_matmul_slot(PyObject *a, PyObject *b) {
     if (!IS_NDARRAY(a) || !IS_NDARRAY(b)) Py_RETURN_NOTIMPLEMENTED;

@@ -651,6 +651,7 @@ int autograd_module_init(PyObject *module, needle_state *st) {
     st->autograd->mode = GRAPH_CYCLE_FREE;
     ops_basic_register(op_impls);
     ops_unary_register(op_impls);
+    ops_binary_register(op_impls);
     ops_select_register(op_impls);
     ops_nn_register(op_impls);
     ops_fused_register(op_impls);
@@ -661,7 +662,7 @@ int autograd_module_init(PyObject *module, needle_state *st) {
             return -1;
         }
     if (tensor_types_init(module, st) < 0 || op_types_init(module, st) < 0 ||
-        ops_unary_export(module) < 0)
+        ops_unary_export(module) < 0 || ops_binary_export(module) < 0)
         return -1;
     if (PyModule_AddFunctions(module, alloc_site_functions) < 0 ||
         PyModule_AddFunctions(module, gc_visibility_functions) < 0)

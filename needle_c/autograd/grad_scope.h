@@ -12,7 +12,7 @@
  * gradient reads like the course's formula with no NULL checks:
  *
  *     // (g / b, -g * a / b**2)
- *     PyObject *b2 = g_scalar(s, OP_POWER_SCALAR, b, 2.0);
+ *     PyObject *b2 = g_scalar(s, OP_POW_SCALAR, b, 2.0);
  *     return grads2(s, unbroadcast(s, g_div(s, g, b), a),
  *                   unbroadcast(s, g_neg(s, g_div(s, g_mul(s, g, a), b2)), b));
  *

@@ -1,10 +1,8 @@
-/* ops_basic.c: compute (NDArrays) and gradient (Tensors) of the binary
- * elementwise, shape, reduction, matmul, indexing and tuple ops, with the
- * course's gradient formulas (so "needle" mode builds the course's graphs).
- * The unary ops are the catalogue's (ops_unary.c).
+/* ops_basic.c: compute (NDArrays) and gradient (Tensors) of the shape,
+ * reduction, matmul, indexing, tuple and cast ops, with the course's
+ * gradient formulas (so "needle" mode builds the course's graphs). The
+ * elementwise ops are the catalogue's (ops_unary.c, ops_binary.c).
  *
- * Elementwise ops broadcast like NumPy; their gradients sum back to each
- * input's shape (unbroadcast), which is a no-op for the course's equal shapes.
  * In a cycle_free backward, the ops a step uses skip the partials of inputs
  * that nothing differentiates (g_wanted): a dropout mask, a constant mask, a
  * matmul's data operand.
@@ -15,100 +13,6 @@
 #define UNUSED(x) (void)(x)
 
 static const op_params no_params;
-
-/* ----------------------------------------------------------- ewise */
-
-#define EWISE_COMPUTE(name, op)                                                               \
-    static PyObject *name##_compute(needle_state *st, const op_params *p, PyObject *const *a, \
-                                    Py_ssize_t n) {                                           \
-        UNUSED(p);                                                                            \
-        UNUSED(n);                                                                            \
-        return array_binary(st, op, a[0], a[1]);                                              \
-    }
-#define SCALAR_COMPUTE(name, op)                                                              \
-    static PyObject *name##_compute(needle_state *st, const op_params *p, PyObject *const *a, \
-                                    Py_ssize_t n) {                                           \
-        UNUSED(n);                                                                            \
-        return array_binary_scalar(st, op, a[0], p->scalar, 0);                               \
-    }
-
-EWISE_COMPUTE(add, ND_ADD)
-EWISE_COMPUTE(mul, ND_MUL)
-EWISE_COMPUTE(div, ND_DIV)
-EWISE_COMPUTE(pow, ND_POW)
-SCALAR_COMPUTE(add_scalar, ND_ADD)
-SCALAR_COMPUTE(mul_scalar, ND_MUL)
-SCALAR_COMPUTE(div_scalar, ND_DIV)
-SCALAR_COMPUTE(power_scalar, ND_POW)
-
-static PyObject *add_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
-    UNUSED(p);
-    UNUSED(node);
-    /* (g, g), each summed back to its input's shape */
-    return grads2(s, g_wanted(s, 0) ? unbroadcast(s, g, g_input(s, 0)) : g_unwanted(),
-                  g_wanted(s, 1) ? unbroadcast(s, g, g_input(s, 1)) : g_unwanted());
-}
-
-static PyObject *mul_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
-    UNUSED(p);
-    UNUSED(node);
-    PyObject *a = g_input(s, 0), *b = g_input(s, 1);
-    /* (g * b, g * a) */
-    return grads2(s, g_wanted(s, 0) ? unbroadcast(s, g_mul(s, g, b), a) : g_unwanted(),
-                  g_wanted(s, 1) ? unbroadcast(s, g_mul(s, g, a), b) : g_unwanted());
-}
-
-static PyObject *div_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
-    UNUSED(p);
-    UNUSED(node);
-    PyObject *a = g_input(s, 0), *b = g_input(s, 1);
-    /* (g / b, -g * a / b**2) */
-    PyObject *ga = g_wanted(s, 0) ? unbroadcast(s, g_div(s, g, b), a) : g_unwanted();
-    PyObject *gb =
-        g_wanted(s, 1)
-            ? unbroadcast(
-                  s, g_neg(s, g_div(s, g_mul(s, g, a), g_scalar(s, OP_POWER_SCALAR, b, 2.0))), b)
-            : g_unwanted();
-    return grads2(s, ga, gb);
-}
-
-static PyObject *pow_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
-    UNUSED(p);
-    PyObject *a = g_input(s, 0), *b = g_input(s, 1);
-    /* (g * b * a**(b-1), g * log(a) * a**b), a**b being the node itself */
-    PyObject *pw = g_apply2(s, OP_EWISE_POW, &no_params, a, g_scalar(s, OP_ADD_SCALAR, b, -1.0));
-    PyObject *ga = unbroadcast(s, g_mul(s, g_mul(s, g, b), pw), a);
-    PyObject *gb = unbroadcast(s, g_mul(s, g_mul(s, g, g_unary(s, OP_LOG, a)), node), b);
-    return grads2(s, ga, gb);
-}
-
-static PyObject *identity_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
-    UNUSED(p);
-    UNUSED(node);
-    return grads1(s, g);
-}
-
-static PyObject *mul_scalar_gradient(grad_scope *s, const op_params *p, PyObject *g,
-                                     PyObject *node) {
-    UNUSED(node);
-    return grads1(s, g_scalar(s, OP_MUL_SCALAR, g, p->scalar)); /* g * c */
-}
-
-static PyObject *div_scalar_gradient(grad_scope *s, const op_params *p, PyObject *g,
-                                     PyObject *node) {
-    UNUSED(node);
-    return grads1(s, g_scalar(s, OP_DIV_SCALAR, g, p->scalar)); /* g / c */
-}
-
-static PyObject *power_scalar_gradient(grad_scope *s, const op_params *p, PyObject *g,
-                                       PyObject *node) {
-    UNUSED(node);
-    /* g * (c * x**(c-1)) */
-    PyObject *x = g_input(s, 0);
-    return grads1(s, g_mul(s, g,
-                           g_scalar(s, OP_MUL_SCALAR,
-                                    g_scalar(s, OP_POWER_SCALAR, x, p->scalar - 1.0), p->scalar)));
-}
 
 /* ----------------------------------------------------------- shapes */
 
@@ -615,14 +519,6 @@ static PyObject *cast_gradient(grad_scope *s, const op_params *p, PyObject *g, P
 }
 
 void ops_basic_register(op_impl *t) {
-    t[OP_EWISE_ADD] = (op_impl){add_compute, add_gradient};
-    t[OP_ADD_SCALAR] = (op_impl){add_scalar_compute, identity_gradient};
-    t[OP_EWISE_MUL] = (op_impl){mul_compute, mul_gradient};
-    t[OP_MUL_SCALAR] = (op_impl){mul_scalar_compute, mul_scalar_gradient};
-    t[OP_EWISE_POW] = (op_impl){pow_compute, pow_gradient};
-    t[OP_POWER_SCALAR] = (op_impl){power_scalar_compute, power_scalar_gradient};
-    t[OP_EWISE_DIV] = (op_impl){div_compute, div_gradient};
-    t[OP_DIV_SCALAR] = (op_impl){div_scalar_compute, div_scalar_gradient};
     t[OP_TRANSPOSE] = (op_impl){transpose_compute, transpose_gradient};
     t[OP_RESHAPE] = (op_impl){reshape_compute, reshape_gradient};
     t[OP_BROADCAST_TO] = (op_impl){broadcast_compute, broadcast_gradient};

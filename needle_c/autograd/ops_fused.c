@@ -150,8 +150,8 @@ static PyObject *layer_norm_grad_gradient(grad_scope *s, const op_params *p, PyO
     if (g_shape(s, x, &ndim, shape) < 0 || g_shape(s, w, &wnd, wshape) < 0) return NULL;
     uint32_t last = 1u << (ndim - 1), leading = last - 1u;
     PyObject *centred = g_sub(s, x, row_mean(s, x, ndim, shape));
-    PyObject *var = row_mean(s, g_scalar(s, OP_POWER_SCALAR, centred, 2.0), ndim, shape);
-    PyObject *std = g_scalar(s, OP_POWER_SCALAR, g_scalar(s, OP_ADD_SCALAR, var, p->scalar), 0.5);
+    PyObject *var = row_mean(s, g_scalar(s, OP_POW_SCALAR, centred, 2.0), ndim, shape);
+    PyObject *std = g_scalar(s, OP_POW_SCALAR, g_scalar(s, OP_ADD_SCALAR, var, p->scalar), 0.5);
     PyObject *xhat = g_div(s, centred, std);
     if (p->scalar2 == LN_PART_W) {
         PyObject *dx =

@@ -1,12 +1,8 @@
-/* ops_select.c: the ops that choose between values: maximum and minimum (of
- * two Tensors, or of a Tensor and a scalar), clamp and where, with PyTorch's
- * semantics and gradients.
+/* ops_select.c: the ops that choose between values: clamp and where, with
+ * PyTorch's semantics and gradients (maximum and minimum are rows of the
+ * catalogue: ops_binary.c).
  *
- * maximum/minimum propagate NaN and return the first operand at a tie (so
- * maximum(-0, 0) is -0, as PyTorch's); their gradient splits a tie evenly
- * and passes g to both sides where either is NaN (PyTorch's masks: the
- * first operand's weight is 1, 0 where it lost, 1/2 at a tie). clamp's
- * gradient passes g where min <= x <= max, 0 elsewhere and at NaN. where's
+ * clamp is minimum(maximum(x, min), max); its gradient passes g where min <= x <= max, 0 elsewhere and at NaN. where's
  * gradients are where(c, g, 0) and where(c, 0, g); the condition has none.
  * The masks are constants of the graph, as relu's is.
  */
@@ -18,24 +14,6 @@
 static const op_params no_params;
 
 /* --------------------------------------------------- array building */
-
-/* The weight 1 - (x `lose` y) - (x == y) / 2 of maximum/minimum's gradient;
- * y is an NDArray, or NULL for the scalar ys. A new reference. */
-static PyObject *tie_weights(needle_state *st, PyObject *x, PyObject *y, double ys,
-                             nd_binary_op lose) {
-    PyObject *lost = y ? array_binary(st, lose, x, y) : array_binary_scalar(st, lose, x, ys, 0);
-    PyObject *tie =
-        lost ? (y ? array_binary(st, ND_EQ, x, y) : array_binary_scalar(st, ND_EQ, x, ys, 0))
-             : NULL;
-    PyObject *half = tie ? array_binary_scalar(st, ND_MUL, tie, 0.5, 0) : NULL;
-    PyObject *won = half ? array_binary_scalar(st, ND_SUB, lost, 1.0, 1) : NULL;
-    PyObject *w = won ? array_binary(st, ND_SUB, won, half) : NULL;
-    Py_XDECREF(lost);
-    Py_XDECREF(tie);
-    Py_XDECREF(half);
-    Py_XDECREF(won);
-    return w;
-}
 
 /* where(c, x, y) on arrays: m = (c != 0) in the result's dtype, then
  * pick(x, m) + pick(y, m == 0), pick giving -0 where not chosen, which the
@@ -61,32 +39,6 @@ static PyObject *where_arrays(needle_state *st, PyObject *c, PyObject *x, PyObje
 }
 
 /* ------------------------------------------------------------ compute */
-
-static PyObject *maximum_compute(needle_state *st, const op_params *p, PyObject *const *a,
-                                 Py_ssize_t n) {
-    UNUSED(p);
-    UNUSED(n);
-    return array_binary(st, ND_MAXIMUM, a[0], a[1]);
-}
-
-static PyObject *minimum_compute(needle_state *st, const op_params *p, PyObject *const *a,
-                                 Py_ssize_t n) {
-    UNUSED(p);
-    UNUSED(n);
-    return array_binary(st, ND_MINIMUM, a[0], a[1]);
-}
-
-static PyObject *maximum_scalar_compute(needle_state *st, const op_params *p, PyObject *const *a,
-                                        Py_ssize_t n) {
-    UNUSED(n);
-    return array_binary_scalar(st, ND_MAXIMUM, a[0], p->scalar, 0);
-}
-
-static PyObject *minimum_scalar_compute(needle_state *st, const op_params *p, PyObject *const *a,
-                                        Py_ssize_t n) {
-    UNUSED(n);
-    return array_binary_scalar(st, ND_MINIMUM, a[0], p->scalar, 0);
-}
 
 /* Clamp(min, max): minimum(maximum(x, min), max), so min > max gives max
  * everywhere, as PyTorch's; an absent bound is -inf / inf. */
@@ -122,49 +74,6 @@ static PyObject *where_compute(needle_state *st, const op_params *p, PyObject *c
 /* g * w (w an array the scope takes over) summed back to like's shape. */
 static PyObject *weighted(grad_scope *s, PyObject *g, PyObject *w, PyObject *like) {
     return unbroadcast(s, g_mul(s, g, g_const(s, scope_keep(s, w))), like);
-}
-
-static PyObject *minmax_gradient(grad_scope *s, PyObject *g, nd_binary_op a_loses,
-                                 nd_binary_op b_loses) {
-    PyObject *a = g_input(s, 0), *b = g_input(s, 1);
-    PyObject *x = g_data(s, a), *y = g_data(s, b);
-    if (x == NULL || y == NULL) return NULL;
-    PyObject *ga =
-        g_wanted(s, 0) ? weighted(s, g, tie_weights(s->st, x, y, 0.0, a_loses), a) : g_unwanted();
-    PyObject *gb =
-        g_wanted(s, 1) ? weighted(s, g, tie_weights(s->st, y, x, 0.0, b_loses), b) : g_unwanted();
-    return grads2(s, ga, gb);
-}
-
-static PyObject *maximum_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
-    UNUSED(p);
-    UNUSED(node);
-    return minmax_gradient(s, g, ND_LT, ND_LT);
-}
-
-static PyObject *minimum_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
-    UNUSED(p);
-    UNUSED(node);
-    return minmax_gradient(s, g, ND_GT, ND_GT);
-}
-
-static PyObject *minmax_scalar_gradient(grad_scope *s, const op_params *p, PyObject *g,
-                                        nd_binary_op loses) {
-    PyObject *x = g_data(s, g_input(s, 0));
-    if (x == NULL) return NULL;
-    return grads1(s, weighted(s, g, tie_weights(s->st, x, NULL, p->scalar, loses), g_input(s, 0)));
-}
-
-static PyObject *maximum_scalar_gradient(grad_scope *s, const op_params *p, PyObject *g,
-                                         PyObject *node) {
-    UNUSED(node);
-    return minmax_scalar_gradient(s, p, g, ND_LT);
-}
-
-static PyObject *minimum_scalar_gradient(grad_scope *s, const op_params *p, PyObject *g,
-                                         PyObject *node) {
-    UNUSED(node);
-    return minmax_scalar_gradient(s, p, g, ND_GT);
 }
 
 static PyObject *clamp_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
@@ -228,10 +137,6 @@ static PyObject *where_gradient(grad_scope *s, const op_params *p, PyObject *g, 
 }
 
 void ops_select_register(op_impl *t) {
-    t[OP_MAXIMUM] = (op_impl){maximum_compute, maximum_gradient};
-    t[OP_MINIMUM] = (op_impl){minimum_compute, minimum_gradient};
-    t[OP_MAXIMUM_SCALAR] = (op_impl){maximum_scalar_compute, maximum_scalar_gradient};
-    t[OP_MINIMUM_SCALAR] = (op_impl){minimum_scalar_compute, minimum_scalar_gradient};
     t[OP_CLAMP] = (op_impl){clamp_compute, clamp_gradient};
     t[OP_CLAMP_TENSOR] = (op_impl){clamp_tensor_compute, clamp_tensor_gradient};
     t[OP_WHERE] = (op_impl){where_compute, where_gradient};

@@ -38,8 +38,8 @@ static PyObject *exp_gradient(grad_scope *s, PyObject *g, PyObject *node) {
 
 static PyObject *tanh_gradient(grad_scope *s, PyObject *g, PyObject *node) {
     /* g * (1 - out**2), reading the node itself as the course does */
-    return g_mul(
-        s, g, g_scalar(s, OP_ADD_SCALAR, g_neg(s, g_scalar(s, OP_POWER_SCALAR, node, 2.0)), 1.0));
+    return g_mul(s, g,
+                 g_scalar(s, OP_ADD_SCALAR, g_neg(s, g_scalar(s, OP_POW_SCALAR, node, 2.0)), 1.0));
 }
 
 static PyObject *sqrt_gradient(grad_scope *s, PyObject *g, PyObject *node) {
@@ -90,7 +90,7 @@ static PyObject *erf_gradient(grad_scope *s, PyObject *g, PyObject *node) {
     UNUSED(node);
     /* g * 2/sqrt(pi) * exp(-x**2) */
     PyObject *x = widened(s, g_input(s, 0));
-    PyObject *e = g_unary(s, OP_EXP, g_neg(s, g_scalar(s, OP_POWER_SCALAR, x, 2.0)));
+    PyObject *e = g_unary(s, OP_EXP, g_neg(s, g_scalar(s, OP_POW_SCALAR, x, 2.0)));
     return narrow_result(s, g, g_scalar(s, OP_MUL_SCALAR, e, TWO_OVER_SQRT_PI));
 }
 
@@ -105,7 +105,7 @@ static PyObject *gelu_gradient(grad_scope *s, PyObject *g, PyObject *node) {
                  0.5);
     PyObject *pdf = g_scalar(
         s, OP_MUL_SCALAR,
-        g_unary(s, OP_EXP, g_scalar(s, OP_MUL_SCALAR, g_scalar(s, OP_POWER_SCALAR, x, 2.0), -0.5)),
+        g_unary(s, OP_EXP, g_scalar(s, OP_MUL_SCALAR, g_scalar(s, OP_POW_SCALAR, x, 2.0), -0.5)),
         INV_SQRT_2PI);
     return narrow_result(s, g, g_add(s, cdf, g_mul(s, x, pdf)));
 }
@@ -114,14 +114,13 @@ static PyObject *gelu_tanh_gradient(grad_scope *s, PyObject *g, PyObject *node) 
     UNUSED(node);
     /* PyTorch's: t = tanh(beta * (x + kappa x**3));
      * g * (0.5 (1 + t) + 0.5 x (1 - t**2) beta (1 + 3 kappa x**2)) */
-    PyObject *x = widened(s, g_input(s, 0)), *x2 = g_scalar(s, OP_POWER_SCALAR, x, 2.0);
+    PyObject *x = widened(s, g_input(s, 0)), *x2 = g_scalar(s, OP_POW_SCALAR, x, 2.0);
     PyObject *inner =
         g_scalar(s, OP_MUL_SCALAR,
                  g_add(s, x, g_scalar(s, OP_MUL_SCALAR, g_mul(s, x2, x), GELU_KAPPA)), GELU_BETA);
     PyObject *t = g_unary(s, OP_TANH, inner);
     PyObject *left = g_scalar(s, OP_MUL_SCALAR, g_scalar(s, OP_ADD_SCALAR, t, 1.0), 0.5);
-    PyObject *sech2 =
-        g_scalar(s, OP_ADD_SCALAR, g_neg(s, g_scalar(s, OP_POWER_SCALAR, t, 2.0)), 1.0);
+    PyObject *sech2 = g_scalar(s, OP_ADD_SCALAR, g_neg(s, g_scalar(s, OP_POW_SCALAR, t, 2.0)), 1.0);
     PyObject *slope = g_scalar(
         s, OP_ADD_SCALAR, g_scalar(s, OP_MUL_SCALAR, x2, 3.0 * GELU_KAPPA * GELU_BETA), GELU_BETA);
     PyObject *right = g_mul(s, g_mul(s, g_scalar(s, OP_MUL_SCALAR, x, 0.5), sech2), slope);

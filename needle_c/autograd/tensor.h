@@ -22,19 +22,18 @@ typedef enum op_input_kind {
 #define ARITY_ANY (-1)
 
 /* The built-in ops: X(kind, class name, constructor signature, arity, input
- * kind, tuple output). The unary ones are the engine's catalogue
- * (ewise_ops.h), one row each: kind OP_<id>, class name Class. */
+ * kind, tuple output). The elementwise ones are the engine's catalogue
+ * (ewise_ops.h): a unary row is kind OP_<id> of class Class; a binary row
+ * is kind OP_EWISE_<id> of class Ewise (two Tensors) and kind
+ * OP_<id>_SCALAR of class Scalar (a Tensor and a scalar), where it names
+ * them. */
 #define NEEDLE_UNARY_OP(X, id, name, Class, doc, formula) \
     X(OP_##id, #Class, SIG_NONE, 1, IN_ARRAYS, 0)
+#define NEEDLE_BINARY_OP(X, id, name, Ewise, ewise_fn, Scalar, scalar_fn, method, doc, formula) \
+    ND_EW_IF(Ewise, X(OP_EWISE_##id, #Ewise, SIG_NONE, 2, IN_ARRAYS, 0))                        \
+    ND_EW_IF(Scalar, X(OP_##id##_SCALAR, #Scalar, SIG_SCALAR, 1, IN_ARRAYS, 0))
 #define NEEDLE_OPS(X)                                                             \
-    X(OP_EWISE_ADD, "EWiseAdd", SIG_NONE, 2, IN_ARRAYS, 0)                        \
-    X(OP_ADD_SCALAR, "AddScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                    \
-    X(OP_EWISE_MUL, "EWiseMul", SIG_NONE, 2, IN_ARRAYS, 0)                        \
-    X(OP_MUL_SCALAR, "MulScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                    \
-    X(OP_EWISE_POW, "EWisePow", SIG_NONE, 2, IN_ARRAYS, 0)                        \
-    X(OP_POWER_SCALAR, "PowerScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                \
-    X(OP_EWISE_DIV, "EWiseDiv", SIG_NONE, 2, IN_ARRAYS, 0)                        \
-    X(OP_DIV_SCALAR, "DivScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)                    \
+    ND_EWISE_BINARY_OPS(NEEDLE_BINARY_OP, X)                                      \
     X(OP_TRANSPOSE, "Transpose", SIG_AXES_OPT, 1, IN_ARRAYS, 0)                   \
     X(OP_RESHAPE, "Reshape", SIG_SHAPE, 1, IN_ARRAYS, 0)                          \
     X(OP_BROADCAST_TO, "BroadcastTo", SIG_SHAPE, 1, IN_ARRAYS, 0)                 \
@@ -67,10 +66,6 @@ typedef enum op_input_kind {
     X(OP_LAYER_NORM_GRAD, "LayerNormGrad", SIG_TWO_SCALARS, 3, IN_ARRAYS, 0)      \
     X(OP_ATTN_SOFTMAX_GRAD, "AttentionSoftmaxGrad", SIG_SCALAR, 2, IN_ARRAYS, 0)  \
     X(OP_CAST, "Cast", SIG_DTYPE, 1, IN_ARRAYS, 0)                                \
-    X(OP_MAXIMUM, "Maximum", SIG_NONE, 2, IN_ARRAYS, 0)                           \
-    X(OP_MINIMUM, "Minimum", SIG_NONE, 2, IN_ARRAYS, 0)                           \
-    X(OP_MAXIMUM_SCALAR, "MaximumScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)            \
-    X(OP_MINIMUM_SCALAR, "MinimumScalar", SIG_SCALAR, 1, IN_ARRAYS, 0)            \
     X(OP_CLAMP, "Clamp", SIG_TWO_SCALARS, 1, IN_ARRAYS, 0)                        \
     X(OP_CLAMP_TENSOR, "ClampTensor", SIG_NONE, 3, IN_ARRAYS, 0)                  \
     X(OP_WHERE, "Where", SIG_NONE, 3, IN_ARRAYS, 0)
@@ -319,12 +314,16 @@ typedef struct op_impl {
 /* Filled at start-up by each ops_*.c file's register function. */
 extern op_impl op_impls[OP_KIND_COUNT];
 void ops_basic_register(op_impl *table);
-/* ops_unary.c: the catalogue's unary ops; ops_select.c: maximum, minimum,
- * clamp, where. */
+/* ops_unary.c, ops_binary.c: the catalogue's unary and binary ops;
+ * ops_select.c: clamp, where. */
 void ops_unary_register(op_impl *table);
-/* needle_c.UNARY_OPS: the catalogue's rows as (name, class name, doc), from
- * which needle.ops makes its functions. */
+void ops_binary_register(op_impl *table);
+/* needle_c.UNARY_OPS: the catalogue's unary rows as (name, class name,
+ * doc); needle_c.BINARY_OPS: its binary rows as (name, Ewise, ewise_fn,
+ * Scalar, scalar_fn, method, doc), None for a _; from which needle.ops
+ * makes its classes and functions. */
 int ops_unary_export(PyObject *module);
+int ops_binary_export(PyObject *module);
 void ops_select_register(op_impl *table);
 void ops_nn_register(op_impl *table);
 /* ops_lstm.c; called by ops_nn_register. */
@@ -359,8 +358,12 @@ PyObject *tensor_matmul_method(PyObject *a, PyObject *b);
 ND_EWISE_UNARY_OPS(NEEDLE_TENSOR_UNARY_DECL, )
 #undef NEEDLE_TENSOR_UNARY_DECL
 PyObject *tensor_abs_slot(PyObject *a);
-PyObject *tensor_maximum(PyObject *self, PyObject *other);
-PyObject *tensor_minimum(PyObject *self, PyObject *other);
+/* One method per binary row of the catalogue that names one: t.<method>(other). */
+#define NEEDLE_TENSOR_BINARY_DECL(A, id, name, Ewise, ewise_fn, Scalar, scalar_fn, method, doc, \
+                                  formula)                                                      \
+    ND_EW_IF(method, PyObject *tensor_binary_##name(PyObject *self, PyObject *other);)
+ND_EWISE_BINARY_OPS(NEEDLE_TENSOR_BINARY_DECL, )
+#undef NEEDLE_TENSOR_BINARY_DECL
 PyObject *tensor_clamp(PyObject *self, PyObject *args, PyObject *kwargs);
 PyObject *tensor_astype(PyObject *self, PyObject *dtype);
 Py_ssize_t tuple_length(PyObject *self);

@@ -98,7 +98,7 @@ static PyObject *div_scalar(needle_state *st, PyObject *t, double s, int left) {
         return apply1(st, OP_DIV_SCALAR, &p, t);
     }
     op_params inv = scalar_params(-1.0);
-    PyObject *r = apply1(st, OP_POWER_SCALAR, &inv, t);
+    PyObject *r = apply1(st, OP_POW_SCALAR, &inv, t);
     if (r == NULL) return NULL;
     op_params p = scalar_params(s);
     Py_SETREF(r, apply1(st, OP_MUL_SCALAR, &p, r));
@@ -110,7 +110,7 @@ static PyObject *pow_pair(needle_state *st, PyObject *a, PyObject *b) {
 static PyObject *pow_scalar(needle_state *st, PyObject *t, double s, int left) {
     if (!left) {
         op_params p = scalar_params(s);
-        return apply1(st, OP_POWER_SCALAR, &p, t);
+        return apply1(st, OP_POW_SCALAR, &p, t);
     }
     /* s ** t as EWisePow(full(s), t): exp(t * log s) would be NaN for
      * s <= 0 (0 ** 0 is 1, (-2) ** 2 is 4, as in NumPy) */
@@ -250,10 +250,10 @@ ND_EWISE_UNARY_OPS(TENSOR_UNARY, )
 
 PyObject *tensor_abs_slot(PyObject *a) { return tensor_unary_abs(a, NULL); }
 
-/* maximum/minimum with a Tensor (Maximum, Minimum) or a number
- * (MaximumScalar, MinimumScalar: the number at the Tensor's dtype). */
-static PyObject *minmax(PyObject *self, PyObject *other, op_kind pair, op_kind scalar,
-                        const char *name) {
+/* A binary row's method (maximum, minimum): its Ewise op with a Tensor or
+ * its Scalar op with a number (the number at the Tensor's dtype). */
+static PyObject *binary_method(PyObject *self, PyObject *other, op_kind pair, op_kind scalar,
+                               const char *name) {
     needle_state *st = state_of_value(self);
     if (st == NULL) return NULL;
     if (is_tensor(st, other)) return apply2(st, pair, &no_params, self, other);
@@ -269,13 +269,13 @@ static PyObject *minmax(PyObject *self, PyObject *other, op_kind pair, op_kind s
     return apply1(st, scalar, &p, self);
 }
 
-PyObject *tensor_maximum(PyObject *self, PyObject *other) {
-    return minmax(self, other, OP_MAXIMUM, OP_MAXIMUM_SCALAR, "maximum");
-}
-
-PyObject *tensor_minimum(PyObject *self, PyObject *other) {
-    return minmax(self, other, OP_MINIMUM, OP_MINIMUM_SCALAR, "minimum");
-}
+#define TENSOR_BINARY(A, id, name, Ewise, ewise_fn, Scalar, scalar_fn, method, doc, formula) \
+    ND_EW_IF(                                                                                \
+        method, PyObject *tensor_binary_##name(PyObject *self, PyObject *other) {            \
+            return binary_method(self, other, OP_EWISE_##id, OP_##id##_SCALAR, #method);     \
+        })
+ND_EWISE_BINARY_OPS(TENSOR_BINARY, )
+#undef TENSOR_BINARY
 
 /* A clamp bound: None is -inf (min) or inf (max); 1 when given. */
 static int clamp_bound(PyObject *obj, double absent, double *out, const char *which) {

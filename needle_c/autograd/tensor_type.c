@@ -497,13 +497,14 @@ static PyMethodDef tensor_methods[] = {
     {#name, tensor_unary_##name, METH_NOARGS, #name "($self, /)\n--\n\n" doc " (" #Class ")"},
     ND_EWISE_UNARY_OPS(TENSOR_UNARY_METHOD, )
 #undef TENSOR_UNARY_METHOD
+/* One method per binary row that names one (maximum, minimum). */
+#define TENSOR_BINARY_METHOD(A, id, name, Ewise, ewise_fn, Scalar, scalar_fn, method, doc, formula) \
+    ND_EW_IF(method, {#method, tensor_binary_##name, METH_O,                                      \
+                      #method "($self, other, /)\n--\n\n" doc " other: a Tensor (" #Ewise        \
+                      ") or a number (" #Scalar ")."},)
+    ND_EWISE_BINARY_OPS(TENSOR_BINARY_METHOD, )
+#undef TENSOR_BINARY_METHOD
     /* clang-format on */
-    {"maximum", tensor_maximum, METH_O,
-     "maximum($self, other, /)\n--\n\nElementwise maximum with a Tensor or a number (NaN "
-     "propagates; a tie's gradient is split evenly)."},
-    {"minimum", tensor_minimum, METH_O,
-     "minimum($self, other, /)\n--\n\nElementwise minimum with a Tensor or a number; see "
-     "maximum."},
     {"clamp", (PyCFunction)(void (*)(void))tensor_clamp, METH_VARARGS | METH_KEYWORDS,
      "clamp($self, /, min=None, max=None)\n--\n\nx limited to [min, max] (numbers; either may "
      "be None); the gradient passes where min <= x <= max."},

@@ -1,10 +1,13 @@
 """Elementwise, shape, reduction, matmul, indexing and convolution ops.
 
 The op classes are implemented in C (compute and gradient); the lowercase
-functions are the course's thin wrappers ``fn(...) = Op(...)(...)``. The unary
-elementwise ones (exp, log, tanh, sigmoid, relu, abs, erf, gelu...) are made
-below from the engine's catalogue, ``needle_c.UNARY_OPS`` (csrc/ewise_ops.h):
-one row there gives the class, the function, and the NDArray and Tensor methods.
+functions are the course's thin wrappers ``fn(...) = Op(...)(...)``. The
+elementwise ones are made below from the engine's catalogue (csrc/ewise_ops.h):
+a row of ``needle_c.UNARY_OPS`` (exp, log, tanh, sigmoid, relu, abs, erf,
+gelu...) gives the class, the function, and the NDArray and Tensor methods; a
+row of ``needle_c.BINARY_OPS`` the course's EWise and Scalar classes (EWiseAdd,
+AddScalar, ...) with their functions (add, add_scalar, ...), and maximum and
+minimum their classes, functions and methods.
 """
 
 import numbers
@@ -13,7 +16,6 @@ import numpy
 
 import needle_c as _c
 from needle_c import (  # noqa: F401
-    AddScalar,
     AttentionSoftmax,
     BroadcastTo,
     Cast,
@@ -21,11 +23,6 @@ from needle_c import (  # noqa: F401
     ClampTensor,
     Conv,
     Dilate,
-    DivScalar,
-    EWiseAdd,
-    EWiseDiv,
-    EWiseMul,
-    EWisePow,
     Flip,
     GatherRows,
     GetItem,
@@ -33,12 +30,6 @@ from needle_c import (  # noqa: F401
     MatMul,
     MatMulBias,
     Max,
-    Maximum,
-    MaximumScalar,
-    Minimum,
-    MinimumScalar,
-    MulScalar,
-    PowerScalar,
     Reshape,
     ScatterAddRows,
     ScatterSlice,
@@ -55,38 +46,6 @@ from ..autograd import Tensor, TensorOp, TensorTupleOp  # noqa: F401
 from ..backend_ndarray import NDArray  # noqa: F401
 
 BACKEND = "nd"
-
-
-def add(a, b):
-    return EWiseAdd()(a, b)
-
-
-def add_scalar(a, scalar):
-    return AddScalar(scalar)(a)
-
-
-def multiply(a, b):
-    return EWiseMul()(a, b)
-
-
-def mul_scalar(a, scalar):
-    return MulScalar(scalar)(a)
-
-
-def power(a, b):
-    return EWisePow()(a, b)
-
-
-def power_scalar(a, scalar):
-    return PowerScalar(scalar)(a)
-
-
-def divide(a, b):
-    return EWiseDiv()(a, b)
-
-
-def divide_scalar(a, scalar):
-    return DivScalar(scalar)(a)
 
 
 def transpose(a, axes=None):
@@ -162,16 +121,6 @@ del _name, _class_name, _doc
 
 negate = neg  # noqa: F821 - the course's name for the catalogue's neg
 
-_GELU_FORMS = {"none": "gelu", "tanh": "gelu_tanh"}
-
-
-def gelu(a, approximate="none"):
-    """x * Phi(x), Phi the standard normal CDF (the exact erf form), or with
-    ``approximate="tanh"`` PyTorch's tanh approximation. A Tensor of a's shape and dtype."""
-    if not isinstance(approximate, str) or approximate not in _GELU_FORMS:
-        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return (GELU if approximate == "none" else GELUTanh)()(a)  # noqa: F821
-
 
 def _is_number(x):
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
@@ -182,25 +131,67 @@ def _check_tensor(name, x, what="input"):
         raise TypeError(f"{name}: {what} must be a Tensor, got {type(x).__name__}")
 
 
-def maximum(a, b):
-    """Elementwise maximum of a Tensor and a Tensor (broadcast) or a number, as
-    torch.maximum: NaN propagates, a tie's gradient is split evenly between the two."""
-    _check_tensor("maximum", a)
-    if isinstance(b, Tensor):
-        return Maximum()(a, b)
-    if _is_number(b):
-        return MaximumScalar(b)(a)
-    raise TypeError(f"maximum: expected a Tensor or a number, got {type(b).__name__}")
+def _ewise_function(name, op_class, doc):
+    def ewise(a, b):
+        return op_class()(a, b)
+
+    ewise.__name__ = ewise.__qualname__ = name
+    ewise.__doc__ = f"{doc} Elementwise ({op_class.__name__}), a and b broadcast."
+    return ewise
 
 
-def minimum(a, b):
-    """Elementwise minimum; see maximum."""
-    _check_tensor("minimum", a)
-    if isinstance(b, Tensor):
-        return Minimum()(a, b)
-    if _is_number(b):
-        return MinimumScalar(b)(a)
-    raise TypeError(f"minimum: expected a Tensor or a number, got {type(b).__name__}")
+def _scalar_function(name, op_class, doc):
+    def scalar_op(a, scalar):
+        return op_class(scalar)(a)
+
+    scalar_op.__name__ = scalar_op.__qualname__ = name
+    scalar_op.__doc__ = f"{doc} Elementwise ({op_class.__name__}) with y the number scalar."
+    return scalar_op
+
+
+def _method_function(name, ewise_class, scalar_class, doc):
+    """ndl.ops.<method>(a, b), as Tensor.<method>: b a Tensor (ewise_class) or a number
+    (scalar_class, the number at a's dtype)."""
+
+    def method(a, b):
+        _check_tensor(name, a)
+        if isinstance(b, Tensor):
+            return ewise_class()(a, b)
+        if _is_number(b):
+            return scalar_class(b)(a)
+        raise TypeError(f"{name}: expected a Tensor or a number, got {type(b).__name__}")
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = (
+        f"{doc} b: a Tensor ({ewise_class.__name__}) or a number ({scalar_class.__name__})."
+    )
+    return method
+
+
+# The binary rows (csrc/ewise_ops.h): each names, or leaves None, its op classes, the
+# course's functions of them and a method.
+for _name, _ewise, _ewise_fn, _scalar, _scalar_fn, _method, _doc in _c.BINARY_OPS:
+    for _class_name in (_ewise, _scalar):
+        if _class_name is not None:
+            globals()[_class_name] = getattr(_c, _class_name)
+    if _ewise_fn is not None:
+        globals()[_ewise_fn] = _ewise_function(_ewise_fn, getattr(_c, _ewise), _doc)
+    if _scalar_fn is not None:
+        globals()[_scalar_fn] = _scalar_function(_scalar_fn, getattr(_c, _scalar), _doc)
+    if _method is not None:
+        globals()[_method] = _method_function(
+            _method, getattr(_c, _ewise), getattr(_c, _scalar), _doc
+        )
+del _name, _ewise, _ewise_fn, _scalar, _scalar_fn, _method, _doc, _class_name
+_GELU_FORMS = {"none": "gelu", "tanh": "gelu_tanh"}
+
+
+def gelu(a, approximate="none"):
+    """x * Phi(x), Phi the standard normal CDF (the exact erf form), or with
+    ``approximate="tanh"`` PyTorch's tanh approximation. A Tensor of a's shape and dtype."""
+    if not isinstance(approximate, str) or approximate not in _GELU_FORMS:
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return (GELU if approximate == "none" else GELUTanh)()(a)  # noqa: F821
 
 
 def clamp(a, min=None, max=None):  # noqa: A002 - torch.clamp's names
