@@ -55,12 +55,14 @@
  * OP_<id>_SCALAR of class `Scalar` (of a Tensor and its .scalar) with the
  * function ndl.ops.<scalar_fn>(a, scalar), and the method `method` of
  * NDArray and Tensor with the function ndl.ops.<method>(a, b) (an array or
- * a number), all documented by `doc`. The gradients are the functions
- * <name>_gradient and <name>_scalar_gradient of
- * needle_c/autograd/ops_binary.c. The operators (+, -, <, ...) stay wired
- * by hand: their slots and the course's graphs (a - b is a + (-b)) are not
- * rows. Comparisons have no autograd op (in the course neither); pick is
- * the engine's own.
+ * a number: a row with a method names both classes), all documented by
+ * `doc`. The gradients are the functions <name>_gradient and
+ * <name>_scalar_gradient of needle_c/autograd/ops_binary.c. So a binary op
+ * is added here, with its gradients and its test, and nowhere else, unless
+ * it is an operator: the operators (+, -, <, ...) stay wired by hand, as
+ * their slots and the course's graphs (a - b is a + (-b)) are not rows.
+ * Comparisons have no autograd op (in the course neither); pick is the
+ * engine's own.
  * Comparisons give 1.0 or 0.0; NaN propagates from either side of
  * maximum/minimum, as in NumPy. pick is half of where(c, x, y) = pick(x, c)
  * + pick(y, c == 0): -0 is the one value that leaves every other unchanged
