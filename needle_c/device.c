@@ -12,6 +12,8 @@
  */
 #include "needle_c.h"
 
+#include <limits.h>
+
 static PyObject *make_device(needle_state *st, int engine_id, const char *name, int ordinal) {
     DeviceObject *d = PyObject_New(DeviceObject, st->device_type);
     if (d == NULL) return NULL;
@@ -95,6 +97,14 @@ nd_device *device_from_object(needle_state *st, PyObject *obj) {
     }
     not_a_device(obj);
     return NULL;
+}
+
+nd_device *device_of_engine_id(PyObject *arg) {
+    long id = PyLong_AsLong(arg);
+    if (id == -1 && PyErr_Occurred()) return NULL;
+    nd_device *dev = id < 0 || id > INT_MAX ? NULL : nd_device_at((int)id);
+    if (dev == NULL) PyErr_Format(PyExc_ValueError, "no device with engine id %ld", id);
+    return dev;
 }
 
 /* ------------------------------------------------------- Device type */

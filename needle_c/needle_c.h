@@ -77,6 +77,9 @@ static inline PyObject *device_object(needle_state *st, const nd_device *dev) {
 }
 /* Resolves None (cpu), a Device, or a name like "cpu", "cuda:0". */
 nd_device *device_from_object(needle_state *st, PyObject *obj);
+/* The device an engine id (a Python int) names, or NULL with ValueError set
+ * (device.c; the memory, history and pressure functions take ids). */
+nd_device *device_of_engine_id(PyObject *arg);
 /* Module init: the Device type, one Device per engine device, the device
  * functions (cpu, cpu_numpy, cuda, _device) and MAX_DEVICES. */
 int device_module_init(PyObject *module, needle_state *st);
@@ -137,9 +140,6 @@ int ndarray_module_init(void); /* NumPy C API import */
 /* Module-level functions defined in other files. */
 extern PyMethodDef ndarray_module_functions[];
 extern PyMethodDef memory_module_functions[];
-/* The device an engine id (a Python int) names, or NULL with ValueError set
- * (memory/stats.c; the memory, history and pressure functions take ids). */
-nd_device *memory_device_arg(PyObject *arg);
 
 /* Zero-copy interop (interop.c): DLPack and the array interfaces, entries
  * of NDArray's and Tensor's tables and of the module (from_dlpack). */

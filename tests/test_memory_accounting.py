@@ -364,8 +364,8 @@ def test_memory_stats_keys_and_counters(device):
 
 
 def test_engine_ids_out_of_range_are_refused_not_truncated():
-    """The binding's one engine-id parser (memory/stats.c) refuses what names no device,
-    2**32 included (an int cast would have made it device 0)."""
+    """The binding's one engine-id parser (device.c: device_of_engine_id) refuses what names
+    no device, 2**32 included (an int cast would have made it device 0)."""
     import needle_c
 
     for fn in (

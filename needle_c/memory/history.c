@@ -522,7 +522,7 @@ PyObject *history_py_record(PyObject *module, PyObject *const *args, Py_ssize_t 
                                          "all_frames, max_entries, skip_mask, clear)");
         return NULL;
     }
-    nd_device *dev = memory_device_arg(args[0]);
+    nd_device *dev = device_of_engine_id(args[0]);
     if (dev == NULL) return NULL;
     long enabled = PyLong_AsLong(args[1]), context = PyLong_AsLong(args[2]);
     int all_frames = PyObject_IsTrue(args[3]), clear = PyObject_IsTrue(args[6]);
@@ -541,7 +541,7 @@ PyObject *history_py_record(PyObject *module, PyObject *const *args, Py_ssize_t 
 }
 
 PyObject *history_py_snapshot(PyObject *module, PyObject *arg) {
-    nd_device *dev = memory_device_arg(arg);
+    nd_device *dev = device_of_engine_id(arg);
     if (dev == NULL) return NULL;
     snapshot_copy c;
     nd_status failed;

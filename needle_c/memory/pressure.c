@@ -277,7 +277,7 @@ static PyObject *gc_policy_defaults(PyObject *module, PyObject *Py_UNUSED(ignore
 
 static PyObject *reset_pressure_stats(PyObject *module, PyObject *arg) {
     (void)module;
-    nd_device *dev = memory_device_arg(arg);
+    nd_device *dev = device_of_engine_id(arg);
     if (dev == NULL) return NULL;
     nd_pacer_state *st = state_of(&runtime, dev);
     if (st != NULL) nd_pacer_init(st);

@@ -9,16 +9,6 @@
 #include "history.h"
 #include "pressure.h"
 
-#include <limits.h>
-
-nd_device *memory_device_arg(PyObject *arg) {
-    long id = PyLong_AsLong(arg);
-    if (id == -1 && PyErr_Occurred()) return NULL;
-    nd_device *dev = id < 0 || id > INT_MAX ? NULL : nd_device_at((int)id);
-    if (dev == NULL) PyErr_Format(PyExc_ValueError, "no device with engine id %ld", id);
-    return dev;
-}
-
 static int set_item(PyObject *dict, const char *key, int64_t value) {
     PyObject *v = PyLong_FromLongLong(value);
     if (v == NULL) return -1;
@@ -125,7 +115,7 @@ static int set_collector_stats(const nd_device *dev, PyObject *dict) {
 
 static PyObject *memory_stats(PyObject *module, PyObject *arg) {
     (void)module;
-    nd_device *dev = memory_device_arg(arg);
+    nd_device *dev = device_of_engine_id(arg);
     if (dev == NULL) return NULL;
     nd_memory_stats s;
     nd_memory_get_stats(dev, &s);
@@ -157,7 +147,7 @@ static PyObject *memory_stats(PyObject *module, PyObject *arg) {
 /* The hot getters skip building the dict. */
 static PyObject *memory_allocated(PyObject *module, PyObject *arg) {
     (void)module;
-    nd_device *dev = memory_device_arg(arg);
+    nd_device *dev = device_of_engine_id(arg);
     if (dev == NULL) return NULL;
     nd_memory_stats s;
     nd_memory_get_stats(dev, &s);
@@ -166,7 +156,7 @@ static PyObject *memory_allocated(PyObject *module, PyObject *arg) {
 
 static PyObject *memory_reset_peaks(PyObject *module, PyObject *arg) {
     (void)module;
-    nd_device *dev = memory_device_arg(arg);
+    nd_device *dev = device_of_engine_id(arg);
     if (dev == NULL) return NULL;
     nd_memory_reset_peaks(dev);
     Py_RETURN_NONE;
@@ -174,7 +164,7 @@ static PyObject *memory_reset_peaks(PyObject *module, PyObject *arg) {
 
 static PyObject *memory_empty_cache(PyObject *module, PyObject *arg) {
     (void)module;
-    nd_device *dev = memory_device_arg(arg);
+    nd_device *dev = device_of_engine_id(arg);
     if (dev == NULL) return NULL;
     return PyLong_FromLongLong(nd_memory_empty_cache(dev));
 }
@@ -185,7 +175,7 @@ static PyObject *memory_set_limit(PyObject *module, PyObject *const *args, Py_ss
         PyErr_SetString(PyExc_TypeError, "_set_memory_limit(device_id, bytes or -1)");
         return NULL;
     }
-    nd_device *dev = memory_device_arg(args[0]);
+    nd_device *dev = device_of_engine_id(args[0]);
     if (dev == NULL) return NULL;
     long long limit = PyLong_AsLongLong(args[1]);
     if (limit == -1 && PyErr_Occurred()) {
@@ -207,7 +197,7 @@ static PyObject *memory_set_settings(PyObject *module, PyObject *const *args, Py
                                          "gc_threshold, expandable_segments)");
         return NULL;
     }
-    nd_device *dev = memory_device_arg(args[0]);
+    nd_device *dev = device_of_engine_id(args[0]);
     if (dev == NULL) return NULL;
     nd_alloc_settings settings;
     settings.max_split_size = PyLong_AsLongLong(args[1]);
@@ -223,7 +213,7 @@ static PyObject *memory_set_settings(PyObject *module, PyObject *const *args, Py
 
 static PyObject *memory_get_settings(PyObject *module, PyObject *arg) {
     (void)module;
-    nd_device *dev = memory_device_arg(arg);
+    nd_device *dev = device_of_engine_id(arg);
     if (dev == NULL) return NULL;
     nd_alloc_settings s;
     nd_memory_get_settings(dev, &s);
