@@ -55,9 +55,18 @@ static nd_status cpu_copy(const nd_layout *dst_layout, void *dst, nd_kernel_oper
 }
 
 /* Host memory is this device's: a transfer is a copy of the view, through
- * the float32 copy kernels (tiled transposes) or the converter's bit moves. */
+ * the float32 copy kernels (threaded; tiled transposes), or for the other
+ * dtypes one memcpy when the view is contiguous, else the converter's bit
+ * moves. */
 static nd_status cpu_to_host(const nd_layout *src_layout, const void *src, nd_dtype dtype,
                              void *host) {
+    if (nd_layout_numel(src_layout) == 0) return ND_OK;
+    if (dtype != ND_FLOAT32 && nd_layout_is_contiguous(src_layout)) {
+        const int64_t size = nd_dtype_size(dtype);
+        memcpy(host, (const char *)src + src_layout->offset * size,
+               (size_t)(nd_layout_numel(src_layout) * size));
+        return ND_OK;
+    }
     nd_layout host_layout;
     nd_layout_contiguous(src_layout->ndim, src_layout->shape, &host_layout);
     if (dtype != ND_FLOAT32)
@@ -68,6 +77,13 @@ static nd_status cpu_to_host(const nd_layout *src_layout, const void *src, nd_dt
 
 static nd_status cpu_from_host(const nd_layout *dst_layout, void *dst, nd_dtype dtype,
                                const void *host) {
+    if (nd_layout_numel(dst_layout) == 0) return ND_OK;
+    if (dtype != ND_FLOAT32 && nd_layout_is_contiguous(dst_layout)) {
+        const int64_t size = nd_dtype_size(dtype);
+        memcpy((char *)dst + dst_layout->offset * size, host,
+               (size_t)(nd_layout_numel(dst_layout) * size));
+        return ND_OK;
+    }
     nd_layout host_layout;
     nd_layout_contiguous(dst_layout->ndim, dst_layout->shape, &host_layout);
     if (dtype != ND_FLOAT32)
