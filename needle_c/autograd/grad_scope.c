@@ -192,6 +192,10 @@ PyObject *g_const(grad_scope *s, PyObject *array) {
     return s->failed || array == NULL ? NULL : scope_keep(s, make_const(s->st, array, 0));
 }
 
+PyObject *g_weighted(grad_scope *s, PyObject *g, PyObject *w, PyObject *like) {
+    return unbroadcast(s, g_mul(s, g, g_const(s, scope_keep(s, w))), like);
+}
+
 PyObject *g_zeros_like(grad_scope *s, PyObject *value) {
     PyObject *data = g_data(s, value);
     if (data == NULL) return NULL;

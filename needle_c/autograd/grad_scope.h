@@ -86,6 +86,10 @@ PyObject *g_as_dtype_of(grad_scope *s, PyObject *a, PyObject *like);
 PyObject *unbroadcast(grad_scope *s, PyObject *g, PyObject *like);
 /* A constant (no graph) Tensor holding array, an NDArray. */
 PyObject *g_const(grad_scope *s, PyObject *array);
+/* g * w summed back to like's shape: w a new NDArray reference (or NULL after
+ * a failed array op) that the scope takes over; the gradients that mask or
+ * weight g (maximum/minimum ties, clamp's bounds). */
+PyObject *g_weighted(grad_scope *s, PyObject *g, PyObject *w, PyObject *like);
 /* The zero gradient of an input that is not differentiable (indices). */
 PyObject *g_zeros_like(grad_scope *s, PyObject *value);
 

@@ -117,20 +117,15 @@ static PyObject *tie_weights(needle_state *st, PyObject *x, PyObject *y, double 
     return w;
 }
 
-/* g * w (w an array the scope takes over) summed back to like's shape. */
-static PyObject *weighted(grad_scope *s, PyObject *g, PyObject *w, PyObject *like) {
-    return unbroadcast(s, g_mul(s, g, g_const(s, scope_keep(s, w))), like);
-}
-
 static PyObject *minmax_gradient(grad_scope *s, PyObject *g, nd_binary_op a_loses,
                                  nd_binary_op b_loses) {
     PyObject *a = g_input(s, 0), *b = g_input(s, 1);
     PyObject *x = g_data(s, a), *y = g_data(s, b);
     if (x == NULL || y == NULL) return NULL;
     PyObject *ga =
-        g_wanted(s, 0) ? weighted(s, g, tie_weights(s->st, x, y, 0.0, a_loses), a) : g_unwanted();
+        g_wanted(s, 0) ? g_weighted(s, g, tie_weights(s->st, x, y, 0.0, a_loses), a) : g_unwanted();
     PyObject *gb =
-        g_wanted(s, 1) ? weighted(s, g, tie_weights(s->st, y, x, 0.0, b_loses), b) : g_unwanted();
+        g_wanted(s, 1) ? g_weighted(s, g, tie_weights(s->st, y, x, 0.0, b_loses), b) : g_unwanted();
     return grads2(s, ga, gb);
 }
 
@@ -150,7 +145,8 @@ static PyObject *minmax_scalar_gradient(grad_scope *s, const op_params *p, PyObj
                                         nd_binary_op loses) {
     PyObject *x = g_data(s, g_input(s, 0));
     if (x == NULL) return NULL;
-    return grads1(s, weighted(s, g, tie_weights(s->st, x, NULL, p->scalar, loses), g_input(s, 0)));
+    return grads1(s,
+                  g_weighted(s, g, tie_weights(s->st, x, NULL, p->scalar, loses), g_input(s, 0)));
 }
 
 static PyObject *maximum_scalar_gradient(grad_scope *s, const op_params *p, PyObject *g,

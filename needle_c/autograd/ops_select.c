@@ -71,11 +71,6 @@ static PyObject *where_compute(needle_state *st, const op_params *p, PyObject *c
 
 /* ---------------------------------------------------------- gradients */
 
-/* g * w (w an array the scope takes over) summed back to like's shape. */
-static PyObject *weighted(grad_scope *s, PyObject *g, PyObject *w, PyObject *like) {
-    return unbroadcast(s, g_mul(s, g, g_const(s, scope_keep(s, w))), like);
-}
-
 static PyObject *clamp_gradient(grad_scope *s, const op_params *p, PyObject *g, PyObject *node) {
     UNUSED(node);
     /* g * (min <= x) * (x <= max) */
@@ -87,7 +82,7 @@ static PyObject *clamp_gradient(grad_scope *s, const op_params *p, PyObject *g, 
     Py_XDECREF(above);
     Py_XDECREF(below);
     if (inside == NULL) return scope_fail(s);
-    return grads1(s, weighted(s, g, inside, g_input(s, 0)));
+    return grads1(s, g_weighted(s, g, inside, g_input(s, 0)));
 }
 
 /* PyTorch's masks: x gets g where min <= x <= max; min where x < min < max;
@@ -104,19 +99,20 @@ static PyObject *clamp_tensor_gradient(grad_scope *s, const op_params *p, PyObje
     if (g_wanted(s, 0)) {
         PyObject *ge = scope_keep(s, array_binary(st, ND_GE, x, lo));
         PyObject *le = ge ? scope_keep(s, array_binary(st, ND_LE, x, hi)) : NULL;
-        gx = le ? weighted(s, g, array_binary(st, ND_MUL, ge, le), g_input(s, 0)) : NULL;
+        gx = le ? g_weighted(s, g, array_binary(st, ND_MUL, ge, le), g_input(s, 0)) : NULL;
     }
     if (g_wanted(s, 1)) {
         PyObject *below = scope_keep(s, array_binary(st, ND_LT, x, lo));
         PyObject *ordered = below ? scope_keep(s, array_binary(st, ND_LT, lo, hi)) : NULL;
-        glo = ordered ? weighted(s, g, array_binary(st, ND_MUL, below, ordered), g_input(s, 1))
+        glo = ordered ? g_weighted(s, g, array_binary(st, ND_MUL, below, ordered), g_input(s, 1))
                       : NULL;
     }
     if (g_wanted(s, 2)) {
         PyObject *above = scope_keep(s, array_binary(st, ND_GT, x, hi));
         PyObject *crossed = above ? scope_keep(s, array_binary(st, ND_LT, hi, lo)) : NULL;
-        ghi = crossed ? weighted(s, g, array_binary(st, ND_MAXIMUM, above, crossed), g_input(s, 2))
-                      : NULL;
+        ghi = crossed
+                  ? g_weighted(s, g, array_binary(st, ND_MAXIMUM, above, crossed), g_input(s, 2))
+                  : NULL;
     }
     return grads_n(s, (PyObject *[]){gx, glo, ghi}, 3);
 }
