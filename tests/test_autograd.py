@@ -376,9 +376,32 @@ def test_gradient_accumulates_over_uses(mode):
         np.testing.assert_allclose(x.grad.numpy(), 2 * np.array([1, -2, 3]) + 4, rtol=1e-6)
 
 
-@mode_param
-def test_backward_twice_overwrites(mode):
-    with ndl.autograd.graph_mode(mode):
+def test_backward_twice_accumulates_in_cycle_free():
+    """PyTorch's AccumulateGrad: a second backward adds into the leaf's .grad (also when
+    another tensor holds the first .grad, which then keeps its value)."""
+    with ndl.autograd.graph_mode("cycle_free"):
+        x = ndl.Tensor(np.array([1.0, 2.0], dtype=np.float32))
+        y = (x * x).sum()
+        y.backward()
+        np.testing.assert_allclose(x.grad.numpy(), [2, 4])
+        first = x.grad
+        y.backward()
+        np.testing.assert_allclose(x.grad.numpy(), [4, 8])
+        np.testing.assert_allclose(first.numpy(), [2, 4])
+        (x * 5.0).sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), [9, 13])
+        x.grad = None
+        (x * 5.0).sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), [5, 5])
+        x.grad = ndl.Tensor(np.zeros(3, np.float32), requires_grad=False)
+        with pytest.raises(RuntimeError, match="another shape"):
+            (x * 5.0).sum().backward()
+        np.testing.assert_array_equal(x.grad.numpy(), np.zeros(3))
+
+
+def test_backward_twice_replaces_in_needle_mode():
+    """The course's compute_gradient_of_variables sets node.grad = adjoint."""
+    with ndl.autograd.graph_mode("needle"):
         x = ndl.Tensor(np.array([1.0, 2.0], dtype=np.float32))
         y = (x * x).sum()
         y.backward()

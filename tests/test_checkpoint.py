@@ -367,8 +367,10 @@ def test_the_forward_keeps_only_inputs_and_outputs():
     stale = ndl.Tensor(np.ones((3, 3), np.float32), requires_grad=False)
     W.grad = stale
     y.sum().backward()
+    # the outer backward adds the segment's gradient to W's .grad once (PyTorch's
+    # accumulation); the inner backward's partial .grad on W is not left behind
     np.testing.assert_allclose(
-        W.grad.numpy(), x.numpy().T @ np.exp(x.numpy() @ W.numpy()), rtol=1e-5
+        W.grad.numpy(), 1.0 + x.numpy().T @ np.exp(x.numpy() @ W.numpy()), rtol=1e-5
     )
 
 

@@ -289,11 +289,20 @@ static int backward_needle(needle_state *st, PyObject *topo, PyObject *output, P
             continue;
         }
         PyObject *adjoint = sum_contributions(st, list);
+        if (adjoint != NULL && Tensor_CAST(node)->grad_hooks != NULL)
+            Py_SETREF(adjoint, run_grad_hooks(st, node, adjoint));
         if (adjoint == NULL) goto fail;
-        Py_XSETREF(Tensor_CAST(node)->grad, adjoint);
-        if (Tensor_CAST(node)->op == NULL) continue;
+        /* held: the gradient below may run code that replaces .grad */
+        Py_XSETREF(Tensor_CAST(node)->grad, Py_NewRef(adjoint));
+        if (Tensor_CAST(node)->op == NULL) {
+            Py_DECREF(adjoint);
+            if (Tensor_CAST(node)->requires_grad && run_post_accumulate_hooks(node) < 0)
+                goto fail;
+            continue;
+        }
         PyObject *inputs;
         PyObject *partials = node_partials(st, node, adjoint, &inputs, 0);
+        Py_DECREF(adjoint);
         if (partials == NULL) goto fail;
         for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(inputs); k++) {
             PyObject *input = PyTuple_GET_ITEM(inputs, k);
@@ -323,6 +332,39 @@ fail:
     Py_XDECREF(first);
     Py_DECREF(grads);
     return -1;
+}
+
+/* .grad += grad on a node that keeps its gradient, as PyTorch's
+ * AccumulateGrad: the first gradient is stored as it is; a later one is
+ * added into the stored one's buffer when nothing else can see it
+ * (accumulate's owned_sum: only this node holds it), else into a new
+ * tensor, and recorded when the backward records (create_graph). */
+static int accumulate_grad(needle_state *st, PyObject *node, PyObject *grad) {
+    TensorObject *t = Tensor_CAST(node);
+    if (t->grad == NULL) {
+        t->grad = Py_NewRef(grad);
+        return 0;
+    }
+    PyObject *old = t->grad;
+    int differ = shapes_differ(st, old, grad);
+    if (differ) {
+        if (differ > 0)
+            PyErr_SetString(PyExc_RuntimeError,
+                            "backward: the tensor's .grad has another shape than its gradient "
+                            "(set .grad to None, or to a tensor of its shape, before backward)");
+        return -1;
+    }
+    PyObject *sum;
+    if (is_recording()) {
+        Py_INCREF(old); /* the addition may run the collector */
+        sum = add_gradients(st, old, grad);
+        Py_DECREF(old);
+    } else {
+        sum = accumulate(st, old, grad);
+    }
+    if (sum == NULL) return -1;
+    Py_XSETREF(t->grad, sum);
+    return 0;
 }
 
 static int backward_cycle_free(needle_state *st, PyObject *topo, PyObject *output,
@@ -357,8 +399,17 @@ static int backward_cycle_free(needle_state *st, PyObject *topo, PyObject *outpu
             Py_DECREF(adjoint);
             goto fail;
         }
-        if ((t->op == NULL && t->requires_grad) || t->retains_grad)
-            Py_XSETREF(t->grad, Py_NewRef(adjoint));
+        if (t->grad_hooks != NULL) {
+            Py_SETREF(adjoint, run_grad_hooks(st, node, adjoint));
+            if (adjoint == NULL) goto fail;
+        }
+        if ((t->op == NULL && t->requires_grad) || t->retains_grad) {
+            if (accumulate_grad(st, node, adjoint) < 0 ||
+                (t->op == NULL && run_post_accumulate_hooks(node) < 0)) {
+                Py_DECREF(adjoint);
+                goto fail;
+            }
+        }
         if (t->op == NULL || !t->requires_grad) {
             Py_DECREF(adjoint);
             continue;
@@ -441,6 +492,7 @@ static int compute_gradients(needle_state *st, PyObject *output, PyObject *out_g
     int rc;
     /* Gradients run in the dtypes the forward chose, as in PyTorch. */
     int autocast = autocast_suspend();
+    backward_enter();
     if (current_graph_mode(st) == GRAPH_NEEDLE) {
         rc = backward_needle(st, topo, output, out_grad);
     } else {
@@ -450,7 +502,9 @@ static int compute_gradients(needle_state *st, PyObject *output, PyObject *out_g
     }
     autocast_resume(autocast);
     Py_DECREF(topo);
-    return rc;
+    /* the callbacks queued by hooks (a reducer's) run after the walk, with
+     * autocast and recording as the caller had them */
+    return backward_exit(rc);
 }
 
 int compute_gradient_of_variables(needle_state *st, PyObject *output, PyObject *out_grad) {
@@ -667,6 +721,7 @@ int autograd_module_init(PyObject *module, needle_state *st) {
     if (PyModule_AddFunctions(module, alloc_site_functions) < 0 ||
         PyModule_AddFunctions(module, gc_visibility_functions) < 0)
         return -1;
+    if (hooks_module_init(module) < 0) return -1;
     if (PyModule_AddFunctions(module, autograd_functions) < 0 ||
         PyModule_AddFunctions(module, autocast_functions) < 0)
         return -1;

@@ -84,6 +84,8 @@ int value_traverse(PyObject *op, visitproc visit, void *arg) {
     Py_VISIT(self->inputs);
     Py_VISIT(self->cached_data);
     Py_VISIT(self->grad);
+    Py_VISIT(self->grad_hooks);
+    Py_VISIT(self->post_accumulate_hooks);
     Py_VISIT(self->dict);
     return 0;
 }
@@ -98,6 +100,8 @@ int value_clear(PyObject *op) {
     Py_XSETREF(self->inputs, PyTuple_New(0));
     Py_CLEAR(self->cached_data);
     Py_CLEAR(self->grad);
+    Py_CLEAR(self->grad_hooks);
+    Py_CLEAR(self->post_accumulate_hooks);
     Py_CLEAR(self->dict);
     return 0;
 }

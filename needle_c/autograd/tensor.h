@@ -140,6 +140,8 @@ typedef struct {
     PyObject *inputs;           /* tuple of Values, never NULL  */
     PyObject *cached_data;      /* NDArray / tuple, or NULL     */
     PyObject *grad;             /* Tensor or NULL               */
+    PyObject *grad_hooks;       /* dict id -> fn, or NULL (hooks.c) */
+    PyObject *post_accumulate_hooks; /* the same, leaves only   */
     PyObject *dict;
     PyObject *weakreflist;
     needle_link link;
@@ -220,6 +222,22 @@ void registry_unlink_op(PyObject *op);
 /* The gc_blind switch (tensor.c), read by every autograd tp_traverse. */
 int autograd_gc_visible(void);
 extern PyMethodDef gc_visibility_functions[];
+
+/* ---------------------------- hooks.c: gradient hooks, backward's end */
+
+/* Tensor.register_hook / register_post_accumulate_grad_hook (METH_O). */
+PyObject *value_register_hook(PyObject *self, PyObject *fn);
+PyObject *value_register_post_accumulate_grad_hook(PyObject *self, PyObject *fn);
+/* node's grad hooks applied to grad, in registration order: a new reference
+ * to the gradient to use (grad itself when there are none), NULL on error. */
+PyObject *run_grad_hooks(needle_state *st, PyObject *node, PyObject *grad);
+/* node's post-accumulate-grad hooks, called with node; -1 on error. */
+int run_post_accumulate_hooks(PyObject *node);
+/* Brackets one backward: backward_exit(rc) returns rc, or -1 when a queued
+ * callback raised; the outermost runs the callbacks when rc is 0. */
+void backward_enter(void);
+int backward_exit(int rc);
+int hooks_module_init(PyObject *module);
 
 /* ------------------------------------- alloc_sites.c: leak diagnostics */
 

@@ -438,6 +438,16 @@ static PyMethodDef value_methods[] = {
      "Sets the node's fields, as the course's Value._init."},
     {"retain_grad", value_retain_grad, METH_NOARGS,
      "retain_grad($self, /)\n--\n\nAsks backward to write .grad on this non-leaf node too."},
+    {"register_hook", value_register_hook, METH_O,
+     "register_hook($self, hook, /)\n--\n\nhook(grad) runs when the gradient with respect to "
+     "this tensor is computed, before it is written to .grad or passed on; a Tensor it returns "
+     "(same shape and dtype) replaces the gradient. Returns a handle whose remove() takes it "
+     "off. RuntimeError on a tensor that does not require grad."},
+    {"register_post_accumulate_grad_hook", value_register_post_accumulate_grad_hook, METH_O,
+     "register_post_accumulate_grad_hook($self, hook, /)\n--\n\nOn a leaf: hook(tensor) runs "
+     "once backward has written this tensor's .grad (it must return None). Returns a handle "
+     "whose remove() takes it off. RuntimeError on a non-leaf or a tensor that does not "
+     "require grad."},
     {"make_const", (PyCFunction)(void (*)(void))value_make_const,
      METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      "make_const(data, requires_grad=False)\n--\n\nA new leaf holding data (an NDArray or a "

@@ -5,10 +5,23 @@ collector. Two graph modes give the same gradient values:
 
 - ``"cycle_free"`` (default): backward runs with recording off; ``.grad`` is written on
   leaves that require grad (and nodes that called ``retain_grad()``) as plain tensors,
-  so a training step's graph is freed by reference counting alone.
+  so a training step's graph is freed by reference counting alone. As in PyTorch, a
+  backward adds into a ``.grad`` that is already there (``opt.reset_grad()`` or
+  ``opt.zero_grad()`` before each step, as the course's loops do, starts from None).
 - ``"needle"``: the course's semantics: gradients are recorded graphs, ``.grad`` is set
-  on every node, and the graphs point back into the forward graph (reference cycles
-  that only the garbage collector frees). Use it to reproduce the course's leak.
+  (replaced, not added to) on every node, and the graphs point back into the forward graph
+  (reference cycles that only the garbage collector frees). Use it to reproduce the
+  course's leak.
+
+Gradient hooks work as PyTorch's, in both modes: ``t.register_hook(fn)`` calls ``fn(grad)``
+once the gradient with respect to ``t`` is summed, before it is written to ``.grad`` or
+passed on (a Tensor it returns, of the same shape and dtype, replaces it), and
+``leaf.register_post_accumulate_grad_hook(fn)`` calls ``fn(leaf)`` once the leaf's ``.grad``
+holds this backward's gradient. Both return a :class:`RemovableHandle`. Hooks run in
+registration order, in the order the backward reaches their tensors. A hook that raises
+ends the backward with its exception: the leaves reached before it keep the ``.grad``
+written to them, the others keep theirs, the graph is unchanged (another backward may run
+on it), and callbacks queued for the backward's end are dropped.
 
 The mode is per thread, like ``no_grad``: ``with graph_mode(name):`` sets the mode of the
 thread that enters it, and no other. ``set_graph_mode(name)`` sets the process default,
@@ -23,6 +36,7 @@ import needle_c as _c
 from needle_c import (  # noqa: F401
     GRAPH_MODES,
     Op,
+    RemovableHandle,
     Tensor,
     TensorOp,
     TensorTuple,
@@ -104,3 +118,22 @@ def sum_node_list(node_list):
     from operator import add
 
     return reduce(add, node_list)
+
+
+def _queue_callback(fn):
+    """Runs ``fn()`` when the outermost backward running in this thread returns (PyTorch's
+    ``Variable._execution_engine.queue_callback``): a hook that starts work (an all-reduce)
+    queues what finishes it. Not run when the backward raises. RuntimeError outside a
+    backward."""
+    return _c._queue_backward_callback(fn)
+
+
+@contextlib.contextmanager
+def _hooks_paused():
+    """Context manager: no gradient hook runs in this thread inside (checkpoint's inner
+    backward, whose gradients are partial sums the outer backward adds up first)."""
+    previous = _c._set_hooks_paused(True)
+    try:
+        yield
+    finally:
+        _c._set_hooks_paused(previous)

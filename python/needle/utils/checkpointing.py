@@ -229,7 +229,8 @@ class _CheckpointMixin:
         try:
             for x in captured:
                 x.grad = None
-            with autograd.graph_mode("cycle_free"):
+            # the parameters' hooks fire once, in the outer backward, on the summed gradient
+            with autograd.graph_mode("cycle_free"), autograd._hooks_paused():
                 root.backward(out_grad)
             found = [leaf.grad if x.requires_grad else None for leaf, x in zip(leaves, inputs)]
             found += [x.grad for x in captured]
