@@ -31,14 +31,15 @@ def require_mpi():
 JOB_TIMEOUT_S = 120
 
 
-def launch(*target, n=2, env=None, timeout=JOB_TIMEOUT_S):
+def launch(*target, n=2, env=None, timeout=JOB_TIMEOUT_S, options=()):
     """Runs ``target`` (a script's path and its arguments, or ``"-m", module, ...``) on n
-    ranks; returns the CompletedProcess (stdout and stderr merged) and the wall time. One
-    thread per rank: the ranks share this machine's cores."""
+    ranks, with the launcher's further ``options`` (``("--host", "nodeA:2")``); returns the
+    CompletedProcess (stdout and stderr merged) and the wall time. One thread per rank: the
+    ranks share this machine's cores."""
     environ = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
     environ.setdefault("NEEDLE_NUM_THREADS", "1")
     environ.update(env or {})
-    cmd = [sys.executable, "-m", "needle.distributed.run", "-n", str(n), *target]
+    cmd = [sys.executable, "-m", "needle.distributed.run", "-n", str(n), *options, *target]
     start = time.monotonic()
     done = subprocess.run(
         cmd,

@@ -1,6 +1,6 @@
 """Tests for needle.optim: SGD (momentum, weight decay) and Adam against NumPy
-re-implementations, clip_grad_norm on every optimizer, reset_grad, and that updates
-record no graph and do not grow the number of live tensors."""
+re-implementations, clip_grad_norm on every optimizer, reset_grad and zero_grad, and that
+updates record no graph and do not grow the number of live tensors."""
 
 import gc
 
@@ -178,6 +178,92 @@ def test_reset_grad(device, opt_cls):
     opt = opt_cls(params)
     opt.reset_grad()
     assert all(p.grad is None for p in params)
+
+
+def _typed_params_with_grads(device, dtype, rng):
+    """The SHAPES' parameters in ``dtype`` with gradients, except the second (grad None).
+    The values are float32's: the fused step computes in float32 (optim.py's docstring), so
+    it would round a float64 value that float32 cannot hold even with a zero gradient."""
+    params = [
+        ndl.Tensor(
+            rng.standard_normal(s).astype(np.float32),
+            device=device,
+            dtype=dtype,
+            requires_grad=True,
+        )
+        for s in SHAPES
+    ]
+    for i, p in enumerate(params):
+        if i != 1:
+            p.grad = ndl.Tensor(rng.standard_normal(p.shape), device=device, dtype=dtype)
+    return params
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("opt_cls", [ndl.optim.SGD, ndl.optim.Adam])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("kwargs", [{}, {"set_to_none": True}])
+def test_zero_grad_sets_to_none(device, opt_cls, dtype, kwargs):
+    params = _typed_params_with_grads(device, dtype, np.random.default_rng(6))
+    assert params[0].grad is not None
+    opt_cls(params).zero_grad(**kwargs)
+    assert all(p.grad is None for p in params)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("opt_cls", [ndl.optim.SGD, ndl.optim.Adam])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_zero_grad_to_zeros(device, opt_cls, dtype):
+    params = _typed_params_with_grads(device, dtype, np.random.default_rng(7))
+    old = params[0].grad
+    old_values = old.numpy().copy()
+    opt_cls(params).zero_grad(set_to_none=False)
+    assert params[1].grad is None  # None stays None, as in PyTorch
+    for p in (params[0], params[2]):
+        g = p.grad
+        assert tuple(g.shape) == tuple(p.shape)
+        assert g.dtype == dtype and g.device == device
+        assert not g.requires_grad and g.op is None
+        np.testing.assert_array_equal(g.numpy(), np.zeros(p.shape))
+    # A new tensor: the old gradient keeps its values (not PyTorch's in-place zero_()).
+    assert params[0].grad is not old
+    np.testing.assert_array_equal(old.numpy(), old_values)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("opt_cls", [ndl.optim.SGD, ndl.optim.Adam])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_step_after_zero_grad_to_zeros_keeps_params(device, opt_cls, dtype):
+    params = _typed_params_with_grads(device, dtype, np.random.default_rng(8))
+    before = [p.numpy().copy() for p in params]
+    kwargs = dict(lr=0.1, momentum=0.9) if opt_cls is ndl.optim.SGD else dict(lr=0.1)
+    opt = opt_cls(params, weight_decay=0.0, **kwargs)
+    opt.zero_grad(set_to_none=False)
+    opt.step()
+    for p, b in zip(params, before):
+        assert p.dtype == dtype
+        np.testing.assert_array_equal(p.numpy(), b)
+
+
+@pytest.mark.parametrize("bad", [None, 0, 1, "False", np.bool_(True)])
+def test_zero_grad_bad_set_to_none(bad):
+    opt = ndl.optim.SGD([ndl.Tensor(np.ones(2, np.float32), requires_grad=True)])
+    with pytest.raises(TypeError, match="zero_grad: set_to_none must be a bool, got"):
+        opt.zero_grad(set_to_none=bad)
+
+
+def test_zero_grad_goes_through_an_overridden_reset_grad():
+    calls = []
+
+    class Counting(ndl.optim.SGD):
+        def reset_grad(self):
+            calls.append("reset")
+            super().reset_grad()
+
+    p = ndl.Tensor(np.ones(2, np.float32), requires_grad=True)
+    p.grad = ndl.Tensor(np.ones(2, np.float32))
+    Counting([p]).zero_grad()
+    assert calls == ["reset"] and p.grad is None
 
 
 def _train_steps(opt_cls, device, steps, counts, clip):

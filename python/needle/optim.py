@@ -16,7 +16,8 @@ value that is not a real number (a bool, a str, None).
 A step records no graph, leaves each parameter a leaf (``op is None``) and keeps no
 reference to the graph that produced the gradients: the state dicts hold plain detached
 tensors. Parameters whose ``grad`` is None are skipped. ``clip_grad_norm`` exists on every
-optimizer (the course has it on SGD only).
+optimizer (the course has it on SGD only), and so does PyTorch's ``zero_grad(set_to_none=True)``
+beside the course's ``reset_grad()``.
 """
 
 import numpy as np
@@ -47,6 +48,30 @@ class Optimizer:
         for p in self.params:
             p.grad = None
         # The gradients pinned the previous step's graph: a good moment for the pressure policy.
+        memory.safe_point()
+
+    def zero_grad(self, set_to_none=True):
+        """PyTorch's name for clearing the gradients; returns None.
+
+        ``set_to_none=True`` (the default, as in PyTorch) is :meth:`reset_grad`: every
+        ``p.grad`` becomes None. ``set_to_none=False``: every ``p.grad`` that is not None is
+        replaced by a NEW detached tensor of zeros of that gradient's shape, dtype and device
+        (``requires_grad=False``); a ``p.grad`` that is None stays None. Unlike PyTorch's
+        in-place ``zero_()``, a reference to the old ``.grad`` keeps its values: a needle
+        gradient may share its data with other tensors (DistributedDataParallel's bucket
+        views, one array given to several parameters), which zeroing in place would change.
+        TypeError when ``set_to_none`` is not a bool."""
+        if not isinstance(set_to_none, bool):
+            raise TypeError(
+                f"zero_grad: set_to_none must be a bool, got {type(set_to_none).__name__}"
+            )
+        if set_to_none:
+            self.reset_grad()  # a subclass's reset_grad is honoured too
+            return
+        for p in self.params:
+            if p.grad is not None:
+                p.grad = init.zeros_like(p.grad, requires_grad=False)
+        # The replaced gradients pinned the previous step's graph, as in reset_grad.
         memory.safe_point()
 
     def clip_grad_norm(self, max_norm=0.25):

@@ -6,6 +6,13 @@ beside this Python): ``mpiexec -n N [--oversubscribe] python script.py [args]``,
 otherwise), and Open MPI's consent to run as root when run as root (containers, CI). Running
 ``mpiexec -n 2 python script.py`` yourself is equivalent. ``-m module`` runs a module instead
 of a script. The exit status is mpiexec's: a rank that failed makes it non-zero.
+
+A job spans machines with Open MPI's host placement options, passed through as they are:
+``--hostfile FILE`` (alias ``--machinefile``; lines such as ``nodeA slots=2``), ``--host
+HOSTS`` (``nodeA:2,nodeB:2``) and ``-N K`` (alias ``--npernode``; K ranks on each node).
+With a host list or a hostfile the local CPU count says nothing about the job, so
+``--oversubscribe`` is then only added when given (the slots decide); it may always be given.
+docs/distributed.md is the guide to several machines.
 """
 
 import argparse
@@ -28,12 +35,24 @@ def find_mpiexec():
     return beside if os.access(beside, os.X_OK) else None
 
 
-def command(nprocs, target, mpiexec, cpus=None):
+def command(
+    nprocs, target, mpiexec, cpus=None, hostfile=None, host=None, per_node=None, oversubscribe=False
+):
     """The mpiexec command line that runs ``target`` (["script.py", args...] or ["-m",
-    "module", args...]) on ``nprocs`` ranks."""
+    "module", args...]) on ``nprocs`` ranks, placed by ``hostfile`` (a path), ``host``
+    (``"nodeA:2,nodeB:2"``) and ``per_node`` (ranks on each node) when given.
+    ``--oversubscribe`` is added when asked, or when ``nprocs`` exceeds ``cpus`` (this
+    machine's, by default) and no host list or hostfile says where the ranks go."""
     cpus = cpus if cpus is not None else (os.cpu_count() or 1)
     cmd = [mpiexec, "-n", str(nprocs)]
-    if nprocs > cpus:
+    if hostfile is not None:
+        cmd += ["--hostfile", hostfile]
+    if host is not None:
+        cmd += ["--host", host]
+    if per_node is not None:
+        cmd += ["-N", str(per_node)]
+    local = hostfile is None and host is None
+    if oversubscribe or (local and nprocs > cpus):
         cmd.append("--oversubscribe")
     return cmd + [sys.executable] + list(target)
 
@@ -48,37 +67,86 @@ def environment(base=None):
     return env
 
 
+# The launcher's own options: those that take a value, and the flags. split() and the parser
+# must agree on these, so the parser takes no abbreviations (allow_abbrev=False).
+_VALUED = ("-n", "--nproc", "--hostfile", "--machinefile", "--host", "-N", "--npernode")
+_FLAGS = ("-h", "--help", "--oversubscribe")
+
+
+def _own_arguments(arg):
+    """How many arguments the launcher's option ``arg`` takes up (itself and its value), or
+    0 when ``arg`` is not one of the launcher's (the script, or ``-m``)."""
+    if arg in _VALUED:
+        return 2
+    if arg in _FLAGS:
+        return 1
+    if arg.startswith("--") and arg.split("=", 1)[0] in _VALUED:  # --host=nodeA:2
+        return 1
+    if arg[:2] in ("-n", "-N") and len(arg) > 2:  # -n4, -N2
+        return 1
+    return 0
+
+
 def split(argv):
     """(the launcher's own arguments, the target): the target starts at the first argument
     that is not the launcher's (the script), or is ``-m module`` and all that follows, so
-    that the script's own options (``--help``, ``-n``) reach it untouched."""
+    that the script's own options (``--help``, ``-n``, ``--host``) reach it untouched."""
     i = 0
     while i < len(argv):
-        arg = argv[i]
-        if arg in ("-n", "--nproc"):
-            i += 2
-        elif arg.startswith(("-n", "--nproc=")) and arg not in ("-n", "--nproc"):
-            i += 1
-        elif arg in ("-h", "--help"):
-            i += 1
-        else:  # the script, or -m module
+        taken = _own_arguments(argv[i])
+        if not taken:  # the script, or -m module
             return argv[:i], argv[i:]
+        i += taken
     return argv, []
+
+
+def _parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m needle.distributed.run",
+        usage="%(prog)s [-n N] [--hostfile FILE] [--host HOSTS] [-N K] [--oversubscribe] "
+        "(script.py | -m module) [args...]",
+        description="Runs a script (or -m module) on N ranks through mpiexec; "
+        "`mpiexec -n N python script.py` is equivalent. The host options are passed to "
+        "mpiexec as they are, for a job over several machines (docs/distributed.md).",
+        allow_abbrev=False,
+    )
+    parser.add_argument("-n", "--nproc", type=int, default=2, help="ranks (default 2)")
+    parser.add_argument(
+        "--hostfile",
+        "--machinefile",
+        metavar="FILE",
+        help="Open MPI hostfile: one host a line, e.g. 'nodeA slots=2'",
+    )
+    parser.add_argument(
+        "--host", metavar="HOSTS", help="hosts and their slots, e.g. nodeA:2,nodeB:2"
+    )
+    parser.add_argument(
+        "-N", "--npernode", type=int, metavar="K", dest="per_node", help="ranks on each node"
+    )
+    parser.add_argument(
+        "--oversubscribe",
+        action="store_true",
+        help="allow more ranks than slots (added by itself only when N exceeds this "
+        "machine's CPUs and no --host or --hostfile is given)",
+    )
+    return parser
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(
-        prog="python -m needle.distributed.run",
-        usage="%(prog)s [-n N] (script.py | -m module) [args...]",
-        description="Runs a script (or -m module) on N ranks through mpiexec; "
-        "`mpiexec -n N python script.py` is equivalent.",
-    )
-    parser.add_argument("-n", "--nproc", type=int, default=2, help="ranks (default 2)")
+    parser = _parser()
     own, target = split(argv)
     args = parser.parse_args(own)
     if args.nproc < 1:
         parser.error(f"-n must be at least 1, got {args.nproc}")
+    if args.per_node is not None and args.per_node < 1:
+        parser.error(f"-N must be at least 1, got {args.per_node}")
+    if args.hostfile is not None and not (
+        os.path.isfile(args.hostfile) and os.access(args.hostfile, os.R_OK)
+    ):
+        parser.error(f"--hostfile {args.hostfile!r} is not a readable file")
+    if args.host is not None and not args.host.strip():
+        parser.error("--host must name at least one host, e.g. nodeA:2,nodeB:2")
     if not target or target == ["-m"]:
         parser.error("name a script (script.py [args]) or a module (-m module [args])")
     mpiexec = find_mpiexec()
@@ -91,7 +159,16 @@ def main(argv=None):
         )
         return 127
     try:
-        return subprocess.call(command(args.nproc, target, mpiexec), env=environment())
+        cmd = command(
+            args.nproc,
+            target,
+            mpiexec,
+            hostfile=args.hostfile,
+            host=args.host,
+            per_node=args.per_node,
+            oversubscribe=args.oversubscribe,
+        )
+        return subprocess.call(cmd, env=environment())
     except KeyboardInterrupt:
         return 130
 
