@@ -334,9 +334,10 @@ def test_checkpoint_runs_hooks_once_with_the_total_gradient(device, mode):
             loss.backward()
             results.append((events, _np(x.grad), _np(W.grad)))
     (plain, px, pw), (ckpt, cx, cw) = results
-    assert sorted(e[:2] for e in ckpt) == sorted(
-        [("pre", "x"), ("post", "x"), ("pre", "W"), ("post", "W")]
-    )
+    names = [e[:2] for e in ckpt]
+    assert sorted(names) == sorted([("pre", "x"), ("post", "x"), ("pre", "W"), ("post", "W")])
+    assert names.index(("pre", "W")) < names.index(("post", "W"))
+    assert names.index(("pre", "x")) < names.index(("post", "x"))
     by_name = {e[:2]: e[2] for e in plain}
     for kind, name, g in ckpt:
         np.testing.assert_allclose(g, by_name[kind, name], rtol=1e-5, atol=1e-6)
