@@ -1,12 +1,21 @@
 """The basic modules: Module, Parameter and the course's layers, with the course's
-parameter creation order (so a seeded NumPy RNG gives the course's parameters)."""
+parameter creation order (so a seeded NumPy RNG gives the course's parameters), and the
+Module's names for its state (named_parameters, state_dict, load_state_dict) in PyTorch's
+key layout, so that checkpoints and DistributedDataParallel's "module." keys read as
+PyTorch's do."""
 
 import math
+from collections import OrderedDict as _OrderedDict
+from collections import namedtuple as _namedtuple
+from collections.abc import Mapping as _Mapping
+
+import numpy as _np
 
 from needle import init, ops
 from needle import random as _random
 from needle._checks import check_count, check_real
 from needle.autograd import Tensor
+from needle.backend_ndarray import NDArray as _NDArray
 
 
 class Parameter(Tensor):
@@ -50,7 +59,16 @@ def _child_modules(value):
 
 class Module:
     """Base class: parameters() walks __dict__ in insertion order; train()/eval() set
-    ``training`` recursively; calling a module calls forward()."""
+    ``training`` recursively; calling a module calls forward().
+
+    Names (PyTorch's layout): an attribute contributes its name, an item of a list, tuple
+    or dict attribute its index or key, joined by "." ("layers.0.weight"); the attributes a
+    class lists in ``_inline_attributes`` contribute only their items' indices, as
+    Sequential's ``modules`` gives "0.weight" like torch.nn.Sequential. Buffers are the
+    non-Parameter Tensor attributes named ``running_*`` (BatchNorm's statistics)."""
+
+    # Container attributes whose items are named without the attribute's name.
+    _inline_attributes = ()
 
     def __init__(self):
         self.training = True
@@ -73,6 +91,250 @@ class Module:
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
+
+    # -- names and state (PyTorch's layout) -------------------------------------------------
+
+    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+        """(name, Parameter) pairs in ``parameters()`` order; a parameter reached twice is
+        reported once, under its first name, unless ``remove_duplicate`` is False. With
+        ``recurse=False`` only the parameters held by this module itself."""
+        _check_str("named_parameters: prefix", prefix)
+        _check_bool("named_parameters: recurse", recurse)
+        _check_bool("named_parameters: remove_duplicate", remove_duplicate)
+        if recurse:
+            pairs = _walk_parameters(self, _dotted(prefix))
+        else:
+            pairs = ((_dotted(prefix) + k, p) for k, p in _split_entries(self)[0])
+        return _unique(pairs, remove_duplicate)
+
+    def named_buffers(self, prefix="", recurse=True, remove_duplicate=True):
+        """(name, Tensor) pairs of the buffers (``running_*`` Tensor attributes), module by
+        module in ``named_modules()`` order, as PyTorch's named_buffers."""
+        _check_str("named_buffers: prefix", prefix)
+        _check_bool("named_buffers: recurse", recurse)
+        _check_bool("named_buffers: remove_duplicate", remove_duplicate)
+        modules = (
+            self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate)
+            if recurse
+            else [(prefix, self)]
+        )
+        pairs = ((_dotted(name) + k, b) for name, m in modules for k, b in _split_entries(m)[1])
+        return _unique(pairs, remove_duplicate)
+
+    def named_children(self):
+        """(name, Module) pairs of the modules directly below this one (through list, tuple
+        and dict attributes: "layers.0"), each once."""
+        return _unique(_walk_children(self, ""), True)
+
+    def named_modules(self, prefix="", remove_duplicate=True):
+        """(name, Module) pairs of this module ("" or ``prefix``) and every module below it,
+        parents before their children, each once unless ``remove_duplicate`` is False."""
+        _check_str("named_modules: prefix", prefix)
+        _check_bool("named_modules: remove_duplicate", remove_duplicate)
+        return _unique(_walk_modules(self, prefix), remove_duplicate)
+
+    def state_dict(self, *, prefix="", keep_vars=False):
+        """An OrderedDict name -> Tensor of the parameters and buffers in PyTorch's order
+        (per module: its parameters, its buffers, then its children in attribute order).
+        The tensors are detached and share the data (the Parameters themselves with
+        ``keep_vars=True``); an optimizer step gives a parameter a new array, so a state
+        dict taken before it keeps the values it had. Shared parameters appear under every
+        name, as in PyTorch."""
+        _check_str("state_dict: prefix", prefix)
+        _check_bool("state_dict: keep_vars", keep_vars)
+        return _OrderedDict(
+            (k, v if keep_vars else v.detach()) for k, v in _walk_state(self, prefix)
+        )
+
+    def load_state_dict(self, state_dict, strict=True):
+        """Copies ``state_dict``'s values (Tensors, NDArrays or NumPy arrays, converted to
+        each target's dtype and device) into this module's parameters and buffers, which
+        keep their identity (an optimizer made before still updates them) and get new
+        arrays of their own (the source is not aliased). Returns ``(missing_keys,
+        unexpected_keys)``. RuntimeError, loading nothing, for a shape that differs (naming
+        the key and both shapes) and, with ``strict``, for missing or unexpected keys;
+        TypeError for a ``state_dict`` that is not a mapping, a value that is not an array,
+        or a ``strict`` that is not a bool."""
+        if not isinstance(state_dict, _Mapping):
+            raise TypeError(
+                f"load_state_dict: state_dict must be a mapping, got {type(state_dict).__name__}"
+            )
+        _check_bool("load_state_dict: strict", strict)
+        targets = list(_walk_state(self, ""))
+        expected = {k for k, _ in targets}
+        missing = [k for k, _ in targets if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in expected]
+        errors = []
+        if strict and missing:
+            errors.append("Missing key(s) in state_dict: " + _quoted(missing) + ".")
+        if strict and unexpected:
+            errors.append("Unexpected key(s) in state_dict: " + _quoted(unexpected) + ".")
+        loads = [(k, t, _source_array(k, state_dict[k])) for k, t in targets if k in state_dict]
+        for key, target, source in loads:
+            if tuple(source.shape) != tuple(target.shape):
+                errors.append(
+                    f"size mismatch for {key}: copying a param with shape "
+                    f"{tuple(source.shape)} from checkpoint, the shape in current model is "
+                    f"{tuple(target.shape)}."
+                )
+        if errors:
+            raise RuntimeError(
+                f"Error(s) in loading state_dict for {type(self).__name__}:\n\t"
+                + "\n\t".join(errors)
+            )
+        # Every conversion before any assignment: a failing one leaves the module as it was.
+        arrays = [(target, _converted(key, source, target)) for key, target, source in loads]
+        for target, array in arrays:
+            target.cached_data = array
+        return _IncompatibleKeys(missing, unexpected)
+
+
+# BatchNorm's running statistics are the only module state that is not a Parameter; other
+# Tensor attributes (attention's saved probabilities) are per-batch scratch, not model state.
+_BUFFER_PREFIX = "running_"
+
+
+def _is_buffer(name, value):
+    """Whether the attribute ``name`` of a Module holding ``value`` is a buffer."""
+    return (
+        isinstance(name, str)
+        and name.startswith(_BUFFER_PREFIX)
+        and isinstance(value, Tensor)
+        and not isinstance(value, Parameter)
+    )
+
+
+class _IncompatibleKeys(_namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
+    """load_state_dict's result, as PyTorch's: the keys the module has and the state dict
+    lacked, and the state dict's keys the module has not."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        if not self.missing_keys and not self.unexpected_keys:
+            return "<All keys matched successfully>"
+        return super().__repr__()
+
+
+def _check_bool(name, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__}")
+
+
+def _check_str(name, value):
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+
+
+def _dotted(prefix):
+    return prefix + "." if prefix else ""
+
+
+def _quoted(keys):
+    return ", ".join(f'"{k}"' for k in keys)
+
+
+def _is_container(value):
+    return isinstance(value, (list, tuple, dict))
+
+
+def _entries(node):
+    """(key, value, is_attribute) for what ``node`` (a Module, or a list, tuple or dict met
+    in one) holds, in the order parameters() walks it; the one place keys are made."""
+    if isinstance(node, Module):
+        inline = type(node)._inline_attributes
+        for name, value in node.__dict__.items():
+            if name in inline and _is_container(value):
+                for key, item, _ in _entries(value):
+                    yield key, item, False
+            else:
+                yield name, value, True
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield str(key), value, False
+    else:
+        for index, value in enumerate(node):
+            yield str(index), value, False
+
+
+def _split_entries(node):
+    """``node``'s own parameters, its buffers (a Module's attributes only) and the modules
+    and containers below it (PyTorch's children: a list of modules is its ModuleList), each
+    a list of (key, value)."""
+    params, buffers, below = [], [], []
+    for key, value, is_attribute in _entries(node):
+        if isinstance(value, Parameter):
+            params.append((key, value))
+        elif is_attribute and _is_buffer(key, value):
+            buffers.append((key, value))
+        elif isinstance(value, Module) or _is_container(value):
+            below.append((key, value))
+    return params, buffers, below
+
+
+def _walk_parameters(node, prefix):
+    # Depth first in entry order: exactly parameters()'s order.
+    for key, value, _ in _entries(node):
+        if isinstance(value, Parameter):
+            yield prefix + key, value
+        elif isinstance(value, Module) or _is_container(value):
+            yield from _walk_parameters(value, prefix + key + ".")
+
+
+def _walk_children(node, prefix):
+    for key, value, _ in _entries(node):
+        if isinstance(value, Module):
+            yield prefix + key, value
+        elif _is_container(value):
+            yield from _walk_children(value, prefix + key + ".")
+
+
+def _walk_modules(module, prefix):
+    yield prefix, module
+    for key, child in _walk_children(module, ""):
+        yield from _walk_modules(child, _dotted(prefix) + key)
+
+
+def _walk_state(node, prefix):
+    # PyTorch's _save_to_state_dict order: own parameters, own buffers, then the children.
+    params, buffers, below = _split_entries(node)
+    for key, value in params + buffers:
+        yield prefix + key, value
+    for key, value in below:
+        yield from _walk_state(value, prefix + key + ".")
+
+
+def _unique(pairs, remove_duplicate):
+    """The (name, object) pairs as a generator, dropping objects already seen."""
+    if not remove_duplicate:
+        yield from pairs
+        return
+    seen = set()
+    for name, obj in pairs:
+        if id(obj) not in seen:
+            seen.add(id(obj))
+            yield name, obj
+
+
+def _source_array(key, value):
+    """The array behind one state_dict value (not yet converted); TypeError naming the key
+    for anything but a Tensor, an NDArray or a NumPy array."""
+    if isinstance(value, Tensor):
+        return value.realize_cached_data()
+    if isinstance(value, (_NDArray, _np.ndarray)):
+        return value
+    raise TypeError(
+        f"load_state_dict: state_dict[{key!r}] must be a Tensor, an NDArray or a NumPy array, "
+        f"got {type(value).__name__}"
+    )
+
+
+def _converted(key, source, target):
+    """A new array holding ``source`` in ``target``'s dtype, on its device."""
+    try:
+        return _NDArray(source, device=target.device, dtype=target.dtype)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"load_state_dict: state_dict[{key!r}]: {e}") from e
 
 
 def _check_last_dim(x, expected, module):
@@ -164,6 +426,10 @@ class SiLU(Module):
 
 
 class Sequential(Module):
+    """Calls its modules in turn; they are named "0", "1", ... as torch.nn.Sequential's."""
+
+    _inline_attributes = ("modules",)
+
     def __init__(self, *modules):
         super().__init__()
         self.modules = modules
