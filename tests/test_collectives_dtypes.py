@@ -287,3 +287,42 @@ def test_data_pointer_is_the_first_element(device, dtype):
             itemsize = _dtypes.TABLE[dtype].wire.itemsize
             first = ctypes.string_at(ptr, itemsize)
             assert first == raw_bytes(arr)[:itemsize]
+
+
+def test_ddp_all_reduce_runs_on_the_side_stream_between_events(stub_comm):
+    """DistributedDataParallel's bucket all-reduce: on the communicator's own non-blocking
+    stream, after an event recorded on needle's stream (0), with an event after it that the
+    work's wait makes stream 0 wait for, on the device: the host never waits for it."""
+    comm, calls = stub_comm
+    arr = _array("float32")
+    work = comm.all_reduce(arr, dist.ReduceOp.SUM, "DistributedDataParallel", side_stream=True)
+    log = calls()
+    assert [c["call"] for c in log] == [
+        "cuStreamCreate",
+        "cuEventCreate",
+        "cuEventRecord",
+        "cuStreamWaitEvent",
+        "cuEventDestroy",
+        "ncclAllReduce",
+        "cuEventCreate",
+        "cuEventRecord",
+    ]
+    side, ready = log[0]["stream"], log[1]["event"]
+    assert log[0]["flags"] == "1" and side != "0"  # CU_STREAM_NON_BLOCKING
+    assert log[1]["flags"] == "2"  # CU_EVENT_DISABLE_TIMING
+    assert log[2] == {"call": "cuEventRecord", "event": ready, "stream": "0"}
+    assert log[3] == {"call": "cuStreamWaitEvent", "stream": side, "event": ready, "flags": "0"}
+    assert (log[5]["stream"], log[5]["count"], log[5]["op"]) == (side, "6", "0")
+    done = log[6]["event"]
+    assert done != ready and log[7] == {"call": "cuEventRecord", "event": done, "stream": side}
+    work.wait()
+    assert calls() == [
+        {"call": "cuStreamWaitEvent", "stream": "0", "event": done, "flags": "0"},
+        {"call": "cuEventDestroy", "event": done},
+    ]
+    # the stream is made once; a plain all_reduce stays on stream 0
+    comm.all_reduce(arr, dist.ReduceOp.SUM, "DistributedDataParallel", side_stream=True).wait()
+    assert "cuStreamCreate" not in [c["call"] for c in calls()]
+    comm.all_reduce(arr, dist.ReduceOp.SUM, "all_reduce").wait()
+    (call,) = calls()
+    assert call["call"] == "ncclAllReduce" and "stream" not in call

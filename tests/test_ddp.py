@@ -3,8 +3,12 @@
 The process-group cases run once, in tests/ddp_worker.py under ``mpiexec -n 2`` (one MPI start
 for all of them), and are checked here from the JSON each rank writes: two ranks at batch B/2
 against one process at batch B for the course's PTB transformer and LSTM in both graph modes,
-the broadcast at wrap, several buckets, parameters without gradients and BatchNorm's running
-statistics. Bad input and the samplers run in this process.
+in the course's loop and in the loop PyTorch code writes (``zero_grad``, ``backward``, ``step``:
+the averaging happens inside ``backward()``), with SGD and Adam; ``no_sync()`` accumulation;
+steps on gradients that were not averaged (refused); parameters without gradients with and
+without ``find_unused_parameters``; a user's gradient hook under DDP; DDP with autocast and
+GradScaler; the broadcast at wrap, several buckets and BatchNorm's running statistics. Bad
+input, the compatible no-ops, ``state_dict`` and the samplers run in this process.
 """
 
 import json
@@ -24,10 +28,10 @@ from mpi_run import launch, needs_mpi, require_mpi
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ddp_worker.py")
 EQUIVALENCE_CASES = [
-    "transformer/cycle_free",
-    "transformer/needle",
-    "lstm/cycle_free",
-    "lstm/needle",
+    f"{loop}/{model}/{mode}"
+    for loop in ("course", "torch")
+    for model in ("transformer", "lstm")
+    for mode in ("cycle_free", "needle")
 ]
 
 
@@ -63,10 +67,13 @@ def test_two_ranks_train_like_one_process(ranks, case):
     step_losses = (np.asarray(r0["losses"]) + np.asarray(r1["losses"])) / 2
     np.testing.assert_allclose(step_losses, r0["ref_losses"], rtol=1e-5)
     assert not np.allclose(r0["losses"], r1["losses"])  # the ranks did see different data
-    # epoch_general_ptb's figures cover both ranks' tokens
-    for r in (r0, r1):
-        assert r["loss"] == pytest.approx(r0["ref_loss"], rel=1e-5)
-        assert r["acc"] == pytest.approx(r0["ref_acc"], abs=1e-9)
+    # one averaging per backward, inside it: nothing else was called
+    assert r0["reductions"] == r1["reductions"] == len(r0["losses"])
+    if case.startswith("course/"):
+        # epoch_general_ptb's figures cover both ranks' tokens
+        for r in (r0, r1):
+            assert r["loss"] == pytest.approx(r0["ref_loss"], rel=1e-5)
+            assert r["acc"] == pytest.approx(r0["ref_acc"], abs=1e-9)
 
 
 def test_bucket_layout(ranks):
@@ -75,48 +82,104 @@ def test_bucket_layout(ranks):
         assert sum(got["buckets"]) == got["grad_elements"]
         assert got["buckets"] == ranks[1][case]["buckets"]
     # a tiny bucket_cap_mb splits the model; 25 MiB holds it whole
-    assert len(ranks[0]["transformer/needle"]["buckets"]) > 3
-    assert len(ranks[0]["lstm/cycle_free"]["buckets"]) > 3
-    assert len(ranks[0]["transformer/cycle_free"]["buckets"]) == 1
+    assert len(ranks[0]["course/transformer/needle"]["buckets"]) > 3
+    assert len(ranks[0]["course/lstm/cycle_free"]["buckets"]) > 3
+    assert len(ranks[0]["course/transformer/cycle_free"]["buckets"]) == 1
 
 
-def test_parameters_without_gradients(ranks):
-    r0, r1 = ranks[0]["partial"], ranks[1]["partial"]
-    # rank r's input is all (r + 1): used.weight's gradient is 4 * (r + 1) per element
-    for r in (r0, r1):
-        np.testing.assert_array_equal(r["grads"]["used_weight"], np.full((3, 2), 6.0))
-        # only rank 0 had one: the mean counts rank 1's as zeros
-        np.testing.assert_array_equal(
-            r["grads"]["rank0_only_weight"], np.asarray(r0["local_rank0_grad"]) / 2
-        )
-        assert r["grads"]["unused_weight"] is None  # no rank had one: stays None
-        assert r["grads"]["frozen_weight"] is None
-        # used, rank0_only and unused (3x2 weight + 1x2 bias each); frozen is left out
-        assert r["buckets"] == [24]
-    assert r1["local_rank0_grad"] is None
+def test_no_sync_accumulation_equals_one_process(ranks):
+    """Two micro-batches a step, the first under no_sync(): one process accumulating the two
+    micro-batches at twice the size trains the same parameters (SGD and Adam)."""
+    for optimizer in ("sgd", "adam"):
+        r0, r1 = ranks[0]["no_sync"][optimizer], ranks[1]["no_sync"][optimizer]
+        for a, b in zip(_arrays(r0["params"]), _arrays(r1["params"])):
+            np.testing.assert_array_equal(a, b)
+        for ref, got in zip(_arrays(r0["ref_params"]), _arrays(r0["params"])):
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    # one averaging per step: the backward under no_sync() ran none
+    assert ranks[0]["no_sync"]["reductions"] == 3
 
 
-def test_running_statistics_follow_rank_0(ranks):
-    means = np.array([2.0, 3.0, 4.0, 5.0])  # per-feature batch mean on rank 0; (r + 1)x on rank r
-    first0 = 0.9 * 1.0 + 0.1 * means  # rank 0's statistics after its first forward
-    for rank in (0, 1):
-        got = ranks[rank]["buffers"]
-        np.testing.assert_allclose(got["at_wrap"], [1.0] * 4)  # rank 0's value, broadcast
-        expected = 0.9 * first0 + 0.1 * means * (rank + 1)
-        np.testing.assert_allclose(got["after"], expected, rtol=1e-6)
-
-
-def test_alignment_wants_ride_in_the_last_bucket(ranks):
+def test_steps_on_unaveraged_gradients_are_refused(ranks):
     for r in ranks:
-        got = r["aligned"]
-        assert got["enabled"] is True
-        assert got["agreed"] == [[1.0, 2.0]]  # rank 1's want, and both ranks' second want
-        assert len(got["buckets"]) == 2  # weight and bias apart: the flags follow the last
-        # rank r's input is all (r + 1): the weight's gradient averages to 1.5
-        np.testing.assert_array_equal(got["weight_grad"], np.full((3, 2), 1.5))
+        got = r["unaveraged"]
+        for key in ("after_no_sync", "clip_after_no_sync"):
+            assert got[key].startswith("RuntimeError: DistributedDataParallel: the gradients "
+                                       "were accumulated under no_sync() and never averaged")
+        assert got["unchanged_1"] and got["unchanged_2"]
+        assert got["backward_error"] == "ValueError: a hook failed"
+        assert "a backward did not finish averaging the gradients" in got["after_raise"]
+        assert got["complete"] is None and got["after_reset"] is None
+    assert ranks[0]["unaveraged"]["params"] == ranks[1]["unaveraged"]["params"]
+
+
+def test_unused_parameters_without_find_unused_raise_on_every_rank(ranks):
+    for r in ranks:
+        got = r["unused"]
+        assert got["error"].startswith(
+            "RuntimeError: DistributedDataParallel: the backward gave no gradient to 2 "
+            "parameter(s) (#4 (3, 2), #5 (1, 2))"
+        )
+        assert "find_unused_parameters=True" in got["error"]
+        assert "the gradients were not averaged" in got["step_error"]
+        assert got["after"] == [2.0, 2.0, 2.0]  # the group still works
+
+
+def test_a_gradient_hook_under_ddp(ranks):
+    for r in ranks:
+        got = r["hooks"]
+        plain, hooked = np.asarray(got["plain"]), np.asarray(got["hooked"])
+        np.testing.assert_allclose(hooked, 3 * plain, rtol=1e-6)
+        np.testing.assert_array_equal(got["removed"], plain)
+        assert not np.allclose(got["local"], plain)  # the rank's own gradient was averaged
+    np.testing.assert_array_equal(ranks[0]["hooks"]["plain"], ranks[1]["hooks"]["plain"])
+
+
+def test_autocast_and_grad_scaler_under_ddp(ranks):
+    """Against one process over the same half-batches (bfloat16 rounds per half there too)."""
+    r0, r1 = ranks[0]["autocast"], ranks[1]["autocast"]
+    assert r0["scale"] == r1["scale"] == r0["ref_scale"] == 1024.0
+    for a, b in zip(_arrays(r0["params"]), _arrays(r1["params"])):
+        np.testing.assert_array_equal(a, b)
+    for ref, got in zip(_arrays(r0["ref_params"]), _arrays(r0["params"])):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
 # -- in this process: bad input and samplers ---------------------------------------------------
+
+
+@needs_mpi
+def test_ddp_bad_input_and_the_compatible_no_ops():
+    dist.init_process_group(timeout=30)
+    try:
+        for name in ("aligned", "broadcast_buffers", "find_unused_parameters"):
+            with pytest.raises(TypeError, match=name):
+                dist.DistributedDataParallel(nn.Linear(2, 2), **{name: 1})
+        model = nn.Linear(3, 2)
+        ddp = dist.DistributedDataParallel(model, aligned=False)
+        opt = ndl.optim.SGD(ddp.parameters(), lr=0.1)
+        assert ddp.wrap_optimizer(opt) is opt and ddp.sync_gradients() is None
+        assert ddp.module is model and ddp.parameters() == model.parameters()
+        x = ndl.Tensor(np.ones((4, 3), np.float32))
+        ddp(x).sum().backward()
+        grads = [p.grad.numpy().copy() for p in model.parameters()]
+        ddp.sync_gradients()  # the averaging happened in backward: nothing changes
+        for p, g in zip(model.parameters(), grads):
+            np.testing.assert_array_equal(p.grad.numpy(), g)
+        assert ddp.reduction_stats["reductions"] == 1
+        # a backward outside any DDP forward still averages (the hooks are the parameters')
+        model(x).sum().backward()
+        assert ddp.reduction_stats["reductions"] == 2
+        # a dropped wrapper stops averaging: its hooks hold it weakly
+        del ddp, opt
+        import gc
+
+        gc.collect()
+        model.weight.grad = None
+        model(x).sum().backward()
+        np.testing.assert_array_equal(model.weight.grad.numpy(), grads[0])
+    finally:
+        dist.destroy_process_group()
 
 
 def test_ddp_bad_input():
@@ -231,7 +294,6 @@ def test_ddp_in_a_group_of_one_on_every_device(device):
         ddp = dist.DistributedDataParallel(model, bucket_cap_mb=64 / 2**20)  # several buckets
         assert not gc.isenabled()
         ddp(x).sum().backward()
-        ddp.sync_gradients()
         for p, expected in zip(model.parameters(), plain):
             assert p.grad.device == device
             np.testing.assert_allclose(p.grad.numpy(), expected, rtol=1e-6)

@@ -144,6 +144,20 @@ def test_a_failing_rank_ends_the_job(mode):
 
 
 @needs_mpi
+def test_a_rank_failing_inside_a_ddp_backward_ends_the_job():
+    """A gradient hook raises on rank 1 in the middle of a DistributedDataParallel backward
+    (some buckets' all-reduces started, the rest never will) while rank 0's backward waits for
+    them: the job ends, naming rank 1, and no rank finishes its backward."""
+    done, _ = launch(os.path.join(SCRIPTS, "faults.py"), "ddp")
+    assert done.returncode != 0, done.stdout
+    assert "backward done" not in done.stdout
+    assert "needle.distributed: rank 1 raised RuntimeError: rank 1 fails mid-backward" in (
+        done.stdout
+    )
+    assert "MPI_ABORT was invoked on rank 1" in done.stdout, done.stdout
+
+
+@needs_mpi
 def test_a_rank_that_leaves_times_out_the_others():
     """Rank 1 exits without an exception; rank 0's all_reduce times out (2 s) naming it."""
     done, _ = launch(os.path.join(SCRIPTS, "faults.py"), "exit", "2")

@@ -362,6 +362,7 @@ OPTIM = [
         "step-grad-shape",
         lambda s: (
             lambda o: (
+                o.reset_grad(),  # an earlier case's bad .grad would refuse the accumulation
                 s.model(s.x).sum().backward(),
                 setattr(o.params[0], "grad", _t(s, (7,))),
                 o.step(),

@@ -27,6 +27,10 @@
 static _Thread_local int backward_depth = 0;
 static _Thread_local PyObject *backward_callbacks = NULL;
 static _Thread_local int hooks_paused = 0;
+/* The outermost backward running in this thread, numbered process-wide (0:
+ * none): a hook tells a new backward from the one it started in. */
+static _Thread_local uint64_t backward_id = 0;
+static uint64_t backwards_started = 0;
 
 /* The handle's ids: process-wide, so a handle never names another hook. */
 static uint64_t next_hook_id = 1;
@@ -199,15 +203,9 @@ static PyObject *hook_functions(PyObject *hooks) {
     return fns;
 }
 
-/* What a grad hook returned must stand in for the gradient: a Tensor of the
- * gradient's shape and dtype (PyTorch refuses a change of either). */
-static int check_replacement(needle_state *st, PyObject *fn, PyObject *old, PyObject *new) {
-    if (!is_value(st, new)) {
-        PyErr_Format(PyExc_TypeError, "hook %R returned a %.100s, not a Tensor or None", fn,
-                     Py_TYPE(new)->tp_name);
-        return -1;
-    }
-    if (!is_tensor(st, old) || !is_tensor(st, new)) return 0;
+/* One Tensor of a replacement against the gradient's: same shape and dtype
+ * (PyTorch refuses a change of either). */
+static int check_same_kind(needle_state *st, PyObject *fn, PyObject *old, PyObject *new) {
     int differ = shapes_differ(st, new, old);
     if (differ) {
         if (differ > 0)
@@ -221,6 +219,33 @@ static int check_replacement(needle_state *st, PyObject *fn, PyObject *old, PyOb
         return -1;
     }
     return 0;
+}
+
+/* What a grad hook returned must stand in for the gradient: a Tensor for a
+ * Tensor's, a TensorTuple of as many items for a TensorTuple's, each of the
+ * gradient's shape and dtype. */
+static int check_replacement(needle_state *st, PyObject *fn, PyObject *old, PyObject *new) {
+    int tuple = is_tensor_tuple(st, old);
+    if (tuple ? !is_tensor_tuple(st, new) : !is_tensor(st, new)) {
+        PyErr_Format(PyExc_TypeError, "hook %R returned a %.100s, not a %s or None", fn,
+                     Py_TYPE(new)->tp_name, tuple ? "TensorTuple" : "Tensor");
+        return -1;
+    }
+    if (!tuple) return check_same_kind(st, fn, old, new);
+    PyObject *olds = PySequence_Tuple(old);
+    PyObject *news = olds ? PySequence_Tuple(new) : NULL;
+    int rc = news ? 0 : -1;
+    if (rc == 0 && PyTuple_GET_SIZE(olds) != PyTuple_GET_SIZE(news)) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "hook %R has changed the number of gradients (%zd, not %zd)", fn,
+                     PyTuple_GET_SIZE(news), PyTuple_GET_SIZE(olds));
+        rc = -1;
+    }
+    for (Py_ssize_t i = 0; rc == 0 && i < PyTuple_GET_SIZE(olds); i++)
+        rc = check_same_kind(st, fn, PyTuple_GET_ITEM(olds, i), PyTuple_GET_ITEM(news, i));
+    Py_XDECREF(olds);
+    Py_XDECREF(news);
+    return rc;
 }
 
 PyObject *run_grad_hooks(needle_state *st, PyObject *node, PyObject *grad) {
@@ -269,13 +294,18 @@ int run_post_accumulate_hooks(PyObject *node) {
 
 /* ------------------------------------------------ backward's end */
 
-void backward_enter(void) { backward_depth++; }
+void backward_enter(void) {
+    if (backward_depth++ == 0) backward_id = ++backwards_started;
+}
 
 int backward_exit(int rc) {
     if (--backward_depth > 0) return rc;
     PyObject *callbacks = backward_callbacks;
     backward_callbacks = NULL;
-    if (callbacks == NULL) return rc;
+    if (callbacks == NULL) {
+        backward_id = 0;
+        return rc;
+    }
     /* A callback may queue another (run in this same loop): the thread is
      * still "in" this backward until the list is empty. */
     backward_depth++;
@@ -289,6 +319,7 @@ int backward_exit(int rc) {
     }
     backward_callbacks = NULL;
     backward_depth--;
+    backward_id = 0;
     Py_DECREF(callbacks);
     return rc;
 }
@@ -315,6 +346,11 @@ static PyObject *mod_in_backward(PyObject *module, PyObject *Py_UNUSED(ignored))
     return PyBool_FromLong(backward_depth > 0);
 }
 
+static PyObject *mod_backward_id(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    (void)module;
+    return PyLong_FromUnsignedLongLong(backward_id);
+}
+
 static PyObject *mod_set_hooks_paused(PyObject *module, PyObject *arg) {
     (void)module;
     int paused = PyObject_IsTrue(arg);
@@ -330,6 +366,9 @@ static PyMethodDef hook_functions_table[] = {
      "backward returns (not when it raises). RuntimeError outside a backward."},
     {"_in_backward", mod_in_backward, METH_NOARGS,
      "_in_backward()\n--\n\nWhether a backward is running in this thread."},
+    {"_backward_id", mod_backward_id, METH_NOARGS,
+     "_backward_id()\n--\n\nThe number of the outermost backward running in this thread "
+     "(0: none); each backward gets a new one."},
     {"_set_hooks_paused", mod_set_hooks_paused, METH_O,
      "_set_hooks_paused(paused, /)\n--\n\nTurns this thread's gradient hooks off (True) or on; "
      "returns the previous setting."},

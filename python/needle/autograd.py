@@ -128,6 +128,12 @@ def _queue_callback(fn):
     return _c._queue_backward_callback(fn)
 
 
+def _backward_id():
+    """The number of the outermost backward running in this thread (0 when none): a hook
+    tells a new backward from the one it last ran in."""
+    return _c._backward_id()
+
+
 @contextlib.contextmanager
 def _hooks_paused():
     """Context manager: no gradient hook runs in this thread inside (checkpoint's inner

@@ -18,7 +18,15 @@ reference to the graph that produced the gradients: the state dicts hold plain d
 tensors. Parameters whose ``grad`` is None are skipped. ``clip_grad_norm`` exists on every
 optimizer (the course has it on SGD only), and so does PyTorch's ``zero_grad(set_to_none=True)``
 beside the course's ``reset_grad()``.
+
+Before ``step()`` (every subclass's, a user's too) and ``clip_grad_norm()`` read the
+gradients, the gradient checks run: DistributedDataParallel registers one that refuses
+gradients it has not averaged over the ranks (RuntimeError). With none registered the cost is
+one test of an empty set.
 """
+
+import functools
+import weakref
 
 import numpy as np
 
@@ -30,8 +38,40 @@ from ._checks import check_real
 from .autograd import Tensor, no_grad
 
 
+# Objects with a check_grads(params) method that raises when the gradients of params must not
+# be read yet (DistributedDataParallel's reducers); weak, so a dropped wrapper stops checking.
+_GRAD_CHECKS = weakref.WeakSet()
+
+
+def _register_grad_check(checker):
+    """Makes every optimizer call ``checker.check_grads(params)`` before it reads gradients."""
+    _GRAD_CHECKS.add(checker)
+
+
+def _check_grads(params):
+    for checker in list(_GRAD_CHECKS):
+        checker.check_grads(params)
+
+
 class Optimizer:
     """Base class holding the list of parameters to update."""
+
+    def __init_subclass__(cls, **kwargs):
+        # A subclass's own step() (the course's way to write an optimizer) runs the gradient
+        # checks first, as the built-in ones do.
+        super().__init_subclass__(**kwargs)
+        step = cls.__dict__.get("step")
+        if step is None or getattr(step, "_runs_grad_checks", False):
+            return
+
+        @functools.wraps(step)
+        def checked_step(self, *args, **kwargs):
+            if _GRAD_CHECKS:
+                _check_grads(self.params)
+            return step(self, *args, **kwargs)
+
+        checked_step._runs_grad_checks = True
+        cls.step = checked_step
 
     def __init__(self, params):
         self.params = list(params)
@@ -83,6 +123,8 @@ class Optimizer:
         not modified). Returns the total norm before clipping, as a Python float.
         """
         check_real("max_norm", max_norm, low=0.0, finite=False)
+        if _GRAD_CHECKS:
+            _check_grads(self.params)
         grads = [p for p in self.params if getattr(p, "grad", None) is not None]
         total = 0.0
         for p in grads:

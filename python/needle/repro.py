@@ -233,7 +233,6 @@ def _run_worker(args):
     if group is not None:
         train = group.ptb_rank_columns(train)
         model = group.DistributedDataParallel(model)
-        model.wrap_optimizer(opt)
     # The heap a notebook adds: small tracked objects that every full collection scans.
     heap = [[i] for i in range(args.extra_objects)]
     _configure(mode, device, args.limit_bytes)

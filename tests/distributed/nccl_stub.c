@@ -1,4 +1,4 @@
-/* A stub libnccl (and the one CUDA driver call a wait makes) for tests/test_collectives_dtypes.py:
+/* A stub libnccl (and the CUDA driver calls _nccl.py makes) for tests/test_collectives_dtypes.py:
  * it exports what needle/distributed/_nccl.py calls, with NCCL's signatures (nccl.h), and
  * records each collective's arguments, so that the dtype and count needle passes are checked
  * without a GPU. The buffers are host memory here.
@@ -8,7 +8,11 @@
  * where <hex> is the send buffer's count * size(dtype) bytes, so the test sees exactly the
  * memory NCCL would read. A dtype outside nccl.h's enum is ncclInvalidArgument, logged.
  * Collectives on one process: all_gather copies the send buffer into every rank's slot of
- * the receive buffer; all_reduce and broadcast leave the data as it is (one rank's sum). */
+ * the receive buffer; all_reduce and broadcast leave the data as it is (one rank's sum).
+ * A collective queued on a stream other than NULL adds stream=<handle>. The driver's stream
+ * and event calls (the side stream of DistributedDataParallel's all-reduces) append
+ *   <call> [flags=<flags>] [stream=<handle>] [event=<handle>]
+ * with small integer handles (streams from 0x5000, events from 0x6000; NULL is 0). */
 
 #include <stddef.h>
 #include <stdio.h>
@@ -94,9 +98,9 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, int datatype, int op,
                            ncclComm_t comm, void *stream) {
     (void)comm;
-    (void)stream;
-    char extra[32];
-    snprintf(extra, sizeof extra, " op=%d", op);
+    char extra[64];
+    if (stream == NULL) snprintf(extra, sizeof extra, " op=%d", op);
+    else snprintf(extra, sizeof extra, " op=%d stream=%zu", op, (size_t)stream);
     record("ncclAllReduce", datatype, count, extra, sendbuff);
     if (!known(datatype)) return ncclInvalidArgument;
     if (recvbuff != sendbuff) memcpy(recvbuff, sendbuff, count * dtype_size[datatype]);
@@ -129,5 +133,63 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
 /* The driver call a wait makes (_nccl._StreamRequest): the stream is always idle here. */
 int cuStreamQuery(void *stream) {
     (void)stream;
+    return 0;
+}
+
+/* The side stream's calls: handles are counters, the work is done already (host memory). */
+static void record_driver(const char *line) {
+    const char *path = getenv("NEEDLE_NCCL_STUB_LOG");
+    if (path == NULL) return;
+    FILE *f = fopen(path, "a");
+    if (f == NULL) return;
+    fprintf(f, "%s\n", line);
+    fclose(f);
+}
+
+static size_t streams_made = 0, events_made = 0;
+
+int cuStreamCreate(void **stream, unsigned flags) {
+    *stream = (void *)(0x5000 + streams_made++);
+    char line[96];
+    snprintf(line, sizeof line, "cuStreamCreate flags=%u stream=%zu", flags, (size_t)*stream);
+    record_driver(line);
+    return 0;
+}
+
+int cuStreamDestroy(void *stream) {
+    char line[96];
+    snprintf(line, sizeof line, "cuStreamDestroy stream=%zu", (size_t)stream);
+    record_driver(line);
+    return 0;
+}
+
+int cuEventCreate(void **event, unsigned flags) {
+    *event = (void *)(0x6000 + events_made++);
+    char line[96];
+    snprintf(line, sizeof line, "cuEventCreate flags=%u event=%zu", flags, (size_t)*event);
+    record_driver(line);
+    return 0;
+}
+
+int cuEventRecord(void *event, void *stream) {
+    char line[96];
+    snprintf(line, sizeof line, "cuEventRecord event=%zu stream=%zu", (size_t)event,
+             (size_t)stream);
+    record_driver(line);
+    return 0;
+}
+
+int cuStreamWaitEvent(void *stream, void *event, unsigned flags) {
+    char line[96];
+    snprintf(line, sizeof line, "cuStreamWaitEvent stream=%zu event=%zu flags=%u",
+             (size_t)stream, (size_t)event, flags);
+    record_driver(line);
+    return 0;
+}
+
+int cuEventDestroy(void *event) {
+    char line[96];
+    snprintf(line, sizeof line, "cuEventDestroy event=%zu", (size_t)event);
+    record_driver(line);
     return 0;
 }

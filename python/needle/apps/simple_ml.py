@@ -311,9 +311,9 @@ def epoch_general_ptb(
     is freed when the next step rebinds the names.
 
     ``model`` may be a ``needle.distributed.DistributedDataParallel`` with ``data`` this rank's
-    columns (``needle.distributed.ptb_rank_columns``): the optimizer is then wrapped so that the
-    gradients are averaged over the ranks before clipping and the step, and the returned figures
-    are over every rank's tokens (so N ranks at batch B/N report what one process at batch B does).
+    columns (``needle.distributed.ptb_rank_columns``): its ``backward()`` averages the gradients
+    over the ranks, as any DDP model's does, and the returned figures are over every rank's
+    tokens (so N ranks at batch B/N report what one process at batch B does).
 
     Returns (avg_acc, avg_loss): Python floats, the next-token accuracy and the mean loss per
     token over all L*bs target tokens of the pass. Raises ValueError when ``data`` has fewer
@@ -335,11 +335,8 @@ def epoch_general_ptb(
         )
     report, close = _make_progress(progress, len(starts), "train" if training else "eval")
     grad_mode = contextlib.nullcontext() if training else ndl.no_grad()
-    # A DistributedDataParallel model: its optimizer averages the gradients before clipping and
-    # stepping, and the returned figures cover every rank's tokens.
-    wrap_optimizer = getattr(model, "wrap_optimizer", None)
-    if training and wrap_optimizer is not None:
-        wrap_optimizer(opt)
+    # A DistributedDataParallel model averages its gradients inside backward(); the figures
+    # returned cover every rank's tokens (sum_across_ranks, below).
     total_loss, correct, tokens = 0.0, 0, 0
     h = None
     try:

@@ -6,12 +6,18 @@ then the loader's path. Rank 0 makes the unique id and broadcasts it over MPI; e
 joins with ``ncclCommInitRank`` on its local rank's GPU.
 
 Streams: needle runs all its CUDA work on the legacy default stream (see README.md's
-interoperability section), so NCCL's calls are queued on stream 0 (NULL, the legacy default
-stream for a library built without per-thread default streams, as NCCL is): they start after
-needle's kernels that produced the data and needle's later kernels wait for them, with no
-synchronisation. :meth:`Communicator` works' waits poll that stream (``cuStreamQuery``) and
+interoperability section), so the collectives' calls are queued on stream 0 (NULL, the legacy
+default stream for a library built without per-thread default streams, as NCCL is): they start
+after needle's kernels that produced the data and needle's later kernels wait for them, with
+no synchronisation. :meth:`Communicator` works' waits poll that stream (``cuStreamQuery``) and
 NCCL's asynchronous error under the group's timeout; on a timeout the communicator is
 aborted (``ncclCommAbort``) so that no kernel stays waiting for a dead peer.
+
+DistributedDataParallel's bucket all-reduces (``side_stream=True``) run on the communicator's
+own non-blocking stream instead, so that they overlap the rest of the backward on the GPU: an
+event recorded on stream 0 once the bucket is packed makes the side stream wait for it, the
+all-reduce follows there, and its work's ``wait()`` makes stream 0 wait for an event recorded
+after it (``cuStreamWaitEvent``): ordered on the device, without blocking the host.
 
 Buffers NCCL needs beyond the arrays (all_gather's gathered block, a compact copy of a view)
 come from needle's allocator, so they are counted and go through its out-of-memory ladder.
@@ -37,6 +43,8 @@ _NCCL_IN_PROGRESS = 7
 _NCCL_OPS = {ReduceOp.SUM: 0, ReduceOp.AVG: 4}  # ncclSum, ncclAvg (NCCL >= 2.10)
 _CUDA_SUCCESS = 0
 _CUDA_ERROR_NOT_READY = 600
+_CU_STREAM_NON_BLOCKING = 1
+_CU_EVENT_DISABLE_TIMING = 2
 _UNIQUE_ID_BYTES = 128
 _DLPACK_CAPSULE = b"dltensor"
 
@@ -152,6 +160,7 @@ class Communicator:
     def __init__(self, pg, lib, driver, comm):
         self.pg, self.lib, self.driver, self.comm = pg, lib, driver, comm
         self.lib.ncclGetErrorString.restype = ctypes.c_char_p
+        self._side = None  # the side stream (side_stream=True), made on first use
 
     @classmethod
     def join(cls, pg):
@@ -229,17 +238,54 @@ class Communicator:
     def _write_back(self, arr, buf):
         return (lambda: arr.__setitem__(Ellipsis, buf)) if buf is not arr else (lambda: None)
 
-    def all_reduce(self, arr, op, what):
+    def _driver(self, name, *args):
+        status = getattr(self.driver, name)(*args)
+        if status != _CUDA_SUCCESS:
+            raise DistributedError(f"rank {self.pg.rank}: {name} failed (CUresult {status})")
+
+    def _side_stream(self):
+        if self._side is None:
+            stream = ctypes.c_void_p()
+            self._driver("cuStreamCreate", ctypes.byref(stream), _CU_STREAM_NON_BLOCKING)
+            self._side = stream
+        return self._side
+
+    def _recorded_event(self, stream):
+        event = ctypes.c_void_p()
+        self._driver("cuEventCreate", ctypes.byref(event), _CU_EVENT_DISABLE_TIMING)
+        self._driver("cuEventRecord", event, stream)
+        return event
+
+    def all_reduce(self, arr, op, what, side_stream=False):
         buf = self._compact(arr, what)
+        stream = self._side_stream() if side_stream and buf.size else None
+        if stream is not None:
+            ready = self._recorded_event(None)
+            self._driver("cuStreamWaitEvent", stream, ready, 0)
+            self._driver("cuEventDestroy", ready)  # released once the device is past it
         if buf.size:
             ptr, count, dtype = self._arguments(buf, what)
             self._check(
                 self.lib.ncclAllReduce(
-                    ptr, ptr, count, dtype, ctypes.c_int(_NCCL_OPS[op]), self.comm, None
+                    ptr, ptr, count, dtype, ctypes.c_int(_NCCL_OPS[op]), self.comm, stream
                 ),
                 "ncclAllReduce",
             )
-        return self._work(what, self._write_back(arr, buf), (arr, buf))
+        if stream is None:
+            return self._work(what, self._write_back(arr, buf), (arr, buf))
+        done = self._recorded_event(stream)
+        write_back = self._write_back(arr, buf)
+
+        def finish():
+            # stream 0 waits on the device; NCCL's asynchronous error is checked on the host
+            self._driver("cuStreamWaitEvent", None, done, 0)
+            self._driver("cuEventDestroy", done)
+            self.check_async()
+            write_back()
+
+        from .collectives import Work
+
+        return Work(self.pg, what, None, finish, (arr, buf))
 
     def broadcast(self, arr, src, what):
         buf = self._compact(arr, what)
@@ -276,7 +322,11 @@ class Communicator:
             self._check(self.lib.ncclCommAbort(comm), "ncclCommAbort")
 
     def destroy(self):
-        """Destroys the communicator (aborts it when the group is broken)."""
+        """Destroys the communicator (aborts it when the group is broken) and the side
+        stream."""
+        if self._side is not None:
+            stream, self._side = self._side, None
+            self._driver("cuStreamDestroy", stream)
         if self.pg.broken is not None:
             self.abort()
         elif self.comm:

@@ -287,6 +287,29 @@ def all_reduce(tensor, op=ReduceOp.SUM, async_op=False):
     return _run(Work(pg, what, request, finish, staged), async_op)
 
 
+def start_all_reduce(arr, what):
+    """Starts a SUM all-reduce of the NDArray ``arr`` without the agreement round trip (the
+    caller checked the layout once, with :func:`agree_layout`) and returns its :class:`Work`:
+    MPI's non-blocking all-reduce, or NCCL on the communicator's own stream after needle's
+    work so far (``Work.wait`` then makes needle's stream wait for it, without blocking the
+    host). DistributedDataParallel's buckets go this way."""
+    pg = _start(group(what), what)
+    if pg.nccl is not None:
+        return pg.nccl.all_reduce(arr, ReduceOp.SUM, what, side_stream=True)
+    staged = _staging.Staged(arr, pg.cuda_aware, reduce=True)
+    if arr.size == 0:
+        return Work(pg, what, None, lambda: None, ())
+    request = pg.comm.Iallreduce(pg.MPI.IN_PLACE, staged.mpi_buffer(pg.MPI), op=pg.MPI.SUM)
+    return Work(pg, what, request, staged.finish, staged)
+
+
+def agree_layout(what, layout):
+    """Checks that every rank describes its buffers with the same ``layout`` text (one small
+    all-reduce); every rank raises DistributedError naming each rank's layout otherwise."""
+    pg = _start(group(what), what)
+    _agree(pg, what, layout, np.zeros(0, np.float32))
+
+
 def broadcast(tensor, src=0, async_op=False):
     """Copies rank ``src``'s ``tensor`` into every rank's ``tensor``, in place."""
     pg = _start(group("broadcast"), "broadcast")
