@@ -11,13 +11,17 @@ too: it reads its rank from OMPI_COMM_WORLD_RANK/SIZE and meets at MASTER_ADDR 1
 free MASTER_PORT). The 1-rank runs are plain training (no process group, no DDP wrapper).
 
 A step is the course loop's: get_batch, detach of the carried state, forward, softmax
-cross-entropy, zero grads, backward, the gradient all-reduce (needle: ``sync_gradients()``
-after backward; PyTorch: DDP's hooks during backward), Adam step, reading the loss. Reported:
-median step time (for each step the slowest rank's), tokens/s = B x 20 / step time, and the
-2-rank efficiency = tokens/s(2 ranks) / (2 x tokens/s(1 rank)); for needle also the median
-time in ``sync_gradients()`` (packing, all-reduce, unpacking). Without PyTorch only needle's
-numbers are printed. The machine's other load counts: on a shared box, ``--rounds R`` launches
-every run R times, interleaved, and takes the median over all their steps.
+cross-entropy, zero grads, backward (in both frameworks DDP's hooks start each bucket's
+all-reduce during the backward, which returns with the averaged gradients), Adam step, reading
+the loss. Reported: median step time (for each step the slowest rank's), tokens/s = B x 20 /
+step time, and the 2-rank efficiency = tokens/s(2 ranks) / (2 x tokens/s(1 rank)); for needle
+also the all-reduce's share hidden under the backward: ``wait ms``, the median time the end of a
+backward waited for the all-reduces (``ddp.reduction_stats``; the other rank's lateness
+included), against ``allreduce ms``, the median time the same buckets' all-reduces take one
+after another with nothing to overlap (measured after the timed steps, on both ranks at once):
+``hidden = 1 - wait / allreduce``. Without PyTorch only needle's numbers are printed. The
+machine's other load counts: on a shared box, ``--rounds R`` launches every run R times,
+interleaved, and takes the median over all their steps.
 
     python bench/ddp_scaling.py [--steps 10] [--warmup 2] [--batch 256]
                                 [--configs transformer,lstm] [--frameworks needle,torch]
@@ -56,29 +60,26 @@ def run_needle(args, rank, world):
 
     batches, vocab = ddputil.rank_batches(args.data, args.batch, rank, world, args.vocab)
     model = ddputil.needle_model(CONFIGS[args.config], vocab, args.seq_len)
-    ddp, sync = None, []
+    ddp, waits, blocking = None, [], []
     if world > 1:
         dist.init_process_group(backend="mpi")
         ddp = dist.DistributedDataParallel(model)
-        untimed = ddp.sync_gradients
-
-        def timed_sync():
-            start = time.perf_counter()
-            untimed()
-            sync.append(time.perf_counter() - start)
-
-        ddp.sync_gradients = timed_sync
     opt = optim.Adam(model.parameters(), lr=COURSE.lr)
     loss_fn = nn.SoftmaxLoss()
     h, times, losses = None, [], []
     rows = ddputil.batch_rows(batches.shape[0], args.seq_len, args.warmup + args.steps)
     for n, row in enumerate(rows):
+        waited = ddp.reduction_stats["exposed_wait_s"] if ddp else 0.0
         start = time.perf_counter()
         loss, h = ddputil.needle_step(model, ddp, opt, loss_fn, batches, row, h, args.seq_len)
         if n >= args.warmup:
             times.append(time.perf_counter() - start)
+            if ddp:
+                waits.append(ddp.reduction_stats["exposed_wait_s"] - waited)
         losses.append(loss)
-    result = {"times": times, "losses": losses, "sync": sync[args.warmup :]}
+    if world > 1:
+        blocking = ddputil.blocking_allreduce_seconds(ddp, max(args.steps, 5))
+    result = {"times": times, "losses": losses, "wait": waits, "allreduce": blocking}
     if world > 1:
         dist.destroy_process_group()
     return result
@@ -121,7 +122,13 @@ def run_torch(args, rank, world):
             times.append(time.perf_counter() - start)
     if world > 1:
         torch.distributed.destroy_process_group()
-    return {"times": times, "losses": losses, "sync": [], "version": torch.__version__}
+    return {
+        "times": times,
+        "losses": losses,
+        "wait": [],
+        "allreduce": [],
+        "version": torch.__version__,
+    }
 
 
 def worker(args):
@@ -177,8 +184,13 @@ def summarize(args, config, framework, ranks, launches):
     median over all their steps."""
     steps = [t for results in launches for t in ddputil.step_times(results)]
     step = statistics.median(steps)
-    sync = [t for results in launches for t in results[0]["sync"]]
+    # each rank's own figures: the slower rank's wait is the exposed part (rank 0's and rank
+    # 1's differ by the lateness of the other)
+    wait = [max(ts) for results in launches for ts in zip(*(r["wait"] for r in results))]
+    blocking = [max(ts) for results in launches for ts in zip(*(r["allreduce"] for r in results))]
     results = launches[0]
+    wait_ms = statistics.median(wait) * 1e3 if wait else None
+    allreduce_ms = statistics.median(blocking) * 1e3 if blocking else None
     return {
         "config": config,
         "framework": framework,
@@ -188,7 +200,9 @@ def summarize(args, config, framework, ranks, launches):
         "rounds": len(launches),
         "step_ms": step * 1e3,
         "tokens_per_s": args.batch * args.seq_len / step,
-        "sync_ms": statistics.median(sync) * 1e3 if sync else None,
+        "wait_ms": wait_ms,
+        "allreduce_ms": allreduce_ms,
+        "hidden": max(0.0, 1.0 - wait_ms / allreduce_ms) if wait_ms is not None else None,
         # the mean of the ranks' losses: the one-process loss of the same global batch
         "first_loss": statistics.mean(r["losses"][0] for r in results),
         "last_loss": statistics.mean(r["losses"][-1] for r in results),
@@ -206,15 +220,19 @@ def add_efficiency(rows):
 def print_table(rows):
     print(
         f"{'config':<13}{'framework':<10}{'ranks':>6}{'batch/rank':>11}{'step ms':>10}"
-        f"{'tokens/s':>10}{'sync ms':>9}{'efficiency':>12}{'loss first->last':>19}"
+        f"{'tokens/s':>10}{'efficiency':>12}{'wait ms':>9}{'allreduce ms':>14}{'hidden':>8}"
+        f"{'loss first->last':>19}"
     )
     for r in rows:
-        sync = "-" if r["sync_ms"] is None else f"{r['sync_ms']:.1f}"
+        wait = "-" if r["wait_ms"] is None else f"{r['wait_ms']:.2f}"
+        total = "-" if r["allreduce_ms"] is None else f"{r['allreduce_ms']:.2f}"
+        hidden = "-" if r["hidden"] is None else f"{r['hidden']:.0%}"
         eff = "-" if r["ranks"] == 1 or r["efficiency"] is None else f"{r['efficiency']:.2f}"
         losses = f"{r['first_loss']:.2f}->{r['last_loss']:.2f}"
         print(
             f"{r['config']:<13}{r['framework']:<10}{r['ranks']:>6}{r['batch_per_rank']:>11}"
-            f"{r['step_ms']:>10.1f}{r['tokens_per_s']:>10.0f}{sync:>9}{eff:>12}{losses:>19}"
+            f"{r['step_ms']:>10.1f}{r['tokens_per_s']:>10.0f}{eff:>12}{wait:>9}{total:>14}"
+            f"{hidden:>8}{losses:>19}"
         )
 
 

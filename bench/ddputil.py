@@ -15,6 +15,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -140,8 +141,8 @@ def needle_model(cfg, vocab, seq_len):
 
 def needle_step(model, ddp, opt, loss_fn, batches, row, h, seq_len):
     """One step of ``epoch_general_ptb``: get_batch, detach the carried state, forward, loss,
-    reset_grad, backward, the gradient all-reduce (``ddp.sync_gradients()``; ``ddp`` None
-    alone), Adam step, the loss read. Returns (loss, the new state)."""
+    reset_grad, backward (which averages the gradients over the ranks for a DDP model), Adam
+    step, the loss read. Returns (loss, the new state)."""
     from needle.data import get_batch
 
     X, y = get_batch(batches, row, seq_len)
@@ -153,10 +154,24 @@ def needle_step(model, ddp, opt, loss_fn, batches, row, h, seq_len):
     loss = loss_fn(logits, y)
     opt.reset_grad()
     loss.backward()
-    if ddp is not None:
-        ddp.sync_gradients()
     opt.step()
     return float(loss.numpy().reshape(-1)[0]), h
+
+
+def blocking_allreduce_seconds(ddp, repeats):
+    """Seconds the DDP model's bucket all-reduces take one after another with nothing to
+    overlap them (both ranks call this at once): ``repeats`` rounds, each after a barrier."""
+    import needle.distributed as dist
+
+    buckets = ddp._state.reducer.buckets
+    seconds = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        for bucket in buckets:
+            dist.collectives.start_all_reduce(bucket.flat, "blocking all-reduce").wait()
+        seconds.append(time.perf_counter() - start)
+    return seconds
 
 
 def percentile(values, q):

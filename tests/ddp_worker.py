@@ -225,9 +225,7 @@ def aligned_flags(rank):
 
 def _mlp(seed, dtype="float32"):
     np.random.seed(seed)
-    return nn.Sequential(
-        nn.Linear(6, 5, dtype=dtype), nn.ReLU(), nn.Linear(5, 4, dtype=dtype)
-    )
+    return nn.Sequential(nn.Linear(6, 5, dtype=dtype), nn.ReLU(), nn.Linear(5, 4, dtype=dtype))
 
 
 def _rows(seed, n, dtype=np.float32):

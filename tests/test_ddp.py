@@ -104,8 +104,10 @@ def test_steps_on_unaveraged_gradients_are_refused(ranks):
     for r in ranks:
         got = r["unaveraged"]
         for key in ("after_no_sync", "clip_after_no_sync"):
-            assert got[key].startswith("RuntimeError: DistributedDataParallel: the gradients "
-                                       "were accumulated under no_sync() and never averaged")
+            assert got[key].startswith(
+                "RuntimeError: DistributedDataParallel: the gradients "
+                "were accumulated under no_sync() and never averaged"
+            )
         assert got["unchanged_1"] and got["unchanged_2"]
         assert got["backward_error"] == "ValueError: a hook failed"
         assert "a backward did not finish averaging the gradients" in got["after_raise"]

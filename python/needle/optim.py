@@ -37,7 +37,6 @@ from . import init, memory
 from ._checks import check_real
 from .autograd import Tensor, no_grad
 
-
 # Objects with a check_grads(params) method that raises when the gradients of params must not
 # be read yet (DistributedDataParallel's reducers); weak, so a dropped wrapper stops checking.
 _GRAD_CHECKS = weakref.WeakSet()

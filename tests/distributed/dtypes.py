@@ -242,9 +242,13 @@ for dtypes in (["float64"], ["float16", "float64", "bfloat16"], ["float32", "flo
     # last is narrow (reduction order: the last parameter's first).
     want_buckets = [3] * len(dtypes) + ([0] if dtypes[0] in ("float16", "bfloat16") else [])
     assert ddp.bucket_sizes == want_buckets, (dtypes, ddp.bucket_sizes)
+    # sum(p * g) has the gradient g exactly, in p's dtype: the backward averages it
+    loss = None
     for p, d in zip(model.params, dtypes):
-        p.grad = ndl.Tensor(np.array(GRADS[d][rank]), dtype=d, device=home)
-    ddp.sync_gradients()
+        term = (p * ndl.Tensor(np.array(GRADS[d][rank]), dtype=d, device=home)).sum()
+        term = term.astype("float64")
+        loss = term if loss is None else loss + term
+    loss.backward()
     for p, d in zip(model.params, dtypes):
         assert p.grad.dtype == d, (d, p.grad.dtype)
         a, b = (narrow(np.array(GRADS[d][r]), d) for r in range(2))

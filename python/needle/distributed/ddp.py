@@ -153,7 +153,12 @@ class DistributedDataParallel(Module):
             "buckets " + ",".join(f"{b.flat.size}:{b.flat.dtype}" for b in buckets),
         )
         self._state.reducer = _reducer.Reducer(
-            params, buckets, self.world_size, self.rank, aligned, find_unused_parameters,
+            params,
+            buckets,
+            self.world_size,
+            self.rank,
+            aligned,
+            find_unused_parameters,
             dist.collectives,
         )
         _optim._register_grad_check(self._state.reducer)
@@ -187,9 +192,7 @@ class DistributedDataParallel(Module):
         """Loads a ``state_dict()`` of this wrapper (``module.`` keys) into the module; a
         mapping without the prefix (the module's own) is refused with the keys named."""
         if not hasattr(state_dict, "items"):
-            raise TypeError(
-                f"load_state_dict: expected a mapping, got {type(state_dict).__name__}"
-            )
+            raise TypeError(f"load_state_dict: expected a mapping, got {type(state_dict).__name__}")
         stray = [k for k in state_dict if not str(k).startswith("module.")]
         if stray and strict:
             raise RuntimeError(
