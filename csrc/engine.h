@@ -685,10 +685,11 @@ nd_status nd_array_add_into(const nd_array *dst, const nd_array *src);
 
 /* GradScaler's unscale (csrc/amp_unscale.c), PyTorch's
  * _amp_foreach_non_finite_check_and_unscale_: each of the count gradients
- * (any strides; views write through) is multiplied IN PLACE by inv_scale,
- * and found_inf (one element, on the gradients' device) is set to 1.0f when
- * any element was inf or NaN before the multiply; otherwise it keeps its
- * value, so calls OR into it. One pass over each gradient; on a GPU one
+ * (any strides; views write through; float32 or float64, else ND_ERR_DTYPE)
+ * is multiplied IN PLACE by inv_scale in its own dtype, and found_inf (one
+ * element, on the gradients' device) is set to 1.0f when any element was inf
+ * or NaN before the multiply; otherwise it keeps its value, so calls OR into
+ * it. One pass over each gradient; on a GPU one
  * kernel launch per gradient and no host synchronisation. Every operand is
  * checked before anything is written: ND_ERR_DEVICE (a gradient elsewhere),
  * ND_ERR_SHAPE (found_inf not one element), ND_ERR_VALUE (a gradient
