@@ -23,9 +23,16 @@ static void distinct_elements(const nd_layout *l, nd_layout *out) {
         if (l->strides[d] == 0 && l->shape[d] > 0) out->shape[d] = 1;
 }
 
+/* float32 and float64 gradients are unscaled in their own dtype; PyTorch
+ * refuses float16 ones too (they are the parameters' dtype under autocast's
+ * float32 master weights, never a narrow one). */
 static nd_status check_gradient(const nd_array *g, int64_t i, const nd_array *found_inf) {
-    nd_status status = nd_array_require_float32(g, "amp_unscale");
-    if (status != ND_OK) return status;
+    nd_dtype dtype = g->storage->dtype;
+    if (dtype != ND_FLOAT32 && dtype != ND_FLOAT64)
+        return nd_fail(ND_ERR_DTYPE,
+                       "amp_unscale is not implemented for %s arrays (gradient %lld): "
+                       "gradients must be float32 or float64",
+                       nd_dtype_name(dtype), (long long)i);
     nd_device *dg = g->storage->device, *df = found_inf->storage->device;
     if (dg != df)
         return nd_fail(ND_ERR_DEVICE,
@@ -134,7 +141,7 @@ nd_status nd_array_amp_unscale(const nd_array *const *grads, int64_t count,
         nd_layout distinct;
         distinct_elements(&g->layout, &distinct);
         if (skip[i] || nd_layout_numel(&distinct) == 0) continue;
-        nd_amp_unscale_desc d = {&distinct, nd_storage_f32(g->storage), flag, inv_scale};
+        nd_amp_unscale_desc d = {&distinct, g->storage->data, g->storage->dtype, flag, inv_scale};
         status = backend->amp_unscale(&d);
     }
     free(skip);

@@ -10,15 +10,18 @@
 
 #include "internal.h"
 
-/* One gradient, multiplied IN PLACE through its view by inv_scale; the
- * element *found_inf (one float, on the gradient's device) becomes 1.0f when
- * any element was inf or NaN before the multiply, and is left alone
- * otherwise (so it ORs over calls). grad + layout->offset is the first
- * element; the view has at least one element and never visits an element
- * twice. */
+/* One gradient of dtype (ND_FLOAT32 or ND_FLOAT64), multiplied IN PLACE
+ * through its view by inv_scale, in its dtype (a float64 gradient by the
+ * float32 inv_scale widened, as PyTorch's opmath does); the element
+ * *found_inf (one float, on the gradient's device) becomes 1.0f when any
+ * element was inf or NaN before the multiply, and is left alone otherwise
+ * (so it ORs over calls). Element layout->offset of grad (elements of dtype)
+ * is the first; the view has at least one element and never visits an
+ * element twice. */
 typedef struct nd_amp_unscale_desc {
     const nd_layout *layout;
-    float *grad;
+    void *grad;
+    nd_dtype dtype;
     float *found_inf;
     float inv_scale;
 } nd_amp_unscale_desc;

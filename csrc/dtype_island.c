@@ -1,14 +1,15 @@
 /* dtype_island.c: how the fused operations serve every dtype with float32
  * kernels. The softmax rows, the softmax cross-entropy, layer norm, the
- * attention softmax, the row gathers, the LSTM, the optimizer updates and
- * the random fills have float32 kernels only; given arrays of another dtype,
- * each converts them to float32 copies (the island), runs on those, and
- * converts its results to the dtype they are due in (an input's, or the
- * inputs' promotion), writing in-place results back through a conversion.
- * So float16 and bfloat16 compute in float32 and round once at the end, as
- * their elementwise ops do; float64 computes in float32 precision here (the
- * elementwise ops, reductions and matmul are the ones with float64 kernels).
- */
+ * attention softmax, the row gathers, the LSTM and the random fills have
+ * float32 kernels only; given arrays of another dtype, each converts them to
+ * float32 copies (the island), runs on those, and converts its results to
+ * the dtype they are due in (an input's, or the inputs' promotion), writing
+ * in-place results back through a conversion. So float16 and bfloat16
+ * compute in float32 and round once at the end, as their elementwise ops do;
+ * float64 computes in float32 precision here (the elementwise ops,
+ * reductions and matmul are the ones with float64 kernels). The optimizer
+ * updates have float32 and float64 kernels: nd_island_enter_as converts to
+ * the one they compute in, float64 when any operand is float64. */
 #include "internal.h"
 
 #include <string.h>
@@ -32,11 +33,15 @@ nd_dtype nd_island_promoted(int n, const nd_array *const *arrays) {
 }
 
 nd_status nd_island_enter(nd_island *is, int n, const nd_array **arrays) {
+    return nd_island_enter_as(is, n, arrays, ND_FLOAT32);
+}
+
+nd_status nd_island_enter_as(nd_island *is, int n, const nd_array **arrays, nd_dtype dtype) {
     for (int i = 0; i < n; i++) {
-        if (arrays[i] == NULL || arrays[i]->storage->dtype == ND_FLOAT32) continue;
+        if (arrays[i] == NULL || arrays[i]->storage->dtype == dtype) continue;
         if (is->count == ND_ISLAND_MAX)
             return nd_fail(ND_ERR_INTERNAL, "dtype island: more than %d operands", ND_ISLAND_MAX);
-        nd_status status = nd_array_astype(arrays[i], ND_FLOAT32, &is->copies[is->count]);
+        nd_status status = nd_array_astype(arrays[i], dtype, &is->copies[is->count]);
         if (status != ND_OK) return status;
         arrays[i] = &is->copies[is->count++];
     }

@@ -335,8 +335,8 @@ nd_dtype nd_array_dtype(const nd_array *a);
  * returns (PyTorch's promotion): float64 with anything is float64, float32
  * with a narrow type float32, float16 with bfloat16 float32. The elementwise
  * ops, reductions, matmul and linear take every dtype and promote; the fused
- * operations (softmax, layer norm, attention, LSTM, losses, gathers, the
- * optimizers) are float32 only. */
+ * operations (softmax, layer norm, attention, LSTM, losses, gathers) are
+ * float32 only; the optimizer updates compute in float32 or float64. */
 nd_dtype nd_promote_dtypes(nd_dtype a, nd_dtype b);
 /* ND_ERR_VALUE naming `what` and a's dtype unless a is float32: the check of
  * every operation that computes in float32 only. */
@@ -565,9 +565,9 @@ nd_status nd_array_fill_random(const nd_array *dst, const nd_random_params *para
 
 /* ------------------------------------------------------ optimizer updates */
 
-/* One pass per parameter of the course's optimizers (needle.optim), in
- * float32 in the order its unfused code runs them, with g = grad, plus
- * param * weight_decay when weight_decay != 0 (L2 decay added to the grad):
+/* One pass per parameter of the course's optimizers (needle.optim), in the
+ * order its unfused code runs them, with g = grad, plus param * weight_decay
+ * when weight_decay != 0 (L2 decay added to the grad):
  *
  *   Adam: m = m * beta1 + g * one_minus_beta1
  *         v = v * beta2 + (g * g) * one_minus_beta2
@@ -576,27 +576,33 @@ nd_status nd_array_fill_random(const nd_array *dst, const nd_random_params *para
  *   SGD:  u = u * momentum + g * one_minus_momentum
  *         param_out = param - u * lr
  *
- * The coefficients are the float32 roundings of what the host computed in
- * double (one_minus_beta1 = (float)(1.0 - beta1), not 1.0f - (float)beta1;
- * bias_correction1 = (float)(1.0 - pow(beta1, t))), which is what the
- * unfused code multiplies by. sqrt is correctly rounded where the unfused
- * code's v**0.5 is a pow within an ulp. */
+ * The arithmetic runs in float64 when any operand is float64 (PyTorch
+ * updates a float64 parameter in float64), else in float32: float16 and
+ * bfloat16 operands are widened to float32 and the results rounded once, as
+ * PyTorch's opmath does. The coefficients are what the host computed in
+ * double (one_minus_beta1 = 1.0 - beta1, bias_correction1 = 1.0 - pow(beta1,
+ * t)); float32 arithmetic uses each one rounded to float32 ((float)(1.0 -
+ * beta1), not 1.0f - (float)beta1), which is what the unfused code
+ * multiplies by. sqrt is correctly rounded where the unfused code's v**0.5 is
+ * a pow within an ulp. */
 typedef struct nd_adam_hyper {
-    float lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay;
-    float bias_correction1, bias_correction2;
+    double lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay;
+    double bias_correction1, bias_correction2;
 } nd_adam_hyper;
 
 typedef struct nd_sgd_hyper {
-    float lr, momentum, one_minus_momentum, weight_decay;
+    double lr, momentum, one_minus_momentum, weight_decay;
 } nd_sgd_hyper;
 
-/* param_out (new, contiguous, param's shape) from param and grad, which may
- * have any strides (a non-contiguous one is compacted first); the moments m
- * and v (u) are updated IN PLACE: they must be contiguous and must not share
- * a storage with each other, param or grad (ND_ERR_VALUE). All arrays have
- * param's shape (ND_ERR_SHAPE) and device (ND_ERR_DEVICE). On a GPU, one
- * kernel launch for contiguous operands and no host synchronisation; param
- * and grad are never written. On failure nothing was written. */
+/* param_out (new, contiguous, param's shape and dtype) from param and grad,
+ * which may have any strides (a non-contiguous one is compacted first); the
+ * moments m and v (u) are updated IN PLACE, each keeping its dtype: they must
+ * be contiguous and must not share a storage with each other, param or grad
+ * (ND_ERR_VALUE). All arrays have param's shape (ND_ERR_SHAPE) and device
+ * (ND_ERR_DEVICE). An operand whose dtype is not the one computed in is
+ * converted to a copy first (dtype_island.c). On a GPU, one kernel launch for
+ * contiguous operands of the computed dtype and no host synchronisation;
+ * param and grad are never written. On failure nothing was written. */
 nd_status nd_array_adam_update(const nd_array *param, const nd_array *grad, const nd_array *m,
                                const nd_array *v, const nd_adam_hyper *hyper, nd_array *param_out);
 nd_status nd_array_sgd_update(const nd_array *param, const nd_array *grad, const nd_array *u,
@@ -679,10 +685,11 @@ nd_status nd_array_add_into(const nd_array *dst, const nd_array *src);
 
 /* GradScaler's unscale (csrc/amp_unscale.c), PyTorch's
  * _amp_foreach_non_finite_check_and_unscale_: each of the count gradients
- * (any strides; views write through) is multiplied IN PLACE by inv_scale,
- * and found_inf (one element, on the gradients' device) is set to 1.0f when
- * any element was inf or NaN before the multiply; otherwise it keeps its
- * value, so calls OR into it. One pass over each gradient; on a GPU one
+ * (any strides; views write through; float32 or float64, else ND_ERR_DTYPE)
+ * is multiplied IN PLACE by inv_scale in its own dtype, and found_inf (one
+ * element, on the gradients' device) is set to 1.0f when any element was inf
+ * or NaN before the multiply; otherwise it keeps its value, so calls OR into
+ * it. One pass over each gradient; on a GPU one
  * kernel launch per gradient and no host synchronisation. Every operand is
  * checked before anything is written: ND_ERR_DEVICE (a gradient elsewhere),
  * ND_ERR_SHAPE (found_inf not one element), ND_ERR_VALUE (a gradient

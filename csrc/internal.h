@@ -365,11 +365,13 @@ int nd_island_needed(int n, const nd_array *const *arrays);
 nd_dtype nd_island_promoted(int n, const nd_array *const *arrays);
 /* Points each non-float32 arrays[i] at a float32 copy held by is. */
 nd_status nd_island_enter(nd_island *is, int n, const nd_array **arrays);
+/* The same with copies of dtype for the arrays of another dtype. */
+nd_status nd_island_enter_as(nd_island *is, int n, const nd_array **arrays, nd_dtype dtype);
 void nd_island_release(nd_island *is);
 /* Replaces the new array *out by its conversion to dtype (nothing when it
  * has that dtype or is empty); *out is released on failure. */
 nd_status nd_island_leave(nd_array *out, nd_dtype dtype);
-/* Writes an in-place result computed in the float32 copy `wide` back into
+/* Writes an in-place result computed in the converted copy `wide` back into
  * dst (nothing when wide is dst itself). */
 nd_status nd_island_write_back(const nd_array *dst, const nd_array *wide);
 

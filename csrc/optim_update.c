@@ -1,8 +1,10 @@
 /* optim_update.c: the device-independent front end of the fused optimizer
- * updates (engine.h's nd_array_adam_update and nd_array_sgd_update): checks
- * shapes, devices, the state's layout and aliasing, compacts a strided
- * parameter or gradient, allocates the new parameter and hands the device's
- * backend plain contiguous buffers (optim_update.h).
+ * updates (engine.h's nd_array_adam_update and nd_array_sgd_update): picks
+ * the dtype to compute in (float64 when any operand is float64, else
+ * float32), converts operands of other dtypes, checks shapes, devices, the
+ * state's layout and aliasing, compacts a strided parameter or gradient,
+ * allocates the new parameter and hands the device's backend plain
+ * contiguous buffers of that dtype (optim_update.h).
  *
  * Everything that can fail runs before the backend writes anything, so a
  * refused update leaves the optimizer's state as it was.
@@ -43,17 +45,17 @@ static nd_status check_like_param(const char *op, const nd_array *param, const n
  * new parameter, and the copies made for strided inputs. */
 typedef struct prepared {
     int64_t n;
-    float *param_out;
-    const float *param, *grad;
+    nd_dtype dtype;
+    void *param_out;
+    const void *param, *grad;
     nd_array param_copy, grad_copy; /* storage NULL when not needed */
 } prepared;
 
-static const float *data_of(const nd_array *a) {
-    return nd_storage_f32(a->storage) + a->layout.offset;
-}
+/* a's first element; every operand has the dtype computed in by now. */
+static void *data_of(const nd_array *a) { return nd_storage_at(a->storage, a->layout.offset); }
 
 /* data_of(a), or of a contiguous copy of a kept in *copy. */
-static nd_status contiguous_input(const nd_array *a, nd_array *copy, const float **out) {
+static nd_status contiguous_input(const nd_array *a, nd_array *copy, const void **out) {
     if (nd_layout_is_contiguous(&a->layout)) {
         *out = data_of(a);
         return ND_OK;
@@ -68,14 +70,13 @@ static void release_copies(prepared *pr) {
     if (pr->grad_copy.storage != NULL) nd_array_release(&pr->grad_copy);
 }
 
-/* Checks param, grad and the nstates state arrays (updated in place, so
- * contiguous and sharing no storage with any other operand), then makes
- * param_out. On failure nothing is held and nothing was written. */
-static nd_status prepare(const char *op, const nd_array *param, const nd_array *grad, int nstates,
-                         const nd_array *const *states, const char *const *names,
-                         nd_array *param_out, prepared *pr) {
-    memset(param_out, 0, sizeof *param_out);
-    memset(pr, 0, sizeof *pr);
+/* Checks grad and the nstates state arrays against param: the state is
+ * updated in place, so it must be contiguous and share no storage with any
+ * other operand. Runs on the caller's arrays, before any conversion to the
+ * dtype computed in, whose copies would hide an alias. */
+static nd_status check_operands(const char *op, const nd_array *param, const nd_array *grad,
+                                int nstates, const nd_array *const *states,
+                                const char *const *names) {
     nd_status status = check_like_param(op, param, grad, "the gradient");
     for (int i = 0; i < nstates && status == ND_OK; i++) {
         const nd_array *s = states[i];
@@ -91,20 +92,29 @@ static nd_status prepare(const char *op, const nd_array *param, const nd_array *
                            "%s: %s shares memory with another operand (it is updated in place)", op,
                            names[i]);
     }
-    if (status != ND_OK) return status;
+    return status;
+}
+
+/* Makes param_out and the contiguous inputs of checked operands that all
+ * have the dtype computed in. On failure nothing is held. */
+static nd_status prepare(const nd_array *param, const nd_array *grad, nd_array *param_out,
+                         prepared *pr) {
     nd_device *dev = param->storage->device;
+    nd_status status = ND_OK;
     pr->n = nd_layout_numel(&param->layout);
+    pr->dtype = param->storage->dtype;
     if (pr->n > 0 && ((status = contiguous_input(param, &pr->param_copy, &pr->param)) != ND_OK ||
                       (status = contiguous_input(grad, &pr->grad_copy, &pr->grad)) != ND_OK)) {
         release_copies(pr);
         return status;
     }
-    status = nd_array_empty(dev, param->layout.ndim, param->layout.shape, param_out);
+    status =
+        nd_array_empty_typed(dev, param->layout.ndim, param->layout.shape, pr->dtype, param_out);
     if (status != ND_OK) {
         release_copies(pr);
         return status;
     }
-    pr->param_out = nd_storage_f32(param_out->storage);
+    pr->param_out = data_of(param_out);
     return ND_OK;
 }
 
@@ -119,14 +129,34 @@ static nd_status unsupported(const char *op, const nd_array *param) {
     return nd_fail(ND_ERR_DEVICE, "%s is not supported on %s()", op, param->storage->device->name);
 }
 
+/* The dtype an update of these operands computes in: float64 when any is
+ * float64 (PyTorch updates a float64 parameter in float64; rounding it to
+ * float32 every step would lose its precision even with a zero gradient),
+ * else float32 (float16 and bfloat16 widen to it and round once at the end,
+ * as PyTorch's opmath does). */
+static nd_dtype compute_dtype(int n, const nd_array *const *arrays) {
+    return nd_island_promoted(n, arrays) == ND_FLOAT64 ? ND_FLOAT64 : ND_FLOAT32;
+}
+
+static int all_of_dtype(int n, const nd_array *const *arrays, nd_dtype dtype) {
+    for (int i = 0; i < n; i++)
+        if (arrays[i]->storage->dtype != dtype) return 0;
+    return 1;
+}
+
 nd_status nd_array_adam_update(const nd_array *param, const nd_array *grad, const nd_array *m,
                                const nd_array *v, const nd_adam_hyper *hyper, nd_array *param_out) {
+    static const char *const names[2] = {"the first moment m", "the second moment v"};
+    const nd_array *states[2] = {m, v};
+    memset(param_out, 0, sizeof *param_out);
+    nd_status status = check_operands("adam_update", param, grad, 2, states, names);
+    if (status != ND_OK) return status;
     const nd_array *in[4] = {param, grad, m, v};
-    if (nd_island_needed(4, in)) { /* dtype_island.c: m and v written back, param_out in
-                                      param's dtype */
-        memset(param_out, 0, sizeof *param_out);
+    const nd_dtype dtype = compute_dtype(4, in);
+    if (!all_of_dtype(4, in, dtype)) { /* dtype_island.c: m and v written back, param_out
+                                          in param's dtype */
         nd_island is = {0};
-        nd_status status = nd_island_enter(&is, 4, in);
+        status = nd_island_enter_as(&is, 4, in, dtype);
         if (status == ND_OK)
             status = nd_array_adam_update(in[0], in[1], in[2], in[3], hyper, param_out);
         if (status == ND_OK && (status = nd_island_write_back(m, in[2])) == ND_OK)
@@ -136,18 +166,14 @@ nd_status nd_array_adam_update(const nd_array *param, const nd_array *grad, cons
         if (param_out->storage != NULL) nd_array_release(param_out);
         return status;
     }
-    static const char *const names[2] = {"the first moment m", "the second moment v"};
-    const nd_array *states[2] = {m, v};
-    prepared pr;
-    nd_status status = prepare("adam_update", param, grad, 2, states, names, param_out, &pr);
-    if (status != ND_OK) return status;
+    prepared pr = {0};
+    if ((status = prepare(param, grad, param_out, &pr)) != ND_OK) return status;
     const nd_backend *backend = param->storage->device->backend;
     if (backend->adam_update == NULL) {
         status = unsupported("adam_update", param);
     } else if (pr.n > 0) {
-        nd_adam_desc d = {pr.n,    pr.param_out,        pr.param,
-                          pr.grad, (float *)data_of(m), (float *)data_of(v),
-                          *hyper};
+        nd_adam_desc d = {pr.n,    pr.dtype,   pr.param_out, pr.param,
+                          pr.grad, data_of(m), data_of(v),   *hyper};
         status = backend->adam_update(&d);
     }
     return finish(&pr, status, param_out);
@@ -155,12 +181,16 @@ nd_status nd_array_adam_update(const nd_array *param, const nd_array *grad, cons
 
 nd_status nd_array_sgd_update(const nd_array *param, const nd_array *grad, const nd_array *u,
                               const nd_sgd_hyper *hyper, nd_array *param_out) {
+    static const char *const names[1] = {"the momentum u"};
+    memset(param_out, 0, sizeof *param_out);
+    nd_status status = check_operands("sgd_update", param, grad, 1, &u, names);
+    if (status != ND_OK) return status;
     const nd_array *in[3] = {param, grad, u};
-    if (nd_island_needed(3, in)) { /* dtype_island.c: u written back, param_out in param's
-                                      dtype */
-        memset(param_out, 0, sizeof *param_out);
+    const nd_dtype dtype = compute_dtype(3, in);
+    if (!all_of_dtype(3, in, dtype)) { /* dtype_island.c: u written back, param_out in
+                                          param's dtype */
         nd_island is = {0};
-        nd_status status = nd_island_enter(&is, 3, in);
+        status = nd_island_enter_as(&is, 3, in, dtype);
         if (status == ND_OK) status = nd_array_sgd_update(in[0], in[1], in[2], hyper, param_out);
         if (status == ND_OK) status = nd_island_write_back(u, in[2]);
         nd_island_release(&is);
@@ -168,15 +198,13 @@ nd_status nd_array_sgd_update(const nd_array *param, const nd_array *grad, const
         if (param_out->storage != NULL) nd_array_release(param_out);
         return status;
     }
-    static const char *const names[1] = {"the momentum u"};
-    prepared pr;
-    nd_status status = prepare("sgd_update", param, grad, 1, &u, names, param_out, &pr);
-    if (status != ND_OK) return status;
+    prepared pr = {0};
+    if ((status = prepare(param, grad, param_out, &pr)) != ND_OK) return status;
     const nd_backend *backend = param->storage->device->backend;
     if (backend->sgd_update == NULL) {
         status = unsupported("sgd_update", param);
     } else if (pr.n > 0) {
-        nd_sgd_desc d = {pr.n, pr.param_out, pr.param, pr.grad, (float *)data_of(u), *hyper};
+        nd_sgd_desc d = {pr.n, pr.dtype, pr.param_out, pr.param, pr.grad, data_of(u), *hyper};
         status = backend->sgd_update(&d);
     }
     return finish(&pr, status, param_out);

@@ -2,13 +2,15 @@
  * the engine's fused optimizer updates (engine.h) that needle.optim calls
  * once per parameter, and amp_unscale_, needle.amp.GradScaler's unscale.
  *
- * They take the course's hyperparameters as Python numbers and round them
- * as the unfused Python code does (1 - beta1 and 1 - beta1**t in double,
- * then float32), accept each array as an NDArray or a Tensor (its data), and
- * return the new parameter as an NDArray: the caller stores it as the
- * parameter's data, so a user holding the old data keeps the old values,
- * while the moments are updated in place. Everything a step passes is
- * positional (METH_FASTCALL): this runs once per parameter per step.
+ * They take the course's hyperparameters as Python numbers and compute in
+ * double what the unfused Python code computes from them (1 - beta1 and
+ * 1 - beta1**t; the engine rounds them to float32 for a float32 update, as
+ * that code's float32 ops do, and keeps them for a float64 one), accept each
+ * array as an NDArray or a Tensor (its data), and return the new parameter
+ * as an NDArray: the caller stores it as the parameter's data, so a user
+ * holding the old data keeps the old values, while the moments are updated
+ * in place. Everything a step passes is positional (METH_FASTCALL): this
+ * runs once per parameter per step.
  */
 #include "autograd/tensor.h"
 
@@ -94,15 +96,15 @@ static PyObject *optim_adam_update(PyObject *module, PyObject *const *args, Py_s
         return NULL;
     }
     nd_adam_hyper h = {
-        .lr = (float)lr,
-        .beta1 = (float)beta1,
-        .one_minus_beta1 = (float)(1.0 - beta1),
-        .beta2 = (float)beta2,
-        .one_minus_beta2 = (float)(1.0 - beta2),
-        .eps = (float)eps,
-        .weight_decay = (float)weight_decay,
-        .bias_correction1 = (float)(1.0 - pow(beta1, step)),
-        .bias_correction2 = (float)(1.0 - pow(beta2, step)),
+        .lr = lr,
+        .beta1 = beta1,
+        .one_minus_beta1 = 1.0 - beta1,
+        .beta2 = beta2,
+        .one_minus_beta2 = 1.0 - beta2,
+        .eps = eps,
+        .weight_decay = weight_decay,
+        .bias_correction1 = 1.0 - pow(beta1, step),
+        .bias_correction2 = 1.0 - pow(beta2, step),
     };
     nd_array out;
     nd_status status = nd_array_adam_update(ARRAY(arrays[0]), ARRAY(arrays[1]), ARRAY(arrays[2]),
@@ -125,10 +127,10 @@ static PyObject *optim_sgd_update(PyObject *module, PyObject *const *args, Py_ss
     }
     double lr = x[0], momentum = x[1], weight_decay = x[2];
     nd_sgd_hyper h = {
-        .lr = (float)lr,
-        .momentum = (float)momentum,
-        .one_minus_momentum = (float)(1.0 - momentum),
-        .weight_decay = (float)weight_decay,
+        .lr = lr,
+        .momentum = momentum,
+        .one_minus_momentum = 1.0 - momentum,
+        .weight_decay = weight_decay,
     };
     nd_array out;
     nd_status status =
@@ -194,11 +196,14 @@ PyMethodDef optim_module_functions[] = {
      "One fused Adam step of needle.optim.Adam for one parameter: returns the new parameter "
      "(a new NDArray, param's shape) and updates the moments m and v IN PLACE. Arrays are "
      "NDArrays or Tensors of one shape on one device; m and v contiguous, sharing no memory "
-     "with the others. step (t >= 1) sets the bias corrections 1 - beta**t."},
+     "with the others. step (t >= 1) sets the bias corrections 1 - beta**t. Computes in float64 "
+     "when any array is float64, else in float32; the result has param's dtype and m and v "
+     "keep theirs."},
     {"sgd_update", (PyCFunction)(void (*)(void))optim_sgd_update, METH_FASTCALL,
      "sgd_update(param, grad, u, lr, momentum, weight_decay, /)\n--\n\n"
      "One fused step of needle.optim.SGD (the course's dampened momentum) for one parameter: "
-     "returns the new parameter (a new NDArray) and updates u IN PLACE."},
+     "returns the new parameter (a new NDArray, param's dtype) and updates u IN PLACE. Computes "
+     "in float64 when any array is float64, else in float32."},
     {"amp_unscale_", (PyCFunction)(void (*)(void))optim_amp_unscale, METH_FASTCALL,
      "amp_unscale_(grads, found_inf, inv_scale, /)\n--\n\n"
      "GradScaler's unscale (PyTorch's _amp_foreach_non_finite_check_and_unscale_): multiplies "

@@ -1,6 +1,6 @@
 """Tests for needle.amp.GradScaler and its engine op needle_c.amp_unscale_ (the in-place
-unscale and inf/NaN check), on every device in DEVICES; PyTorch's GradScaler is the oracle
-for the scale's trajectory."""
+unscale and inf/NaN check, float32 and float64 gradients), on every device in DEVICES;
+PyTorch's GradScaler is the oracle for the scale's trajectory."""
 
 import numpy as np
 import pytest
@@ -98,6 +98,49 @@ def test_unscale_op_writes_through_strided_views(device):
     bucket2 = ndl.NDArray(inf_at, device=device)
     needle_c.amp_unscale_([bucket2.permute((1, 0))[1:2, :]], flag, 1.0)
     assert flag.numpy()[0] == 1.0
+
+
+@dev
+def test_unscale_op_float64_in_float64(device):
+    """A float64 gradient is multiplied in float64 by the float32 inv_scale widened (as
+    PyTorch does): its values keep float64's precision, and 1e300, beyond float32's range
+    but finite, does not set the flag; float32 gradients beside it are unaffected."""
+    rng = np.random.default_rng(20)
+    g = rng.standard_normal(50)
+    g[7] = 1e300
+    t = ndl.Tensor(g, device=device, dtype="float64")
+    bucket = ndl.NDArray(rng.standard_normal((4, 6)), device=device, dtype="float64")
+    before = bucket.numpy().copy()
+    view = bucket[0:3, ::2].permute((1, 0))  # a strided view writes through
+    f32 = ndl.Tensor(np.full(5, 4.0, np.float32), device=device)
+    flag = ndl.init.zeros(1, device=device)
+    inv_scale = 1.0 / 3.0  # not a float32: the engine takes its float32 rounding
+    needle_c.amp_unscale_([t, _over(view), f32], flag, inv_scale)
+    widened = float(np.float32(inv_scale))
+    assert t.dtype == "float64"
+    np.testing.assert_array_equal(t.numpy(), g * widened)
+    with np.errstate(over="ignore"):  # 1e300 becomes inf in float32
+        assert np.sum(t.numpy() != t.numpy().astype(np.float32)) > g.size // 2
+    want = before.copy()
+    want[0:3, ::2] *= widened
+    np.testing.assert_array_equal(bucket.numpy(), want)
+    np.testing.assert_array_equal(f32.numpy(), np.float32(4.0) * np.float32(inv_scale))
+    assert flag.numpy()[0] == 0.0
+    g[3] = np.inf
+    needle_c.amp_unscale_([ndl.Tensor(g, device=device, dtype="float64")], flag, 0.5)
+    assert flag.numpy()[0] == 1.0
+
+
+@dev
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_unscale_op_refuses_narrow_gradients_and_writes_nothing(device, dtype):
+    ok = ndl.Tensor(np.full(3, 2.0), device=device, dtype="float64")
+    narrow = ndl.Tensor(np.full(3, 2.0), device=device, dtype=dtype)
+    flag = ndl.init.zeros(1, device=device)
+    with pytest.raises(TypeError, match=f"not implemented for {dtype} arrays \\(gradient 1\\)"):
+        needle_c.amp_unscale_([ok, narrow], flag, 0.5)
+    np.testing.assert_array_equal(ok.numpy(), 2.0)
+    np.testing.assert_array_equal(np.asarray(narrow.numpy(), np.float64), 2.0)
 
 
 @dev
@@ -201,19 +244,21 @@ def _cuda_test(fn):
     return fn
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @_cuda_test
-def test_cuda_unscale_one_launch_per_gradient_no_sync():
+def test_cuda_unscale_one_launch_per_gradient_no_sync(dtype):
     device = ndl.cuda()
     rng = np.random.default_rng(1)
-    ts = [ndl.Tensor(g, device=device) for g in _grads(rng)]
-    bucket = ndl.NDArray(rng.standard_normal((5, 6)).astype(np.float32), device=device)
+    ts = [ndl.Tensor(g, device=device, dtype=dtype) for g in _grads(rng)]
+    bucket = ndl.NDArray(rng.standard_normal((5, 6)), device=device, dtype=dtype)
     ts.append(_over(bucket.permute((1, 0))))
     flag = ndl.init.zeros(1, device=device)
     ndl.cuda.reset_work_counters()
     needle_c.amp_unscale_(ts, flag, 0.5)
     work, sites = ndl.cuda.work_counters(), ndl.cuda.launches_by_kernel()
     assert work["kernel_launches"] == len(ts), sites
-    assert [name.split()[0] for name in sites] == ["amp_unscale_kernel"]
+    kernel = "amp_unscale_f64_kernel" if dtype == "float64" else "amp_unscale_kernel"
+    assert [name.split()[0] for name in sites] == [kernel]
     for key in ("host_syncs", "device_mallocs", "memsets", "d2d_copies"):
         assert work[key] == 0, (key, work)
     assert work["h2d_bytes"] == 0 and work["d2h_bytes"] == 0
@@ -262,6 +307,26 @@ def test_unscale_exact_and_step(device):
         np.testing.assert_allclose(p.numpy(), b - 0.5 * g, rtol=1e-6, atol=1e-7)
     scaler.update()
     assert scaler.get_scale() == 2.0**10 and scaler._get_growth_tracker() == 1
+
+
+@dev
+def test_float64_parameters_unscaled_and_stepped_in_float64(device):
+    """A scaler over float64 parameters: the unscale and the step both run in float64, so
+    the result is the float64 step of the unscaled gradients (to float64's rounding)."""
+    rng = np.random.default_rng(21)
+    x = [rng.standard_normal(s) for s in SHAPES]
+    grads = [rng.standard_normal(s) for s in SHAPES]
+    params = [ndl.Tensor(a, device=device, dtype="float64", requires_grad=True) for a in x]
+    scaler = ndl.amp.GradScaler(init_scale=2.0**10)
+    for p, g in zip(params, grads):
+        p.grad = ndl.Tensor(g * 2.0**10, device=device, dtype="float64")
+    opt = ndl.optim.SGD(params, lr=0.1, momentum=0.5)
+    scaler.step(opt)
+    for p, a, g in zip(params, x, grads):
+        assert p.dtype == "float64" and p.grad.dtype == "float64"
+        np.testing.assert_array_equal(p.grad.numpy(), g)  # a power of two: exact
+        np.testing.assert_allclose(p.numpy(), a - 0.1 * (0.5 * g), rtol=1e-14)
+        assert np.sum(p.numpy() != p.numpy().astype(np.float32)) > a.size // 2
 
 
 @dev

@@ -153,6 +153,33 @@ def test_clip_grad_norm_scales(device, opt_cls):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_clip_grad_norm_and_step_in_float64(device):
+    """float64 gradients are scaled in float64 (their values keep float64's precision), and
+    the step after the clip computes in float64 too."""
+    rng = np.random.default_rng(9)
+    x0 = [rng.standard_normal(s) for s in SHAPES]
+    grads = [rng.standard_normal(s) * 3 for s in SHAPES]
+    params = [ndl.Tensor(x, device=device, dtype="float64", requires_grad=True) for x in x0]
+    for p, g in zip(params, grads):
+        p.grad = ndl.Tensor(g, device=device, dtype="float64")
+    opt = ndl.optim.SGD(params, lr=0.1, momentum=0.5, weight_decay=0.01)
+    norm = opt.clip_grad_norm(max_norm=0.25)
+    ref_norm, expected = _clip_reference(grads, 0.25)
+    assert norm == pytest.approx(ref_norm, rel=1e-13)
+    for p, e in zip(params, expected):
+        got = p.grad.numpy()
+        assert p.grad.dtype == "float64"
+        np.testing.assert_allclose(got, e, rtol=1e-15)
+        assert np.sum(got != got.astype(np.float32)) > got.size // 2
+    opt.step()
+    want = _sgd_reference(x0, [expected], 0.1, 0.5, 0.01)
+    for p, w in zip(params, want):
+        assert p.dtype == "float64"
+        np.testing.assert_allclose(p.numpy(), w, rtol=1e-13)
+        assert np.sum(p.numpy() != p.numpy().astype(np.float32)) > w.size // 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("opt_cls", [ndl.optim.SGD, ndl.optim.Adam])
 def test_clip_grad_norm_skips_under_norm(device, opt_cls):
     rng = np.random.default_rng(3)
@@ -182,11 +209,11 @@ def test_reset_grad(device, opt_cls):
 
 def _typed_params_with_grads(device, dtype, rng):
     """The SHAPES' parameters in ``dtype`` with gradients, except the second (grad None).
-    The values are float32's: the fused step computes in float32 (optim.py's docstring), so
-    it would round a float64 value that float32 cannot hold even with a zero gradient."""
+    The float64 values are not float32's: a float64 step computes in float64, so a zero
+    gradient leaves them exactly as they were."""
     params = [
         ndl.Tensor(
-            rng.standard_normal(s).astype(np.float32),
+            rng.standard_normal(s),
             device=device,
             dtype=dtype,
             requires_grad=True,

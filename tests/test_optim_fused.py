@@ -2,8 +2,10 @@
 needle.optim.Adam and SGD): against the course's unfused formulas in NumPy float64 over
 many steps, against the unfused code run with needle's own float32 ops (the code optim.py
 ran before), against PyTorch where the semantics agree; the parameter gets a new array
-while the state is updated in place; strided operands; bad input; NaN and infinities; and
-on CUDA the census: one kernel launch per parameter, no host sync, no device malloc.
+while the state is updated in place; strided operands; bad input; NaN and infinities;
+float64 parameters updated in float64 (to 1e-12 of NumPy float64, not float32-rounded),
+float16 and bfloat16 computing in float32 and rounding once, mixed dtypes in one optimizer;
+and on CUDA the census: one kernel launch per parameter, no host sync, no device malloc.
 
 Tolerances. Against float64, the float32 code rounds the parameter once per step (at most
 half a unit in the last place of the largest |p|) and computes the update with a relative
@@ -24,23 +26,25 @@ from devices import DEVICES, needs_cuda
 SHAPES = [(4, 3), (1, 3), (5,), (2, 3, 4)]
 
 
-def _tensor(a, device, requires_grad=False):
-    return ndl.Tensor(np.asarray(a, dtype=np.float32), device=device, requires_grad=requires_grad)
+def _tensor(a, device, requires_grad=False, dtype="float32"):
+    return ndl.Tensor(
+        np.asarray(a, dtype=dtype), device=device, dtype=dtype, requires_grad=requires_grad
+    )
 
 
-def _setup(device, seed, shapes=SHAPES, scale=1.0):
+def _setup(device, seed, shapes=SHAPES, scale=1.0, dtype="float32"):
     rng = np.random.default_rng(seed)
-    params = [_tensor(rng.standard_normal(s) * scale, device, True) for s in shapes]
+    params = [_tensor(rng.standard_normal(s) * scale, device, True, dtype) for s in shapes]
     return rng, params
 
 
-def _grads(rng, shapes=SHAPES):
-    return [rng.standard_normal(s).astype(np.float32) for s in shapes]
+def _grads(rng, shapes=SHAPES, dtype="float32"):
+    return [rng.standard_normal(s).astype(dtype) for s in shapes]
 
 
 def _set_grads(params, grads, device):
     for p, g in zip(params, grads):
-        p.grad = _tensor(g, device)
+        p.grad = _tensor(g, device, dtype=str(g.dtype))
 
 
 def _over(array):
@@ -422,6 +426,219 @@ def test_nan_and_inf_propagate_like_the_unfused_code(device, wd):
             x = got
 
 
+# ----------------------------------------------------------------- float64 and narrow dtypes
+
+F64_TOL = 1e-12  # relative: float64 arithmetic in another order than NumPy's, over a few steps
+
+
+def _tensor64(a, device, requires_grad=False):
+    return _tensor(a, device, requires_grad, "float64")
+
+
+def _setup64(device, seed):
+    """float64 parameters whose values float32 cannot hold (most elements)."""
+    return _setup(device, seed, dtype="float64")
+
+
+def _more_than_float32(a):
+    """How many elements of the float64 array a float32 would round."""
+    return int(np.sum(a != a.astype(np.float32).astype(np.float64)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("opt_cls", [ndl.optim.SGD, ndl.optim.Adam])
+def test_float64_step_with_zero_gradient_keeps_the_parameter(device, opt_cls):
+    """The symptom of computing in float32: a zero gradient rounded 1/3 to float32."""
+    x = np.array([1 / 3, -2 / 3, 0.1, 1e-300, 1 + 2**-40])
+    p = _tensor64(x, device, True)
+    opt = opt_cls([p], lr=0.1, momentum=0.9) if opt_cls is ndl.optim.SGD else opt_cls([p], lr=0.1)
+    for _ in range(2):
+        p.grad = _tensor64(np.zeros(5), device)
+        opt.step()
+        assert p.dtype == "float64"
+        np.testing.assert_array_equal(p.numpy(), x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+@pytest.mark.parametrize("wd", [0.0, 0.01])
+def test_sgd_float64_matches_float64_numpy(device, momentum, wd):
+    lr, steps = 0.1, 8
+    rng, params = _setup64(device, 30)
+    opt = ndl.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd)
+    x = [p.numpy().copy() for p in params]
+    u = [np.zeros_like(a) for a in x]
+    for _ in range(steps):
+        grads = [rng.standard_normal(s) for s in SHAPES]
+        for p, g in zip(params, grads):
+            p.grad = _tensor64(g, device)
+        opt.step()
+        for k, g in enumerate(grads):
+            x[k], u[k] = _sgd64(x[k], u[k], g, lr, momentum, wd)
+    for k, p in enumerate(params):
+        assert p.dtype == "float64" and opt.u[p].dtype == "float64"
+        np.testing.assert_allclose(p.numpy(), x[k], rtol=F64_TOL, atol=1e-300)
+        np.testing.assert_allclose(opt.u[p].numpy(), u[k], rtol=F64_TOL, atol=1e-300)
+        # Not what a float32 update gives: the values carry float64's precision.
+        assert _more_than_float32(p.numpy()) > p.numpy().size // 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("wd", [0.0, 0.01])
+@pytest.mark.parametrize("betas", [(0.9, 0.999), (0.5, 0.9)])
+def test_adam_float64_matches_float64_numpy(device, wd, betas):
+    """Several steps, so that the bias corrections 1 - beta**t change (and are not rounded
+    to float32 either)."""
+    lr, eps, steps = 0.01, 1e-8, 12
+    rng, params = _setup64(device, 31)
+    opt = ndl.optim.Adam(params, lr=lr, beta1=betas[0], beta2=betas[1], eps=eps, weight_decay=wd)
+    x = [p.numpy().copy() for p in params]
+    m = [np.zeros_like(a) for a in x]
+    v = [np.zeros_like(a) for a in x]
+    for t in range(1, steps + 1):
+        grads = [rng.standard_normal(s) for s in SHAPES]
+        for p, g in zip(params, grads):
+            p.grad = _tensor64(g, device)
+        opt.step()
+        for k, g in enumerate(grads):
+            x[k], m[k], v[k] = _adam64(x[k], m[k], v[k], g, t, lr, *betas, eps, wd)
+    for k, p in enumerate(params):
+        assert p.dtype == "float64"
+        assert opt.m[p].dtype == "float64" and opt.v[p].dtype == "float64"
+        np.testing.assert_allclose(p.numpy(), x[k], rtol=F64_TOL, atol=1e-300)
+        np.testing.assert_allclose(opt.m[p].numpy(), m[k], rtol=F64_TOL, atol=1e-300)
+        np.testing.assert_allclose(opt.v[p].numpy(), v[k], rtol=F64_TOL, atol=1e-300)
+        assert _more_than_float32(p.numpy()) > p.numpy().size // 2
+        assert _more_than_float32(opt.m[p].numpy()) > p.numpy().size // 2
+
+
+def _as_float32(t, device):
+    return ndl.Tensor(np.asarray(t.numpy(), np.float32), device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("opt_cls", [ndl.optim.SGD, ndl.optim.Adam])
+def test_narrow_dtypes_compute_in_float32_and_round_once(device, dtype, opt_cls):
+    """A float16 or bfloat16 step is the float32 step of the widened values, its results
+    (the parameter and the state, kept in the parameter's dtype) rounded once."""
+    rng = np.random.default_rng(32)
+    shape = (3, 5)
+    p = ndl.Tensor(rng.standard_normal(shape), device=device, dtype=dtype, requires_grad=True)
+    kw = dict(lr=0.1, weight_decay=0.01)
+    if opt_cls is ndl.optim.SGD:
+        kw["momentum"] = 0.9
+    opt = opt_cls([p], **kw)
+    names = ("u",) if opt_cls is ndl.optim.SGD else ("m", "v")
+    for t in range(1, 4):
+        p.grad = ndl.Tensor(rng.standard_normal(shape), device=device, dtype=dtype)
+        wide = [_as_float32(p, device), _as_float32(p.grad, device)]
+        wide += [
+            _as_float32(getattr(opt, n)[p], device) if t > 1 else _tensor(np.zeros(shape), device)
+            for n in names
+        ]
+        if opt_cls is ndl.optim.SGD:
+            want = needle_c.sgd_update(*wide, 0.1, 0.9, 0.01)
+        else:
+            want = needle_c.adam_update(*wide, 0.1, 0.9, 0.999, 1e-8, 0.01, t)
+        opt.step()
+        assert p.dtype == dtype
+        np.testing.assert_array_equal(
+            np.asarray(p.numpy(), np.float64), np.asarray(want.astype(dtype).numpy(), np.float64)
+        )
+        for n, w in zip(names, wide[2:]):
+            state = getattr(opt, n)[p]
+            assert state.dtype == dtype
+            np.testing.assert_array_equal(
+                np.asarray(state.numpy(), np.float64),
+                np.asarray(w.data.astype(dtype).numpy(), np.float64),
+            )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("opt_cls", [ndl.optim.SGD, ndl.optim.Adam])
+def test_mixed_dtypes_in_one_optimizer(device, opt_cls):
+    """Each parameter is updated in its own dtype, with its state in that dtype: the
+    float32 and float16 ones exactly as an optimizer of their own would, the float64 one
+    in float64."""
+    rng = np.random.default_rng(33)
+    values = [rng.standard_normal(s) for s in SHAPES[:3]]
+    dtypes = ["float32", "float64", "float16"]
+
+    def make():
+        return [
+            ndl.Tensor(a, device=device, dtype=d, requires_grad=True)
+            for a, d in zip(values, dtypes)
+        ]
+
+    kw = dict(lr=0.05, weight_decay=0.01)
+    if opt_cls is ndl.optim.SGD:
+        kw["momentum"] = 0.9
+    mixed = make()
+    alone = make()
+    opt = opt_cls(mixed, **kw)
+    singles = [opt_cls([p], **kw) for p in alone]
+    for _ in range(4):
+        grads = [rng.standard_normal(a.shape) for a in values]
+        for p, q, g, d in zip(mixed, alone, grads, dtypes):
+            p.grad = ndl.Tensor(g, device=device, dtype=d)
+            q.grad = ndl.Tensor(g, device=device, dtype=d)
+        opt.step()
+        for single in singles:
+            single.step()
+    for p, q, d in zip(mixed, alone, dtypes):
+        assert p.dtype == d
+        np.testing.assert_array_equal(np.asarray(p.numpy()), np.asarray(q.numpy()))
+    states = opt.u if opt_cls is ndl.optim.SGD else opt.m
+    assert [states[p].dtype for p in mixed] == dtypes
+    assert _more_than_float32(mixed[1].numpy()) > mixed[1].numpy().size // 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float64_parameter_with_a_float32_gradient_computes_in_float64(device):
+    """The update computes in the operands' promotion: float64 here, the gradient widened."""
+    rng = np.random.default_rng(34)
+    x = rng.standard_normal((4, 3))
+    g = rng.standard_normal((4, 3)).astype(np.float32)
+    p = _tensor64(x, device, True)
+    opt = ndl.optim.SGD([p], lr=0.1, momentum=0.5, weight_decay=0.01)
+    p.grad = _tensor(g, device)
+    opt.step()
+    want, want_u = _sgd64(x, np.zeros_like(x), g.astype(np.float64), 0.1, 0.5, 0.01)
+    assert p.dtype == "float64" and opt.u[p].dtype == "float64"
+    np.testing.assert_allclose(p.numpy(), want, rtol=F64_TOL)
+    np.testing.assert_allclose(opt.u[p].numpy(), want_u, rtol=F64_TOL)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["float64", "float16"])
+def test_engine_call_rejects_bad_input_of_other_dtypes_and_writes_nothing(device, dtype):
+    """The checks run on the caller's arrays, before any conversion: a state that is the
+    parameter is refused even where the update converts its operands."""
+    ones = np.ones((2, 3))
+
+    def arr(shape=(2, 3)):
+        return ndl.Tensor(np.ones(shape), device=device, dtype=dtype)
+
+    p, g, m, v = arr(), arr(), arr(), arr()
+    g32 = _tensor(ones, device)
+    cases = [
+        ((p, arr((3, 2)), m, v, *HYPER), ValueError, r"the gradient has shape \(3, 2\)"),
+        ((p, g, m, m, *HYPER), ValueError, "shares memory"),
+        ((p, g, p, v, *HYPER), ValueError, "shares memory"),
+        ((p, g32, p, v, *HYPER), ValueError, "shares memory"),
+        ((p, g, m, v, 0.1, 0.9, 0.999, 1e-8, 0.0, 0), ValueError, "step must be"),
+    ]
+    for args, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            needle_c.adam_update(*args)
+        for t in (p, g, m, v):
+            np.testing.assert_array_equal(np.asarray(t.numpy(), np.float64), ones)
+    with pytest.raises(ValueError, match="momentum u shares memory"):
+        needle_c.sgd_update(p, g32, p, 0.1, 0.9, 0.0)
+    np.testing.assert_array_equal(np.asarray(p.numpy(), np.float64), ones)
+
+
 # ------------------------------------------------------------------------------ CUDA
 
 
@@ -434,36 +651,40 @@ def cuda_test(fn):
 
 @pytest.mark.parametrize("opt_cls", [ndl.optim.SGD, ndl.optim.Adam])
 @pytest.mark.parametrize("wd", [0.0, 0.01])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @cuda_test
-def test_cuda_matches_cpu_bit_for_bit(opt_cls, wd):
-    """Both backends run the same float32 operations in the same order, each rounded
-    (no FMA contraction on the GPU): the same bits."""
+def test_cuda_matches_cpu_bit_for_bit(opt_cls, wd, dtype):
+    """Both backends run the same operations in the same order in the same dtype, each
+    rounded (no FMA contraction on the GPU): the same bits."""
     runs = []
     for device in (ndl.cpu(), ndl.cuda()):
-        rng, params = _setup(device, 18)
+        rng, params = _setup(device, 18, dtype=dtype)
         kw = dict(lr=0.05, weight_decay=wd)
         if opt_cls is ndl.optim.SGD:
             kw["momentum"] = 0.9
         opt = opt_cls(params, **kw)
         for _ in range(5):
-            _set_grads(params, _grads(rng), device)
+            _set_grads(params, _grads(rng, dtype=dtype), device)
             opt.step()
         runs.append([p.numpy() for p in params])
+        states = opt.u if opt_cls is ndl.optim.SGD else opt.v
+        runs[-1] += [states[p].numpy() for p in params]
     for a, b in zip(*runs):
+        assert a.dtype == dtype
         np.testing.assert_array_equal(a, b)
 
 
-def _census_step(opt_cls, with_grad, strided_grad=False):
+def _census_step(opt_cls, with_grad, strided_grad=False, dtype="float32"):
     device = ndl.cuda()
-    rng, params = _setup(device, 19)
-    extra = _tensor(np.ones(7), device, True)  # never gets a gradient
+    rng, params = _setup(device, 19, dtype=dtype)
+    extra = _tensor(np.ones(7), device, True, dtype)  # never gets a gradient
     kw = dict(lr=0.01, weight_decay=0.01)
     if opt_cls is ndl.optim.SGD:
         kw["momentum"] = 0.9
     opt = opt_cls(params + [extra], **kw)
 
     def set_grads():
-        _set_grads(params[:with_grad], _grads(rng)[:with_grad], device)
+        _set_grads(params[:with_grad], _grads(rng, dtype=dtype)[:with_grad], device)
         if strided_grad:
             t = ndl.NDArray(rng.standard_normal(SHAPES[0][::-1]).astype(np.float32), device=device)
             params[0].grad = _over(t.permute((1, 0)))
@@ -478,10 +699,13 @@ def _census_step(opt_cls, with_grad, strided_grad=False):
 
 @pytest.mark.parametrize("opt_cls", [ndl.optim.SGD, ndl.optim.Adam])
 @pytest.mark.parametrize("with_grad", [len(SHAPES), 2])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @cuda_test
-def test_cuda_census_one_launch_per_parameter(opt_cls, with_grad):
-    work, sites = _census_step(opt_cls, with_grad)
-    kernel = "adam_update_kernel" if opt_cls is ndl.optim.Adam else "sgd_update_kernel"
+def test_cuda_census_one_launch_per_parameter(opt_cls, with_grad, dtype):
+    """float64 operands run their own kernel, as fused as the float32 one."""
+    work, sites = _census_step(opt_cls, with_grad, dtype=dtype)
+    kernel = "adam_update" if opt_cls is ndl.optim.Adam else "sgd_update"
+    kernel += "_f64_kernel" if dtype == "float64" else "_kernel"
     assert work["kernel_launches"] == with_grad, sites
     assert [name.split()[0] for name in sites] == [kernel]
     for key in ("host_syncs", "device_mallocs", "device_frees", "memsets", "d2d_copies"):

@@ -23,6 +23,9 @@ writes through it) and tested for inf/NaN in the same pass, into one flag array 
 On a GPU that is one kernel launch per gradient and the host reads the flag once per step, in
 ``step()``. A gradient array that several parameters share (``x.grad is y.grad`` after
 ``(x + y).backward()``) is unscaled once. Parameters whose ``grad`` is None are skipped.
+float32 and float64 gradients are unscaled in their own dtype (a float64 one by the float32
+``1 / scale`` widened, as PyTorch does); float16 and bfloat16 gradients are refused
+(TypeError), as PyTorch refuses float16 ones: keep float32 master parameters under autocast.
 
 The scale is kept in float32, as PyTorch keeps it, and changes as PyTorch's
 ``_amp_update_scale_`` changes it (the product computed in double, then rounded to float32;

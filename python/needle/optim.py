@@ -2,10 +2,13 @@
 
 A step updates each parameter with one fused engine call (``needle_c.adam_update`` /
 ``needle_c.sgd_update``: one pass over the data, one kernel launch on a GPU, no host
-synchronisation) that computes the course's formulas in float32 in the order of its unfused
-code. The parameter gets a NEW array (``p.data = new`` in the course), so a tensor holding
-the old ``p.data`` keeps the old values; the optimizer's state (``m``, ``v``, ``u``) is
-private and is updated IN PLACE: a tensor taken from ``opt.m[p]`` follows the updates.
+synchronisation) that computes the course's formulas in the order of its unfused code, in
+float64 for a float64 parameter (as PyTorch does) and in float32 otherwise: a float16 or
+bfloat16 parameter is widened and its results rounded once, as PyTorch's opmath does. The
+state is kept in the parameter's dtype. The parameter gets a NEW array (``p.data = new``
+in the course), so a tensor holding the old ``p.data`` keeps the old values; the
+optimizer's state (``m``, ``v``, ``u``) is private and is updated IN PLACE: a tensor taken
+from ``opt.m[p]`` follows the updates.
 
 Hyper-parameters are checked at construction, as ``torch.optim`` does, and NaN and
 infinities are refused as well: ValueError ("Invalid ...") for ``lr < 0``, ``momentum``

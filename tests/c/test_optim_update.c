@@ -1,7 +1,8 @@
 /* test_optim_update.c: unit tests of the fused optimizer updates
  * (csrc/optim_update.c, cpu_optim.c, cpu_optim.inc) through the engine's
  * headers: the bits of a reference written out here in the unfused code's
- * order, the same bits from every instruction set and thread count, strided
+ * order, in float32 and in float64 (a float64 update computes in float64, not
+ * in float32), the same bits from every instruction set and thread count, strided
  * inputs, the state updated in place while the parameter is new, and every
  * error path writing nothing and leaving the allocator's books as they were.
  * Built and run by tests/test_engine_c.py; prints failures, exits nonzero. */
@@ -36,35 +37,110 @@ static void fill_inputs(void) {
     }
 }
 
-static const nd_adam_hyper ADAM = {.lr = 0.01f,
-                                   .beta1 = 0.9f,
-                                   .one_minus_beta1 = (float)(1.0 - 0.9),
-                                   .beta2 = 0.999f,
-                                   .one_minus_beta2 = (float)(1.0 - 0.999),
-                                   .eps = 1e-8f,
-                                   .weight_decay = 0.01f,
-                                   .bias_correction1 = (float)(1.0 - 0.9 * 0.9 * 0.9),
-                                   .bias_correction2 = (float)(1.0 - 0.999 * 0.999 * 0.999)};
+/* What the host computes in double (needle_c/optim.c), at step 3. */
+static const nd_adam_hyper ADAM = {.lr = 0.01,
+                                   .beta1 = 0.9,
+                                   .one_minus_beta1 = 1.0 - 0.9,
+                                   .beta2 = 0.999,
+                                   .one_minus_beta2 = 1.0 - 0.999,
+                                   .eps = 1e-8,
+                                   .weight_decay = 0.01,
+                                   .bias_correction1 = 1.0 - 0.9 * 0.9 * 0.9,
+                                   .bias_correction2 = 1.0 - 0.999 * 0.999 * 0.999};
 static const nd_sgd_hyper SGD = {
-    .lr = 0.1f, .momentum = 0.9f, .one_minus_momentum = (float)(1.0 - 0.9), .weight_decay = 0.01f};
+    .lr = 0.1, .momentum = 0.9, .one_minus_momentum = 1.0 - 0.9, .weight_decay = 0.01};
 
-/* The unfused code's order, one rounding per operation (ISO C: no FMA). */
+/* The unfused code's order, one rounding per operation (ISO C: no FMA); in
+ * float32 with each coefficient rounded to float32 first, and in float64. */
 static float want_p[N], want_m[N], want_v[N], want_sgd_p[N], want_u[N];
+static double want_p64[N], want_m64[N], want_v64[N], want_sgd_p64[N], want_u64[N];
 
 static void references(void) {
-    const nd_adam_hyper h = ADAM;
+    const float lr = (float)ADAM.lr, b1 = (float)ADAM.beta1, c1 = (float)ADAM.one_minus_beta1;
+    const float b2 = (float)ADAM.beta2, c2 = (float)ADAM.one_minus_beta2;
+    const float eps = (float)ADAM.eps, wd = (float)ADAM.weight_decay;
+    const float bc1 = (float)ADAM.bias_correction1, bc2 = (float)ADAM.bias_correction2;
+    const float slr = (float)SGD.lr, mom = (float)SGD.momentum;
+    const float cm = (float)SGD.one_minus_momentum, swd = (float)SGD.weight_decay;
     for (int64_t i = 0; i < N; i++) {
-        float g = g0[i] + p0[i] * h.weight_decay;
-        float m = m0[i] * h.beta1 + g * h.one_minus_beta1;
-        float v = v0[i] * h.beta2 + (g * g) * h.one_minus_beta2;
-        float m_hat = m / h.bias_correction1, v_hat = v / h.bias_correction2;
+        float g = g0[i] + p0[i] * wd;
+        float m = m0[i] * b1 + g * c1;
+        float v = v0[i] * b2 + (g * g) * c2;
+        float m_hat = m / bc1, v_hat = v / bc2;
         want_m[i] = m;
         want_v[i] = v;
-        want_p[i] = p0[i] - (m_hat * h.lr) / (sqrtf(v_hat) + h.eps);
-        float gs = g0[i] + p0[i] * SGD.weight_decay;
-        want_u[i] = m0[i] * SGD.momentum + gs * SGD.one_minus_momentum;
-        want_sgd_p[i] = p0[i] - want_u[i] * SGD.lr;
+        want_p[i] = p0[i] - (m_hat * lr) / (sqrtf(v_hat) + eps);
+        float gs = g0[i] + p0[i] * swd;
+        want_u[i] = m0[i] * mom + gs * cm;
+        want_sgd_p[i] = p0[i] - want_u[i] * slr;
     }
+    const nd_adam_hyper h = ADAM;
+    for (int64_t i = 0; i < N; i++) {
+        double p = p0[i], g = g0[i] + p * h.weight_decay;
+        double m = m0[i] * h.beta1 + g * h.one_minus_beta1;
+        double v = v0[i] * h.beta2 + (g * g) * h.one_minus_beta2;
+        double m_hat = m / h.bias_correction1, v_hat = v / h.bias_correction2;
+        want_m64[i] = m;
+        want_v64[i] = v;
+        want_p64[i] = p - (m_hat * h.lr) / (sqrt(v_hat) + h.eps);
+        double gs = g0[i] + p * SGD.weight_decay;
+        want_u64[i] = m0[i] * SGD.momentum + gs * SGD.one_minus_momentum;
+        want_sgd_p64[i] = p - want_u64[i] * SGD.lr;
+    }
+}
+
+/* A new contiguous float64 array holding values (float32 values widened). */
+static nd_array make64(nd_device *dev, int ndim, const int64_t *shape, const float *values) {
+    nd_array a;
+    memset(&a, 0, sizeof a);
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    double *h = malloc(sizeof(double) * (size_t)n);
+    if (h == NULL || nd_array_empty_typed(dev, ndim, shape, ND_FLOAT64, &a) != ND_OK) {
+        free(h);
+        return a;
+    }
+    for (int64_t i = 0; i < n; i++) h[i] = values[i];
+    nd_array_from_host(&a, h);
+    free(h);
+    return a;
+}
+
+static int equals_host64(const nd_array *a, const double *want, int64_t n) {
+    double *h = malloc(sizeof(double) * (size_t)n);
+    int same = h != NULL && nd_array_dtype(a) == ND_FLOAT64 && nd_array_to_host(a, h) == ND_OK &&
+               memcmp(h, want, sizeof(double) * (size_t)n) == 0;
+    free(h);
+    return same;
+}
+
+/* The float64 update from the same start: the float64 reference's bits,
+ * and the result differs from the float32 one (it was not computed in it). */
+static void check_one_run64(nd_device *dev, const char *what) {
+    int64_t shape[2] = {N / 11, 11}, before = allocated(dev);
+    nd_array p = make64(dev, 2, shape, p0), g = make64(dev, 2, shape, g0);
+    nd_array m = make64(dev, 2, shape, m0), v = make64(dev, 2, shape, v0), out;
+    CHECK(nd_array_adam_update(&p, &g, &m, &v, &ADAM, &out) == ND_OK);
+    int ok = equals_host64(&out, want_p64, N) && equals_host64(&m, want_m64, N) &&
+             equals_host64(&v, want_v64, N);
+    if (!ok) printf("FAIL: float64 adam_update differs from the reference with %s\n", what);
+    CHECK(ok);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < N; i++) differ += want_p64[i] != (double)want_p[i];
+    CHECK(differ > N / 2);
+    nd_array_release(&out);
+    nd_array u = make64(dev, 2, shape, m0);
+    CHECK(nd_array_sgd_update(&p, &g, &u, &SGD, &out) == ND_OK);
+    ok = equals_host64(&out, want_sgd_p64, N) && equals_host64(&u, want_u64, N);
+    if (!ok) printf("FAIL: float64 sgd_update differs from the reference with %s\n", what);
+    CHECK(ok);
+    nd_array_release(&out);
+    nd_array_release(&p);
+    nd_array_release(&g);
+    nd_array_release(&m);
+    nd_array_release(&v);
+    nd_array_release(&u);
+    CHECK(allocated(dev) == before);
 }
 
 /* One Adam and one SGD update from the same start, checked bit for bit. */
@@ -103,6 +179,7 @@ static void test_every_isa_and_thread_count(nd_device *dev) {
             char what[64];
             snprintf(what, sizeof what, "isa %s, %d thread(s)", nd_cpu_isa_name(isa), threads);
             check_one_run(dev, what);
+            check_one_run64(dev, what);
         }
     }
     nd_cpu_set_threads(0);
