@@ -296,8 +296,7 @@ static int backward_needle(needle_state *st, PyObject *topo, PyObject *output, P
         Py_XSETREF(Tensor_CAST(node)->grad, Py_NewRef(adjoint));
         if (Tensor_CAST(node)->op == NULL) {
             Py_DECREF(adjoint);
-            if (Tensor_CAST(node)->requires_grad && run_post_accumulate_hooks(node) < 0)
-                goto fail;
+            if (Tensor_CAST(node)->requires_grad && run_post_accumulate_hooks(node) < 0) goto fail;
             continue;
         }
         PyObject *inputs;

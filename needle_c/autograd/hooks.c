@@ -88,9 +88,7 @@ static PyObject *handle_remove(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     Py_RETURN_NONE;
 }
 
-static PyObject *handle_enter(PyObject *op, PyObject *Py_UNUSED(ignored)) {
-    return Py_NewRef(op);
-}
+static PyObject *handle_enter(PyObject *op, PyObject *Py_UNUSED(ignored)) { return Py_NewRef(op); }
 
 static PyObject *handle_exit(PyObject *op, PyObject *args) {
     (void)args;
@@ -282,8 +280,8 @@ int run_post_accumulate_hooks(PyObject *node) {
             rc = -1;
         } else if (r != Py_None) {
             PyErr_Format(PyExc_RuntimeError,
-                         "post accumulate grad hook %R returned a %.100s: it must return None",
-                         fn, Py_TYPE(r)->tp_name);
+                         "post accumulate grad hook %R returned a %.100s: it must return None", fn,
+                         Py_TYPE(r)->tp_name);
             rc = -1;
         }
         Py_XDECREF(r);

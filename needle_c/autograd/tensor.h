@@ -136,11 +136,11 @@ typedef struct {
 /* Tensor and TensorTuple share this layout; a TensorTuple's cached_data
  * is a tuple of NDArrays. */
 typedef struct {
-    PyObject_HEAD PyObject *op; /* Op or NULL (a leaf)          */
-    PyObject *inputs;           /* tuple of Values, never NULL  */
-    PyObject *cached_data;      /* NDArray / tuple, or NULL     */
-    PyObject *grad;             /* Tensor or NULL               */
-    PyObject *grad_hooks;       /* dict id -> fn, or NULL (hooks.c) */
+    PyObject_HEAD PyObject *op;      /* Op or NULL (a leaf)          */
+    PyObject *inputs;                /* tuple of Values, never NULL  */
+    PyObject *cached_data;           /* NDArray / tuple, or NULL     */
+    PyObject *grad;                  /* Tensor or NULL               */
+    PyObject *grad_hooks;            /* dict id -> fn, or NULL (hooks.c) */
     PyObject *post_accumulate_hooks; /* the same, leaves only   */
     PyObject *dict;
     PyObject *weakreflist;

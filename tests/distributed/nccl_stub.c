@@ -181,8 +181,8 @@ int cuEventRecord(void *event, void *stream) {
 
 int cuStreamWaitEvent(void *stream, void *event, unsigned flags) {
     char line[96];
-    snprintf(line, sizeof line, "cuStreamWaitEvent stream=%zu event=%zu flags=%u",
-             (size_t)stream, (size_t)event, flags);
+    snprintf(line, sizeof line, "cuStreamWaitEvent stream=%zu event=%zu flags=%u", (size_t)stream,
+             (size_t)event, flags);
     record_driver(line);
     return 0;
 }
