@@ -348,7 +348,7 @@ static int accumulate_grad(needle_state *st, PyObject *node, PyObject *grad) {
     int differ = shapes_differ(st, old, grad);
     if (differ) {
         if (differ > 0)
-            PyErr_SetString(PyExc_RuntimeError,
+            PyErr_SetString(PyExc_ValueError,
                             "backward: the tensor's .grad has another shape than its gradient "
                             "(set .grad to None, or to a tensor of its shape, before backward)");
         return -1;

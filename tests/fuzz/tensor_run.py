@@ -210,6 +210,11 @@ def _short(params):
 
 def _backward(prog, ins, env, res, index, disturber):
     vid = ins.ins[0]
+    # each backward's gradients alone: cycle_free mode adds into a .grad that is there (as
+    # PyTorch does), needle mode replaces it, and the runs compare the two
+    for leaf in prog.vals[vid].deps:
+        if leaf in env and isinstance(env[leaf], ndl.Tensor) and env[leaf].op is None:
+            env[leaf].grad = None
     try:
         g = ndl.Tensor(ins.params["g"], requires_grad=False)
         env[vid].backward(g)
