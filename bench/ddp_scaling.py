@@ -15,11 +15,15 @@ cross-entropy, zero grads, backward (in both frameworks DDP's hooks start each b
 all-reduce during the backward, which returns with the averaged gradients), Adam step, reading
 the loss. Reported: median step time (for each step the slowest rank's), tokens/s = B x 20 /
 step time, and the 2-rank efficiency = tokens/s(2 ranks) / (2 x tokens/s(1 rank)); for needle
-also the all-reduce's share hidden under the backward: ``wait ms``, the median time the end of a
-backward waited for the all-reduces (``ddp.reduction_stats``; the other rank's lateness
-included), against ``allreduce ms``, the median time the same buckets' all-reduces take one
-after another with nothing to overlap (measured after the timed steps, on both ranks at once):
-``hidden = 1 - wait / allreduce``. Without PyTorch only needle's numbers are printed. The
+also the all-reduce's share hidden under the backward. ``wait ms``: the median time the end of a
+backward waited (``ddp.reduction_stats``: the slower rank's wait, the other rank's lateness
+included); ``exposed ms``: the median time from the moment the later rank had computed its last
+gradient (the last bucket's launch) to the moment the all-reduces were done on both (the part
+of the all-reduce no backward hid: ``time.perf_counter`` is one clock for the processes of a
+machine);
+``allreduce ms``: the median time the same buckets' all-reduces take one after another with
+nothing to overlap (measured after the timed steps, on both ranks at once);
+``hidden = 1 - exposed / allreduce``. Without PyTorch only needle's numbers are printed. The
 machine's other load counts: on a shared box, ``--rounds R`` launches every run R times,
 interleaved, and takes the median over all their steps.
 
@@ -68,6 +72,7 @@ def run_needle(args, rank, world):
     loss_fn = nn.SoftmaxLoss()
     h, times, losses = None, [], []
     rows = ddputil.batch_rows(batches.shape[0], args.seq_len, args.warmup + args.steps)
+    ends = []
     for n, row in enumerate(rows):
         waited = ddp.reduction_stats["exposed_wait_s"] if ddp else 0.0
         start = time.perf_counter()
@@ -75,11 +80,19 @@ def run_needle(args, rank, world):
         if n >= args.warmup:
             times.append(time.perf_counter() - start)
             if ddp:
-                waits.append(ddp.reduction_stats["exposed_wait_s"] - waited)
+                stats = ddp.reduction_stats
+                waits.append(stats["exposed_wait_s"] - waited)
+                ends.append((stats["last_arrival"], stats["last_done"]))
         losses.append(loss)
     if world > 1:
         blocking = ddputil.blocking_allreduce_seconds(ddp, max(args.steps, 5))
-    result = {"times": times, "losses": losses, "wait": waits, "allreduce": blocking}
+    result = {
+        "times": times,
+        "losses": losses,
+        "wait": waits,
+        "ends": ends,
+        "allreduce": blocking,
+    }
     if world > 1:
         dist.destroy_process_group()
     return result
@@ -126,6 +139,7 @@ def run_torch(args, rank, world):
         "times": times,
         "losses": losses,
         "wait": [],
+        "ends": [],
         "allreduce": [],
         "version": torch.__version__,
     }
@@ -188,8 +202,16 @@ def summarize(args, config, framework, ranks, launches):
     # 1's differ by the lateness of the other)
     wait = [max(ts) for results in launches for ts in zip(*(r["wait"] for r in results))]
     blocking = [max(ts) for results in launches for ts in zip(*(r["allreduce"] for r in results))]
+    # per step: from the later rank's arrival at the end of its backward to the last rank's
+    # all-reduces done
+    exposed = [
+        max(done for _, done in step) - max(arrival for arrival, _ in step)
+        for results in launches
+        for step in zip(*(r["ends"] for r in results))
+    ]
     results = launches[0]
     wait_ms = statistics.median(wait) * 1e3 if wait else None
+    exposed_ms = statistics.median(exposed) * 1e3 if exposed else None
     allreduce_ms = statistics.median(blocking) * 1e3 if blocking else None
     return {
         "config": config,
@@ -201,8 +223,9 @@ def summarize(args, config, framework, ranks, launches):
         "step_ms": step * 1e3,
         "tokens_per_s": args.batch * args.seq_len / step,
         "wait_ms": wait_ms,
+        "exposed_ms": exposed_ms,
         "allreduce_ms": allreduce_ms,
-        "hidden": max(0.0, 1.0 - wait_ms / allreduce_ms) if wait_ms is not None else None,
+        "hidden": max(0.0, 1.0 - exposed_ms / allreduce_ms) if exposed_ms is not None else None,
         # the mean of the ranks' losses: the one-process loss of the same global batch
         "first_loss": statistics.mean(r["losses"][0] for r in results),
         "last_loss": statistics.mean(r["losses"][-1] for r in results),
@@ -220,18 +243,20 @@ def add_efficiency(rows):
 def print_table(rows):
     print(
         f"{'config':<13}{'framework':<10}{'ranks':>6}{'batch/rank':>11}{'step ms':>10}"
-        f"{'tokens/s':>10}{'efficiency':>12}{'wait ms':>9}{'allreduce ms':>14}{'hidden':>8}"
-        f"{'loss first->last':>19}"
+        f"{'tokens/s':>10}{'efficiency':>12}{'wait ms':>9}{'exposed ms':>12}{'allreduce ms':>14}"
+        f"{'hidden':>8}{'loss first->last':>19}"
     )
     for r in rows:
         wait = "-" if r["wait_ms"] is None else f"{r['wait_ms']:.2f}"
+        exposed = "-" if r["exposed_ms"] is None else f"{r['exposed_ms']:.2f}"
         total = "-" if r["allreduce_ms"] is None else f"{r['allreduce_ms']:.2f}"
         hidden = "-" if r["hidden"] is None else f"{r['hidden']:.0%}"
         eff = "-" if r["ranks"] == 1 or r["efficiency"] is None else f"{r['efficiency']:.2f}"
         losses = f"{r['first_loss']:.2f}->{r['last_loss']:.2f}"
         print(
             f"{r['config']:<13}{r['framework']:<10}{r['ranks']:>6}{r['batch_per_rank']:>11}"
-            f"{r['step_ms']:>10.1f}{r['tokens_per_s']:>10.0f}{eff:>12}{wait:>9}{total:>14}"
+            f"{r['step_ms']:>10.1f}{r['tokens_per_s']:>10.0f}{eff:>12}{wait:>9}{exposed:>12}"
+            f"{total:>14}"
             f"{hidden:>8}{losses:>19}"
         )
 

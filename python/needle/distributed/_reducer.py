@@ -3,8 +3,8 @@
 Each synchronised parameter carries a post-accumulate-grad hook (the engine's, PyTorch's
 semantics). When the last gradient of a bucket has been accumulated, the bucket is packed
 (each ``p.grad`` copied into the flat buffer, zeros where a parameter has none) and its SUM
-all-reduce starts without waiting: MPI's non-blocking ``Iallreduce`` (progressed by testing the
-requests in flight at each later hook), or NCCL on its own stream after an event on needle's.
+all-reduce starts without waiting: over MPI on the process group's communication thread, over
+NCCL on its own stream after an event on needle's (``collectives.start_all_reduce``).
 Buckets start in index order on every rank, as MPI and NCCL need. A callback queued with the
 engine for the end of the outermost backward waits for the all-reduces, divides by the world
 size and makes each ``p.grad`` a view of its bucket, so ``backward()`` returns with the averaged
@@ -126,7 +126,13 @@ class Reducer:
         self.broken = None
         # parameters the last training forward could not reach (find_unused_parameters)
         self.unused_from_forward = ()
-        self.stats = {"reductions": 0, "exposed_wait_s": 0.0}
+        self.ready_at = None
+        self.stats = {
+            "reductions": 0,
+            "exposed_wait_s": 0.0,
+            "last_arrival": None,
+            "last_done": None,
+        }
         self._reset()
         ref = weakref.ref(self)
         self.handles = [
@@ -179,20 +185,11 @@ class Reducer:
         self.pending[b] -= 1
         if self.pending[b] == 0 and b == self.next_launch:
             self._launch_ready()
-        else:
-            self._progress()
 
     def _launch_ready(self):
         while self.next_launch < len(self.buckets) and self.pending[self.next_launch] == 0:
             self._launch(self.next_launch)
             self.next_launch += 1
-
-    def _progress(self):
-        """Lets MPI move the all-reduces in flight along (a non-blocking collective advances
-        only inside MPI calls): testing the oldest unfinished one is such a call."""
-        for work in self.works[: self.next_launch]:
-            if not work.is_completed():
-                return
 
     def _launch(self, b):
         bucket = self.buckets[b]
@@ -218,6 +215,9 @@ class Reducer:
                     wants = _alignment.local_wants(self.rank, self.world_size)
                     tail = np.concatenate([tail, np.asarray(wants, dtype=np.float32)])
                 bucket.flat[bucket.grad_size :] = NDArray(tail, device=bucket.device)
+        # when this rank had every gradient of the bucket: for the last bucket, the end of
+        # the backward's computation (what the all-reduces can hide under ends here)
+        self.ready_at = time.perf_counter()
         self.works[b] = self._collectives.start_all_reduce(bucket.flat, "DistributedDataParallel")
 
     # -- at the end of backward ---------------------------------------------------------------
@@ -225,6 +225,7 @@ class Reducer:
     def finish(self):
         """The engine's end-of-backward callback: every bucket launched, waited for, averaged
         and unpacked into ``p.grad``."""
+        start = time.perf_counter()
         missing = [i for i in range(len(self.params)) if not self.ready[i]]
         if missing and not self.find_unused:
             self._wait_launched()
@@ -242,9 +243,13 @@ class Reducer:
         for i in missing:
             self._mark_ready(i)
         self._launch_ready()
-        start = time.perf_counter()
         self._wait_launched()
-        self.stats["exposed_wait_s"] += time.perf_counter() - start
+        done = time.perf_counter()
+        self.stats["exposed_wait_s"] += done - start
+        # when this rank's backward had computed its last gradient and when its all-reduces
+        # were done (time.perf_counter: one clock for the processes of a machine), for a
+        # benchmark to tell the all-reduces' own exposed time from the wait for a later rank
+        self.stats["last_arrival"], self.stats["last_done"] = self.ready_at, done
         self._unpack()
         self.active = False
         self.broken = None

@@ -162,6 +162,7 @@ def destroy_process_group():
     global _GROUP
     pg = group("destroy_process_group")
     _GROUP = None
+    _group.stop_comm_thread(pg)
     faults.uninstall()
     alignment.enable(False)  # each rank's collector is its own again
     if pg.nccl is not None:
@@ -289,17 +290,20 @@ def all_reduce(tensor, op=ReduceOp.SUM, async_op=False):
 
 def start_all_reduce(arr, what):
     """Starts a SUM all-reduce of the NDArray ``arr`` without the agreement round trip (the
-    caller checked the layout once, with :func:`agree_layout`) and returns its :class:`Work`:
-    MPI's non-blocking all-reduce, or NCCL on the communicator's own stream after needle's
-    work so far (``Work.wait`` then makes needle's stream wait for it, without blocking the
-    host). DistributedDataParallel's buckets go this way."""
+    caller checked the layout once, with :func:`agree_layout`) and returns its :class:`Work`.
+    Over MPI the all-reduce runs on the group's communication thread (a blocking all-reduce,
+    during which mpi4py lets the calling thread's computation go on: Open MPI's non-blocking
+    collectives advance only inside MPI calls, which a backward pass does not make); over NCCL
+    on the communicator's own stream after needle's work so far (``Work.wait`` then makes
+    needle's stream wait for it, without blocking the host). DistributedDataParallel's buckets
+    go this way; the all-reduces run in the order they were started, on every rank."""
     pg = _start(group(what), what)
     if pg.nccl is not None:
         return pg.nccl.all_reduce(arr, ReduceOp.SUM, what, side_stream=True)
     staged = _staging.Staged(arr, pg.cuda_aware, reduce=True)
     if arr.size == 0:
         return Work(pg, what, None, lambda: None, ())
-    request = pg.comm.Iallreduce(pg.MPI.IN_PLACE, staged.mpi_buffer(pg.MPI), op=pg.MPI.SUM)
+    request = _group.comm_thread(pg).all_reduce(staged.mpi_buffer(pg.MPI))
     return Work(pg, what, request, staged.finish, staged)
 
 

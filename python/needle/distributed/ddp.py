@@ -172,9 +172,12 @@ class DistributedDataParallel(Module):
 
     @property
     def reduction_stats(self):
-        """``{"reductions": n, "exposed_wait_s": s}``: the backward passes averaged so far and
-        the seconds their ends spent waiting for all-reduces (the part the backward did not
-        hide)."""
+        """``{"reductions": n, "exposed_wait_s": s, "last_arrival": t0, "last_done": t1}``: the
+        backward passes averaged so far, the seconds their ends spent waiting for the
+        all-reduces (for the all-reduces the backward did not hide, and for the other ranks to
+        reach their ends), and the last one's ``time.perf_counter()`` when this rank had
+        computed the last bucket's gradients (the end of the backward's computation) and when
+        its all-reduces were done."""
         return dict(self._state.reducer.stats)
 
     # -- Module -------------------------------------------------------------------------------
