@@ -222,9 +222,12 @@ class CommThread:
             done.event.set()
 
     def stop(self):
+        """Ends the thread once the all-reduces queued before are done; one that waits for
+        a rank that never joins it is left (a daemon) after the group's timeout."""
         self.jobs.put(None)
-        self.thread.join()
-        self.comm.Free()
+        self.thread.join(self.pg.timeout)
+        if not self.thread.is_alive():
+            self.comm.Free()
 
 
 def comm_thread(pg):
