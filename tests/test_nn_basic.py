@@ -231,6 +231,31 @@ def test_batchnorm_bad_shapes(device):
         nn.BatchNorm2d(3, device=device)(_t(np.zeros((4, 3)), device))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "make, shape",
+    [
+        (nn.BatchNorm1d, (0, 3)),
+        (nn.BatchNorm2d, (0, 3, 2, 2)),
+        (nn.BatchNorm2d, (2, 3, 0, 2)),
+        (nn.BatchNorm2d, (2, 3, 2, 0)),
+    ],
+)
+def test_batchnorm_empty_batch_in_training(device, make, shape):
+    # An empty batch has no mean: it must not turn the running statistics into NaN.
+    np.random.seed(8)
+    bn = make(3, device=device)
+    bn(_t(np.random.randn(4, 3, 2, 2) if make is nn.BatchNorm2d else np.random.randn(4, 3), device))
+    mean, var = bn.running_mean.numpy().copy(), bn.running_var.numpy().copy()
+    with pytest.raises(ValueError, match=rf"{make.__name__}: an empty batch .*{shape[0]}, 3"):
+        bn(_t(np.zeros(shape), device))
+    np.testing.assert_array_equal(bn.running_mean.numpy(), mean)
+    np.testing.assert_array_equal(bn.running_var.numpy(), var)
+    bn.eval()  # no statistics are computed: an empty output, as PyTorch gives
+    assert bn(_t(np.zeros(shape), device)).shape == shape
+    np.testing.assert_array_equal(bn.running_mean.numpy(), mean)
+
+
 # --------------------------------------------------------------------------- LayerNorm1d
 
 

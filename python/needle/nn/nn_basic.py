@@ -480,11 +480,21 @@ class BatchNorm1d(Module):
         self.running_mean = init.zeros(dim, device=device, dtype=dtype)
         self.running_var = init.ones(dim, device=device, dtype=dtype)
 
+    def _check_not_empty(self, n, shape):
+        # No value, no statistics: the batch mean would be NaN and the running statistics
+        # NaN for good. Raised before they move; PyTorch refuses an empty batch too.
+        if self.training and n == 0:
+            raise ValueError(
+                f"{type(self).__name__}: an empty batch (input shape {tuple(shape)}) has no "
+                "batch statistics in training mode"
+            )
+
     def forward(self, x):
         if len(x.shape) != 2 or x.shape[1] != self.dim:
             raise ValueError(f"BatchNorm1d: expected input (N, {self.dim}), got {x.shape}")
         n = x.shape[0]
         if self.training:
+            self._check_not_empty(n, x.shape)
             mean = x.sum((0,)) / n
             centered = x - mean.reshape((1, self.dim)).broadcast_to(x.shape)
             var = (centered**2).sum((0,)) / n
@@ -507,6 +517,7 @@ class BatchNorm2d(BatchNorm1d):
         if len(x.shape) != 4:
             raise ValueError(f"BatchNorm2d: expected NCHW input, got shape {x.shape}")
         s = x.shape
+        self._check_not_empty(s[0] * s[2] * s[3], s)
         _x = x.transpose((1, 2)).transpose((2, 3)).reshape((s[0] * s[2] * s[3], s[1]))
         y = super().forward(_x).reshape((s[0], s[2], s[3], s[1]))
         return y.transpose((2, 3)).transpose((1, 2))
