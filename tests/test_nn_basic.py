@@ -406,3 +406,45 @@ def test_parameter_shares_data():
     p = nn.Parameter(t)
     assert p.requires_grad
     np.testing.assert_array_equal(p.numpy(), [0, 1, 2])
+
+
+def test_module_holding_itself_is_walked_once():
+    # m.me = m (and a list holding itself) made every walk recurse for ever; each is now
+    # skipped where the walk meets it below itself, as PyTorch's memo of modules does.
+    m = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3))
+    plain = {
+        "params": m.parameters(),
+        "named": [k for k, _ in m.named_parameters()],
+        "modules": [k for k, _ in m.named_modules()],
+        "state": list(m.state_dict()),
+    }
+    m.me = m
+    m.modules[0].parent = m
+    loop = [m]
+    loop.append(loop)
+    m.loop = loop
+    params = m.parameters()
+    assert len(params) == len(plain["params"]) == 4
+    assert all(p is q for p, q in zip(params, plain["params"]))
+    assert [k for k, _ in m.named_parameters()] == plain["named"]
+    assert [k for k, _ in m.named_parameters(remove_duplicate=False)] == plain["named"]
+    assert [k for k, _ in m.named_modules()] == plain["modules"] == ["", "0", "1"]
+    assert [k for k, _ in m.named_modules(remove_duplicate=False)] == ["", "0", "1"]
+    assert [k for k, _ in m.named_children()] == ["0", "1"]
+    assert [k for k, _ in m.named_buffers()] == ["1.running_mean", "1.running_var"]
+    assert list(m.state_dict()) == plain["state"]
+    assert m.load_state_dict(m.state_dict()) == ([], [])
+    m.eval()
+    assert not m.training and not m.modules[0].training and not m.modules[1].training
+    m.train()
+    assert m.training and m.modules[0].training and m.modules[1].training
+
+
+def test_shared_module_still_walked_on_each_path():
+    # Only a module met below itself is skipped: a layer shared by two attributes keeps the
+    # course's parameters() (its parameters twice) and PyTorch's named_* (once).
+    shared = nn.Linear(2, 2)
+    m = nn.Sequential(shared, shared)
+    assert len(m.parameters()) == 4
+    assert [k for k, _ in m.named_parameters()] == ["0.weight", "0.bias"]
+    assert list(m.state_dict()) == ["0.weight", "0.bias", "1.weight", "1.bias"]

@@ -23,38 +23,46 @@ class Parameter(Tensor):
     wraps and requires grad."""
 
 
-def _unpack_params(value):
+# Every walk over a module's attributes keeps the modules and containers on its current path
+# (``path``: their ids): one met again below itself (``m.me = m``, a list holding itself) is
+# skipped, where following it would recurse for ever. A module reached twice on different
+# paths (a shared layer) is still walked each time, as the course's parameters() does.
+
+
+def _unpack_params(value, path):
     if isinstance(value, Parameter):
         return [value]
+    if not isinstance(value, (Module, dict, list, tuple)) or id(value) in path:
+        return []
     if isinstance(value, Module):
-        return value.parameters()
-    if isinstance(value, dict):
+        if type(value).parameters is not Module.parameters:
+            return value.parameters()  # a subclass's own (a wrapper's) answer
+        items = value.__dict__.values()
+    else:
+        items = value.values() if isinstance(value, dict) else value
+    path.add(id(value))
+    try:
         params = []
-        for v in value.values():
-            params += _unpack_params(v)
+        for v in items:
+            params += _unpack_params(v, path)
         return params
-    if isinstance(value, (list, tuple)):
-        params = []
-        for v in value:
-            params += _unpack_params(v)
-        return params
-    return []
+    finally:
+        path.discard(id(value))
 
 
-def _child_modules(value):
-    if isinstance(value, Module):
-        return [value] + _child_modules(value.__dict__)
-    if isinstance(value, dict):
+def _child_modules(value, path):
+    if not isinstance(value, (Module, dict, list, tuple)) or id(value) in path:
+        return []
+    path.add(id(value))
+    try:
+        if isinstance(value, Module):
+            return [value] + _child_modules(value.__dict__, path)
         modules = []
-        for v in value.values():
-            modules += _child_modules(v)
+        for v in value.values() if isinstance(value, dict) else value:
+            modules += _child_modules(v, path)
         return modules
-    if isinstance(value, (list, tuple)):
-        modules = []
-        for v in value:
-            modules += _child_modules(v)
-        return modules
-    return []
+    finally:
+        path.discard(id(value))
 
 
 class Module:
@@ -74,10 +82,10 @@ class Module:
         self.training = True
 
     def parameters(self):
-        return _unpack_params(self.__dict__)
+        return _unpack_params(self.__dict__, {id(self)})
 
     def _children(self):
-        return _child_modules(self.__dict__)
+        return _child_modules(self.__dict__, {id(self)})
 
     def eval(self):
         self.training = False
@@ -102,7 +110,7 @@ class Module:
         _check_bool("named_parameters: recurse", recurse)
         _check_bool("named_parameters: remove_duplicate", remove_duplicate)
         if recurse:
-            pairs = _walk_parameters(self, _dotted(prefix))
+            pairs = _walk_parameters(self, _dotted(prefix), set())
         else:
             pairs = ((_dotted(prefix) + k, p) for k, p in _split_entries(self)[0])
         return _unique(pairs, remove_duplicate)
@@ -124,14 +132,14 @@ class Module:
     def named_children(self):
         """(name, Module) pairs of the modules directly below this one (through list, tuple
         and dict attributes: "layers.0"), each once."""
-        return _unique(_walk_children(self, ""), True)
+        return _unique(_walk_children(self, "", set()), True)
 
     def named_modules(self, prefix="", remove_duplicate=True):
         """(name, Module) pairs of this module ("" or ``prefix``) and every module below it,
         parents before their children, each once unless ``remove_duplicate`` is False."""
         _check_str("named_modules: prefix", prefix)
         _check_bool("named_modules: remove_duplicate", remove_duplicate)
-        return _unique(_walk_modules(self, prefix), remove_duplicate)
+        return _unique(_walk_modules(self, prefix, set()), remove_duplicate)
 
     def state_dict(self, *, prefix="", keep_vars=False):
         """An OrderedDict name -> Tensor of the parameters and buffers in PyTorch's order
@@ -143,7 +151,7 @@ class Module:
         _check_str("state_dict: prefix", prefix)
         _check_bool("state_dict: keep_vars", keep_vars)
         return _OrderedDict(
-            (k, v if keep_vars else v.detach()) for k, v in _walk_state(self, prefix)
+            (k, v if keep_vars else v.detach()) for k, v in _walk_state(self, prefix, set())
         )
 
     def load_state_dict(self, state_dict, strict=True):
@@ -160,7 +168,7 @@ class Module:
                 f"load_state_dict: state_dict must be a mapping, got {type(state_dict).__name__}"
             )
         _check_bool("load_state_dict: strict", strict)
-        targets = list(_walk_state(self, ""))
+        targets = list(_walk_state(self, "", set()))
         expected = {k for k, _ in targets}
         missing = [k for k, _ in targets if k not in state_dict]
         unexpected = [k for k in state_dict if k not in expected]
@@ -272,36 +280,60 @@ def _split_entries(node):
     return params, buffers, below
 
 
-def _walk_parameters(node, prefix):
+def _below(value, path):
+    """Whether a walk goes into ``value``: a Module or container not on its path."""
+    return (isinstance(value, Module) or _is_container(value)) and id(value) not in path
+
+
+def _walk_parameters(node, prefix, path):
     # Depth first in entry order: exactly parameters()'s order.
-    for key, value, _ in _entries(node):
-        if isinstance(value, Parameter):
-            yield prefix + key, value
-        elif isinstance(value, Module) or _is_container(value):
-            yield from _walk_parameters(value, prefix + key + ".")
+    path.add(id(node))
+    try:
+        for key, value, _ in _entries(node):
+            if isinstance(value, Parameter):
+                yield prefix + key, value
+            elif _below(value, path):
+                yield from _walk_parameters(value, prefix + key + ".", path)
+    finally:
+        path.discard(id(node))
 
 
-def _walk_children(node, prefix):
-    for key, value, _ in _entries(node):
-        if isinstance(value, Module):
-            yield prefix + key, value
-        elif _is_container(value):
-            yield from _walk_children(value, prefix + key + ".")
+def _walk_children(node, prefix, path):
+    path.add(id(node))
+    try:
+        for key, value, _ in _entries(node):
+            if not _below(value, path):
+                continue
+            if isinstance(value, Module):
+                yield prefix + key, value
+            else:
+                yield from _walk_children(value, prefix + key + ".", path)
+    finally:
+        path.discard(id(node))
 
 
-def _walk_modules(module, prefix):
+def _walk_modules(module, prefix, path):
     yield prefix, module
-    for key, child in _walk_children(module, ""):
-        yield from _walk_modules(child, _dotted(prefix) + key)
+    path.add(id(module))
+    try:
+        for key, child in _walk_children(module, "", path):
+            yield from _walk_modules(child, _dotted(prefix) + key, path)
+    finally:
+        path.discard(id(module))
 
 
-def _walk_state(node, prefix):
+def _walk_state(node, prefix, path):
     # PyTorch's _save_to_state_dict order: own parameters, own buffers, then the children.
     params, buffers, below = _split_entries(node)
     for key, value in params + buffers:
         yield prefix + key, value
-    for key, value in below:
-        yield from _walk_state(value, prefix + key + ".")
+    path.add(id(node))
+    try:
+        for key, value in below:
+            if id(value) not in path:
+                yield from _walk_state(value, prefix + key + ".", path)
+    finally:
+        path.discard(id(node))
 
 
 def _unique(pairs, remove_duplicate):
