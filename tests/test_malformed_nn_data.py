@@ -24,6 +24,7 @@ import pytest
 
 import needle as ndl
 from needle import data, init, nn, optim
+from needle.apps.models import LanguageModel
 
 from devices import DEVICES
 from malformed import case, run_case
@@ -256,6 +257,64 @@ NN = [
         lambda s: nn.AttentionLayer(4, 2, 3, device=s.device)(_t(s, (1, 3, 5))),
         ValueError,
     ),
+    # Zero sizes (issue 35): each a ValueError naming the argument, where a bound divided by
+    # zero (ZeroDivisionError) or a layer of nothing was made.
+    case("linear-in-zero", lambda s: nn.Linear(0, 3, device=s.device), ValueError, "in_features"),
+    case("linear-out-zero", lambda s: nn.Linear(3, 0, device=s.device), ValueError, "out_features"),
+    case("rnn-cell-hidden-zero", lambda s: nn.RNNCell(3, 0), ValueError, "RNNCell hidden_size"),
+    case("rnn-cell-input-zero", lambda s: nn.RNNCell(0, 3), ValueError, "RNNCell input_size"),
+    case("rnn-input-zero", lambda s: nn.RNN(0, 4), ValueError, "RNN input_size"),
+    case("rnn-hidden-zero", lambda s: nn.RNN(4, 0), ValueError, "RNN hidden_size"),
+    case("lstm-cell-hidden-zero", lambda s: nn.LSTMCell(4, 0), ValueError, "LSTMCell hidden_size"),
+    case("lstm-cell-input-zero", lambda s: nn.LSTMCell(0, 4), ValueError, "LSTMCell input_size"),
+    case("lstm-input-zero", lambda s: nn.LSTM(0, 4), ValueError, "LSTM input_size"),
+    case("lstm-hidden-str", lambda s: nn.LSTM(4, "3"), TypeError, "LSTM hidden_size"),
+    case("embedding-dim-zero", lambda s: nn.Embedding(5, 0), ValueError, "embedding_dim"),
+    case("embedding-size-zero", lambda s: nn.Embedding(0, 5), ValueError, "num_embeddings"),
+    case("attention-heads-zero", lambda s: nn.AttentionLayer(4, 0, 3), ValueError, "num_head"),
+    case("attention-dim-head-zero", lambda s: nn.AttentionLayer(4, 2, 0), ValueError, "dim_head"),
+    case(
+        "attention-k-features-zero",
+        lambda s: nn.AttentionLayer(4, 2, 3, k_features=0),
+        ValueError,
+        "AttentionLayer k_features",
+    ),
+    case(
+        "transformer-layer-heads-zero",
+        lambda s: nn.TransformerLayer(4, 0, 3, 8),
+        ValueError,
+        "TransformerLayer num_head",
+    ),
+    case(
+        "transformer-layer-hidden-zero",
+        lambda s: nn.TransformerLayer(4, 2, 3, 0),
+        ValueError,
+        "TransformerLayer hidden_size",
+    ),
+    case(
+        "transformer-layers-negative",
+        lambda s: nn.Transformer(4, 8, -1),
+        ValueError,
+        "Transformer num_layers",
+    ),
+    case(
+        "transformer-sequence-len-zero",
+        lambda s: nn.Transformer(4, 8, 1, sequence_len=0),
+        ValueError,
+        "Transformer sequence_len",
+    ),
+    case(
+        "language-model-output-zero",
+        lambda s: LanguageModel(8, 0, 8),
+        ValueError,
+        "LanguageModel output_size",
+    ),
+    case(
+        "language-model-hidden-zero",
+        lambda s: LanguageModel(8, 8, 0, seq_model="lstm"),
+        ValueError,
+        "LanguageModel hidden_size",
+    ),
     case(
         "transformer-features",
         lambda s: nn.Transformer(4, 8, 1, num_head=2, dim_head=2, device=s.device, sequence_len=8)(
@@ -304,6 +363,24 @@ INIT = [
     case("zeros-like-str", lambda s: init.zeros_like("x"), TypeError),
     case("xavier-negative", lambda s: init.xavier_uniform(-1, 3, device=s.device), ValueError),
     case("xavier-normal-str", lambda s: init.xavier_normal("a", 3, device=s.device), TypeError),
+    case("kaiming-fan-in-zero", lambda s: init.kaiming_uniform(0, 3), ValueError, "fan_in"),
+    case("kaiming-fan-out-zero", lambda s: init.kaiming_uniform(3, 0), ValueError, "fan_out"),
+    case("kaiming-normal-fan-in-zero", lambda s: init.kaiming_normal(0, 3), ValueError, "fan_in"),
+    case(
+        "kaiming-shape-zero",
+        lambda s: init.kaiming_uniform(3, 3, shape=(3, 3, 0, 4)),
+        ValueError,
+        r"kaiming_uniform shape\[2\]",
+    ),
+    case(
+        "kaiming-normal-shape-1d",
+        lambda s: init.kaiming_normal(3, 3, shape=(3,)),
+        ValueError,
+        "kaiming_normal: shape",
+    ),
+    case("xavier-fans-zero", lambda s: init.xavier_uniform(0, 0), ValueError, "fan_in"),
+    case("xavier-normal-fans-zero", lambda s: init.xavier_normal(0, 0), ValueError, "fan_in"),
+    case("xavier-fan-out-zero", lambda s: init.xavier_uniform(3, 0), ValueError, "fan_out"),
     case(
         "kaiming-nonlinearity",
         lambda s: init.kaiming_uniform(3, 3, nonlinearity="tanh"),

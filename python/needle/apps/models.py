@@ -7,6 +7,7 @@ model gives the course's parameters).
 """
 
 from needle import nn
+from needle._checks import check_count
 
 __all__ = ["ConvBN", "ResNet9", "LanguageModel"]
 
@@ -91,6 +92,13 @@ class LanguageModel(nn.Module):
                 f"LanguageModel: unknown seq_model {seq_model!r} (expected 'rnn', 'lstm' or "
                 f"'transformer')"
             )
+        for name, value in (
+            ("embedding_size", embedding_size),
+            ("output_size", output_size),
+            ("hidden_size", hidden_size),
+            ("num_layers", num_layers),
+        ):
+            check_count(f"LanguageModel {name}", value)
         self.embedding_size = embedding_size
         self.output_size = output_size
         self.hidden_size = hidden_size

@@ -388,6 +388,8 @@ class Linear(Module):
 
     def __init__(self, in_features, out_features, bias=True, device=None, dtype="float32"):
         super().__init__()
+        check_count("Linear in_features", in_features)
+        check_count("Linear out_features", out_features)
         self.in_features = in_features
         self.out_features = out_features
         self.weight = Parameter(

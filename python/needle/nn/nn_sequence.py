@@ -27,6 +27,13 @@ def _check_shape(x, expected, module, name):
         )
 
 
+def _check_sizes(module, input_size, hidden_size):
+    """A recurrent layer's sizes: ints >= 1 (a hidden size of 0 divides by zero in the
+    initial bound, an input size of 0 makes a layer that reads nothing)."""
+    check_count(f"{module} input_size", input_size)
+    check_count(f"{module} hidden_size", hidden_size)
+
+
 def _uniform(bound, *shape, device, dtype):
     return Parameter(init.rand(*shape, low=-bound, high=bound, device=device, dtype=dtype))
 
@@ -81,6 +88,7 @@ class RNNCell(Module):
         self, input_size, hidden_size, bias=True, nonlinearity="tanh", device=None, dtype="float32"
     ):
         super().__init__()
+        _check_sizes("RNNCell", input_size, hidden_size)
         if nonlinearity not in ("tanh", "relu"):
             raise ValueError(
                 f"RNNCell: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}"
@@ -140,6 +148,7 @@ class RNN(Module):
         dtype="float32",
     ):
         super().__init__()
+        _check_sizes("RNN", input_size, hidden_size)
         check_count("RNN num_layers", num_layers)
         self.input_size = input_size
         self.hidden_size = hidden_size
@@ -193,6 +202,7 @@ class LSTMCell(Module):
 
     def __init__(self, input_size, hidden_size, bias=True, device=None, dtype="float32"):
         super().__init__()
+        _check_sizes("LSTMCell", input_size, hidden_size)
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.bias = bias
@@ -247,6 +257,7 @@ class LSTM(Module):
         self, input_size, hidden_size, num_layers=1, bias=True, device=None, dtype="float32"
     ):
         super().__init__()
+        _check_sizes("LSTM", input_size, hidden_size)
         check_count("LSTM num_layers", num_layers)
         self.input_size = input_size
         self.hidden_size = hidden_size
@@ -306,6 +317,8 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings, embedding_dim, device=None, dtype="float32"):
         super().__init__()
+        check_count("Embedding num_embeddings", num_embeddings)
+        check_count("Embedding embedding_dim", embedding_dim)
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         self.device = device

@@ -15,6 +15,7 @@ import numpy as np
 
 from needle import backend_ndarray as array_api
 from needle import init, ops
+from needle._checks import check_count
 from needle.autograd import Tensor
 
 from .nn_basic import Dropout, LayerNorm1d, Linear, Module, ReLU, Residual, Sequential
@@ -158,6 +159,15 @@ class AttentionLayer(Module):
             v_features = q_features
         if out_features is None:
             out_features = q_features
+        for name, value in (
+            ("q_features", q_features),
+            ("num_head", num_head),
+            ("dim_head", dim_head),
+            ("k_features", k_features),
+            ("v_features", v_features),
+            ("out_features", out_features),
+        ):
+            check_count(f"AttentionLayer {name}", value)
         self.q_features = q_features
         self.k_features = k_features
         self.v_features = v_features
@@ -238,6 +248,13 @@ class TransformerLayer(Module):
         dtype="float32",
     ):
         super().__init__()
+        for name, value in (
+            ("q_features", q_features),
+            ("num_head", num_head),
+            ("dim_head", dim_head),
+            ("hidden_size", hidden_size),
+        ):
+            check_count(f"TransformerLayer {name}", value)
         self.device = device
         self.dtype = dtype
         self.q_features = q_features
@@ -296,6 +313,15 @@ class Transformer(Module):
         sequence_len=2048,
     ):
         super().__init__()
+        for name, value in (
+            ("embedding_size", embedding_size),
+            ("hidden_size", hidden_size),
+            ("num_layers", num_layers),
+            ("num_head", num_head),
+            ("dim_head", dim_head),
+            ("sequence_len", sequence_len),
+        ):
+            check_count(f"Transformer {name}", value)
         self.device = device
         self.dtype = dtype
         self.batch_first = batch_first
