@@ -275,25 +275,41 @@ def _needle_mode_training(steps, pause=0.0, after_step=None):
     return peak
 
 
-@pytest.mark.paced
-def test_training_steps_collect_at_safe_points(clean_policy):
+@pytest.fixture
+def step_clock():
+    """The pacer's clock, moved by the test: ``tick(dt)`` advances it, and it stands still
+    otherwise, so that the pacer's decisions follow the test's steps, not how busy the
+    machine is (a stalled forward pass once looked like the end of training). Collections
+    take no time on it. Restored to the monotonic clock afterwards."""
+    now = [1.0]
+    _c._set_pressure_clock(now[0])
+
+    def tick(dt):
+        now[0] += dt
+        _c._set_pressure_clock(now[0])
+
+    try:
+        yield tick
+    finally:
+        _c._set_pressure_clock(None)
+
+
+def test_training_steps_collect_at_safe_points(clean_policy, step_clock):
     gc.set_threshold(10**9)  # only the pressure policy collects
     base = memory.memory_allocated()
     memory.set_memory_limit("cpu", base + 256 * MiB)
     # growth 0: the trigger sits 4 MiB above the live set, under one step's garbage (~10 MiB),
     # whatever earlier tests left alive.
     memory.set_gc_policy(growth=0.0, min_growth="4MiB", max_gc_fraction=0.5)
-    # Steps long enough for the pacer (at 0.5) to allow a collection each: a full collection
-    # costs what this process's heap makes it cost.
-    t0 = time.perf_counter()
-    gc.collect()
-    pause = max(0.02, 1.5 * (time.perf_counter() - t0))
     start = memory.memory_stats()
     steps, warm_up = 12, 3
     snapshots = {}
-    peak = _needle_mode_training(
-        steps, pause=pause, after_step=lambda i: snapshots.setdefault(i, memory.memory_stats())
-    )
+
+    def after_step(i):
+        snapshots.setdefault(i, memory.memory_stats())
+        step_clock(0.1)  # one step: 100 ms on the pacer's clock, however long it took
+
+    peak = _needle_mode_training(steps, after_step=after_step)
     stats = memory.memory_stats()
     at_safe_points = stats["num_safe_point_collections"] - start["num_safe_point_collections"]
     # About one collection a step, where the old graph has just died (reset_grad/backward).
@@ -312,6 +328,23 @@ def test_training_steps_collect_at_safe_points(clean_policy):
     assert stats["gc_freed_bytes"] > start["gc_freed_bytes"]
     assert stats["num_ooms"] == start["num_ooms"]
     assert peak - base < 128 * MiB
+
+
+def test_pressure_clock_argument_checks():
+    with pytest.raises(TypeError, match="now must be a number"):
+        _c._set_pressure_clock("1.0")
+    with pytest.raises(TypeError, match="now must be a number"):
+        _c._set_pressure_clock(True)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="now must be finite"):
+            _c._set_pressure_clock(bad)
+    try:
+        _c._set_pressure_clock(5.0)
+        with pytest.raises(ValueError, match="not before the clock's last value"):
+            _c._set_pressure_clock(4.0)
+        _c._set_pressure_clock(5.0)
+    finally:
+        _c._set_pressure_clock(None)
 
 
 def test_safe_points_stop_steering_when_training_stops(clean_policy):

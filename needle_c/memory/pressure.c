@@ -9,17 +9,20 @@
  */
 #include "pressure.h"
 
+#include <math.h>
 #include <time.h>
 
 static pressure_runtime runtime = {.policy = ND_GC_POLICY_DEFAULTS};
 
 pressure_runtime *pressure_runtime_get(void) { return &runtime; }
 
-double pressure_now(void) {
+static double monotonic_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+
+double pressure_now(void) { return runtime.manual_clock ? runtime.manual_now : monotonic_now(); }
 
 int64_t pressure_allocated(const nd_device *dev) {
     nd_memory_stats s;
@@ -68,8 +71,9 @@ void pressure_refresh(nd_device *dev) {
  * (or a minute has passed), so that the caller's allocation is retried on
  * what the collection freed. */
 static void wait_for_collector(const pressure_runtime *rt) {
-    double deadline = pressure_now() + 60.0;
-    while (rt->collector_thread != 0 && pressure_now() < deadline) {
+    /* Real time, also under a test's clock (which does not move by itself). */
+    double deadline = monotonic_now() + 60.0;
+    while (rt->collector_thread != 0 && monotonic_now() < deadline) {
         Py_BEGIN_ALLOW_THREADS struct timespec pause = {0, 1000000};
         nanosleep(&pause, NULL);
         Py_END_ALLOW_THREADS
@@ -285,6 +289,35 @@ static PyObject *reset_pressure_stats(PyObject *module, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* _set_pressure_clock(now): the pacer reads `now` (seconds > 0, never
+ * earlier than the last one set) until the next call; None: the monotonic
+ * clock again. */
+static PyObject *set_pressure_clock(PyObject *module, PyObject *arg) {
+    (void)module;
+    if (arg == Py_None) {
+        runtime.manual_clock = 0;
+        Py_RETURN_NONE;
+    }
+    if (PyBool_Check(arg) || !(PyFloat_Check(arg) || PyLong_Check(arg))) {
+        PyErr_Format(PyExc_TypeError,
+                     "_set_pressure_clock: now must be a number or None, got %.100s",
+                     Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    double now = PyFloat_AsDouble(arg);
+    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    if (!(isfinite(now) && now > 0.0) || (runtime.manual_clock && now < runtime.manual_now)) {
+        PyErr_Format(PyExc_ValueError,
+                     "_set_pressure_clock: now must be finite, > 0 and not before the clock's "
+                     "last value, got %R",
+                     arg);
+        return NULL;
+    }
+    runtime.manual_clock = 1;
+    runtime.manual_now = now;
+    Py_RETURN_NONE;
+}
+
 static PyObject *safe_point(PyObject *module, PyObject *Py_UNUSED(ignored)) {
     (void)module;
     pressure_safe_point();
@@ -308,6 +341,10 @@ PyMethodDef pressure_module_functions[] = {
     {"_gc_policy_defaults", gc_policy_defaults, METH_NOARGS,
      "_gc_policy_defaults()\n--\n\nThe policy needle starts with, as a dict like "
      "_get_gc_policy()'s."},
+    {"_set_pressure_clock", set_pressure_clock, METH_O,
+     "_set_pressure_clock(now, /)\n--\n\nFor tests: the collection pacer reads now (seconds) as "
+     "the time until the next call (None: the monotonic clock again), so that its decisions "
+     "follow a test's steps, not the machine's load."},
     {"_reset_pressure_stats", reset_pressure_stats, METH_O,
      "_reset_pressure_stats(device_id, /)\n--\n\nZeroes the device's collection statistics."},
     {NULL, NULL, 0, NULL},

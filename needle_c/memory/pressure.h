@@ -27,10 +27,16 @@ typedef struct pressure_runtime {
      * aligned collections took, until reported. */
     int aligned;
     double aligned_unreported_seconds;
+    /* A test's clock (_set_pressure_clock): when manual_clock is set the
+     * pacer's now is manual_now, so that its decisions follow the steps a
+     * test takes rather than how busy the machine is. */
+    int manual_clock;
+    double manual_now;
 } pressure_runtime;
 
 pressure_runtime *pressure_runtime_get(void);
-/* Seconds on the monotonic clock: the pacer's `now`. */
+/* Seconds on the monotonic clock, or the test's clock when one is set: the
+ * pacer's `now`. */
 double pressure_now(void);
 int64_t pressure_allocated(const nd_device *dev);
 /* Another thread is running needle's collection. */
