@@ -343,6 +343,15 @@ INIT = [
     case("ones-device", lambda s: init.ones(3, device="gpu9"), ValueError),
     case("zeros-negative", lambda s: init.zeros(2, -3, device=s.device), ValueError),
     case("zeros-huge", lambda s: init.zeros(2**40, device=s.device), ndl.OutOfMemoryError),
+    # NumPy drew float64 of that size first: its MemoryError, not needle's (issue 35).
+    case("rand-huge", lambda s: init.rand(2**40, device=s.device), ndl.OutOfMemoryError),
+    case("randn-huge", lambda s: init.randn(2**40, device=s.device), ndl.OutOfMemoryError),
+    case("randb-huge", lambda s: init.randb(2**40, device=s.device), ndl.OutOfMemoryError),
+    case(
+        "kaiming-huge",
+        lambda s: init.kaiming_uniform(2**40, 2, device=s.device),
+        ndl.OutOfMemoryError,
+    ),
     case("randb-str-p", lambda s: init.randb(3, p="x", device=s.device), TypeError),
     case(
         "randb-p-above",
@@ -406,6 +415,8 @@ OPTIM = [
     case("sgd-momentum-above", lambda s: optim.SGD(_params(s), momentum=2.0), ValueError),
     case("sgd-momentum-bool", lambda s: optim.SGD(_params(s), momentum=True), TypeError),
     case("sgd-lr-bool", lambda s: optim.SGD(_params(s), lr=True), TypeError),
+    case("sgd-lr-2**2000", lambda s: optim.SGD(_params(s), lr=2**2000), ValueError, "Invalid lr"),
+    case("sgd-params-int-list-step", lambda s: optim.SGD([5]).step(), TypeError, "parameter 0"),
     case(
         "sgd-weight-decay-negative", lambda s: optim.SGD(_params(s), weight_decay=-1.0), ValueError
     ),
@@ -457,6 +468,12 @@ DATA = [
     case("loader-batch-str", lambda s: data.DataLoader(_Items(), batch_size="2"), TypeError),
     case("loader-batch-none", lambda s: data.DataLoader(_Items(), batch_size=None), TypeError),
     case("loader-dataset-int", lambda s: data.DataLoader(5), TypeError),
+    case(
+        "loader-dataset-empty",
+        lambda s: data.DataLoader(_Items(0), batch_size=2),
+        ValueError,
+        "DataLoader: dataset is empty",
+    ),
     case(
         "loader-dtype",
         lambda s: _first(data.DataLoader(_Items(), dtype="int64", device=s.device)),

@@ -31,7 +31,10 @@ def check_real(name, value, low=None, high=None, low_open=False, high_open=False
     for an infinity unless ``finite=False``, and outside the range."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int past float's range (2**1024 and up)
+        raise ValueError(f"Invalid {name}: {value} (out of a float's range)") from None
     above = high is not None and (value > high or (high_open and value == high))
     below = low is not None and (value < low or (low_open and value == low))
     if math.isnan(value) or (finite and math.isinf(value)) or below or above:
