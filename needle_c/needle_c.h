@@ -94,6 +94,9 @@ extern PyMethodDef random_device_methods[];
 /* A factory's dtype argument (parse.h's parse_dtype_param; NULL or None:
  * float32): 0, or -1 with TypeError (array/factories.c). */
 int factory_dtype(PyObject *dtype, nd_dtype *out);
+/* 0 when a full() of value stores value in dtype; -1 with ValueError (naming
+ * fill_value) when a finite value would become an infinity there. */
+int check_fill_value(double value, nd_dtype dtype);
 /* A factory's shape from its varargs: f(2, 3) or f((2, 3)); a new tuple. */
 PyObject *shape_from_args(PyObject *args);
 

@@ -68,6 +68,26 @@ CONSTRUCTION = [
     case("full-negative", lambda a: nd.full((-2,), 1.0, device=a.device), ValueError),
     case("full-huge", lambda a: nd.full((HUGE,), 1.0, device=a.device), ndl.OutOfMemoryError),
     case("full-dtype", lambda a: nd.full((2,), 1.0, dtype="int8", device=a.device), TypeError),
+    # A finite fill that the dtype cannot hold was stored as inf (issue 35).
+    case(
+        "full-fill-2**1000",
+        lambda a: nd.full((2,), 2**1000, device=a.device),
+        ValueError,
+        "fill_value .* out of range for float32",
+    ),
+    case("full-fill-1e300", lambda a: nd.full((2,), 1e300, device=a.device), ValueError),
+    case(
+        "full-fill-float16",
+        lambda a: nd.full((2,), 1e5, dtype="float16", device=a.device),
+        ValueError,
+        "out of range for float16",
+    ),
+    case(
+        "full-fill-bfloat16",
+        lambda a: nd.full((2,), 3.4e38, dtype="bfloat16", device=a.device),
+        ValueError,
+        "out of range for bfloat16",
+    ),
 ]
 
 VIEWS = [

@@ -9,10 +9,29 @@
 
 #include "parse.h"
 
+#include <math.h>
+
+#include "dtype_convert.h"
+
 int factory_dtype(PyObject *dtype, nd_dtype *out) {
     *out = ND_FLOAT32;
     if (dtype == NULL || dtype == Py_None) return 0;
     return parse_dtype_param(dtype, out);
+}
+
+int check_fill_value(double value, nd_dtype dtype) {
+    if (!isfinite(value) || dtype == ND_FLOAT64) return 0; /* inf and NaN are asked for */
+    /* FLT_MAX plus half an ulp: from there a double rounds to float32's infinity
+     * (compared in double: an out-of-range conversion is undefined in C). */
+    int inf = fabs(value) >= 0x1.ffffffp127;
+    if (!inf && dtype == ND_FLOAT16) inf = isinf(nd_half_to_float(nd_float_to_half((float)value)));
+    if (!inf && dtype == ND_BFLOAT16) inf = isinf(nd_bf16_to_float(nd_float_to_bf16((float)value)));
+    if (!inf) return 0;
+    char text[64];
+    snprintf(text, sizeof text, "%g", value);
+    PyErr_Format(PyExc_ValueError, "fill_value %s is out of range for %s (it would be inf)", text,
+                 nd_dtype_name(dtype));
+    return -1;
 }
 
 /* Shapes from varargs: rand(2, 3) or rand((2, 3)). */
@@ -59,6 +78,7 @@ static PyObject *device_new_array(PyObject *op, PyObject *shape_obj, PyObject *d
     if (factory_dtype(dtype, &dt) < 0) return NULL;
     needle_state *st = state_of_type(Py_TYPE(op));
     if (st == NULL) return NULL;
+    if (fill && check_fill_value(value, dt) < 0) return NULL;
     nd_device *dev = device_from_object(st, op);
     return dev ? ndarray_new_on(st, dev, shape_obj, fill ? &value : NULL, dt) : NULL;
 }

@@ -329,7 +329,8 @@ static PyObject *module_full(PyObject *module, PyObject *args, PyObject *kwargs)
                                      &device))
         return NULL;
     double value;
-    if (parse_scalar_param(value_obj, &value) < 0) return NULL;
+    if (parse_scalar_param(value_obj, &value) < 0 || check_fill_value(value, ND_FLOAT32) < 0)
+        return NULL;
     needle_state *st = state_of_module(module);
     nd_device *dev = device_from_object(st, device);
     return dev ? ndarray_new_on(st, dev, shape_obj, &value, ND_FLOAT32) : NULL;
