@@ -134,6 +134,12 @@ SHAPES = [
     case("dilate-huge", lambda x: ops.dilate(x, (0,), 2**40), ValueError),
     case("undilate-negative", lambda x: ops.undilate(x, (0,), -1), ValueError),
     case("undilate-axis-range", lambda x: ops.undilate(x, (7,), 1), ValueError),
+    case(
+        "undilate-step-past-axis",
+        lambda x: ops.undilate(x, (0,), 5),
+        ValueError,
+        r"undilate: dilation 5 \(a step of 6\) is larger than axis 0",
+    ),
     case("getitem-range", lambda x: ops.getitem(x, 5), IndexError),
     case("getitem-str", lambda x: ops.getitem(x, "a"), TypeError),
     case("getitem-float", lambda x: ops.getitem(x, 1.5), TypeError),

@@ -110,6 +110,16 @@ static PyObject *undilate_compute(needle_state *st, const op_params *p, PyObject
     uint32_t mask;
     if (axes_to_mask(st, p, view.ndim, &mask) < 0) return NULL;
     int64_t step = (int64_t)p->dilation + 1;
+    /* A step past a (non-empty) axis keeps only its first element: that is
+     * no dilate's inverse (dilate makes each axis n * step long), a mistake. */
+    for (int i = 0; i < view.ndim; i++)
+        if ((mask >> i) & 1u && view.shape[i] > 0 && step > view.shape[i]) {
+            PyErr_Format(PyExc_ValueError,
+                         "undilate: dilation %d (a step of %lld) is larger than axis %d of "
+                         "size %lld",
+                         p->dilation, (long long)step, i, (long long)view.shape[i]);
+            return NULL;
+        }
     for (int i = 0; i < view.ndim; i++)
         if ((mask >> i) & 1u) nd_layout_slice(&view, i, 0, step, (view.shape[i] + step - 1) / step);
     return array_view(st, a[0], &view);
