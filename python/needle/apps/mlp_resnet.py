@@ -89,6 +89,8 @@ def epoch(dataloader, model, opt=None):
         total_loss += float(loss.numpy().reshape(-1)[0]) * labels.shape[0]
         count += labels.shape[0]
     n = len(dataloader.dataset) if hasattr(dataloader, "dataset") else count
+    if n == 0:
+        raise ValueError("epoch: the data loader yielded no samples")
     return errors / n, total_loss / n
 
 

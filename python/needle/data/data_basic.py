@@ -46,6 +46,10 @@ class DataLoader:
 
     def __init__(self, dataset, batch_size=1, shuffle=False, device=None, dtype="float32"):
         check_count("DataLoader batch_size", batch_size)
+        # An empty dataset gives no batch: the loop over it would run nothing and report
+        # nothing (an epoch's mean loss divided by zero), so it is refused here.
+        if len(dataset) == 0:
+            raise ValueError("DataLoader: dataset is empty (len(dataset) == 0)")
         self.dataset = dataset
         self.shuffle = shuffle
         self.batch_size = batch_size

@@ -13,6 +13,7 @@ import time
 
 import needle_c as _c
 
+from .._checks import check_real
 from .stats import _flag, _resolve, memory_stats
 
 _DEFAULT_INTERVAL = 0.1
@@ -43,8 +44,16 @@ class MemoryMonitor:
     )
 
     def __init__(self, device=None, interval=None):
-        if interval is not None and not interval > 0:
-            raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+        if interval is not None:
+            # threading's waits take at most TIMEOUT_MAX seconds (a longer one was an
+            # OverflowError in the sampling thread).
+            interval = check_real(
+                "MemoryMonitor interval",
+                interval,
+                low=0.0,
+                high=threading.TIMEOUT_MAX,
+                low_open=True,
+            )
         self.device = _resolve(device)
         self.interval = interval
         self._samples = []
@@ -122,12 +131,14 @@ class MemoryMonitor:
         return self
 
     def stop(self):
-        """Stops the thread (if running) and records a final sample; returns self."""
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
-            self.sample()
+        """Stops the thread and records a final sample; returns self. RuntimeError when
+        :meth:`start` was not called since the last stop (nothing to stop)."""
+        if self._thread is None:
+            raise RuntimeError("this MemoryMonitor is not running: stop() needs a start() first")
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+        self.sample()
         return self
 
     def __enter__(self):

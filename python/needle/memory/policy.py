@@ -58,7 +58,10 @@ def set_gc_policy(
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-            kwargs[name] = float(value)
+            try:
+                kwargs[name] = float(value)
+            except OverflowError:  # an int past a float's range; needle_c checks the rest
+                raise ValueError(f"{name} must be a finite number, got {value}") from None
     if min_growth is not None:
         kwargs["min_growth"] = _bytes_argument("min_growth", parse_size(min_growth))
     if watermark is not ...:

@@ -176,7 +176,13 @@ def parse_size(value, capacity=None):
             raise ValueError(f"cannot parse memory size {value!r}: {_SIZE_HELP}")
         if _UNITS[unit] == 1 and "." in match.group(1):
             raise ValueError(f"memory size {value!r} is not whole bytes: {_SIZE_HELP}")
-        return int(float(match.group(1)) * _UNITS[unit])
+        number = match.group(1)
+        if "." not in number:  # whole: exact, however long (a float of it could be inf)
+            return int(number) * _UNITS[unit]
+        amount = float(number) * _UNITS[unit]
+        if amount == float("inf"):
+            raise ValueError(f"memory size {value!r} is out of range")
+        return int(amount)
     raise TypeError(
         f"a memory size must be an int, a float fraction or a string, got {type(value).__name__}"
     )
