@@ -453,8 +453,15 @@ def compile_cuda(plan, build_temp, force):
     if todo:
         compiler = plan["cxx"] if sim else plan["nvcc"]
         target = "the CUDA simulator" if sim else "sm_" + ", sm_".join(plan["archs"])
+        # On stderr: pip hides both streams of a build unless -v, but a plain `setup.py` run,
+        # `pip -v` and a failed build show it, and the wait is long enough to be named.
+        wait = (
+            "" if sim else f" (2-4 minutes for all {len(CUDA_SOURCES)}; NEEDLE_CUDA=0 skips CUDA)"
+        )
         print(
-            f"needle: compiling {len(todo)} CUDA file(s) with {compiler} for {target}", flush=True
+            f"needle: compiling {len(todo)} CUDA file(s) with {compiler} for {target}{wait}",
+            file=sys.stderr,
+            flush=True,
         )
         start = time.perf_counter()
         workers = max(1, min(len(todo), os.cpu_count() or 1))

@@ -247,15 +247,39 @@ nd_status nd_layout_broadcast_to(const nd_layout *in, int ndim, const int64_t *s
     return ND_OK;
 }
 
+/* 1 with a * b in *out when the product fits in int64, else 0; the check
+ * comes before the multiplication, since signed overflow is undefined
+ * (CERT INT32-C's test). */
+static int mul_fits(int64_t a, int64_t b, int64_t *out) {
+    int overflows;
+    if (a > 0) overflows = b > 0 ? a > INT64_MAX / b : b < INT64_MIN / a;
+    else overflows = b > 0 ? a < INT64_MIN / b : a != 0 && b < INT64_MAX / a;
+    if (overflows) return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* Any step is taken, down to Python's -(2**63 - 1): a step past the
+ * dimension leaves one element (NumPy's answer to a[::-2**63]). The dim's
+ * stride becomes stride * step, as in NumPy, where that fits in int64; it
+ * always does for two elements or more (the view's checked extent bounds
+ * it), and for one element or none, whose stride moves through nothing, a
+ * product that does not fit leaves the stride it had. */
 nd_status nd_layout_slice(nd_layout *l, int dim, int64_t start, int64_t step, int64_t length) {
     if (dim < 0 || dim >= l->ndim) return nd_fail(ND_ERR_INDEX, "too many indices");
     if (step == 0) return nd_fail(ND_ERR_VALUE, "slice step cannot be zero");
     if (length < 0) length = 0;
-    if (length > 0 && (start < 0 || start >= l->shape[dim] || start + (length - 1) * step < 0 ||
-                       start + (length - 1) * step >= l->shape[dim]))
+    int64_t reach; /* (length - 1) * step: from the first index to the last */
+    if (length > 0 && (start < 0 || start >= l->shape[dim] || !mul_fits(length - 1, step, &reach) ||
+                       reach < -start || reach > l->shape[dim] - 1 - start))
         return nd_fail(ND_ERR_INDEX, "slice out of range for dimension %d", dim);
+    int64_t stride = l->strides[dim];
+    if (!mul_fits(l->strides[dim], step, &stride) && length > 1)
+        return nd_fail(ND_ERR_INDEX,
+                       "slice step %lld times the stride %lld of dimension %d overflows int64",
+                       (long long)step, (long long)l->strides[dim], dim);
     if (length > 0) l->offset += start * l->strides[dim];
-    l->strides[dim] *= step;
+    l->strides[dim] = stride;
     l->shape[dim] = length;
     return ND_OK;
 }

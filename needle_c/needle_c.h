@@ -121,6 +121,10 @@ PyObject *ndarray_wrap(needle_state *st, nd_array *arr);
  * *dtype; dtype NULL: an NDArray's own dtype, float32 for anything else. */
 PyObject *ndarray_from_object(needle_state *st, PyObject *obj, nd_device *dev,
                               const nd_dtype *dtype);
+/* Writes obj's values (any array-like of out's shape) into out, a new
+ * contiguous NDArray of a dtype NumPy holds (not bfloat16), converting them
+ * as NumPy casts. 0, or -1 with an exception (ValueError: another shape). */
+int ndarray_write_object(needle_state *st, PyObject *out, PyObject *obj);
 /* The dtype a Tensor made from obj without a dtype gets: a NumPy array's or
  * NumPy scalar's own when it is float16, float32 or float64 (as PyTorch's
  * torch.tensor and the course's NumPy-backed hw1 Tensor keep it); float32

@@ -80,21 +80,20 @@ static PyObject *generated_array(needle_state *st, nd_device *dev, PyObject *sha
 }
 
 /* numpy.random.<draw>(*shape) (one draw of prod(shape) values from NumPy's
- * global RNG, as in the course), copied onto dev. The device array is made
- * first and dropped once NumPy has drawn: a bad shape, or one the device
- * cannot hold, raises needle's error (ValueError, OutOfMemoryError) before
- * NumPy asks the host for twice its bytes in float64 (NumPy's MemoryError),
- * and leaves NumPy's stream where it was. */
+ * global RNG, as in the course), copied onto dev. The float32 array they go
+ * to is allocated first, through needle's allocator: a shape past the
+ * device's limit or memory is needle's OutOfMemoryError with its size,
+ * raised before NumPy allocates the draw's float64 values on the host (twice
+ * the bytes, which needle does not count) and before NumPy's stream moves. */
 static PyObject *host_array(needle_state *st, nd_device *dev, PyObject *shape, const char *draw) {
-    PyObject *room = ndarray_new_on(st, dev, shape, NULL, ND_FLOAT32);
-    if (room == NULL) return NULL;
+    PyObject *result = ndarray_new_on(st, dev, shape, NULL, ND_FLOAT32);
+    if (result == NULL) return NULL;
     PyObject *callable = PyObject_GetAttrString(st->numpy_random, draw);
     PyObject *values = callable ? PyObject_Call(callable, shape, NULL) : NULL;
     Py_XDECREF(callable);
-    Py_DECREF(room);
-    if (values == NULL) return NULL;
-    PyObject *result = ndarray_from_object(st, values, dev, NULL);
-    Py_DECREF(values);
+    int rc = values != NULL ? ndarray_write_object(st, result, values) : -1;
+    Py_XDECREF(values);
+    if (rc < 0) Py_CLEAR(result);
     return result;
 }
 

@@ -5,8 +5,14 @@ Deliberately light: it registers the markers the suite uses and, with
 (instead of letting it skip), with needle's reason in the message; and it holds the
 ``host_rng`` fixture. Shared parametrisation lives in ``devices.py`` (importable because
 pytest puts this directory on ``sys.path``; ``tests/`` has no ``__init__.py``).
+
+The skips are summed up by reason at the end of a run (``pytest_terminal_summary``): on a
+machine without a GPU a thousand CUDA cases skip for one reason, and ``-rs``'s line per test
+location would bury the failures above the result (pyproject.toml's addopts report failures
+and errors, ``-rfE``; pass ``-rs`` for every skip's location).
 """
 
+import collections
 import os
 
 import pytest
@@ -54,3 +60,25 @@ def host_rng():
 
     with ndl.random.rng_mode("host"):
         yield
+
+
+def _skip_reason(report):
+    """The reason a skipped report gives, as ``-rs`` prints it."""
+    longrepr = report.longrepr
+    # (path, line, "Skipped: reason"); an xdist worker's report arrives with it as a list
+    reason = longrepr[2] if isinstance(longrepr, (tuple, list)) and len(longrepr) == 3 else longrepr
+    return str(reason).removeprefix("Skipped: ")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line per distinct skip reason, most frequent first, with its count. Under
+    pytest-xdist the workers' reports reach the controller's reporter, so the counts are
+    the whole run's."""
+    counts = collections.Counter(
+        _skip_reason(report) for report in terminalreporter.stats.get("skipped", [])
+    )
+    if not counts:
+        return
+    terminalreporter.write_sep("=", "skips by reason")
+    for reason, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        terminalreporter.write_line(f"{count} skipped: {reason}")

@@ -399,6 +399,50 @@ def test_autocast_bad_arguments(kwargs, exc, match):
     assert not ndl.amp.is_autocast_enabled("cpu")
 
 
+# Every spelling of the narrow types that the Tensor constructor reads.
+NARROW_SPELLINGS = [
+    ("half", "float16"),
+    ("float16", "float16"),
+    (ndl.float16, "float16"),
+    (np.float16, "float16"),
+    (np.dtype("float16"), "float16"),
+    ("f2", "float16"),
+    ("bfloat16", "bfloat16"),
+    (ndl.bfloat16, "bfloat16"),
+]
+
+
+@pytest.mark.parametrize("spelling, name", NARROW_SPELLINGS, ids=repr)
+def test_autocast_takes_every_spelling_the_tensor_constructor_takes(spelling, name):
+    x, w, _ = params(ndl.cpu())
+    assert ndl.Tensor(np.ones(2, np.float32), dtype=spelling).dtype == name
+    with ndl.autocast("cpu", dtype=spelling) as ctx:
+        assert ctx.fast_dtype == name
+        assert ndl.amp.get_autocast_dtype("cpu") == name
+        assert (x @ w).dtype == name
+    assert not ndl.amp.is_autocast_enabled("cpu")
+
+
+@pytest.mark.parametrize("spelling", ["float", "double", np.float64, "int32", np.uint8], ids=repr)
+def test_autocast_refuses_wide_and_integer_dtypes_in_any_spelling(spelling):
+    with pytest.raises(ValueError, match="autocast dtype must be float16 or bfloat16"):
+        ndl.autocast("cpu", dtype=spelling)
+
+
+def test_autocast_exit_without_enter_is_a_runtime_error():
+    ctx = ndl.autocast("cpu", dtype="float16")
+    with pytest.raises(RuntimeError, match=r"autocast.__exit__ without a matching __enter__"):
+        ctx.__exit__(None, None, None)
+    assert not ndl.amp.is_autocast_enabled("cpu")
+    # one exit per enter: the second exit of a `with` that ran is the same misuse
+    with ctx:
+        assert ndl.amp.is_autocast_enabled("cpu")
+    with pytest.raises(RuntimeError, match="without a matching __enter__"):
+        ctx.__exit__(None, None, None)
+    assert not ndl.amp.is_autocast_enabled("cpu")
+    assert ndl.amp.get_autocast_dtype("cpu") == "bfloat16"
+
+
 def test_the_policy_is_pythons_lists():
     import needle_c
     from needle import _autocast

@@ -447,3 +447,53 @@ def test_a_recomputation_with_other_values_is_flagged_on_request():
             lambda t: drop(t) * 2.0, x, preserve_rng_state=False, determinism_check="values"
         ).sum().backward()
     _still_works()
+
+
+@dev
+@pytest.mark.parametrize("use_reentrant", [None, True, False])
+def test_use_reentrant_is_accepted_and_gives_the_same_gradients(device, use_reentrant):
+    # PyTorch code passes use_reentrant routinely; needle's one implementation runs for each
+    def run(**kwargs):
+        np.random.seed(7)
+        model = nn.Sequential(nn.Linear(4, 4, device=device), nn.Dropout(0.3), nn.Tanh())
+        x = _tensor((3, 4), device)
+        out = checkpoint(model, x, **kwargs)
+        out = checkpoint_sequential([nn.ReLU(), model], 2, out, **kwargs)
+        out = checkpoint_wrapper(model, **kwargs)(out)
+        (out * out).sum().backward()
+        return [out.numpy(), x.grad.numpy()] + [p.grad.numpy() for p in model.parameters()]
+
+    _assert_same(run(), run(use_reentrant=use_reentrant))
+
+
+def test_option_values_are_checked():
+    x = _tensor((2, 2), ndl.cpu())
+    layers = [nn.ReLU(), nn.Tanh()]
+    for bad in ("maybe", 1, None):
+        with pytest.raises(TypeError, match="checkpoint: preserve_rng_state must be a bool"):
+            checkpoint(lambda t: t * 2.0, x, preserve_rng_state=bad)
+        with pytest.raises(TypeError, match="checkpoint_wrapper: preserve_rng_state must be"):
+            checkpoint_wrapper(nn.ReLU(), preserve_rng_state=bad)
+    for bad in ("yes", 0, 1.0):
+        with pytest.raises(TypeError, match="checkpoint: use_reentrant must be a bool or None"):
+            checkpoint(lambda t: t * 2.0, x, use_reentrant=bad)
+        with pytest.raises(TypeError, match="checkpoint_sequential: use_reentrant must be"):
+            checkpoint_sequential(layers, 1, x, use_reentrant=bad)
+    with pytest.raises(ValueError, match="checkpoint_wrapper: determinism_check must be one"):
+        checkpoint_wrapper(nn.ReLU(), determinism_check="strict")
+    _still_works()
+
+
+def test_unknown_keyword_arguments_are_refused_when_given():
+    x = _tensor((2, 2), ndl.cpu())
+    # at construction, not at the first forward (PyTorch's wrapper refuses them too)
+    with pytest.raises(TypeError, match=r"checkpoint_wrapper: unexpected keyword .*'bogus'"):
+        checkpoint_wrapper(nn.ReLU(), bogus=1)
+    with pytest.raises(TypeError, match=r"'a', 'b'; checkpoint takes preserve_rng_state"):
+        checkpoint_wrapper(nn.ReLU(), b=1, a=2, use_reentrant=False)
+    # one segment calls no checkpoint, and still refuses them
+    with pytest.raises(TypeError, match=r"checkpoint_sequential: unexpected .*'bogus'"):
+        checkpoint_sequential([nn.ReLU()], 1, x, bogus=1)
+    with pytest.raises(TypeError, match="bogus"):
+        checkpoint(lambda t: t * 2.0, x, bogus=1)
+    _still_works()

@@ -290,6 +290,45 @@ def test_cifar10_missing_batch_file_is_named(tmp_path):
     assert len(ndl.data.CIFAR10Dataset(tmp_path, train=False)) == 2
 
 
+@pytest.mark.parametrize(
+    "content, cause",
+    [
+        (b"\x80\x04\x95garbage", pickle.UnpicklingError),  # a damaged pickle
+        (b"", EOFError),  # an empty file
+        (b"not a pickle at all", pickle.UnpicklingError),
+    ],
+    ids=["damaged", "empty", "text"],
+)
+def test_cifar10_corrupt_batch_file_is_named(tmp_path, content, cause):
+    _write_cifar(tmp_path)
+    bad = tmp_path / "data_batch_3"
+    bad.write_bytes(content)
+    with pytest.raises(ValueError, match=r"data_batch_3: not a CIFAR-10 batch file") as info:
+        ndl.data.CIFAR10Dataset(tmp_path, train=True)
+    assert str(bad) in str(info.value)
+    assert isinstance(info.value.__cause__, cause)  # the original error, chained
+    assert len(ndl.data.CIFAR10Dataset(tmp_path, train=False)) == 2
+
+
+@pytest.mark.parametrize(
+    "batch, match",
+    [
+        ([1, 2, 3], "holds a list, expected a dict"),
+        ({b"data": np.zeros((2, 3072), np.uint8)}, "no 'data' or no 'labels'"),
+        ({b"data": np.zeros((2, 3000), np.uint8), b"labels": [0, 1]}, r"shape \(2, 3000\)"),
+        ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 1, 2]}, r"labels of shape \(3,\)"),
+    ],
+    ids=["list", "no-labels", "short-rows", "label-count"],
+)
+def test_cifar10_batch_of_the_wrong_form_is_named(tmp_path, batch, match):
+    _write_cifar(tmp_path)
+    with open(tmp_path / "test_batch", "wb") as f:
+        pickle.dump(batch, f)
+    with pytest.raises(ValueError, match=match) as info:
+        ndl.data.CIFAR10Dataset(tmp_path, train=False)
+    assert str(tmp_path / "test_batch") in str(info.value)
+
+
 # ---------------------------------------------------------------- PTB helpers
 
 

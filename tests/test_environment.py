@@ -3,6 +3,7 @@ import (a ValueError naming the variable and the value), in a fresh interpreter 
 the sizes those variables and needle.memory take (``parse_size``): a unit-less decimal in
 (0, 1] is a fraction of the device's capacity, ``"1.5"`` is refused, ``"4096"`` is bytes."""
 
+import glob
 import json
 import os
 import subprocess
@@ -487,6 +488,12 @@ def test_nvcc_failing_on_the_sources(tmp_path, mode, compile):
         cwd=ROOT,
     )
     assert proc.returncode != 0  # the fake C compiler stops it
+    # One line on stderr when the CUDA build starts, saying how long it takes and how to skip
+    # it (pip shows a build's streams with -v only, and both alike).
+    count = len(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
+    start = f"needle: compiling {count} CUDA file(s) with {home}/bin/nvcc for sm_"
+    assert start in proc.stderr and start not in proc.stdout, proc.stderr[-2000:]
+    assert f"(2-4 minutes for all {count}; NEEDLE_CUDA=0 skips CUDA)\n" in proc.stderr
     if mode == "1":
         assert "needle: nvcc failed on csrc/cuda/" in proc.stderr
         assert "fake nvcc: cannot compile" in proc.stderr and not record.exists()

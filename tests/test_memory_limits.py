@@ -15,6 +15,7 @@ import needle as ndl
 import needle.memory as mem
 from needle import backend_ndarray as nd
 
+from devices import DEVICES
 from memory_check import (  # noqa: F401  (clean_memory_state: an autouse fixture)
     ALL_DEVICES,
     HOST,
@@ -210,6 +211,44 @@ def test_limit_at_current_usage(device):
     d = nd.empty((1,), device=device)
     assert mem.memory_allocated(device) == base + 4
     del keep, z, d
+
+
+def _numpy_stream():
+    _, keys, position, has_gauss, gauss = np.random.get_state()
+    return keys.copy(), position, has_gauss, gauss
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rng_mode", ndl.random.MODES)
+def test_a_random_draw_past_the_limit_is_needles_out_of_memory_error(device, rng_mode):
+    # nn.Linear's weight is a random draw; from NumPy's RNG (the host modes) NumPy would
+    # allocate its float64 values (8 TiB here) outside needle's accounting, before needle's.
+    np.random.seed(0)
+    base = mem.memory_reserved(device)
+    limit = base + 2**20
+    mem.set_memory_limit(device, limit)
+    stream = _numpy_stream()
+    with ndl.random.rng_mode(rng_mode):
+        for make in (
+            lambda: ndl.nn.Linear(2**40, 1, device=device),
+            lambda: ndl.init.randn(2**38, 4, device=device),
+            lambda: ndl.init.randb(2**20, 2**20, p=0.5, device=device),
+        ):
+            with pytest.raises(ndl.OutOfMemoryError) as info:
+                make()
+            assert info.value.requested == 4 * 2**40
+            assert info.value.limit == limit and info.value.device == device
+            # no draw was made: NumPy's stream is where it was
+            for now, before in zip(_numpy_stream(), stream):
+                np.testing.assert_array_equal(now, before)
+            assert mem.memory_allocated(device) == base
+        # the process is fine after: a layer under the limit is made and runs
+        layer = ndl.nn.Linear(64, 32, device=device)
+        out = layer(ndl.Tensor(np.ones((2, 64), np.float32), device=device))
+        assert out.shape == (2, 32) and np.isfinite(out.numpy()).all()
+    del layer, out
+    mem.set_memory_limit(device, None)
+    check_alive(device)
 
 
 def test_limits_are_per_device():

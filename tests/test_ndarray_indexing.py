@@ -266,3 +266,37 @@ def test_setitem_3d_and_0d(device):
     s = nd.array(1.0, device=device)
     s[...] = 4.0
     assert float(s.numpy()) == 4.0
+
+
+# Steps that Python clamps to +-(2**63 - 1), and ones a step's product with a stride
+# overflows int64 at: each leaves one element (the first or the last), as in NumPy.
+HUGE_STEPS = [2**62, 2**63 - 1, 2**63, 2**64, -(2**62), -(2**63 - 1), -(2**63), -(2**64)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("step", HUGE_STEPS)
+def test_huge_slice_steps_match_numpy(device, step):
+    rng = np.random.default_rng(16)
+    for shape in [(5,), (3, 5), (4, 5, 6), (1, 3), (0, 4)]:
+        x = rand_data(rng, shape)
+        a = nd.array(x, device=device)
+        for dim in range(len(shape)):
+            idx = (slice(None),) * dim + (slice(None, None, step),)
+            res, np_idx = _check_getitem(x, a, idx, device, f"{shape} index {idx!r}")
+            exp = x[np_idx]
+            # the one-element view works in every later use: again sliced, computed, written
+            again = res[idx]
+            np.testing.assert_array_equal(again.numpy(), exp[np_idx])
+            np.testing.assert_array_equal((res + 1.0).numpy(), exp + 1.0)
+            np.testing.assert_array_equal(res.compact().numpy(), exp)
+            if exp.size:
+                np.testing.assert_allclose(res.sum(axis=dim).numpy(), exp.sum(axis=dim), rtol=1e-6)
+            b = nd.array(x, device=device)
+            b[idx] = -7.0
+            want = x.copy()
+            want[np_idx] = -7.0
+            np.testing.assert_array_equal(b.numpy(), want)
+    # on views, whose strides are not the contiguous ones
+    for kind, npv, ndv in make_views(rand_data(rng, (3, 5)), device):
+        for idx in [(slice(None, None, step),), (slice(None), slice(None, None, step))]:
+            _check_getitem(npv, ndv, idx, device, f"{kind} index {idx!r}")

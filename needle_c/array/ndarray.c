@@ -123,6 +123,30 @@ PyObject *ndarray_from_object(needle_state *st, PyObject *obj, nd_device *dev,
     return result != NULL ? ndarray_steal_as(st, result, target) : NULL;
 }
 
+int ndarray_write_object(needle_state *st, PyObject *out, PyObject *obj) {
+    const nd_array *arr = &NDArray_CAST(out)->array;
+    const nd_layout *layout = &arr->layout;
+    PyArrayObject *host = (PyArrayObject *)PyArray_FromAny(
+        obj, PyArray_DescrFromType(dtype_npy_type(nd_array_dtype(arr))), 0, 0,
+        NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST, NULL);
+    if (host == NULL) return -1;
+    int same = PyArray_NDIM(host) == layout->ndim;
+    for (int i = 0; same && i < layout->ndim; i++) same = PyArray_DIM(host, i) == layout->shape[i];
+    if (!same) {
+        PyErr_SetString(PyExc_ValueError,
+                        "cannot write values into an array of another shape than theirs");
+        Py_DECREF(host);
+        return -1;
+    }
+    nd_status status = nd_array_from_host(arr, PyArray_DATA(host));
+    Py_DECREF(host);
+    if (status != ND_OK) {
+        raise_status(st, status);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *ndarray_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"other", "device", "dtype", NULL};
     PyObject *other, *device = Py_None, *dtype_obj = Py_None;

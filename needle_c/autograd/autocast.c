@@ -165,15 +165,31 @@ static int parse_device_type(PyObject *obj) {
     return -1;
 }
 
+/* The narrow dtype obj names, read by parse_dtype, so every spelling the
+ * Tensor constructor takes ("half", numpy.float16, "f2"...) is taken here.
+ * Another dtype, or a string that names none, is a ValueError; an object
+ * that is no dtype at all a TypeError. */
 static int check_autocast_dtype(PyObject *obj, nd_dtype *dtype) {
-    if (parse_dtype_param(obj, dtype) < 0) return -1;
-    if (*dtype != ND_FLOAT16 && *dtype != ND_BFLOAT16) {
-        PyErr_Format(PyExc_ValueError,
-                     "autocast dtype must be float16 or bfloat16 (the narrow types), got %s",
-                     nd_dtype_name(*dtype));
-        return -1;
+    int rc = parse_dtype(obj, dtype, NULL);
+    if (rc == 1 && (*dtype == ND_FLOAT16 || *dtype == ND_BFLOAT16)) return 0;
+    if (rc < 0) {
+        /* parse_dtype's TypeError says "not a dtype"; anything else (a
+         * MemoryError) is not ours to reword */
+        if (!PyErr_ExceptionMatches(PyExc_TypeError)) return -1;
+        PyErr_Clear();
+        if (!PyUnicode_Check(obj)) {
+            PyErr_Format(PyExc_TypeError,
+                         "autocast dtype must be float16 or bfloat16 (ndl.float16, 'half', "
+                         "'bfloat16', numpy.float16...), got %.100s",
+                         Py_TYPE(obj)->tp_name);
+            return -1;
+        }
     }
-    return 0;
+    PyErr_Format(PyExc_ValueError,
+                 "autocast dtype must be float16 or bfloat16 (ndl.float16, 'half', 'bfloat16', "
+                 "numpy.float16...), got %R",
+                 obj);
+    return -1;
 }
 
 /* The state of one device type as (enabled, dtype name). */
@@ -202,6 +218,16 @@ static PyObject *mod_autocast_set(PyObject *module, PyObject *const *args, Py_ss
     autocast_state.dtype_set[type] = 1;
     autocast_refresh();
     return previous;
+}
+
+/* _autocast_dtype(dtype): the name of the narrow dtype that dtype spells, or
+ * the error _autocast_set would raise for it (autocast checks its argument
+ * when made, before any state changes). */
+static PyObject *mod_autocast_dtype(PyObject *module, PyObject *arg) {
+    (void)module;
+    nd_dtype dtype;
+    if (check_autocast_dtype(arg, &dtype) < 0) return NULL;
+    return PyUnicode_FromString(nd_dtype_name(dtype));
 }
 
 /* What ops see: off while suspended (inside a backward) whatever was set. */
@@ -286,6 +312,10 @@ PyMethodDef autocast_functions[] = {
     {"_autocast_set", (PyCFunction)(void (*)(void))mod_autocast_set, METH_FASTCALL,
      "_autocast_set(device_type, enabled, dtype, /)\n--\n\nThis thread's autocast state for "
      "device_type ('cpu' or 'cuda'); returns the previous (enabled, dtype)."},
+    {"_autocast_dtype", mod_autocast_dtype, METH_O,
+     "_autocast_dtype(dtype, /)\n--\n\nThe name of the narrow dtype (float16 or bfloat16) that "
+     "dtype spells, in any spelling the Tensor constructor reads; ValueError or TypeError "
+     "otherwise."},
     {"_autocast_get", mod_autocast_get, METH_O,
      "_autocast_get(device_type, /)\n--\n\nThis thread's (enabled, dtype) for device_type "
      "(enabled is False inside a backward, where autocast is suspended)."},

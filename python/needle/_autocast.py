@@ -45,8 +45,6 @@ and the lists name needle's ops.
 
 import functools
 
-import numpy as np
-
 import needle_c as _c
 
 _DEVICE_TYPES = ("cpu", "cuda")
@@ -104,28 +102,17 @@ def _device_type(device):
 
 
 def _narrow_dtype(dtype):
-    """The name of a narrow dtype given as a name (ndl.float16 is one) or a NumPy dtype; the
-    C layer checks it again, this gives the message before any state changes."""
-    name = dtype
-    if not isinstance(dtype, str):
-        try:
-            name = np.dtype(dtype).name
-        except TypeError:
-            raise TypeError(
-                f"autocast dtype must be float16 or bfloat16, got {type(dtype).__name__}"
-            ) from None
-    if name not in _NARROW:
-        raise ValueError(
-            f"autocast dtype must be float16 or bfloat16 (ndl.float16, 'bfloat16'...), "
-            f"got {dtype!r}"
-        )
-    return name
+    """The name of the narrow dtype that ``dtype`` spells, in any spelling the Tensor
+    constructor takes (the C layer's one dtype parser reads it): checked when the autocast
+    is made, so a bad one is refused before any state changes."""
+    return _c._autocast_dtype(dtype)
 
 
 class autocast:  # noqa: N801 - torch.autocast's name
     """``autocast(device, dtype=ndl.bfloat16, enabled=True)``: a context manager and decorator
-    that runs the ops listed in the module docstring in ``dtype`` (float16 or bfloat16) on
-    ``device``'s type (``"cpu"``, ``"cuda"`` or a needle Device)."""
+    that runs the ops listed in the module docstring in ``dtype`` (float16 or bfloat16, in any
+    spelling the Tensor constructor takes: ``"half"``, ``numpy.float16``...) on ``device``'s
+    type (``"cpu"``, ``"cuda"`` or a needle Device)."""
 
     def __init__(self, device, dtype="bfloat16", enabled=True):
         if not isinstance(enabled, bool):
@@ -140,6 +127,11 @@ class autocast:  # noqa: N801 - torch.autocast's name
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        if not self._previous:
+            raise RuntimeError(
+                f"{self!r}: autocast.__exit__ without a matching __enter__ (each exit must "
+                "close an enter of the same object; use it in a `with` statement)"
+            )
         enabled, dtype = self._previous.pop()
         _c._autocast_set(self.device_type, enabled, dtype)
         return False

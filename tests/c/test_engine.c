@@ -149,6 +149,30 @@ static void test_layouts(void) {
     CHECK(nd_layout_contiguous(ND_MAX_DIMS + 1, shape, &l) == ND_ERR_SHAPE);
 }
 
+/* Slice steps whose products overflow int64 (Python's a[::-2**63] passes
+ * -(2**63 - 1)): checked before multiplying, never wrapped. */
+static void test_huge_slice_steps(void) {
+    nd_layout l, v;
+    CHECK(nd_layout_contiguous(2, (int64_t[]){4, 3}, &l) == ND_OK && l.strides[0] == 3);
+    /* One element, the last, as NumPy gives; stride 3 * step does not fit: it stays 3. */
+    v = l;
+    CHECK(nd_layout_slice(&v, 0, 3, INT64_MIN + 1, 1) == ND_OK && v.shape[0] == 1 &&
+          v.offset == 9 && v.strides[0] == 3);
+    v = l;
+    CHECK(nd_layout_slice(&v, 0, 0, INT64_MAX, 1) == ND_OK && v.offset == 0 && v.strides[0] == 3);
+    CHECK(nd_layout_slice(&v, 0, 0, INT64_MIN, 1) == ND_OK && v.strides[0] == 3);
+    /* A product that fits is the stride, as in NumPy (stride 1 here). */
+    v = l;
+    CHECK(nd_layout_slice(&v, 1, 2, INT64_MIN + 1, 1) == ND_OK && v.offset == 2 &&
+          v.strides[1] == INT64_MIN + 1);
+    /* (length - 1) * step past int64 is out of range, not wrapped back into it. */
+    v = l;
+    CHECK(nd_layout_slice(&v, 0, 0, (int64_t)1 << 62, 5) == ND_ERR_INDEX && v.offset == 0 &&
+          v.strides[0] == 3 && v.shape[0] == 4);
+    CHECK(nd_layout_slice(&v, 0, 3, INT64_MIN, 2) == ND_ERR_INDEX);
+    CHECK(nd_layout_slice(&v, 0, 3, -1, 4) == ND_OK && v.offset == 9 && v.strides[0] == -3);
+}
+
 static void test_ops(void) {
     nd_device *cpu = nd_device_at(0);
     int64_t base = allocated(cpu);
@@ -239,6 +263,7 @@ int main(void) {
     test_limit();
     test_collect_callback();
     test_layouts();
+    test_huge_slice_steps();
     test_ops();
     if (failures == 0) printf("test_engine: all checks passed\n");
     return failures == 0 ? 0 : 1;

@@ -20,6 +20,10 @@ The parameters ``fn`` reads are inputs of the node, not something the inner back
 ``.grad`` on, so a parameter used by several checkpointed calls (or also outside them) gets
 the sum of every use, as without checkpointing; the inner backward leaves their ``.grad`` as
 it found it.
+
+PyTorch has two implementations (``use_reentrant=True`` and ``False``); needle has this one,
+which both values (and None) run, so they give the same result: the keyword is accepted so
+that PyTorch code runs unchanged.
 """
 
 import contextlib
@@ -36,6 +40,36 @@ from ..nn.nn_basic import Module, Sequential
 DETERMINISM_CHECKS = ("default", "values", "none")
 VALUES_RTOL = 1e-5
 VALUES_ATOL = 1e-6
+# The keyword arguments checkpoint() takes besides fn and its arguments; checkpoint_sequential
+# and checkpoint_wrapper pass them on, and check them when called rather than at the forward.
+CHECKPOINT_OPTIONS = ("preserve_rng_state", "determinism_check", "use_reentrant")
+
+
+def _check_options(caller, preserve_rng_state, determinism_check, use_reentrant):
+    """TypeError / ValueError, naming ``caller``, for a bad value of checkpoint's options."""
+    if not isinstance(preserve_rng_state, bool):
+        raise TypeError(f"{caller}: preserve_rng_state must be a bool, got {preserve_rng_state!r}")
+    if use_reentrant is not None and not isinstance(use_reentrant, bool):
+        raise TypeError(f"{caller}: use_reentrant must be a bool or None, got {use_reentrant!r}")
+    if determinism_check not in DETERMINISM_CHECKS:
+        raise ValueError(
+            f"{caller}: determinism_check must be one of {DETERMINISM_CHECKS}, "
+            f"got {determinism_check!r}"
+        )
+
+
+def _check_option_kwargs(caller, kwargs):
+    """Checks keyword arguments meant for checkpoint(): unknown names are a TypeError naming
+    them (as Python's own call would be), known ones are checked as checkpoint checks them."""
+    unknown = sorted(name for name in kwargs if name not in CHECKPOINT_OPTIONS)
+    if unknown:
+        raise TypeError(
+            f"{caller}: unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+            f"checkpoint takes {', '.join(CHECKPOINT_OPTIONS)}"
+        )
+    options = {"preserve_rng_state": True, "determinism_check": "default", "use_reentrant": None}
+    options.update(kwargs)
+    _check_options(caller, **options)
 
 
 class _RngState:
@@ -275,7 +309,9 @@ class _CheckpointTuple(_CheckpointMixin, TensorTupleOp):
         return tuple(out_grad.tuple())
 
 
-def checkpoint(function, *args, preserve_rng_state=True, determinism_check="default"):
+def checkpoint(
+    function, *args, use_reentrant=None, preserve_rng_state=True, determinism_check="default"
+):
     """``function(*args)``, keeping only its inputs and outputs for the backward, which runs
     ``function`` again (PyTorch's ``torch.utils.checkpoint.checkpoint``).
 
@@ -289,18 +325,17 @@ def checkpoint(function, *args, preserve_rng_state=True, determinism_check="defa
     ``"default"`` checks that the recomputation's outputs have the forward's number, shapes
     and devices, ``"values"`` also compares their values (within rtol 1e-5, atol 1e-6: it
     copies them to the host, a cost), ``"none"`` checks nothing; a difference raises
-    RuntimeError in the backward.
+    RuntimeError in the backward. ``use_reentrant`` (True, False or None) is PyTorch's choice
+    between its two implementations; needle has one, which every value runs, so the result
+    is the same whichever is passed. ``preserve_rng_state`` must be a bool and
+    ``use_reentrant`` a bool or None (TypeError otherwise).
 
     With recording off (``no_grad``) it is ``function(*args)``. ValueError when no tensor
     ``function`` depends on requires grad (there would be nothing to recompute for).
     """
     if not callable(function):
         raise TypeError(f"checkpoint: fn must be callable, got {type(function).__name__}")
-    if determinism_check not in DETERMINISM_CHECKS:
-        raise ValueError(
-            f"checkpoint: determinism_check must be one of {DETERMINISM_CHECKS}, "
-            f"got {determinism_check!r}"
-        )
+    _check_options("checkpoint", preserve_rng_state, determinism_check, use_reentrant)
     for position, arg in enumerate(args):
         if isinstance(arg, TensorTuple):
             raise TypeError(
@@ -334,8 +369,11 @@ def checkpoint_sequential(functions, segments, input, **kwargs):
     """Runs ``functions`` (an ``nn.Sequential`` or a list of modules or callables) on
     ``input`` in ``segments`` consecutive segments, checkpointing each but the last, which
     runs as usual (PyTorch's ``torch.utils.checkpoint.checkpoint_sequential``). ``kwargs``
-    go to :func:`checkpoint`. ``segments`` is an integer from 1 to the number of functions.
+    go to :func:`checkpoint` (``use_reentrant``, ``preserve_rng_state``,
+    ``determinism_check``; another name is a TypeError, even with one segment, where
+    checkpoint is not called). ``segments`` is an integer from 1 to the number of functions.
     """
+    _check_option_kwargs("checkpoint_sequential", kwargs)
     if isinstance(functions, Sequential):
         functions = functions.modules
     functions = list(functions)
@@ -365,7 +403,9 @@ def _run_segment(functions):
 
 class CheckpointWrapper(Module):
     """A module whose forward is ``checkpoint(module, *args, **checkpoint_kwargs)``: its
-    parameters are the wrapped module's, and ``train()`` / ``eval()`` reach it."""
+    parameters are the wrapped module's, and ``train()`` / ``eval()`` reach it.
+    ``checkpoint_kwargs`` are checked here, not at the first forward: a name checkpoint does
+    not take is a TypeError naming it."""
 
     def __init__(self, module, **checkpoint_kwargs):
         super().__init__()
@@ -373,6 +413,7 @@ class CheckpointWrapper(Module):
             raise TypeError(
                 f"checkpoint_wrapper: module must be callable, got {type(module).__name__}"
             )
+        _check_option_kwargs("checkpoint_wrapper", checkpoint_kwargs)
         self.module = module
         self.checkpoint_kwargs = checkpoint_kwargs
 
