@@ -1,8 +1,8 @@
 """The one table of NEEDLE_* variables (csrc/config.h, ``needle_c._config_table()``):
-docs/environment.md's table is the table, every NEEDLE_* variable the sources read is in it (and nothing
-it lists is read nowhere), the readers go through it, its defaults are the code's, and the bad
-values found by trying them are each a ValueError naming the variable or argument (in a fresh
-interpreter per variable, as tests/test_environment.py does).
+docs/environment.md's table is the table, every NEEDLE_* variable the sources read is in it (and
+nothing it lists is read nowhere), the readers go through it, its defaults are the code's, and
+the bad values found by trying them are each a ValueError naming the variable or argument (in a
+fresh interpreter per variable, as tests/test_environment.py does).
 """
 
 import os
