@@ -23,7 +23,7 @@ Environment:
                     not for speed: it sees no streams, asynchrony, timing,
                     cuBLAS or GPU arithmetic. Run-time switches:
                     NEEDLE_SIM_MEMORY, NEEDLE_SIM_MAX_BLOCKS, NEEDLE_SIM_PERTURB
-                    (csrc/cuda/sim/sim_internal.h, README.md)
+                    (csrc/cuda/sim/sim_internal.h, docs/cuda.md)
   NEEDLE_SANITIZE=1 build needle_c with AddressSanitizer and UBSan
                     (-fsanitize=address,undefined, no recovery, -O1 -g) and
                     without CUDA; run Python with the sanitizer runtime
@@ -55,7 +55,7 @@ whose directory needle.cuda hands the loader at import.
 the same toolkit, architectures and flags as build_ext and stops there (no
 link): tests/cuda12_compile.sh runs it with CUDA 12 for sm_70.
 
-Run-time variables are listed in README.md (NEEDLE_CUBLAS, NEEDLE_MEMORY_LIMIT,
+Run-time variables are listed in docs/environment.md (NEEDLE_CUBLAS, NEEDLE_MEMORY_LIMIT,
 NEEDLE_GC*, and NEEDLE_REQUIRE_CUDA=1 for the tests: CUDA tests fail instead
 of skipping when CUDA is unavailable).
 """

@@ -1,8 +1,8 @@
-"""The one table of NEEDLE_* variables (csrc/config.h, ``needle_c._config_table()``): README.md's
-environment table is the table, every NEEDLE_* variable the sources read is in it (and nothing
-it lists is read nowhere), the readers go through it, its defaults are the code's, and the bad
-values found by trying them are each a ValueError naming the variable or argument (in a fresh
-interpreter per variable, as tests/test_environment.py does).
+"""The one table of NEEDLE_* variables (csrc/config.h, ``needle_c._config_table()``):
+docs/environment.md's table is the table, every NEEDLE_* variable the sources read is in it (and
+nothing it lists is read nowhere), the readers go through it, its defaults are the code's, and
+the bad values found by trying them are each a ValueError naming the variable or argument (in a
+fresh interpreter per variable, as tests/test_environment.py does).
 """
 
 import os
@@ -58,13 +58,16 @@ def test_the_issue_variables_are_listed():
     assert (TABLE["NEEDLE_NUM_THREADS"].lo, TABLE["NEEDLE_NUM_THREADS"].hi) == (1, 256)
 
 
-# ---------------------------------------------------------------- README.md
+# ------------------------------------------------------- docs/environment.md
+
+
+ENV_PAGE = ROOT / "docs" / "environment.md"
 
 
 def readme_rows():
-    """README.md's environment table: {name: (section, default, accepts, doc)}, and its
-    lines as written."""
-    lines = (ROOT / "README.md").read_text().splitlines()
+    """docs/environment.md's table: {name: (section, default, accepts, doc)}, and its lines as
+    written."""
+    lines = ENV_PAGE.read_text().splitlines()
     start = lines.index(_environ.README_HEADER[0])
     assert lines[start + 1] == _environ.README_HEADER[1]
     table = []
@@ -77,28 +80,33 @@ def readme_rows():
         cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
         assert len(cells) == 5, line
         name = cells[0].strip("`")
-        assert name not in rows, f"{name} twice in README.md"
+        assert name not in rows, f"{name} twice in docs/environment.md"
         rows[name] = tuple(cells[1:])
     return rows, table
 
 
-def test_readme_names_every_variable_of_the_table_and_no_other():
+def test_the_page_names_every_variable_of_the_table_and_no_other():
     rows, _ = readme_rows()
-    assert sorted(set(TABLE) - set(rows)) == [], "in csrc/config.h, not in README.md"
-    assert sorted(set(rows) - set(TABLE)) == [], "in README.md, not in csrc/config.h"
+    assert sorted(set(TABLE) - set(rows)) == [], "in csrc/config.h, not in docs/environment.md"
+    assert sorted(set(rows) - set(TABLE)) == [], "in docs/environment.md, not in csrc/config.h"
+
+
+def test_the_readme_has_no_copy_of_the_table():
+    # One place for the table: a second copy in README.md would drift from it unchecked.
+    assert _environ.README_HEADER[0] not in (ROOT / "README.md").read_text()
 
 
 @pytest.mark.parametrize("name", list(TABLE))
-def test_readme_row_is_the_table_row(name):
+def test_page_row_is_the_table_row(name):
     rows, _ = readme_rows()
     row = TABLE[name]
     assert rows[name] == (row.section, row.default, row.accepts, row.doc), (
-        f"README.md's row for {name} differs from csrc/config.h's; "
+        f"docs/environment.md's row for {name} differs from csrc/config.h's; "
         f"needle._environ.readme_row gives:\n{_environ.readme_row(row)}"
     )
 
 
-def test_readme_table_is_written_in_the_table_order():
+def test_page_table_is_written_in_the_table_order():
     _, table = readme_rows()
     assert "\n".join(_environ.README_HEADER + tuple(table)) == _environ.readme_table()
 
@@ -154,7 +162,7 @@ def test_every_variable_read_is_in_the_table_and_every_row_is_read():
         assert used, f"{macro} is listed as a macro but no #ifdef uses it"
     read = set(found) - MACROS
     missing = {name: sorted(found[name]) for name in read - set(TABLE)}
-    assert missing == {}, "read but not in csrc/config.h (and README.md)"
+    assert missing == {}, "read but not in csrc/config.h (and docs/environment.md)"
     assert sorted(set(TABLE) - read) == [], "in csrc/config.h but read nowhere"
 
 

@@ -1,12 +1,16 @@
-"""README.md's code runs as written, and docs/design.md names every source file.
+"""README.md's and the documentation pages' code runs as written, and docs/design.md names every
+source file.
 
-Each fenced ``python`` block of README.md runs alone in a fresh interpreter (its own imports,
-a temporary working directory), so a block that leans on another block's names or prints
-nothing useful shows up here; a block marked ``<!-- readme-test: pytest -->`` on the line
-before it is a test module, run under pytest with needle's plugin, and must give the outcome
-the README states. ``bash`` and untagged blocks are commands, not run. The design document's
-file map is checked against the tree (csrc/, needle_c/, python/needle/) so that it cannot
-drift as files come and go.
+Each fenced ``python`` block of README.md and of every docs/*.md page runs alone in a fresh
+interpreter (its own imports, a temporary working directory), so a block that leans on another
+block's names or prints nothing useful shows up here; a block marked
+``<!-- readme-test: pytest -->`` on the line before it is a test module, run under pytest with
+needle's plugin, and must give the outcome the page states. A block that cannot run here (it
+needs a GPU, several ranks, the network) is marked ``<!-- docs-test: skip (REASON) -->`` on the
+line before it and is listed, with its reason, in ``SKIPPED`` below, so that a skip is a
+decision this file records, never a silent one. ``bash`` and untagged blocks are commands, not
+run. The design document's file map is checked against the tree (csrc/, needle_c/,
+python/needle/) so that it cannot drift as files come and go.
 """
 
 import os
@@ -20,8 +24,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DESIGN = ROOT / "docs" / "design.md"
+# The pages whose python blocks run: the README and every page of the documentation site.
+PAGES = [README] + sorted((ROOT / "docs").glob("*.md"))
 
 PYTEST_MARK = "<!-- readme-test: pytest -->"
+SKIP_MARK = re.compile(r"^<!-- docs-test: skip \((.+)\) -->$")
+# The blocks that do not run here: page -> the reasons of its skip markers, in page order. A
+# marker not listed here, or an entry with no marker, fails test_skipped_blocks_are_listed.
+SKIPPED = {}
 # A fence's info string (```python), its body, and the line before it (for the pytest mark).
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.M | re.S)
 # Seconds one block may take: each is a few steps of a tiny model.
@@ -33,18 +43,27 @@ _SOURCE_DIRS = ("csrc", "needle_c", "python/needle")
 _EXTERNAL_HEADERS = {"Python.h", "structmember.h"}
 
 
-def readme_blocks():
-    """``[(line, kind, source)]`` of README.md's python blocks: kind is ``"pytest"`` for a
-    block marked as a test module, ``"script"`` otherwise; line is the fence's line number."""
-    text = README.read_text()
+def page_blocks(page, name=None):
+    """``[(where, kind, source, reason)]`` of a page's python blocks: where is
+    ``"docs/x.md:LINE"`` (the fence's line), kind ``"pytest"`` for a block marked as a test
+    module, ``"skip"`` for one marked as not runnable here (reason: the marker's), ``"script"``
+    otherwise. name: the page's name in ``where`` (default: its path in the checkout)."""
+    text = page.read_text()
+    rel = name or page.relative_to(ROOT).as_posix()
     blocks = []
     for match in _FENCE.finditer(text):
         if match.group(1) != "python":
             continue
         line = text.count("\n", 0, match.start()) + 1
-        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
-        kind = "pytest" if before.strip() == PYTEST_MARK else "script"
-        blocks.append((line, kind, match.group(2)))
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
+        skip = SKIP_MARK.match(before)
+        if before == PYTEST_MARK:
+            kind, reason = "pytest", None
+        elif skip:
+            kind, reason = "skip", skip.group(1)
+        else:
+            kind, reason = "script", None
+        blocks.append((f"{rel}:{line}", kind, match.group(2), reason))
     return blocks
 
 
@@ -75,38 +94,65 @@ def _run(args, cwd):
     )
 
 
-BLOCKS = readme_blocks()
-SCRIPTS = [(line, src) for line, kind, src in BLOCKS if kind == "script"]
-PYTEST_BLOCKS = [(line, src) for line, kind, src in BLOCKS if kind == "pytest"]
+BLOCKS = [block for page in PAGES for block in page_blocks(page)]
+SCRIPTS = [(where, src) for where, kind, src, _ in BLOCKS if kind == "script"]
+PYTEST_BLOCKS = [(where, src) for where, kind, src, _ in BLOCKS if kind == "pytest"]
 
 
-def test_readme_has_the_blocks_this_file_runs():
-    # The README's own promise: runnable examples, one of them a pytest module.
-    assert len(SCRIPTS) >= 8
-    assert len(PYTEST_BLOCKS) == 1
-    for line, source in SCRIPTS + PYTEST_BLOCKS:
-        assert "import needle" in source or "from needle" in source, f"README.md:{line}"
+def test_the_pages_have_the_blocks_this_file_runs():
+    # The README's own promise: a runnable first training and the leak; the site's: runnable
+    # examples on every topic, one of them a pytest module.
+    readme = [where for where, _ in SCRIPTS if where.startswith("README.md:")]
+    assert len(readme) >= 2
+    assert len(SCRIPTS) >= 20
+    assert [where.split(":")[0] for where, _ in PYTEST_BLOCKS] == ["docs/pytest-plugin.md"]
+    for where, source in SCRIPTS + PYTEST_BLOCKS:
+        assert "import needle" in source or "from needle" in source, where
 
 
-@pytest.mark.parametrize("line,source", SCRIPTS, ids=[f"README.md:{line}" for line, _ in SCRIPTS])
-def test_readme_block_runs_alone(line, source, tmp_path):
+def test_skipped_blocks_are_listed():
+    marked = {}
+    for where, kind, _, reason in BLOCKS:
+        if kind == "skip":
+            marked.setdefault(where.rsplit(":", 1)[0], []).append(reason)
+    assert marked == SKIPPED, "docs-test: skip markers and SKIPPED differ"
+
+
+def test_the_skip_marker_is_read(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("<!-- docs-test: skip (needs a GPU) -->\n```python\nimport needle\n```\n")
+    page.write_text(page.read_text() + PYTEST_MARK + "\n```python\nimport needle\n```\n")
+    page.write_text(page.read_text() + "```python\nimport needle\n```\n```bash\nls\n```\n")
+    blocks = page_blocks(page, "page.md")
+    assert blocks == [
+        ("page.md:2", "skip", "import needle\n", "needs a GPU"),
+        ("page.md:6", "pytest", "import needle\n", None),
+        ("page.md:9", "script", "import needle\n", None),
+    ]
+
+
+@pytest.mark.parametrize("where,source", SCRIPTS, ids=[where for where, _ in SCRIPTS])
+def test_block_runs_alone(where, source, tmp_path):
     path = tmp_path / "block.py"
     path.write_text(source)
     proc = _run([str(path)], tmp_path)
-    assert proc.returncode == 0, f"README.md:{line} failed:\n{proc.stdout}\n{proc.stderr}"
-    assert proc.stdout.strip(), f"README.md:{line} printed nothing"
+    assert proc.returncode == 0, f"{where} failed:\n{proc.stdout}\n{proc.stderr}"
+    assert proc.stdout.strip(), f"{where} printed nothing"
 
 
-def _block_at(fragment):
-    """The script block whose source contains ``fragment`` (its output is checked below)."""
-    found = [source for _, source in SCRIPTS if fragment in source]
-    assert len(found) == 1, f"{len(found)} README blocks contain {fragment!r}"
+def _block_at(fragment, page):
+    """The script block of ``page`` whose source contains ``fragment`` (its output is checked
+    below)."""
+    found = [
+        source for where, source in SCRIPTS if where.startswith(page + ":") and fragment in source
+    ]
+    assert len(found) == 1, f"{len(found)} blocks of {page} contain {fragment!r}"
     return found[0]
 
 
 def test_the_first_training_shows_progress_and_flat_memory(tmp_path):
     path = tmp_path / "train.py"
-    path.write_text(_block_at("train_ptb("))
+    path.write_text(_block_at("train_ptb(", "README.md"))
     proc = _run([str(path)], tmp_path)
     assert proc.returncode == 0, proc.stderr
     # progress=True without tqdm: lines on stderr with the step, loss and allocated bytes.
@@ -119,9 +165,23 @@ def test_the_first_training_shows_progress_and_flat_memory(tmp_path):
     assert re.search(r"test:  loss [\d.]+, accuracy [\d.]+", proc.stdout)
 
 
+def test_the_leak_block_runs_out_then_completes(tmp_path):
+    path = tmp_path / "leak.py"
+    path.write_text(_block_at("OutOfMemoryError", "README.md"))
+    proc = _run([str(path)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 3, proc.stdout
+    assert re.fullmatch(r"the leak: out of memory with \d+ bytes allocated", lines[0])
+    collections = int(re.fullmatch(r"the fix: 100 steps, (\d+) collections", lines[1]).group(1))
+    assert collections >= 1
+    peak = int(re.fullmatch(r"no cycles: 100 steps, peak (\d+) bytes", lines[2]).group(1))
+    assert 0 < peak < 8 * 2**20  # under the limit the leak ran into
+
+
 def test_the_jupyter_simulation_frees_memory_when_the_error_is_dropped(tmp_path):
     path = tmp_path / "kernel.py"
-    path.write_text(_block_at("sys.last_traceback"))
+    path.write_text(_block_at("sys.last_traceback", "docs/jupyter.md"))
     proc = _run([str(path)], tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -132,7 +192,7 @@ def test_the_jupyter_simulation_frees_memory_when_the_error_is_dropped(tmp_path)
 
 def test_the_memory_report_block_shows_growth_and_a_cycle(tmp_path):
     path = tmp_path / "report.py"
-    path.write_text(_block_at("MemoryMonitor()"))
+    path.write_text(_block_at("MemoryMonitor()", "docs/memory-report.md"))
     proc = _run([str(path)], tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -145,7 +205,7 @@ def test_the_memory_report_block_shows_growth_and_a_cycle(tmp_path):
 
 
 def test_the_pytest_example_fails_on_the_leak_and_passes_the_fix(tmp_path):
-    (line, source) = PYTEST_BLOCKS[0]
+    (where, source) = PYTEST_BLOCKS[0]
     (tmp_path / "test_memory.py").write_text(source)
     # Load the plugin by its module whether or not needle is installed (the entry point
     # exists only in an installed needle), with autoloading off so it is not loaded twice.
@@ -159,7 +219,7 @@ def test_the_pytest_example_fails_on_the_leak_and_passes_the_fix(tmp_path):
         timeout=_BLOCK_TIMEOUT,
     )
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, f"README.md:{line}:\n{out}"
+    assert proc.returncode == 1, f"{where}:\n{out}"
     assert "1 failed, 2 passed" in out, out
     assert "FAILED test_memory.py::test_leaky_step" in out
     assert re.search(r"device memory on cpu \(the default device\) grew by \d+ bytes", out)

@@ -2,7 +2,7 @@
 
 Arrays, tensors and ops are C types whose device memory is accounted per
 device, limited on request, and visible to Python's garbage collector. See
-README.md for the state of each layer.
+docs/index.md's Status for the state of each layer.
 """
 
 import needle_c as _c

@@ -2,10 +2,10 @@
 checks of the CUDA backend's.
 
 The table is csrc/config.h's (``needle_c._config_table()``, here :data:`VARIABLES`): each
-variable's name, who reads it, its kind, default, what it accepts and what it does. README.md's
-environment table is written from it (:func:`readme_table`; tests/test_config_table.py keeps them
-equal), and :func:`read` refuses a name the table lacks, so a new variable cannot be read before
-it is listed.
+variable's name, who reads it, its kind, default, what it accepts and what it does.
+docs/environment.md's table is written from it (:func:`readme_table`; tests/test_config_table.py
+keeps them equal), and :func:`read` refuses a name the table lacks, so a new variable cannot be
+read before it is listed.
 
 Every run-time variable is checked when needle is imported, and a value needle cannot use is a
 ValueError ``NAME='text': [detail; ]expected <the table's accepts>``, never a default taken in
@@ -13,8 +13,8 @@ silence. Each variable is checked where it is read: ``NEEDLE_BLAS``, ``NEEDLE_CP
 ``NEEDLE_GEMM_SPLIT``, ``NEEDLE_NUM_THREADS`` and ``NEEDLE_RNG`` by needle_c at its import (with
 config.h's parsers); ``NEEDLE_MEMORY_LIMIT``, ``NEEDLE_ALLOC_CONF`` and ``NEEDLE_GC*`` by
 :mod:`needle.memory` and ``NEEDLE_DIST_*`` by :mod:`needle.distributed`, with the helpers below;
-the CUDA backend's (``NEEDLE_CUBLAS``, the simulator's ``NEEDLE_SIM_*``), which C reads only at the
-first CUDA call, here by :func:`check_cuda_variables` when :mod:`needle.cuda` is imported.
+the CUDA backend's (``NEEDLE_CUBLAS``, the simulator's ``NEEDLE_SIM_*``), which C reads only at
+the first CUDA call, here by :func:`check_cuda_variables` when :mod:`needle.cuda` is imported.
 """
 
 import collections
@@ -36,7 +36,7 @@ _OFF = ("0", "false", "off", "no")
 
 def variable(name):
     """The table's row for ``name``; LookupError for a name it lacks (a reader's bug: list the
-    variable in csrc/config.h and README.md first)."""
+    variable in csrc/config.h and docs/environment.md first)."""
     try:
         return VARIABLES[name]
     except KeyError:
@@ -81,7 +81,7 @@ def _cell(text):
 
 
 def readme_row(row):
-    """The README.md environment table's line for one row of the table."""
+    """docs/environment.md's table's line for one row of the table."""
     cells = (f"`{row.name}`", row.section, row.default, row.accepts, row.doc)
     return "| " + " | ".join(_cell(c) for c in cells) + " |"
 
@@ -93,7 +93,7 @@ README_HEADER = (
 
 
 def readme_table():
-    """README.md's environment table, written from the table: its header and one line per
+    """docs/environment.md's table, written from the table: its header and one line per
     variable, in the table's order."""
     return "\n".join(README_HEADER + tuple(readme_row(r) for r in VARIABLES.values()))
 

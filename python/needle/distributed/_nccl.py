@@ -5,7 +5,7 @@ The library comes from ``NEEDLE_NCCL`` (a path or soname), the ``nvidia-nccl-cu1
 then the loader's path. Rank 0 makes the unique id and broadcasts it over MPI; each rank
 joins with ``ncclCommInitRank`` on its local rank's GPU.
 
-Streams: needle runs all its CUDA work on the legacy default stream (see README.md's
+Streams: needle runs all its CUDA work on the legacy default stream (see docs/api.md's
 interoperability section), so the collectives' calls are queued on stream 0 (NULL, the legacy
 default stream for a library built without per-thread default streams, as NCCL is): they start
 after needle's kernels that produced the data and needle's later kernels wait for them, with

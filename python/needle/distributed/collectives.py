@@ -7,7 +7,7 @@ Every collective is in place on its array's device and goes in two steps:
    dtype; the ranks that disagree get a DistributedError naming each rank's call (and each
    rank's dtype when those differ), instead of MPI reading past a buffer, reading float16
    bits as float32, or waiting for ever. It costs one small round trip (see
-   README.md's distributed section for the measurement) and is on by default;
+   docs/distributed.md's "Agreement" for the measurement) and is on by default;
    ``init_process_group(check=False)`` skips it for all_reduce (DDP's buckets, whose
    shapes are the same on every rank by construction); broadcast and all_gather always
    check.
