@@ -137,6 +137,13 @@ static PyModuleDef_Slot needle_c_slots[] = {
      * there needle's multi-phase init does not refuse a subinterpreter. */
     {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
 #endif
+#ifdef Py_mod_gil
+    /* From 3.13. needle relies on the GIL: its runtime state (the registry's
+     * lists, the collection policy, the engine's caches) is unlocked. On a
+     * free-threaded build the import then turns the GIL back on (with a
+     * RuntimeWarning), and the scoped collection refuses (memory/scoped.c). */
+    {Py_mod_gil, Py_MOD_GIL_USED},
+#endif
     {0, NULL},
 };
 

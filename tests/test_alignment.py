@@ -180,3 +180,31 @@ def test_bad_arguments():
     with pytest.raises(TypeError):
         _c._run_aligned_collection(True, "0")
     assert nd.empty((4,)).shape == (4,)  # the process works after every refusal
+
+
+@pytest.mark.parametrize(
+    "version, threshold, reason",
+    [
+        ((3, 11, 7), (700, 10, 10), None),
+        ((3, 13, 0), (2000, 10, 10), None),
+        ((3, 14, 5), (2000, 10, 10), None),
+        ((3, 14, 0), (2000, 10, 0), "Python 3.14.0's incremental collector"),
+        ((3, 14, 4), (2000, 10, 0), "Python 3.14.4's incremental collector"),
+        ((3, 15, 0), (2000, 10), "this collector has 2 generation thresholds, not 3"),
+    ],
+)
+def test_collector_generations_are_checked_per_version(version, threshold, reason):
+    why = alignment._collector_unsupported(version, threshold)
+    if reason is None:
+        assert why is None
+    else:
+        assert why.startswith(reason), why
+
+
+def test_enable_refuses_a_collector_with_other_generations(monkeypatch):
+    monkeypatch.setattr(gc, "get_threshold", lambda: (2000, 10))
+    with pytest.raises(RuntimeError, match="not supported: this collector has 2 generation"):
+        alignment.enable(True)
+    assert not alignment.enabled()
+    monkeypatch.undo()
+    assert alignment._collector_unsupported() is None  # the suite runs on supported versions

@@ -428,6 +428,12 @@ def test_freeze_heap_hides_the_old_heap_and_new_cycles_are_still_collected(clean
 
 def test_oom_path_unfreezes_frozen_cycles(clean_policy):
     gc.set_threshold(10**9)
+    # What stays in the permanent generation with nothing frozen: 0, but 3.12's collector
+    # parks every immortal container it meets there (gc.get_freeze_count counts them too).
+    gc.unfreeze()
+    gc.collect()
+    parked = gc.get_freeze_count()
+    assert parked == 0 or sys.version_info[:2] == (3, 12)
     base = memory.memory_allocated()
     memory.set_memory_limit("cpu", base + 32 * MiB)
     holder = {"array": nd.empty((24 * MiB // 4,))}
@@ -441,7 +447,7 @@ def test_oom_path_unfreezes_frozen_cycles(clean_policy):
     stats = memory.memory_stats()
     assert stats["num_oom_collections"] > start["num_oom_collections"]
     assert stats["num_ooms"] == start["num_ooms"]
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() == parked
     assert memory.memory_allocated() - base == 16 * MiB
     assert float(fresh.numpy()[-1]) == 2.0
 

@@ -106,8 +106,11 @@ static PyObject *layer_norm_grad_compute(needle_state *st, const op_params *p, P
                                          Py_ssize_t n) {
     UNUSED(n);
     if (p->scalar2 != LN_PART_X && p->scalar2 != LN_PART_W) {
-        PyErr_Format(PyExc_ValueError, "LayerNormGrad's part is %d (dx) or %d (dw), got %g",
-                     LN_PART_X, LN_PART_W, p->scalar2);
+        /* PyErr_Format has no %g (from 3.12 it raises SystemError): format the double here */
+        char text[64];
+        snprintf(text, sizeof text, "%g", p->scalar2);
+        PyErr_Format(PyExc_ValueError, "LayerNormGrad's part is %d (dx) or %d (dw), got %s",
+                     LN_PART_X, LN_PART_W, text);
         return NULL;
     }
     nd_array dx, dw, db;

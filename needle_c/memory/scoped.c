@@ -45,6 +45,10 @@
  * broken). gc.freeze() is meant for a process's setup, before its garbage
  * starts; needle takes this over replacing gc.freeze for the whole process.
  *
+ * On 3.12 the collector parks the immortal containers it meets in the
+ * permanent generation, which the count includes: the gc.callbacks observer
+ * takes the count a collection leaves as the one seen last (no freeze).
+ *
  * Never during Python's own collection (a gc.callbacks observer tracks the
  * phases), never nested (including from code run while garbage is freed), and
  * not at all on free-threaded builds (Py_GIL_DISABLED: the lists would need
@@ -311,8 +315,27 @@ static PyObject *on_gc_phase(PyObject *module, PyObject *args) {
     (void)module;
     PyObject *phase, *info;
     if (!PyArg_ParseTuple(args, "OO", &phase, &info)) return NULL;
-    needle_rt.scoped.python_gc_running =
-        PyUnicode_Check(phase) && PyUnicode_CompareWithASCIIString(phase, "start") == 0;
+    int start = PyUnicode_Check(phase) && PyUnicode_CompareWithASCIIString(phase, "start") == 0;
+    needle_rt.scoped.python_gc_running = start;
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
+    /* 3.12's collector moves every immortal container it meets into the
+     * permanent generation, and gc.get_freeze_count() counts those too: a
+     * count grown across a collection is no freeze. So the marks catch up as
+     * a collection starts (what changed before it is a freeze or an
+     * unfreeze), and the count it leaves is taken as the one seen last. */
+    if (!needle_rt.scoped.in_progress && needle_rt.state != NULL &&
+        needle_rt.state->gc_get_freeze_count != NULL) {
+        if (start) {
+            (void)sync_frozen(); /* an unreadable count: the next scoped collection refuses */
+        } else {
+            PyObject *result = PyObject_CallNoArgs(needle_rt.state->gc_get_freeze_count);
+            Py_ssize_t count = result != NULL ? PyLong_AsSsize_t(result) : -1;
+            Py_XDECREF(result);
+            if (count >= 0) needle_rt.scoped.freeze_count = count;
+            PyErr_Clear();
+        }
+    }
+#endif
     Py_RETURN_NONE;
 }
 

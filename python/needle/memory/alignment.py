@@ -20,6 +20,7 @@ aligned ones for the slowest (the max).
 """
 
 import gc
+import sys
 import threading
 
 import numpy as np
@@ -45,15 +46,35 @@ _state = {
 }
 
 
+def _collector_unsupported(version=None, threshold=None):
+    """Why this interpreter's collector is not the one :func:`_python_generation_due` copies
+    (three generations, each past its threshold, the oldest also by a quarter of its
+    long-lived objects: CPython 3.11-3.13 and 3.14.5 on), or None when it is. 3.14.0-3.14.4
+    collect the old objects incrementally in two generations, where ``gc.collect(1)`` is one
+    increment: aligned collections of Python's generations would mean something else there."""
+    version = sys.version_info[:3] if version is None else tuple(version)
+    threshold = gc.get_threshold() if threshold is None else tuple(threshold)
+    if (3, 14, 0) <= version < (3, 14, 5):
+        where = ".".join(map(str, version))
+        return f"Python {where}'s incremental collector (3.14.0-3.14.4) has two generations"
+    if len(threshold) != 3:
+        return f"this collector has {len(threshold)} generation thresholds, not 3"
+    return None
+
+
 def enable(on=True):
     """Turns aligned collections on or off for this process; returns the previous setting.
 
     On: soft collections become wants, and Python's automatic collector is disabled (when it
     was enabled: it is enabled again when alignment is turned off) so that its generations run
     only where every rank agreed. A process that had called ``gc.disable()`` keeps Python's
-    generations off; needle's own wants are still aligned."""
+    generations off; needle's own wants are still aligned. Raises RuntimeError when turned on
+    under a collector whose generations differ from CPython 3.11-3.13's."""
     if not isinstance(on, bool):
         raise TypeError(f"on must be True or False, got {type(on).__name__} {on!r}")
+    why = _collector_unsupported() if on else None
+    if why is not None:
+        raise RuntimeError(f"aligned collections are not supported: {why}")
     with _lock:
         previous = _state["enabled"]
         if on == previous:
