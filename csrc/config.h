@@ -81,6 +81,16 @@ extern "C" {
       "the nvidia-nccl-cu13 wheel, then the loader's path",                                        \
       "the path or soname of a libnccl.so.2",                                                      \
       "the libnccl.so.2 that init_process_group(backend=\"nccl\") loads")                          \
+    /* ------------------------------------------- read by needle: the course */                   \
+    X(GRAPH_MODE, ND_CFG_RUN, ND_CFG_CHOICE, 0, 0, "cycle_free|needle", "cycle_free",              \
+      "cycle_free or needle",                                                                      \
+      "the autograd's graph mode at import: needle keeps the course's graphs (a .grad that "       \
+      "can be differentiated, a cycle through every .grad); at run time "                          \
+      "ndl.autograd.set_graph_mode")                                                               \
+    X(BACKEND, ND_CFG_RUN, ND_CFG_CHOICE, 0, 0, "nd|np", "nd", "nd or np",                         \
+      "the course's backend switch: np gives a Tensor made from data without a dtype NumPy's "     \
+      "dtype, so Python floats, lists and integers become float64 as in the course's "             \
+      "NumPy-backed hw1 and hw2; nd makes them float32 (hw3 on)")                                  \
     /* ------------------------------------------------ read by needle: the CPU */                 \
     X(BLAS, ND_CFG_RUN, ND_CFG_CHOICE, 0, 0, "0|1", "1",                                           \
       "0 (needle's own GEMM) or 1 (a BLAS when one is found, the default)",                        \

@@ -60,6 +60,7 @@ static int needle_c_exec(PyObject *module) {
     if (device_add_methods(st, ndarray_device_factories) < 0 ||
         device_add_methods(st, random_device_methods) < 0)
         return -1;
+    if (course_handle_module_init(module, st) < 0) return -1;
 
     if (add_function_table(module, blas_module_functions) < 0 ||
         add_function_table(module, cpu_threads_module_functions) < 0 ||
@@ -92,6 +93,7 @@ static int needle_c_traverse(PyObject *module, visitproc visit, void *arg) {
     needle_state *st = state_of_module(module);
     Py_VISIT(st->device_type);
     Py_VISIT(st->ndarray_type);
+    Py_VISIT(st->array_handle_type);
     Py_VISIT(st->device_error);
     Py_VISIT(st->out_of_memory);
     Py_VISIT(st->axis_error);
@@ -107,6 +109,7 @@ static int needle_c_clear(PyObject *module) {
     needle_state *st = state_of_module(module);
     Py_CLEAR(st->device_type);
     Py_CLEAR(st->ndarray_type);
+    Py_CLEAR(st->array_handle_type);
     Py_CLEAR(st->device_error);
     Py_CLEAR(st->out_of_memory);
     Py_CLEAR(st->axis_error);

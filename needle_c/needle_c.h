@@ -19,9 +19,10 @@
 typedef struct {
     PyTypeObject *device_type;
     PyTypeObject *ndarray_type;
-    PyObject *device_error;  /* needle.DeviceError (RuntimeError) */
-    PyObject *out_of_memory; /* needle.OutOfMemoryError (MemoryError) */
-    PyObject *axis_error;    /* numpy.exceptions.AxisError, for bad axes (array/parse.c) */
+    PyTypeObject *array_handle_type; /* array/course_handle.c: NDArray._handle */
+    PyObject *device_error;          /* needle.DeviceError (RuntimeError) */
+    PyObject *out_of_memory;         /* needle.OutOfMemoryError (MemoryError) */
+    PyObject *axis_error;            /* numpy.exceptions.AxisError, for bad axes (array/parse.c) */
     /* Device objects by engine id, and placeholders for CUDA devices the
      * engine does not have (enabled() is False). */
     PyObject *devices[ND_MAX_DEVICES];
@@ -29,6 +30,7 @@ typedef struct {
     int cpu_numpy_id;                /* the engine id of the binding's cpu_numpy device */
     PyObject *numpy_random;          /* numpy.random, for Device.rand/randn/randb */
     int rng_mode;                    /* random.c: where Device.rand/randn/randb draw */
+    int numpy_dtypes;                /* NEEDLE_BACKEND=np: tensor_default_dtype keeps NumPy's */
     struct autograd_state *autograd; /* tensor.h: Tensor/Op types, graph mode */
     /* memory/scoped.c: the (phase, info) observers called around each scoped
      * collection (a list), and gc.get_freeze_count, read as each one begins. */
@@ -128,8 +130,11 @@ int ndarray_write_object(needle_state *st, PyObject *out, PyObject *obj);
 /* The dtype a Tensor made from obj without a dtype gets: a NumPy array's or
  * NumPy scalar's own when it is float16, float32 or float64 (as PyTorch's
  * torch.tensor and the course's NumPy-backed hw1 Tensor keep it); float32
- * for anything else (Python numbers and lists, integer data). */
-nd_dtype tensor_default_dtype(PyObject *obj);
+ * for anything else (Python numbers and lists, integer data), or, under
+ * NEEDLE_BACKEND=np (st->numpy_dtypes), float64 for them, the dtype the
+ * course's NumPy backend gives them (integers included: needle has no
+ * integer dtype). */
+nd_dtype tensor_default_dtype(const needle_state *st, PyObject *obj);
 /* array (an NDArray, reference stolen) converted to dtype on its device:
  * array itself when it has that dtype already. NULL on failure. */
 PyObject *ndarray_steal_as(needle_state *st, PyObject *array, nd_dtype dtype);
@@ -142,6 +147,9 @@ PyObject *sequence_tuple(PyObject *obj, const char *message);
 PyObject *ndarray_new_on(needle_state *st, nd_device *dev, PyObject *shape_obj, const double *fill,
                          nd_dtype dtype);
 extern PyType_Spec ndarray_type_spec;
+/* The course's raw handles (array/course_handle.c): the ArrayHandle type,
+ * NDArray._handle, Device.__tile_size__ and Device.matmul_tiled. */
+int course_handle_module_init(PyObject *module, needle_state *st);
 int ndarray_module_init(void); /* NumPy C API import */
 
 /* Module-level functions defined in other files. */

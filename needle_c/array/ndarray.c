@@ -58,7 +58,8 @@ PyObject *ndarray_steal_as(needle_state *st, PyObject *array, nd_dtype dtype) {
     return array_result(st, status, &converted);
 }
 
-nd_dtype tensor_default_dtype(PyObject *obj) {
+nd_dtype tensor_default_dtype(const needle_state *st, PyObject *obj) {
+    const nd_dtype other = st->numpy_dtypes ? ND_FLOAT64 : ND_FLOAT32;
     int type;
     if (PyArray_Check(obj)) {
         type = PyArray_DESCR((PyArrayObject *)obj)->type_num;
@@ -66,14 +67,17 @@ nd_dtype tensor_default_dtype(PyObject *obj) {
         PyArray_Descr *descr = PyArray_DescrFromScalar(obj);
         if (descr == NULL) {
             PyErr_Clear();
-            return ND_FLOAT32;
+            return other;
         }
         type = descr->type_num;
         Py_DECREF(descr);
     } else {
-        return ND_FLOAT32;
+        return other;
     }
-    return type == NPY_FLOAT16 ? ND_FLOAT16 : type == NPY_FLOAT64 ? ND_FLOAT64 : ND_FLOAT32;
+    return type == NPY_FLOAT16   ? ND_FLOAT16
+           : type == NPY_FLOAT64 ? ND_FLOAT64
+           : type == NPY_FLOAT32 ? ND_FLOAT32
+                                 : other;
 }
 
 /* NumPy data goes to the device in the NumPy type that holds the dtype

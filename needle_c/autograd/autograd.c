@@ -12,6 +12,8 @@
  */
 #include "tensor.h"
 
+#include "config.h"
+
 static const op_params no_params;
 
 /* Grad mode is per thread, as in PyTorch: no_grad() in one thread never
@@ -701,7 +703,18 @@ int autograd_module_init(PyObject *module, needle_state *st) {
         PyErr_NoMemory();
         return -1;
     }
-    st->autograd->mode = GRAPH_CYCLE_FREE;
+    /* The table's choices are "cycle_free|needle", graph_mode_names' order; "nd|np" is
+     * backend_names'. A bad value fails the import. */
+    int mode = GRAPH_CYCLE_FREE, backend = 0;
+    if (nd_config_choice(ND_CFG_GRAPH_MODE, &mode) < 0 ||
+        nd_config_choice(ND_CFG_BACKEND, &backend) < 0) {
+        PyErr_SetString(PyExc_ValueError, nd_last_error());
+        return -1;
+    }
+    st->autograd->mode = (graph_mode)mode;
+    static const char *const backend_names[] = {"nd", "np"};
+    st->numpy_dtypes = backend == 1;
+    if (PyModule_AddStringConstant(module, "BACKEND", backend_names[backend]) < 0) return -1;
     ops_basic_register(op_impls);
     ops_unary_register(op_impls);
     ops_binary_register(op_impls);

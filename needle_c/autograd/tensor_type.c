@@ -87,7 +87,7 @@ static int tensor_init(PyObject *op, PyObject *args, PyObject *kwargs) {
             return -1;
         }
         /* An NDArray keeps its dtype; other data gets tensor_default_dtype's. */
-        nd_dtype natural = tensor_default_dtype(array);
+        nd_dtype natural = tensor_default_dtype(st, array);
         if (wanted == NULL && !ndarray_check(st, array)) wanted = &natural;
         data = ndarray_from_object(st, array, dev, wanted);
     }

@@ -55,6 +55,6 @@ def from_dlpack(obj, requires_grad=False):
     return Tensor.make_const(_c.from_dlpack(obj), requires_grad=requires_grad)
 
 
-BACKEND = "nd"
+BACKEND = _c.BACKEND
 
 __version__ = "0.1.0"
