@@ -186,6 +186,35 @@ def test_layer_norm1d_matches_the_course_composition(device, mode, shape):
     np.testing.assert_allclose(fused_grads[2].numpy(), course_grads[2].numpy(), rtol=1e-5)
 
 
+def exact_layer_norm_quartic(x, eps=1e-5):
+    """LayerNorm's y and the gradient of sum(y**4) with respect to x, in float64."""
+    m = x.mean(-1, keepdims=True)
+    s = np.sqrt(((x - m) ** 2).mean(-1, keepdims=True) + eps)
+    y = (x - m) / s
+    g = 4 * y**3
+    return y, (g - g.mean(-1, keepdims=True) - y * (g * y).mean(-1, keepdims=True)) / s
+
+
+@dev
+@pytest.mark.parametrize("mode", MODES)
+def test_layer_norm_gradient_where_its_terms_cancel(device, mode):
+    # hw2's test_nn_layernorm_backward_1: for rows of three, sum(y**4) is constant but for
+    # eps, so the gradient is a difference of terms about 1e4 times its size. Computed in
+    # float32 it was 2% off for one element (7e-6 against the course's atol of 1e-5); in
+    # double from the float32 inputs it is within 2e-7 of the exact value.
+    np.random.seed(18)
+    x0 = (np.random.randint(0, 100, size=(3, 3)) / 20).astype(np.float32)
+    rows = np.random.default_rng(1).standard_normal((50, 37)).astype(np.float32) * 3 + 1
+    for data, atol in ((x0, 5e-7), (rows, 5e-6)):
+        y_exact, dx_exact = exact_layer_norm_quartic(data.astype(np.float64))
+        with graph_mode(mode):
+            x = ndl.Tensor(data, device=device)
+            y = nn.LayerNorm1d(data.shape[-1], device=device)(x)
+            (y**4).sum().backward()
+        np.testing.assert_allclose(y.numpy(), y_exact, rtol=0, atol=3e-7)
+        np.testing.assert_allclose(x.grad.numpy(), dx_exact, rtol=1e-6, atol=atol)
+
+
 @dev
 def test_layer_norm_of_strided_input_and_shaped_parameters(device):
     rng = np.random.default_rng(4)

@@ -8,7 +8,8 @@
  * (the mean and the variance rounded to float32 before they are used, w * (x
  * - mean) divided by the standard deviation), with the row sums in double as
  * the host's reductions do, so the fused op agrees with LayerNorm1d's ops to
- * within a rounding or two. The attention softmax adds the causal mask as
+ * within a rounding or two. The backward computes in double (row_stats_double
+ * says why) and rounds dx once. The attention softmax adds the causal mask as
  * the course does (x / divisor + -FLT_MAX) and takes its exponentials from
  * cpu_math.h; short rows (an attention row has as many elements as keys) go
  * in chunks transposed so that the loops run across rows and vectorise.
@@ -23,18 +24,21 @@
 /* Fewer elements than this per thread are not worth a thread. */
 #define GRAIN_ELEMENTS ((int64_t)1 << 15)
 
-/* Row x's mean and standard deviation sqrt(var + eps), var biased. */
-static void row_stats(const float *x, int64_t cols, float eps, float *mean, float *std) {
+/* Row x's mean and standard deviation sqrt(var + eps) in double, for the
+ * backward: dx is a difference of terms that cancel (for a row of three,
+ * sum(xhat**4) is constant, and its gradient is eps's effect alone), so
+ * float32 statistics and terms lose most of dx's digits there. */
+static void row_stats_double(const float *x, int64_t cols, float eps, double *mean, double *std) {
     double sum = 0.0;
     for (int64_t j = 0; j < cols; j++) sum += x[j];
-    const float m = (float)sum / (float)cols;
+    const double m = sum / (double)cols;
     double squares = 0.0;
     for (int64_t j = 0; j < cols; j++) {
-        const float c = x[j] - m;
+        const double c = x[j] - m;
         squares += c * c;
     }
     *mean = m;
-    *std = sqrtf((float)squares / (float)cols + eps);
+    *std = sqrt(squares / (double)cols + eps);
 }
 
 static void forward_range(void *ctx, int64_t begin, int64_t end) {
@@ -43,14 +47,16 @@ static void forward_range(void *ctx, int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; r++) {
         const float *x = d->x + r * cols; /* (cols,) */
         float *y = d->out + r * cols;     /* (cols,) */
-        float m, s;
-        row_stats(x, cols, d->eps, &m, &s);
-        for (int64_t j = 0; j < cols; j++) y[j] = d->w[j] * (x[j] - m) / s + d->b[j];
+        double m, s;
+        row_stats_double(x, cols, d->eps, &m, &s);
+        const double inv = 1.0 / s;
+        for (int64_t j = 0; j < cols; j++) y[j] = (float)(d->w[j] * ((x[j] - m) * inv) + d->b[j]);
     }
 }
 
 /* Chunk k's rows: dx, and the chunk's sums of g * xhat and of g per column
- * into partials[k] (2, cols). */
+ * into partials[k] (2, cols). dx is computed in double from the float32
+ * inputs (row_stats_double says why) and rounded once. */
 static void backward_range(void *ctx, int64_t begin, int64_t end) {
     const nd_norm_desc *d = ctx;
     const int64_t cols = d->cols;
@@ -62,21 +68,21 @@ static void backward_range(void *ctx, int64_t begin, int64_t end) {
         for (int64_t r = r0; r < r1; r++) {
             const float *x = d->x + r * cols, *g = d->g + r * cols; /* (cols,) each */
             float *dx = d->out + r * cols;                          /* (cols,) */
-            float m, s;
-            row_stats(x, cols, d->eps, &m, &s);
+            double m, s;
+            row_stats_double(x, cols, d->eps, &m, &s);
+            const double inv = 1.0 / s;
             double gw_sum = 0.0, gwx_sum = 0.0;
             for (int64_t j = 0; j < cols; j++) {
-                const float xhat = (x[j] - m) / s, gw = g[j] * d->w[j];
+                const double xhat = (x[j] - m) * inv, gw = (double)g[j] * d->w[j];
                 gw_sum += gw;
                 gwx_sum += gw * xhat;
-                pw[j] += g[j] * xhat;
+                pw[j] += (float)(g[j] * xhat);
                 pb[j] += g[j];
             }
-            const float gw_mean = (float)(gw_sum / (double)cols);
-            const float gwx_mean = (float)(gwx_sum / (double)cols);
+            const double gw_mean = gw_sum / (double)cols, gwx_mean = gwx_sum / (double)cols;
             for (int64_t j = 0; j < cols; j++) {
-                const float xhat = (x[j] - m) / s;
-                dx[j] = (g[j] * d->w[j] - gw_mean - xhat * gwx_mean) / s;
+                const double xhat = (x[j] - m) * inv;
+                dx[j] = (float)(((double)g[j] * d->w[j] - gw_mean - xhat * gwx_mean) * inv);
             }
         }
     }

@@ -37,19 +37,30 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-/* Row x's mean and standard deviation sqrt(var + eps) (var biased), read by
- * the calling warp: every lane of it must call. */
+/* The sum of v over the warp, in every lane, in double. */
+__device__ __forceinline__ double warp_sum_double(double v) {
+#pragma unroll
+    for (int delta = 16; delta > 0; delta /= 2) v += __shfl_xor_sync(FULL_MASK, v, delta);
+    return v;
+}
+
+/* Row x's mean and standard deviation sqrt(var + eps) (var biased), in
+ * double, read by the calling warp: every lane of it must call. The layer
+ * norm computes in double from its float32 inputs and rounds each result
+ * once, as the host's does: its backward is a difference of terms that
+ * cancel (for a row of three, sum(xhat**4) is constant and its gradient is
+ * eps's effect alone), where float32 terms lose most of the result's digits. */
 __device__ __forceinline__ void row_stats(const float *x, int64_t cols, float eps, int lane,
-                                          float &mean, float &std) {
-    float sum = 0.0f;
+                                          double &mean, double &std) {
+    double sum = 0.0;
     for (int64_t j = lane; j < cols; j += 32) sum += x[j];
-    mean = warp_sum(sum) / (float)cols;
-    float squares = 0.0f;
+    mean = warp_sum_double(sum) / (double)cols;
+    double squares = 0.0;
     for (int64_t j = lane; j < cols; j += 32) {
-        const float c = x[j] - mean;
+        const double c = x[j] - mean;
         squares += c * c;
     }
-    std = sqrtf(warp_sum(squares) / (float)cols + eps);
+    std = sqrt(warp_sum_double(squares) / (double)cols + eps);
 }
 
 /* A warp per row; the row index is the same in every lane of a warp, so
@@ -60,9 +71,11 @@ __global__ void layer_norm_kernel(nd_norm_desc d) {
          r += (int64_t)gridDim.x * WARPS_PER_BLOCK) {
         const float *x = d.x + r * d.cols; /* (cols,) */
         float *y = d.out + r * d.cols;     /* (cols,) */
-        float m, s;
+        double m, s;
         row_stats(x, d.cols, d.eps, lane, m, s);
-        for (int64_t j = lane; j < d.cols; j += 32) y[j] = d.w[j] * (x[j] - m) / s + d.b[j];
+        const double inv = 1.0 / s;
+        for (int64_t j = lane; j < d.cols; j += 32)
+            y[j] = (float)(d.w[j] * ((x[j] - m) * inv) + d.b[j]);
     }
 }
 
@@ -70,7 +83,7 @@ __global__ void layer_norm_kernel(nd_norm_desc d) {
  * chunk and tile loops have the same bounds in every thread of a block, so
  * the whole block reaches each barrier. */
 __global__ void layer_norm_grad_kernel(nd_norm_desc d) {
-    __shared__ float tile_mean[WARPS_PER_BLOCK], tile_std[WARPS_PER_BLOCK];
+    __shared__ double tile_mean[WARPS_PER_BLOCK], tile_inv[WARPS_PER_BLOCK];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t cols = d.cols;
     for (int64_t k = blockIdx.x; k < d.chunks; k += gridDim.x) {
@@ -82,21 +95,24 @@ __global__ void layer_norm_grad_kernel(nd_norm_desc d) {
             if (r < r1) {
                 const float *x = d.x + r * cols, *g = d.g + r * cols; /* (cols,) each */
                 float *dx = d.out + r * cols;                         /* (cols,) */
-                float m, s;
+                double m, s;
                 row_stats(x, cols, d.eps, lane, m, s);
-                float gw_sum = 0.0f, gwx_sum = 0.0f;
+                const double inv = 1.0 / s;
+                double gw_sum = 0.0, gwx_sum = 0.0;
                 for (int64_t j = lane; j < cols; j += 32) {
-                    const float gw = g[j] * d.w[j];
+                    const double gw = (double)g[j] * d.w[j];
                     gw_sum += gw;
-                    gwx_sum += gw * ((x[j] - m) / s);
+                    gwx_sum += gw * ((x[j] - m) * inv);
                 }
-                const float gw_mean = warp_sum(gw_sum) / (float)cols;
-                const float gwx_mean = warp_sum(gwx_sum) / (float)cols;
+                const double gw_mean = warp_sum_double(gw_sum) / (double)cols;
+                const double gwx_mean = warp_sum_double(gwx_sum) / (double)cols;
                 for (int64_t j = lane; j < cols; j += 32)
-                    dx[j] = (g[j] * d.w[j] - gw_mean - (x[j] - m) / s * gwx_mean) / s;
+                    dx[j] =
+                        (float)(((double)g[j] * d.w[j] - gw_mean - (x[j] - m) * inv * gwx_mean) *
+                                inv);
                 if (lane == 0) {
                     tile_mean[warp] = m;
-                    tile_std[warp] = s;
+                    tile_inv[warp] = inv;
                 }
             }
             __syncthreads();
@@ -105,7 +121,7 @@ __global__ void layer_norm_grad_kernel(nd_norm_desc d) {
                 float sw = t == r0 ? 0.0f : pw[j], sb = t == r0 ? 0.0f : pb[j];
                 for (int i = 0; i < n; i++) {
                     const float gv = d.g[(t + i) * cols + j];
-                    sw += gv * ((d.x[(t + i) * cols + j] - tile_mean[i]) / tile_std[i]);
+                    sw += (float)(gv * ((d.x[(t + i) * cols + j] - tile_mean[i]) * tile_inv[i]));
                     sb += gv;
                 }
                 pw[j] = sw;
