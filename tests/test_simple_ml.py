@@ -8,6 +8,7 @@ file names. References are NumPy in float64.
 """
 
 import gzip
+import os
 import pathlib
 import struct
 import subprocess
@@ -207,3 +208,24 @@ def test_course_layout_shims():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["28", "True", "True", "True"]
+
+
+def test_course_layout_as_the_apps_package(tmp_path):
+    # hw4's tests run from the course folder and import `apps.models` and `apps.simple_ml`
+    # (apps/ a namespace package); the shims folder linked as apps/ serves them.
+    import needle.apps
+
+    (tmp_path / "apps").symlink_to(needle.apps.COURSE_LAYOUT_DIR)
+    code = (
+        "import sys; sys.path.append('.'); import numpy as np; np.random.seed(0); "
+        "from apps.models import ResNet9, LanguageModel; from apps.simple_ml import *; "
+        "import needle.apps.models as m; "
+        "print(ResNet9 is m.ResNet9, LanguageModel is m.LanguageModel, callable(train_ptb), "
+        "len(LanguageModel(4, 10, 6).parameters()))"
+    )
+    env = {"PYTHONPATH": os.pathsep.join(sys.path), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "True", "7"]
