@@ -76,6 +76,19 @@ CONSTRUCTION = [
         "fill_value .* out of range for float32",
     ),
     case("full-fill-1e300", lambda a: nd.full((2,), 1e300, device=a.device), ValueError),
+    # An int past float64's range was NumPy's OverflowError from the conversion (issue 35).
+    case(
+        "full-fill-2**2000",
+        lambda a: nd.full((2,), 2**2000, dtype="float64", device=a.device),
+        ValueError,
+        "integer beyond float64's range",
+    ),
+    case(
+        "fill-minus-2**2000",
+        lambda a: a.fill(-(2**2000)),
+        ValueError,
+        "integer beyond float64's range",
+    ),
     case(
         "full-fill-float16",
         lambda a: nd.full((2,), 1e5, dtype="float16", device=a.device),

@@ -270,6 +270,15 @@ int parse_scalar(PyObject *obj, double *out) {
 
 int parse_scalar_param(PyObject *obj, double *out) {
     int rc = parse_scalar(obj, out);
+    if (rc < 0 && PyLong_Check(obj) && PyErr_ExceptionMatches(PyExc_OverflowError)) {
+        /* A parameter's value out of range is a bad value (ValueError), as the values
+         * that fit a double but not the dtype are (check_fill_value). */
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError,
+                        "an integer beyond float64's range is out of range for every dtype "
+                        "(it would be inf)");
+        return -1;
+    }
     if (rc == 0)
         PyErr_Format(PyExc_TypeError,
                      "expected a real number (a Python or NumPy scalar, or a NumPy array of one "

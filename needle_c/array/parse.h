@@ -64,7 +64,9 @@ int parse_shape(PyObject *obj, shape_rule rule, int *ndim, int64_t *shape);
  * array of one element; 0: not one (no exception set; complex numbers,
  * strings and None are not); -1: an exception while reading it. */
 int parse_scalar(PyObject *obj, double *out);
-/* parse_scalar for a parameter that must be a scalar: TypeError when not. */
+/* parse_scalar for a parameter that must be a scalar: TypeError when not,
+ * ValueError for an int beyond float64's range (parse_scalar's OverflowError,
+ * NumPy's for an operand). */
 int parse_scalar_param(PyObject *obj, double *out);
 
 /* --------------------------------------------------------------- dtypes */
