@@ -13,6 +13,7 @@ run. The design document's file map is checked against the tree (csrc/, needle_c
 python/needle/) so that it cannot drift as files come and go.
 """
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -83,6 +84,25 @@ def _env():
     return env
 
 
+# The optional dependencies a block may need (the test extra brings both; repro has
+# matplotlib, distributed mpi4py). In an environment without one, a block failing on its
+# import is skipped with that reason; where it is installed, the block must run.
+_OPTIONAL_MODULES = {"matplotlib": "test", "mpi4py": "test"}
+_MISSING_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'", re.M)
+
+
+def _skip_if_optional_missing(where, proc):
+    """Skips the calling test when proc failed on importing an optional dependency that this
+    interpreter does not have."""
+    if proc.returncode == 0:
+        return
+    for name in _MISSING_MODULE.findall(proc.stderr):
+        top = name.split(".")[0]
+        if top in _OPTIONAL_MODULES and importlib.util.find_spec(top) is None:
+            extra = _OPTIONAL_MODULES[top]
+            pytest.skip(f"{where} needs {top}, not installed (pip install '.[{extra}]')")
+
+
 def _run(args, cwd):
     return subprocess.run(
         [sys.executable, *args],
@@ -136,8 +156,25 @@ def test_block_runs_alone(where, source, tmp_path):
     path = tmp_path / "block.py"
     path.write_text(source)
     proc = _run([str(path)], tmp_path)
+    _skip_if_optional_missing(where, proc)
     assert proc.returncode == 0, f"{where} failed:\n{proc.stdout}\n{proc.stderr}"
     assert proc.stdout.strip(), f"{where} printed nothing"
+
+
+def test_a_block_is_skipped_only_for_a_missing_optional_module(monkeypatch):
+    def failed(name):
+        return subprocess.CompletedProcess(
+            [], 1, "", f"ModuleNotFoundError: No module named '{name}'"
+        )
+
+    monkeypatch.setitem(_OPTIONAL_MODULES, "needle_no_such_module", "test")
+    monkeypatch.setitem(_OPTIONAL_MODULES, "numpy", "test")
+    with pytest.raises(pytest.skip.Exception, match=r"page.md:3 needs needle_no_such_module"):
+        _skip_if_optional_missing("page.md:3", failed("needle_no_such_module.sub"))
+    _skip_if_optional_missing("page.md:3", failed("numpy"))  # installed: the block must run
+    _skip_if_optional_missing("page.md:3", failed("some_required_module"))  # not optional
+    ok = subprocess.CompletedProcess([], 0, "", "")
+    _skip_if_optional_missing("page.md:3", ok)
 
 
 def _block_at(fragment, page):
@@ -194,6 +231,7 @@ def test_the_memory_report_block_shows_growth_and_a_cycle(tmp_path):
     path = tmp_path / "report.py"
     path.write_text(_block_at("MemoryMonitor()", "docs/memory-report.md"))
     proc = _run([str(path)], tmp_path)
+    _skip_if_optional_missing("docs/memory-report.md", proc)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     readings = [int(v) for v in re.findall(r"\d+", lines[0])]
