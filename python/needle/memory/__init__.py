@@ -28,7 +28,8 @@ The package's modules: :mod:`.stats` (statistics, sizes, limits), :mod:`.alloc_c
 (allocator settings), :mod:`.policy` (the
 collection policy, ``freeze_heap``, :func:`safe_point`), :mod:`.diagnostics` (live tensors,
 cycles, warnings), :mod:`.summary` (``memory_summary``), :mod:`.monitor` (timelines and
-allocation history) and :mod:`.snapshot` (PyTorch's memory snapshots). Each imports only the
+allocation history), :mod:`.snapshot` (PyTorch's memory snapshots) and :mod:`.holders` (who
+holds device memory in a notebook, and releasing what the notebook keeps). Each imports only the
 ones listed before it.
 """
 
@@ -46,6 +47,7 @@ from .diagnostics import (
     warn_on_cycles,
 )
 from .diagnostics import _cycle_callback as _cycle_callback
+from .holders import holders, release_notebook_references
 from .monitor import MemoryMonitor, record_history
 from .policy import (
     _policy_from_environment,
@@ -113,6 +115,8 @@ __all__ = [
     "MemoryMonitor",
     "safe_point",
     "collect",
+    "holders",
+    "release_notebook_references",
 ]
 
 # The public names are needle.memory's, wherever in the package they are defined.
