@@ -258,7 +258,7 @@ def test_the_pytest_example_fails_on_the_leak_and_passes_the_fix(tmp_path):
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, f"{where}:\n{out}"
-    assert "1 failed, 2 passed" in out, out
+    assert "2 failed, 2 passed" in out, out
     assert "FAILED test_memory.py::test_leaky_step" in out
     assert re.search(r"device memory on cpu \(the default device\) grew by \d+ bytes", out)
     assert "FAILED test_memory.py::test_fixed_step" not in out
@@ -268,6 +268,18 @@ def test_the_pytest_example_fails_on_the_leak_and_passes_the_fix(tmp_path):
     assert sites and sites[0] == f"test_memory.py:{leak_line}", out
     assert re.search(r"\d+ x Tensor\(shape=\(32, 8\), dtype=float32, bytes=1024, op=", out)
     assert "FAILED test_memory.py::test_forward_fits" not in out
+    # The marker's failure says where the peak was: the backward pass, with the lines whose
+    # arrays were live then, each line of the test that allocated.
+    assert "FAILED test_memory.py::test_forward_too_big" in out
+    lines = source.splitlines()
+    peak_line = 1 + lines.index("    y.sum().backward()")
+    assert (
+        f"  peak at:         test_memory.py:{peak_line} in test_forward_too_big  "
+        "(y.sum().backward())\n"
+    ) in out, out
+    live = re.findall(r"^    (test_memory\.py:\d+) +\d+ allocations?, \d+ bytes", out, re.M)
+    assert live[0] == f"test_memory.py:{peak_line}", out
+    assert sorted(live) == sorted(f"test_memory.py:{peak_line - i}" for i in range(4)), out
 
 
 # ------------------------------------------------------------------ docs/design.md

@@ -11,6 +11,14 @@
  * allocation or call from Python. A snapshot copies the C state first and
  * builds Python objects afterwards, since building them may run the collector
  * and so change that state.
+ *
+ * While recording, each device also keeps a peak record: the frames of the
+ * allocation at which the allocated bytes last reached a new high, and which
+ * blocks were live then (needle.testing names them when a test passes its
+ * limit_device_memory). The blocks live at the peak are the live map's
+ * blocks allocated up to it plus those freed since, which the record keeps;
+ * a new peak drops them, so the record holds at most the blocks live at the
+ * peak, and costs one comparison per allocation.
  */
 #include "history.h"
 #include "runtime.h"
@@ -46,13 +54,33 @@ typedef struct trace_entry {
     frame_stack *stack; /* NULL: no frames */
 } trace_entry;
 
-/* address -> frames of a live block (open addressing, linear probing; key 0
- * is empty: no block lives at address 0). */
+/* address -> frames (NULL: none recorded), allocation number and bytes of a
+ * live block (open addressing, linear probing; key 0 is empty: no block lives
+ * at address 0). */
 typedef struct live_map {
     uintptr_t *keys;
     frame_stack **stacks;
+    int64_t *seqs, *sizes;
     int64_t cap, count;
 } live_map;
+
+/* A block live at the peak and freed since. */
+typedef struct freed_block {
+    int64_t seq, size;
+    frame_stack *stack;
+} freed_block;
+
+/* Where the device's allocated bytes peaked since the record was reset.
+ * Allocations are numbered (seq); those after `since` are the measured ones,
+ * `at` is the one that reached the peak (== since: none passed the bytes
+ * allocated at the reset yet). */
+typedef struct peak_record {
+    int64_t seq, since, at;
+    int64_t bytes;      /* allocated bytes at the peak (at the reset while at == since) */
+    frame_stack *stack; /* the frames of allocation `at` */
+    freed_block *freed; /* measured blocks live at the peak and freed since */
+    int64_t nfreed, freed_cap;
+} peak_record;
 
 typedef struct device_history {
     int enabled;    /* HISTORY_OFF, _STATE (frames of live blocks), _ALL (and the trace) */
@@ -63,6 +91,7 @@ typedef struct device_history {
     live_map live;
     trace_entry *ring; /* the trace; once full, the oldest entry is overwritten */
     int64_t ring_cap, ring_count, ring_next;
+    peak_record peak;
 } device_history;
 
 /* The history's C state: the runtime's (needle_rt.history), since the
@@ -181,28 +210,40 @@ static int64_t find_slot(const live_map *m, uintptr_t key) {
     }
 }
 
-/* Takes over the caller's reference on s; 0 when the map cannot grow. */
-static int live_put(live_map *m, uintptr_t key, frame_stack *s) {
+static void live_free_arrays(live_map *m) {
+    free(m->keys);
+    free(m->stacks);
+    free(m->seqs);
+    free(m->sizes);
+}
+
+/* Takes over the caller's reference on s (which may be NULL); 0 when the map
+ * cannot grow. */
+static int live_put(live_map *m, uintptr_t key, frame_stack *s, int64_t seq, int64_t size) {
     if (2 * (m->count + 1) > m->cap) {
         int64_t cap = m->cap > 0 ? 2 * m->cap : 1024;
-        uintptr_t *keys = calloc((size_t)cap, sizeof *keys);
-        frame_stack **stacks = calloc((size_t)cap, sizeof *stacks);
-        if (keys == NULL || stacks == NULL) {
-            free(keys);
-            free(stacks);
+        live_map grown = {calloc((size_t)cap, sizeof *grown.keys),
+                          calloc((size_t)cap, sizeof *grown.stacks),
+                          calloc((size_t)cap, sizeof *grown.seqs),
+                          calloc((size_t)cap, sizeof *grown.sizes),
+                          cap,
+                          0};
+        if (grown.keys == NULL || grown.stacks == NULL || grown.seqs == NULL ||
+            grown.sizes == NULL) {
+            live_free_arrays(&grown);
             return 0;
         }
-        live_map grown = {keys, stacks, cap, 0};
         for (int64_t i = 0; i < m->cap; i++) {
             if (m->keys[i] == 0) continue;
             int64_t j = slot_of(&grown, m->keys[i]);
             while (grown.keys[j] != 0) j = (j + 1) & (cap - 1);
             grown.keys[j] = m->keys[i];
             grown.stacks[j] = m->stacks[i];
+            grown.seqs[j] = m->seqs[i];
+            grown.sizes[j] = m->sizes[i];
             grown.count++;
         }
-        free(m->keys);
-        free(m->stacks);
+        live_free_arrays(m);
         *m = grown;
     }
     int64_t i = slot_of(m, key);
@@ -211,14 +252,20 @@ static int live_put(live_map *m, uintptr_t key, frame_stack *s) {
     else m->count++;
     m->keys[i] = key;
     m->stacks[i] = s;
+    m->seqs[i] = seq;
+    m->sizes[i] = size;
     return 1;
 }
 
-/* Removes key (backward-shift deletion: no tombstones); never allocates. */
-static void live_remove(live_map *m, uintptr_t key) {
+/* Removes key (backward-shift deletion: no tombstones) and hands the caller
+ * its entry, the stack's reference with it; 0 when key is not there. Never
+ * allocates. */
+static int live_take(live_map *m, uintptr_t key, frame_stack **stack, int64_t *seq, int64_t *size) {
     int64_t i = find_slot(m, key);
-    if (i < 0) return;
-    stack_unref(m->stacks[i]);
+    if (i < 0) return 0;
+    *stack = m->stacks[i];
+    *seq = m->seqs[i];
+    *size = m->sizes[i];
     m->count--;
     for (int64_t j = (i + 1) & (m->cap - 1); m->keys[j] != 0; j = (j + 1) & (m->cap - 1)) {
         int64_t home = slot_of(m, m->keys[j]);
@@ -226,19 +273,71 @@ static void live_remove(live_map *m, uintptr_t key) {
         if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
             m->keys[i] = m->keys[j];
             m->stacks[i] = m->stacks[j];
+            m->seqs[i] = m->seqs[j];
+            m->sizes[i] = m->sizes[j];
             i = j;
         }
     }
     m->keys[i] = 0;
     m->stacks[i] = NULL;
+    return 1;
 }
 
 static void live_clear(live_map *m) {
     for (int64_t i = 0; i < m->cap; i++)
         if (m->keys[i] != 0) stack_unref(m->stacks[i]);
-    free(m->keys);
-    free(m->stacks);
-    *m = (live_map){NULL, NULL, 0, 0};
+    live_free_arrays(m);
+    *m = (live_map){NULL, NULL, NULL, NULL, 0, 0};
+}
+
+/* ----------------------------------------------------------- peak record */
+
+/* Starts the record afresh from the device's allocated bytes now. Never runs
+ * Python. */
+static void peak_reset(device_history *h, const nd_device *dev) {
+    peak_record *p = &h->peak;
+    for (int64_t i = 0; i < p->nfreed; i++) stack_unref(p->freed[i].stack);
+    free(p->freed);
+    p->freed = NULL;
+    p->nfreed = p->freed_cap = 0;
+    stack_unref(p->stack);
+    p->stack = NULL;
+    p->since = p->at = p->seq;
+    nd_memory_stats st;
+    nd_memory_get_stats(dev, &st);
+    p->bytes = st.allocated_current;
+}
+
+/* A new peak at allocation seq: the blocks freed before it were not live at
+ * it. Never runs Python. */
+static void peak_reached(peak_record *p, int64_t seq, int64_t bytes) {
+    for (int64_t i = 0; i < p->nfreed; i++) stack_unref(p->freed[i].stack);
+    p->nfreed = 0;
+    stack_unref(p->stack);
+    p->stack = NULL;
+    p->at = seq;
+    p->bytes = bytes;
+}
+
+/* A block leaves the live map: kept when it was a measured block live at the
+ * peak. Takes over the reference on s; never runs Python (a block the host
+ * has no memory to keep is dropped). */
+static void peak_freed(peak_record *p, frame_stack *s, int64_t seq, int64_t size) {
+    if (seq <= p->since || seq > p->at) {
+        stack_unref(s);
+        return;
+    }
+    if (p->nfreed == p->freed_cap) {
+        int64_t cap = p->freed_cap > 0 ? 2 * p->freed_cap : 64;
+        freed_block *grown = realloc(p->freed, sizeof *grown * (size_t)cap);
+        if (grown == NULL) {
+            stack_unref(s);
+            return;
+        }
+        p->freed = grown;
+        p->freed_cap = cap;
+    }
+    p->freed[p->nfreed++] = (freed_block){seq, size, s};
 }
 
 /* ----------------------------------------------------------------- trace */
@@ -296,6 +395,16 @@ static void on_event(void *ctx, nd_device *dev, const nd_memory_event *event) {
     switch (event->action) {
     case ND_MEMORY_ALLOC:
     case ND_MEMORY_OOM: {
+        /* The peak is taken before Python runs, so that a block freed
+         * meanwhile (a collection) counts as live at it, as it was. */
+        int64_t seq = 0;
+        if (event->action == ND_MEMORY_ALLOC) {
+            seq = ++h->peak.seq;
+            nd_memory_stats st;
+            nd_memory_get_stats(dev, &st);
+            if (st.allocated_current > h->peak.bytes)
+                peak_reached(&h->peak, seq, st.allocated_current);
+        }
         /* The allocating path: Python may run (and change h meanwhile). */
         release_pending();
         frame_stack *s = h->context != CONTEXT_NONE ? capture_stack(h->all_frames) : NULL;
@@ -309,7 +418,11 @@ static void on_event(void *ctx, nd_device *dev, const nd_memory_event *event) {
         } else {
             e.action = A_ALLOC;
             if (s != NULL) s->refs++;
-            if (s == NULL || !live_put(&h->live, event->address, s)) stack_unref(s);
+            if (!live_put(&h->live, event->address, s, seq, event->size)) stack_unref(s);
+            if (s != NULL && h->peak.at == seq) {
+                s->refs++;
+                h->peak.stack = s;
+            }
         }
         if (s != NULL && h->context < CONTEXT_ALLOC) {
             stack_unref(s);
@@ -319,13 +432,17 @@ static void on_event(void *ctx, nd_device *dev, const nd_memory_event *event) {
         trace_add(h, e);
         return;
     }
-    case ND_MEMORY_FREE:
-        live_remove(&h->live, event->address);
+    case ND_MEMORY_FREE: {
+        frame_stack *s;
+        int64_t seq, size;
+        if (live_take(&h->live, event->address, &s, &seq, &size))
+            peak_freed(&h->peak, s, seq, size);
         e.action = A_FREE_REQUESTED;
         trace_add(h, e);
         e.action = A_FREE_COMPLETED;
         trace_add(h, e);
         return;
+    }
     case ND_MEMORY_SEGMENT_ALLOC:
         e.action = A_SEGMENT_ALLOC;
         trace_add(h, e);
@@ -344,6 +461,8 @@ static int history_set(nd_device *dev, int enabled, int context, int all_frames,
     device_history *h = &needle_rt.history->devices[nd_device_id(dev)];
     if (enabled == HISTORY_OFF || clear) trace_clear(h);
     if (enabled == HISTORY_OFF) live_clear(&h->live);
+    /* The peak record starts with the recording and ends with it. */
+    if ((enabled == HISTORY_OFF) != (h->enabled == HISTORY_OFF)) peak_reset(h, dev);
     h->enabled = enabled;
     h->context = context;
     h->all_frames = all_frames;
@@ -548,6 +667,92 @@ PyObject *history_py_snapshot(PyObject *module, PyObject *arg) {
     if (copy_state(dev, &c, &failed) < 0)
         return failed != ND_OK ? raise_status(state_of_module(module), failed) : NULL;
     return history_snapshot(&c);
+}
+
+PyObject *history_py_settings(PyObject *module, PyObject *arg) {
+    (void)module;
+    nd_device *dev = device_of_engine_id(arg);
+    if (dev == NULL) return NULL;
+    static const device_history never_recorded;
+    const device_history *h =
+        needle_rt.history ? &needle_rt.history->devices[nd_device_id(dev)] : &never_recorded;
+    /* A device never recorded has max_entries 0; 1 is as good: nothing is traced. */
+    return Py_BuildValue("(iiOLk)", h->enabled, h->context, h->all_frames ? Py_True : Py_False,
+                         (long long)(h->max_entries > 0 ? h->max_entries : 1),
+                         (unsigned long)h->skip);
+}
+
+/* The device's history, or NULL with ValueError set when it is not recording. */
+static device_history *recording(PyObject *arg, nd_device **dev) {
+    *dev = device_of_engine_id(arg);
+    if (*dev == NULL) return NULL;
+    device_history *h = needle_rt.history ? &needle_rt.history->devices[nd_device_id(*dev)] : NULL;
+    if (h == NULL || h->enabled == HISTORY_OFF) {
+        PyErr_SetString(PyExc_ValueError, "the device's memory history is not being recorded");
+        return NULL;
+    }
+    return h;
+}
+
+PyObject *history_py_reset_peak(PyObject *module, PyObject *arg) {
+    (void)module;
+    nd_device *dev;
+    device_history *h = recording(arg, &dev);
+    if (h == NULL) return NULL;
+    peak_reset(h, dev);
+    release_pending();
+    Py_RETURN_NONE;
+}
+
+PyObject *history_py_peak(PyObject *module, PyObject *arg) {
+    (void)module;
+    nd_device *dev;
+    device_history *h = recording(arg, &dev);
+    if (h == NULL) return NULL;
+    const peak_record *p = &h->peak;
+    if (p->at == p->since) Py_RETURN_NONE;
+    /* Copied first (each stack referenced), since building the result may run a
+     * collection, whose frees change the map and the record. */
+    int64_t n = 0, cap = p->nfreed + h->live.count;
+    freed_block *blocks = malloc(sizeof *blocks * (size_t)(cap > 0 ? cap : 1));
+    if (blocks == NULL) return PyErr_NoMemory();
+    for (int64_t i = 0; i < h->live.cap; i++) {
+        int64_t seq = h->live.seqs[i];
+        if (h->live.keys[i] == 0 || seq <= p->since || seq > p->at) continue;
+        blocks[n++] = (freed_block){seq, h->live.sizes[i], h->live.stacks[i]};
+    }
+    for (int64_t i = 0; i < p->nfreed; i++) blocks[n++] = p->freed[i];
+    for (int64_t i = 0; i < n; i++)
+        if (blocks[i].stack != NULL) blocks[i].stack->refs++;
+    frame_stack *at = p->stack;
+    if (at != NULL) at->refs++;
+    int64_t bytes = p->bytes;
+
+    PyObject *memo = PyDict_New(), *list = PyList_New(0), *result = NULL;
+    PyObject *frames = memo != NULL ? frames_of(at, memo) : NULL;
+    if (list == NULL || frames == NULL) goto done;
+    for (int64_t i = 0; i < n; i++) {
+        PyObject *block_frames = frames_of(blocks[i].stack, memo);
+        PyObject *row = block_frames == NULL
+                            ? NULL
+                            : Py_BuildValue("(LLN)", (long long)blocks[i].seq,
+                                            (long long)blocks[i].size, block_frames);
+        if (row == NULL || PyList_Append(list, row) < 0) {
+            Py_XDECREF(row);
+            goto done;
+        }
+        Py_DECREF(row);
+    }
+    result = Py_BuildValue("(LOO)", (long long)bytes, frames, list);
+done:
+    Py_XDECREF(memo);
+    Py_XDECREF(list);
+    Py_XDECREF(frames);
+    for (int64_t i = 0; i < n; i++) stack_unref(blocks[i].stack);
+    free(blocks);
+    stack_unref(at);
+    release_pending();
+    return result;
 }
 
 PyObject *history_py_set_prefix(PyObject *module, PyObject *arg) {

@@ -15,6 +15,9 @@ enum { CONTEXT_NONE = 0, CONTEXT_STATE = 1, CONTEXT_ALLOC = 2, CONTEXT_ALL = 3 }
 
 PyObject *history_py_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *history_py_snapshot(PyObject *module, PyObject *arg);
+PyObject *history_py_settings(PyObject *module, PyObject *arg);
+PyObject *history_py_reset_peak(PyObject *module, PyObject *arg);
+PyObject *history_py_peak(PyObject *module, PyObject *arg);
 PyObject *history_py_set_prefix(PyObject *module, PyObject *arg);
 PyObject *history_py_actions(PyObject *module, PyObject *ignored);
 

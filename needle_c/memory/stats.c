@@ -245,6 +245,18 @@ PyMethodDef memory_module_functions[] = {
     {"_memory_snapshot", history_py_snapshot, METH_O,
      "_memory_snapshot(device_id, /)\n--\n\n(blocks, trace): the device's segments' blocks and "
      "the recorded events, as tuples (history.c)."},
+    {"_memory_history_settings", history_py_settings, METH_O,
+     "_memory_history_settings(device_id, /)\n--\n\n(enabled, context, all_frames, "
+     "max_entries, skip_mask): the device's history settings, as _memory_record_history "
+     "takes them (history.c)."},
+    {"_memory_history_reset_peak", history_py_reset_peak, METH_O,
+     "_memory_history_reset_peak(device_id, /)\n--\n\nStarts the device's peak record afresh "
+     "from the bytes allocated now (history.c); ValueError when no history is recorded."},
+    {"_memory_history_peak", history_py_peak, METH_O,
+     "_memory_history_peak(device_id, /)\n--\n\nNone when no allocation passed the bytes "
+     "allocated at the reset, else (peak_bytes, frames, blocks): the frames of the allocation "
+     "at the peak and (seq, bytes, frames) of each block allocated since the reset and live "
+     "at the peak (history.c)."},
     {"_memory_history_prefix", history_py_set_prefix, METH_O,
      "_memory_history_prefix(path, /)\n--\n\nFrames from files under path are needle's own."},
     {"_memory_history_actions", history_py_actions, METH_NOARGS,

@@ -20,12 +20,19 @@ still keeps alive, not every tensor of the process: each tensor with its shape, 
 bytes, grouped by the line that created it. To name that line the plugin records
 allocation sites (:func:`needle.memory.record_history`) while a marked test or one using
 the fixture runs; ``--needle-no-history`` turns that off (it costs time on every tensor).
+A ``limit_device_memory`` failure also says where the peak was: the test's line running
+at the allocation that reached it (and the helper's line, when that allocation came from
+another file), and the allocations the test had made that were live then, by line. The
+device's memory history records that (:func:`needle.memory._record_memory_history`'s
+frames of live blocks, with its peak record) while the test runs, and is given back its
+former settings afterwards.
 
 Tests that use neither pay nothing: the hooks return at once when no marker is set.
 """
 
 import contextlib
 import gc
+import linecache
 import os
 
 import pytest
@@ -45,6 +52,8 @@ _REPORT_ROWS = 10
 _ROWS_PER_SITE = 5
 # check_no_growth lists every step up to this many, then the first and last few.
 _MAX_LISTED_STEPS = 30
+# Lines listed under "live at the peak".
+_PEAK_ROWS = 5
 
 
 def pytest_addoption(parser):
@@ -272,15 +281,87 @@ def _marker_limits(item):
     return list(limits.values())
 
 
-def _limit_failure(dev, limit, start, peak, end, kept):
-    """The failure message for a test whose peak passed its ``limit_device_memory``."""
+def _limit_failure(dev, limit, start, peak, end, where, kept):
+    """The failure message for a test whose peak passed its ``limit_device_memory``;
+    ``where`` is :func:`_peak_report`'s text."""
     return (
         f"{MARKER}: peak device memory on {dev!r} exceeded the limit\n"
         f"  limit:           {_format_bytes(limit)} above the start\n"
         f"  peak:            {_format_bytes(peak)}, {_format_bytes(peak - start)} above the start\n"
         f"  start allocated: {_format_bytes(start)}\n"
-        f"  end allocated:   {_format_bytes(end)}\n" + kept
+        f"  end allocated:   {_format_bytes(end)}\n" + where + kept
     )
+
+
+def _same_file(a, b):
+    return os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b))
+
+
+def _frame_text(frame, rootdir):
+    """``"file:line in name  (source)"`` for a frame dict of :func:`needle.memory._peak`."""
+    site = _short_site(f"{frame['filename']}:{frame['line']}", rootdir)
+    source = linecache.getline(frame["filename"], frame["line"]).strip()
+    return f"{site} in {frame['name']}" + (f"  ({source})" if source else "")
+
+
+def _peak_report(dev, test_file, rootdir=None, history=True):
+    """Where the peak on the Device ``dev`` was since :func:`needle.memory._record_peak`, as
+    text lines: the line of ``test_file`` running at the allocation that reached it (and that
+    allocation's own line when it lies elsewhere, in a helper), then the allocations the test
+    had made that were live at the peak, grouped by the line that made them, most bytes
+    first. A failure inside the report is described rather than raised."""
+    if not history:
+        return f"  peak at:         (not recorded: {HISTORY_OPTION} was given)\n"
+    try:
+        record = _memory._peak(dev)
+        if record is None:
+            return (
+                "  peak at:         (not recorded: the device's memory history was turned "
+                "off during the test)\n"
+            )
+        frames = record["frames"]
+        in_test = next((f for f in frames if _same_file(f["filename"], test_file)), None)
+        if not frames:
+            lines = ["  peak at:         (no Python frames recorded)"]
+        elif in_test is None:
+            lines = [
+                f"  peak at:         {_frame_text(frames[0], rootdir)} (outside the test's file)"
+            ]
+        else:
+            lines = [f"  peak at:         {_frame_text(in_test, rootdir)}"]
+            if in_test is not frames[0]:
+                lines.append(f"    via {_frame_text(frames[0], rootdir)}")
+        sites = {}
+        for block in record["blocks"]:
+            top = block["frames"][0] if block["frames"] else None
+            site = (
+                _short_site(f"{top['filename']}:{top['line']}", rootdir)
+                if top is not None
+                else "(no frames recorded)"
+            )
+            count, nbytes = sites.get(site, (0, 0))
+            sites[site] = (count + 1, nbytes + block["bytes"])
+        total = sum(nbytes for _, nbytes in sites.values())
+        count = sum(n for n, _ in sites.values())
+        before = record["bytes"] - total
+        lines.append(
+            f"  live at the peak: {_count(count, 'allocation')} that the test made, "
+            f"{_format_bytes(total)}, and {_format_bytes(before)} allocated before it"
+            + (", by line:" if sites else "")
+        )
+        ordered = sorted(sites.items(), key=lambda item: (-item[1][1], item[0]))
+        width = max((len(site) for site, _ in ordered[:_PEAK_ROWS]), default=0)
+        for site, (n, nbytes) in ordered[:_PEAK_ROWS]:
+            lines.append(f"    {site:<{width}}  {_count(n, 'allocation')}, {_format_bytes(nbytes)}")
+        if len(ordered) > _PEAK_ROWS:
+            rest = ordered[_PEAK_ROWS:]
+            lines.append(
+                f"    ... {len(rest)} more lines, "
+                f"{_format_bytes(sum(nbytes for _, (_, nbytes) in rest))}"
+            )
+    except Exception as err:  # noqa: BLE001 - a broken report must not hide the real failure
+        return f"  peak at:         report unavailable ({type(err).__name__}: {err})\n"
+    return "\n".join(lines) + "\n"
 
 
 # Where pytest_runtest_setup leaves the checked limits for pytest_runtest_call.
@@ -318,30 +399,38 @@ def pytest_runtest_call(item):
     if not limits:
         yield
         return
-    checks = []
-    for dev, limit in limits:
-        # The peak is reset so that it covers this test only; start is the baseline.
-        _memory.reset_peak_memory_stats(dev)
-        checks.append((dev, limit, _memory.memory_allocated(dev)))
-    snapshot = _memory.tensor_snapshot()
     history = not item.config.getoption(HISTORY_OPTION, default=False)
-    with _history(item.config):
-        outcome = yield
-    if outcome.excinfo is not None:
-        return  # the test failed on its own; that failure is the one to report
-    for dev, limit, start in checks:
-        peak = _memory.max_memory_allocated(dev)
-        if peak - start > limit:
-            end = _memory.memory_allocated(dev)
-            kept = _kept_report(dev, snapshot, end - start, item.config.rootpath, history)
-            failure = pytest.fail.Exception(
-                _limit_failure(dev, limit, start, peak, end, kept), pytrace=False
-            )
-            force = getattr(outcome, "force_exception", None)  # pluggy >= 1.1
-            if force is None:
-                raise failure
-            force(failure)
-            return
+    checks, recorded = [], []
+    try:
+        for dev, limit in limits:
+            # The peak is reset so that it covers this test only; start is the baseline.
+            _memory.reset_peak_memory_stats(dev)
+            if history:  # given back its settings in the finally, whatever the test did
+                recorded.append((dev, _memory._record_peak(dev)))
+            checks.append((dev, limit, _memory.memory_allocated(dev)))
+        snapshot = _memory.tensor_snapshot()
+        with _history(item.config):
+            outcome = yield
+        if outcome.excinfo is not None:
+            return  # the test failed on its own; that failure is the one to report
+        for dev, limit, start in checks:
+            peak = _memory.max_memory_allocated(dev)
+            if peak - start > limit:
+                end = _memory.memory_allocated(dev)
+                rootdir = item.config.rootpath
+                where = _peak_report(dev, str(item.path), rootdir, history)
+                kept = _kept_report(dev, snapshot, end - start, rootdir, history)
+                failure = pytest.fail.Exception(
+                    _limit_failure(dev, limit, start, peak, end, where, kept), pytrace=False
+                )
+                force = getattr(outcome, "force_exception", None)  # pluggy >= 1.1
+                if force is None:
+                    raise failure
+                force(failure)
+                return
+    finally:
+        for dev, settings in reversed(recorded):
+            _memory._restore_history(dev, settings)
 
 
 # --------------------------------------------------------------------------

@@ -60,7 +60,10 @@ from .policy import (
     set_gc_visible,
 )
 from .snapshot import _dump_snapshot as _dump_snapshot
+from .snapshot import _peak as _peak
 from .snapshot import _record_memory_history as _record_memory_history
+from .snapshot import _record_peak as _record_peak
+from .snapshot import _restore_history as _restore_history
 from .snapshot import _snapshot as _snapshot
 from .stats import _engine_id as _engine_id
 from .stats import _flag as _flag

@@ -210,6 +210,68 @@ def _snapshot(device=None):
     return {"segments": segments, "device_traces": device_traces}
 
 
+def _record_peak(device=None):
+    """Starts recording where ``device``'s allocated bytes peak from now on, for
+    :func:`_peak`, and returns the history settings to give :func:`_restore_history` after.
+
+    The peak record needs the frames of live blocks, so a history that is off (or records no
+    frames) is raised to ``enabled="state"``, ``context="state"`` until restored; a history the
+    caller records already keeps its settings and its trace. Costs one frame walk per
+    allocation while on, as any recorded history does.
+    """
+    dev = _device(device)
+    previous = _c._memory_history_settings(dev._id)
+    enabled, context, all_frames, max_entries, skip = previous
+    if enabled == _ENABLED[None] or context == _CONTEXT[None]:
+        _c._memory_record_history(
+            dev._id,
+            max(enabled, _ENABLED["state"]),
+            max(context, _CONTEXT["state"]),
+            all_frames,
+            max_entries,
+            skip,
+            False,
+        )
+    _c._memory_history_reset_peak(dev._id)
+    return previous
+
+
+def _restore_history(device, settings):
+    """Gives ``device``'s history back the ``settings`` that :func:`_record_peak` returned: off
+    again (its records dropped) when it was off."""
+    dev = _device(device)
+    if _c._memory_history_settings(dev._id) != settings:
+        _c._memory_record_history(dev._id, *settings, False)
+
+
+def _peak(device=None):
+    """Where ``device``'s allocated bytes peaked since :func:`_record_peak`, or None when no
+    allocation went past the bytes allocated then (or the history was turned off since).
+
+    Returns ``{"bytes": allocated bytes at the peak, "frames": the frames of the allocation
+    that reached it, "blocks": [{"bytes", "frames"}]}``: the blocks allocated since
+    :func:`_record_peak` and live at the peak, in allocation order. Frames are
+    ``{"filename", "line", "name"}`` dicts, innermost first, from the innermost one outside
+    needle's package (empty when none were recorded).
+    """
+    dev = _device(device)
+    if _c._memory_history_settings(dev._id)[0] == _ENABLED[None]:
+        return None
+    record = _c._memory_history_peak(dev._id)
+    if record is None:
+        return None
+    nbytes, frames, blocks = record
+    cache = {}
+    return {
+        "bytes": nbytes,
+        "frames": _frames(frames, cache),
+        "blocks": [
+            {"bytes": size, "frames": _frames(block_frames, cache)}
+            for _, size, block_frames in sorted(blocks, key=lambda block: block[0])
+        ],
+    }
+
+
 def _dump_snapshot(filename="dump_snapshot.pickle", device=None):
     """Pickles :func:`_snapshot` of the device into ``filename``, the file PyTorch's
     ``_dump_snapshot`` writes and pytorch.org/memory_viz opens."""
