@@ -68,6 +68,7 @@ static int needle_c_exec(PyObject *module) {
         add_function_table(module, memory_module_functions) < 0 ||
         add_function_table(module, pressure_module_functions) < 0 ||
         add_function_table(module, alignment_module_functions) < 0 ||
+        add_function_table(module, collection_log_module_functions) < 0 ||
         add_function_table(module, scoped_module_functions) < 0 ||
         add_function_table(module, cuda_info_module_functions) < 0 ||
         add_function_table(module, cpu_info_module_functions) < 0 ||

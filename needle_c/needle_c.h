@@ -166,10 +166,12 @@ PyObject *interop_tensor_dlpack(PyObject *op, PyObject *args, PyObject *kwargs);
 PyObject *interop_tensor_dlpack_device(PyObject *op, PyObject *ignored);
 extern PyMethodDef interop_module_functions[];
 
-/* The collection runner (memory/pressure.c; the policy is csrc/gc_pacer.h)
- * and the aligned collections (memory/alignment.c). */
+/* The collection runner (memory/pressure.c; the policy is csrc/gc_pacer.h),
+ * the aligned collections (memory/alignment.c) and the record of every
+ * collection (memory/collection_log.c). */
 extern PyMethodDef pressure_module_functions[];
 extern PyMethodDef alignment_module_functions[];
+extern PyMethodDef collection_log_module_functions[];
 void pressure_install(void);
 void pressure_refresh(nd_device *dev);
 /* A point where a training step's old graph has just become garbage

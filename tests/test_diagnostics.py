@@ -550,13 +550,16 @@ def test_memory_summary_abbreviated_leaves_out_the_breakdowns(device):
     short = mem.memory_summary(device, abbreviated=True)
     if device.name == "cuda":
         assert ndl.cuda.memory_summary(device, abbreviated=True) == short
-    # The same table, allocator and limit lines, then the collection totals, and nothing else.
+    # The same table, allocator and limit lines, then the collection totals and the pause
+    # histogram, and nothing else.
     lines = short.splitlines()
     limit = next(i for i, line in enumerate(lines) if line.startswith("limit: "))
     assert lines[: limit + 1] == full.splitlines()[: limit + 1]
     assert lines[1].split() == ["current", "peak", "total", "alloc", "total", "freed"]
     assert lines[limit + 1].startswith("collections: pressure")
-    assert len(lines) == limit + 2
+    assert lines[limit + 2].startswith("pauses (")
+    assert lines[limit + 2] in full.splitlines()
+    assert len(lines) == limit + 3
     for section in ("live tensors by op", "Exp", "gc policy:", "ladder:"):
         assert section in full and section not in short
     assert mem.memory_summary(device, False) == full

@@ -8,14 +8,17 @@
  */
 #include "pressure.h"
 
+#include "collection_log.h"
+
 /* The aligned collection every rank agreed on, run by each of them, wanted or
  * not (that is the alignment): with `ladder`, the ladder on the device that
  * wanted it (else the one that asks the most; one scoped collection covers
  * every device's graph); then the agreed Python generation (-1: none) unless
- * the ladder ran a full collection. */
+ * the ladder ran a full collection. Recorded as one aligned collection: the
+ * chosen device's, or the process's when only a generation ran. */
 static void run_aligned_collection(pressure_runtime *rt, int ladder, int generation) {
     double start = pressure_now();
-    int ran_full = 0;
+    int ran_full = 0, owned = 0;
     if (ladder) {
         nd_device *chosen = NULL;
         int64_t most = -1;
@@ -39,11 +42,16 @@ static void run_aligned_collection(pressure_runtime *rt, int ladder, int generat
             nd_pacer_state *st = &rt->devices[nd_device_id(chosen)];
             nd_pacer_event event = pressure_event(rt, chosen, ND_PACER_ALIGNED, start, 0);
             nd_pacer_decision decision = nd_pacer_decide(&rt->policy, st, &event);
+            owned = collection_log_begin(chosen, COLLECTION_ALIGNED);
             pressure_run(rt, chosen, &event, &decision);
             ran_full = st->fallback.last_ran_full;
         }
     }
-    if (generation >= 0 && !ran_full) pressure_collect_generation(generation);
+    if (generation >= 0 && !ran_full) {
+        if (!owned) owned = collection_log_begin(NULL, COLLECTION_ALIGNED);
+        pressure_collect_generation(generation);
+    }
+    collection_log_end(owned);
     rt->aligned_unreported_seconds += pressure_now() - start;
 }
 

@@ -41,10 +41,21 @@ typedef struct frame_stack {
     } frames[];
 } frame_stack;
 
-/* The trace's actions, in PyTorch's names (ACTION_NAMES). */
-enum { A_ALLOC, A_FREE_REQUESTED, A_FREE_COMPLETED, A_SEGMENT_ALLOC, A_SEGMENT_FREE, A_OOM };
+/* The trace's actions, in PyTorch's names (ACTION_NAMES). A_SNAPSHOT, the
+ * viewer's zero-size mark, is where a collection started (its address is
+ * the collection's index in collection_log.c, which snapshot.py resolves). */
+enum {
+    A_ALLOC,
+    A_FREE_REQUESTED,
+    A_FREE_COMPLETED,
+    A_SEGMENT_ALLOC,
+    A_SEGMENT_FREE,
+    A_OOM,
+    A_SNAPSHOT
+};
 static const char *const ACTION_NAMES[] = {"alloc",         "free_requested", "free_completed",
-                                           "segment_alloc", "segment_free",   "oom"};
+                                           "segment_alloc", "segment_free",   "oom",
+                                           "snapshot"};
 #define ACTION_COUNT ((int)(sizeof ACTION_NAMES / sizeof ACTION_NAMES[0]))
 
 typedef struct trace_entry {
@@ -451,6 +462,18 @@ static void on_event(void *ctx, nd_device *dev, const nd_memory_event *event) {
         e.action = A_SEGMENT_FREE;
         trace_add(h, e);
         return;
+    }
+}
+
+void history_note_collection(const nd_device *dev, int64_t index, int64_t time_us) {
+    memory_history *mh = needle_rt.history;
+    if (mh == NULL) return;
+    int first = dev != NULL ? nd_device_id(dev) : 0;
+    int last = dev != NULL ? first : ND_MAX_DEVICES - 1;
+    for (int id = first; id >= 0 && id <= last && id < ND_MAX_DEVICES; id++) {
+        if (mh->devices[id].enabled == HISTORY_OFF) continue;
+        trace_entry e = {A_SNAPSHOT, (uintptr_t)index, 0, 0, time_us, NULL};
+        trace_add(&mh->devices[id], e);
     }
 }
 

@@ -13,6 +13,11 @@ enum { HISTORY_OFF = 0, HISTORY_STATE = 1, HISTORY_ALL = 2 };
  * come while the collector runs, where walking Python's frames is unsafe). */
 enum { CONTEXT_NONE = 0, CONTEXT_STATE = 1, CONTEXT_ALLOC = 2, CONTEXT_ALL = 3 };
 
+/* Marks in the trace of dev (NULL: of every device recording one) that the
+ * collection `index` (collection_log.c) starts now (time_us: the wall
+ * clock's microseconds). Runs no Python code. */
+void history_note_collection(const nd_device *dev, int64_t index, int64_t time_us);
+
 PyObject *history_py_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *history_py_snapshot(PyObject *module, PyObject *arg);
 PyObject *history_py_settings(PyObject *module, PyObject *arg);

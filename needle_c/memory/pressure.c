@@ -9,6 +9,8 @@
  */
 #include "pressure.h"
 
+#include "collection_log.h"
+
 #include <math.h>
 #include <time.h>
 
@@ -90,21 +92,20 @@ int pressure_other_thread_collecting(const pressure_runtime *rt) {
  * collections, and frozen cycles holding device memory must not cause an
  * out-of-memory error. They stay unfrozen afterwards. Under alignment the
  * soft path's full collections go through gc.collect() too (the disabled
- * automatic collector must not stop them). */
-static void run_full_collection(const pressure_runtime *rt, nd_pacer_event_kind kind) {
+ * automatic collector must not stop them). Returns the objects collected. */
+static Py_ssize_t run_full_collection(const pressure_runtime *rt, nd_pacer_event_kind kind) {
     int oom = kind == ND_PACER_OUT_OF_MEMORY;
-    if (!oom && !rt->aligned) {
-        PyGC_Collect();
-        return;
-    }
+    if (!oom && !rt->aligned) return PyGC_Collect();
     PyObject *gc = PyImport_ImportModule("gc");
     PyObject *thawed = gc == NULL ? NULL
                        : !oom     ? Py_NewRef(Py_None)
                                   : PyObject_CallMethod(gc, "unfreeze", NULL);
     PyObject *result = thawed ? PyObject_CallMethod(gc, "collect", NULL) : NULL;
+    Py_ssize_t collected = result != NULL ? PyLong_AsSsize_t(result) : 0;
     Py_XDECREF(result);
     Py_XDECREF(thawed);
     Py_XDECREF(gc);
+    return collected;
 }
 
 /* The ladder: the scoped step (unless the decision is a full collection
@@ -118,6 +119,7 @@ static int run_ladder(pressure_runtime *rt, nd_device *dev, nd_pacer_state *st,
         nd_scoped_report report = {ND_SCOPED_FAILED, 0, 0, 0.0};
         if (scoped_collect(&r) >= 0) {
             int64_t after = pressure_allocated(dev);
+            collection_log_note(-1, r.collected);
             report.status = ND_SCOPED_RAN;
             report.examined = r.examined;
             report.seconds = r.seconds;
@@ -130,9 +132,22 @@ static int run_ladder(pressure_runtime *rt, nd_device *dev, nd_pacer_state *st,
     if (PyErr_Occurred()) PyErr_WriteUnraisable(NULL);
     if (step == ND_PACER_DONE) return 0;
     int64_t before = pressure_allocated(dev);
-    run_full_collection(rt, event->kind);
+    Py_ssize_t collected = run_full_collection(rt, event->kind);
+    if (PyErr_Occurred()) PyErr_WriteUnraisable(NULL);
+    collection_log_note(2, collected);
     nd_pacer_after_full(st, step, before, pressure_allocated(dev));
     return 1;
+}
+
+/* What the collection log calls a ladder run for this event. */
+static collection_trigger trigger_of(nd_pacer_event_kind kind) {
+    switch (kind) {
+    case ND_PACER_SAFE_POINT: return COLLECTION_SAFE_POINT;
+    case ND_PACER_OUT_OF_MEMORY: return COLLECTION_OOM;
+    case ND_PACER_ALIGNED: return COLLECTION_ALIGNED;
+    case ND_PACER_ALLOCATION: break;
+    }
+    return COLLECTION_PRESSURE;
 }
 
 void pressure_run(pressure_runtime *rt, nd_device *dev, const nd_pacer_event *event,
@@ -143,7 +158,13 @@ void pressure_run(pressure_runtime *rt, nd_device *dev, const nd_pacer_event *ev
     PyErr_Fetch(&type, &value, &traceback);
     unsigned long previous = rt->collector_thread;
     rt->collector_thread = PyThread_get_thread_ident();
+    /* A scoped step refused as busy ends the ladder with nothing run: no
+     * record (and no mark in the trace) for it. */
+    int owned = decision->action != ND_PACER_FULL && scoped_busy()
+                    ? 0
+                    : collection_log_begin(dev, trigger_of(event->kind));
     int ran_full = run_ladder(rt, dev, st, event, decision);
+    collection_log_end(owned);
     rt->collector_thread = previous;
     /* A finalizer's exception must not surface inside an unrelated op. */
     if (PyErr_Occurred()) PyErr_WriteUnraisable(NULL);
@@ -176,10 +197,21 @@ void pressure_collect_generation(int generation) {
     PyErr_Fetch(&type, &value, &traceback);
     PyObject *gc = PyImport_ImportModule("gc");
     PyObject *result = gc ? PyObject_CallMethod(gc, "collect", "i", generation) : NULL;
+    if (result != NULL) collection_log_note(generation, PyLong_AsSsize_t(result));
     Py_XDECREF(result);
     Py_XDECREF(gc);
     if (PyErr_Occurred()) PyErr_WriteUnraisable(NULL);
     PyErr_Restore(type, value, traceback);
+}
+
+Py_ssize_t pressure_collect_user_scoped(scoped_result *r) {
+    /* Refused (busy or unsupported): nothing runs, nothing is recorded. */
+    int owned =
+        scoped_supported() && !scoped_busy() ? collection_log_begin(NULL, COLLECTION_USER) : 0;
+    Py_ssize_t collected = scoped_collect(r);
+    if (collected >= 0) collection_log_note(-1, collected);
+    collection_log_end(owned);
+    return collected;
 }
 
 void pressure_safe_point(void) {

@@ -49,8 +49,12 @@ nd_pacer_event pressure_event(const pressure_runtime *rt, const nd_device *dev,
  * hands what it did back to the pacer; sets dev's new trigger. */
 void pressure_run(pressure_runtime *rt, nd_device *dev, const nd_pacer_event *event,
                   const nd_pacer_decision *decision);
-/* Runs gc.collect(generation) with the caller's exception kept aside. */
+/* Runs gc.collect(generation) with the caller's exception kept aside (a step
+ * of the open collection record: collection_log.h). */
 void pressure_collect_generation(int generation);
+/* needle.memory.collect(scope="needle"): the scoped collection now, recorded
+ * as the user's; scoped_collect's result. */
+Py_ssize_t pressure_collect_user_scoped(scoped_result *r);
 /* The device's pacer state (its counters: memory_stats), or NULL. */
 const nd_pacer_state *pressure_device_state(const nd_device *dev);
 

@@ -56,6 +56,8 @@
  * collection).
  */
 #include "../autograd/tensor.h"
+#include "collection_log.h"
+#include "pressure.h"
 #include "runtime.h"
 
 #include <time.h>
@@ -317,6 +319,13 @@ static PyObject *on_gc_phase(PyObject *module, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OO", &phase, &info)) return NULL;
     int start = PyUnicode_Check(phase) && PyUnicode_CompareWithASCIIString(phase, "start") == 0;
     needle_rt.scoped.python_gc_running = start;
+    /* The collection log's part (the user's gc.collect()): what info says. */
+    PyObject *gen = PyDict_Check(info) ? PyDict_GetItemString(info, "generation") : NULL;
+    PyObject *done = PyDict_Check(info) ? PyDict_GetItemString(info, "collected") : NULL;
+    long generation = gen != NULL && PyLong_Check(gen) ? PyLong_AsLong(gen) : -1;
+    long long collected = done != NULL && PyLong_Check(done) ? PyLong_AsLongLong(done) : 0;
+    if (PyErr_Occurred()) PyErr_Clear();
+    collection_log_python_phase(start, (int)generation, collected);
 #if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
     /* 3.12's collector moves every immortal container it meets into the
      * permanent generation, and gc.get_freeze_count() counts those too: a
@@ -392,7 +401,7 @@ static PyObject *collect_needle(PyObject *module, PyObject *Py_UNUSED(ignored)) 
     scoped_result r;
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
-    scoped_collect(&r);
+    pressure_collect_user_scoped(&r);
     PyErr_Restore(type, value, traceback);
     static const char *why[] = {NULL, "unsupported", "busy", "no memory"};
     return Py_BuildValue("{s:n,s:n,s:d,s:O,s:s}", "collected", r.collected, "examined", r.examined,

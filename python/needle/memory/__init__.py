@@ -18,7 +18,8 @@ Diagnostics: :func:`live_tensors` and :func:`live_tensors_summary` list the tens
 hold device memory (with ``since=``, those created after a :func:`tensor_snapshot`),
 :func:`find_cycles` the reference cycles that hold it,
 :func:`warn_on_cycles` warns when a collection frees such memory, :func:`record_history`
-records where tensors are created, and :class:`MemoryMonitor` records a timeline.
+records where tensors are created, :class:`MemoryMonitor` records a timeline and
+:func:`collection_history` lists every collection (its trigger, scope, time and what it freed).
 :func:`_record_memory_history`, :func:`_snapshot` and :func:`_dump_snapshot` (PyTorch's
 names, private there too) record and save snapshots that PyTorch's memory viewer draws. For
 :func:`live_tensors`, :func:`live_tensors_summary` and :func:`find_cycles`, ``device=None``
@@ -26,7 +27,8 @@ means every device, not the default one.
 
 The package's modules: :mod:`.stats` (statistics, sizes, limits), :mod:`.alloc_conf`
 (allocator settings), :mod:`.policy` (the
-collection policy, ``freeze_heap``, :func:`safe_point`), :mod:`.diagnostics` (live tensors,
+collection policy, ``freeze_heap``, :func:`safe_point`), :mod:`.collection_log` (the record of
+every collection), :mod:`.diagnostics` (live tensors,
 cycles, warnings), :mod:`.summary` (``memory_summary``), :mod:`.monitor` (timelines and
 allocation history), :mod:`.snapshot` (PyTorch's memory snapshots) and :mod:`.holders` (who
 holds device memory in a notebook, and releasing what the notebook keeps). Each imports only the
@@ -37,6 +39,7 @@ ones listed before it.
 # _format_bytes (the package's one byte formatter), _engine_id, _resolve (the device parser),
 # _flag (the check of a True/False argument), _cycle_callback.
 from .alloc_conf import _settings_from_environment, get_allocator_settings, set_allocator_settings
+from .collection_log import collection_history
 from .diagnostics import (
     CycleWarning,
     TensorSnapshot,
@@ -120,6 +123,7 @@ __all__ = [
     "collect",
     "holders",
     "release_notebook_references",
+    "collection_history",
 ]
 
 # The public names are needle.memory's, wherever in the package they are defined.

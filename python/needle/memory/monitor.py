@@ -1,7 +1,8 @@
 """needle.memory.monitor: memory over time: a timeline of one device's memory
 (:class:`MemoryMonitor`: allocated and reserved bytes and the collector's counters, sampled by
-hand with ``monitor.sample(step)`` or by a background thread, written to CSV or plotted as a
-PNG) and the allocation sites of tensors (:func:`record_history`).
+hand with ``monitor.sample(step)`` or by a background thread, the collections recorded
+meanwhile (:mod:`.collection_log`), written to CSV or plotted as a PNG) and the allocation sites
+of tensors (:func:`record_history`).
 
 Sampling only reads the allocator's counters, so it is cheap and safe from another thread
 (the GIL serialises it with the ops that change them).
@@ -14,6 +15,7 @@ import time
 import needle_c as _c
 
 from .._checks import check_real
+from .collection_log import collection_history
 from .stats import _flag, _resolve, memory_stats
 
 _DEFAULT_INTERVAL = 0.1
@@ -31,6 +33,8 @@ class MemoryMonitor:
 
     Use ``with MemoryMonitor(interval=0.01) as monitor: ...`` to sample in the background
     while the block runs, or call :meth:`sample` once per training step.
+    :meth:`collection_history` gives the collections recorded since the monitor was created
+    (or cleared), on the samples' time axis; :meth:`plot` marks them.
     """
 
     FIELDS = (
@@ -58,6 +62,10 @@ class MemoryMonitor:
         self.interval = interval
         self._samples = []
         self._t0 = time.perf_counter()
+        # The collection records' clock (time.monotonic's) at the samples' zero, and where the
+        # window of collection_history() opens.
+        self._t0_monotonic = time.monotonic()
+        self._window_start = self._t0_monotonic
         self._baseline = self._read()
         self._thread = None
         self._stop = threading.Event()
@@ -90,7 +98,20 @@ class MemoryMonitor:
     def clear(self):
         """Forgets the samples; later collections are counted from now."""
         self._samples = []
+        self._window_start = time.monotonic()
         self._baseline = self._read()
+
+    def collection_history(self):
+        """The collections recorded for the device (:func:`needle.memory.collection_history`:
+        its own and the process-wide ones) since the monitor was created or last cleared,
+        oldest first: their dicts with ``time`` added, the start in the samples' seconds since
+        the monitor was created. Records that dropped out of the ring (1024 are kept) are not
+        there."""
+        return [
+            dict(record, time=record["start"] - self._t0_monotonic)
+            for record in collection_history(self.device)
+            if record["start"] >= self._window_start
+        ]
 
     def collections(self):
         """The samples at which the collection counters had increased since the previous
@@ -162,8 +183,9 @@ class MemoryMonitor:
 
     def plot(self, path=None, title=None, ax=None, label=None):
         """Plots allocated (solid) and reserved (dashed) MiB against the step (when every
-        sample has one) or the time, with a vertical line at each sample where collections
-        had run.
+        sample has one) or the time, with a dotted vertical line (legend: "collections") at
+        each collection of :meth:`collection_history` that started before the last sample:
+        at its time, or against steps at the step of the first sample taken after it.
 
         Without ``ax`` a new figure is drawn with matplotlib's Agg renderer (pyplot and its
         global backend are not touched) and saved as a PNG at ``path``, which is then
@@ -195,13 +217,13 @@ class MemoryMonitor:
             color=line.get_color(),
             label=f"{prefix} reserved",
         )
-        for i, record in enumerate(self.collections()):
+        for i, x in enumerate(self._collection_marks(samples, by_step)):
             ax.axvline(
-                record["step"] if by_step else record["time"],
+                x,
                 color=line.get_color(),
                 linestyle=":",
                 alpha=0.6,
-                label=f"{prefix} collection" if i == 0 else None,
+                label=f"{prefix} collections" if i == 0 else None,
             )
         ax.set_xlabel("step" if by_step else "time (s)")
         ax.set_ylabel("MiB")
@@ -211,6 +233,15 @@ class MemoryMonitor:
         if path is not None:
             ax.figure.savefig(path, format="png")
         return ax
+
+    def _collection_marks(self, samples, by_step):
+        """The x of each recorded collection within the samples' span (see :meth:`plot`)."""
+        marks = []
+        for record in self.collection_history():
+            after = next((r for r in samples if r["time"] >= record["time"]), None)
+            if after is not None:
+                marks.append(after["step"] if by_step else record["time"])
+        return marks
 
 
 class _HistoryRecording:

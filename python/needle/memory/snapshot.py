@@ -13,6 +13,14 @@ to :func:`~needle.memory.memory_allocated` and the segments' ``total_size`` to
 :func:`~needle.memory.memory_reserved`. A block the engine holds for itself (cuBLAS's workspace
 on a GPU), reserved but not allocated, is ``active_allocated`` with ``requested_size`` 0 and a
 frame ``<needle engine>``, so that these sums stay true.
+
+Collections are in the trace too (:func:`~needle.memory.collection_history`): each one's start
+is a ``"snapshot"`` entry, PyTorch's zero-size mark, which its viewer lists in the allocator's
+state history and passes over in its timelines; the frees the collection caused follow it. The
+entry's one frame says what the collection was (``<needle collection>``, the record's index as
+the line, trigger, scope, time and what it freed as the name), and its ``collection`` key holds
+the record as plain values (``device`` as a name such as ``"cuda:0"``, None for a process-wide
+one), or None once the record has left collection_history's ring.
 """
 
 import numbers
@@ -22,12 +30,12 @@ import sys
 
 import needle_c as _c
 
-from .stats import _resolve
+from .collection_log import _rows as _collection_rows
+from .stats import _format_bytes, _resolve
 
-# The engine's trace actions (bit i of the skip mask is action i), and PyTorch's one more:
-# needle records no "snapshot" events, so skipping them changes nothing.
+# The trace's actions (bit i of the skip mask is action i), PyTorch's names: the engine's
+# events and "snapshot", the mark where a collection started.
 _ACTIONS = _c._memory_history_actions()
-_SKIPPABLE = _ACTIONS + ("snapshot",)
 _ENABLED = {None: 0, "state": 1, "all": 2}
 _CONTEXT = {None: 0, "state": 1, "alloc": 2, "all": 3}
 _STACKS = ("python", "all")
@@ -68,7 +76,8 @@ def _record_memory_history(
 
     - ``enabled``: ``"all"`` keeps the frames of each live block and a trace of the
       allocator's events (``alloc``, ``free_requested``, ``free_completed``,
-      ``segment_alloc``, ``segment_free``, ``oom``); ``"state"`` only the frames; ``None``
+      ``segment_alloc``, ``segment_free``, ``oom``, and ``snapshot`` where a collection
+      started); ``"state"`` only the frames; ``None``
       stops and drops what was recorded. ``True``/``False`` (PyTorch's older form) mean
       ``"all"``/``None``.
     - ``context``: which records get frames: ``None`` none, ``"state"`` live blocks,
@@ -101,9 +110,8 @@ def _record_memory_history(
         raise TypeError(f"skip_actions must be a list of action names, got {skip_actions!r}")
     mask = 0
     for action in skip_actions:
-        _choice("each of skip_actions", action, _SKIPPABLE)
-        if action in _ACTIONS:
-            mask |= 1 << _ACTIONS.index(action)
+        _choice("each of skip_actions", action, _ACTIONS)
+        mask |= 1 << _ACTIONS.index(action)
     dev = _device(device)
     _c._memory_record_history(
         dev._id,
@@ -125,6 +133,39 @@ def _frames(raw, cache):
     return frames
 
 
+def _device_name(device):
+    """A device as plain text for the pickle (``"cpu"``, ``"cuda:0"``), None for None."""
+    if device is None:
+        return None
+    return f"{device.name}:{device.index}" if device.name == "cuda" else device.name
+
+
+def _collection_entry(index, time_us, records):
+    """The trace entry that marks the start of collection ``index`` (see the module's doc)."""
+    record = records.get(index)
+    if record is None:
+        name = f"collection {index} (no longer in collection_history)"
+        plain = None
+    else:
+        generation = "" if record["generation"] is None else f" (generation {record['generation']})"
+        name = (
+            f"collection {index}: {record['trigger']}, {record['scope']}{generation}, "
+            f"{record['seconds'] * 1e3:.3f} ms, freed {_format_bytes(record['bytes_freed'])} "
+            f"and {record['objects_freed']} objects"
+        )
+        plain = {key: value for key, value in record.items() if key != "wall_us"}
+        plain["device"] = _device_name(record["device"])
+    return {
+        "action": "snapshot",
+        "addr": 0,
+        "size": 0,
+        "stream": 0,
+        "time_us": time_us,
+        "frames": [{"filename": "<needle collection>", "line": index, "name": name}],
+        "collection": plain,
+    }
+
+
 def _snapshot(device=None):
     """The device's memory in PyTorch's snapshot format (see ``torch.cuda.memory._snapshot``):
 
@@ -137,7 +178,8 @@ def _snapshot(device=None):
     empty when the block was allocated while nothing was recorded). ``device_traces[i]`` is
     the trace of the device with index ``i`` (``cpu`` is 0, ``cuda:i`` is ``i``), oldest
     first, each entry a dict with ``action``, ``addr``, ``size``, ``stream``, ``time_us``
-    and ``frames`` (and ``device_free`` for ``oom``). Segments are in address order.
+    and ``frames`` (and ``device_free`` for ``oom``; ``collection`` for ``snapshot``, the
+    mark of a collection's start: see the module's doc). Segments are in address order.
     """
     dev = _device(device)
     blocks, trace = _c._memory_snapshot(dev._id)
@@ -193,7 +235,13 @@ def _snapshot(device=None):
             }
         )
     entries = []
+    records = None
     for action, addr, size, time_us, device_free, frames in trace:
+        if action == "snapshot":
+            if records is None:
+                records = {r["index"]: r for r in _collection_rows()}
+            entries.append(_collection_entry(addr, time_us, records))
+            continue
         entry = {
             "action": action,
             "addr": addr,

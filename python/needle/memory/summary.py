@@ -1,10 +1,11 @@
 """needle.memory.summary: ``memory_summary``, the readable report that puts together the
-statistics (:mod:`.stats`), the live tensors (:mod:`.diagnostics`) and the collection policy
-(:mod:`.policy`) of one device.
+statistics (:mod:`.stats`), the live tensors (:mod:`.diagnostics`), the collection policy
+(:mod:`.policy`) and the recorded collections' pauses (:mod:`.collection_log`) of one device.
 """
 
 import needle_c as _c
 
+from .collection_log import collection_history
 from .diagnostics import live_tensors_summary
 from .policy import gc_visible, get_gc_policy
 from .stats import _flag, _format_bytes, _resolve, memory_stats
@@ -16,13 +17,15 @@ def memory_summary(device=None, abbreviated=False):
     active blocks, segments and inactive splits), the allocator's settings, the limit and
     out-of-memory line, the largest groups of live tensors by op, the gc pressure policy and
     the collection statistics (num_pressure_collections, num_oom_collections, gc_seconds,
-    gc_freed_bytes) and the ladder's steps (scoped collections, their time, objects examined
-    and bytes freed, full collections and fallbacks).
+    gc_freed_bytes), the pause histogram of the collections recorded for the device
+    (:func:`~needle.memory.collection_history`: how many took under 1 ms, 1-10 ms, 10-100 ms,
+    0.1-1 s and 1 s or more) and the ladder's steps (scoped collections, their time, objects
+    examined and bytes freed, full collections and fallbacks).
 
     ``abbreviated=True`` leaves the breakdowns out, as torch's abbreviated summary leaves out
-    its per-pool rows: the table, the limit line and one line of collection totals remain,
-    without the live tensors by op (which walk every object of the heap), the policy's
-    parameters and the ladder's steps."""
+    its per-pool rows: the table, the limit line, one line of collection totals and the pause
+    histogram remain, without the live tensors by op (which walk every object of the heap),
+    the policy's parameters and the ladder's steps."""
     _flag("abbreviated", abbreviated)
     dev = _resolve(device)
     stats = memory_stats(dev)
@@ -79,6 +82,7 @@ def memory_summary(device=None, abbreviated=False):
     )
     if abbreviated:
         lines.append(_collections_line(stats))
+        lines.append(_pauses_line(dev))
     else:
         lines.extend(_summary_diagnostics(dev, stats))
     return "\n".join(lines) + "\n"
@@ -106,6 +110,35 @@ def _collections_line(stats):
     )
 
 
+# The pause histogram's buckets: (label, upper bound in seconds), the last one open.
+_PAUSE_BUCKETS = (
+    ("<1 ms", 1e-3),
+    ("1-10 ms", 1e-2),
+    ("10-100 ms", 1e-1),
+    ("0.1-1 s", 1.0),
+    (">=1 s", float("inf")),
+)
+
+
+def _pause_histogram(records):
+    """How many of ``records`` (collection_history's dicts) took the time of each bucket:
+    a list of (label, count), in _PAUSE_BUCKETS' order."""
+    counts = [0] * len(_PAUSE_BUCKETS)
+    for record in records:
+        counts[
+            next(i for i, (_, bound) in enumerate(_PAUSE_BUCKETS) if record["seconds"] < bound)
+        ] += 1
+    return [(label, count) for (label, _), count in zip(_PAUSE_BUCKETS, counts)]
+
+
+def _pauses_line(dev):
+    """The pause histogram of the collections recorded for ``dev`` (its own and the
+    process-wide ones), one line in both forms of the summary."""
+    records = collection_history(dev)
+    buckets = "; ".join(f"{label} {count}" for label, count in _pause_histogram(records))
+    return f"pauses ({len(records)} collections recorded): {buckets}"
+
+
 def _summary_diagnostics(dev, stats, top=10):
     """The lines memory_summary appends: live-tensor groups, gc policy, collection stats."""
     lines = []
@@ -131,6 +164,7 @@ def _summary_diagnostics(dev, stats, top=10):
         f"gc visible: {gc_visible()}"
     )
     lines.append(_collections_line(stats))
+    lines.append(_pauses_line(dev))
     lines.append(
         f"ladder: scoped {stats.get('num_scoped_collections', 0)} "
         f"({stats.get('scoped_gc_seconds', 0.0) * 1e3:.2f} ms, "
