@@ -16,7 +16,11 @@ static void *collect_ctx = NULL;
  * start another. Per thread: another thread that runs short meanwhile still
  * calls back, and the host decides (it waits for the running collection). */
 static _Thread_local int collecting = 0;
-static _Thread_local nd_oom_info last_oom = {-1, 0, 0, 0, -1};
+static _Thread_local nd_oom_info last_oom = {-1, 0, 0, 0, -1, 0, 0};
+/* What the last out-of-memory ladder on this thread (nd_memory_retry)
+ * collected: set as the ladder ends, after any nested ladder a finalizer's
+ * allocation ran inside its collection, so the caller reads its own. */
+static _Thread_local int64_t ladder_collected = 0;
 
 void nd_memory_set_collect_callback(nd_collect_fn fn, void *ctx) {
     collect_fn = fn;
@@ -127,16 +131,18 @@ void nd_memory_unreserve(nd_device *dev, int64_t nbytes) {
     st->reserved_freed += nbytes;
 }
 
-static void run_collection(nd_device *dev, int64_t requested, nd_collect_reason reason) {
-    if (collect_fn == NULL || collecting) return;
+/* Returns the allocated bytes that fell while the host collected. */
+static int64_t run_collection(nd_device *dev, int64_t requested, nd_collect_reason reason) {
+    if (collect_fn == NULL || collecting) return 0;
     nd_memory_stats *st = &dev->alloc.stats;
     int64_t before = st->allocated_current;
     collecting = 1;
     st->num_collect_callbacks++;
     collect_fn(collect_ctx, dev, requested, reason);
     collecting = 0;
-    if (st->allocated_current < before)
-        st->collect_callback_freed_bytes += before - st->allocated_current;
+    int64_t freed = st->allocated_current < before ? before - st->allocated_current : 0;
+    st->collect_callback_freed_bytes += freed;
+    return freed;
 }
 
 /* The out-of-memory ladder, the one place it is written: try; on ND_ERR_OOM
@@ -144,17 +150,19 @@ static void run_collection(nd_device *dev, int64_t requested, nd_collect_reason 
  * give back what it freed, and try a last time. */
 nd_status nd_memory_retry(nd_device *dev, int64_t requested, nd_attempt_fn attempt, void *ctx) {
     nd_memory_stats *st = &dev->alloc.stats;
+    int64_t collected = 0;
     nd_status status = attempt(ctx);
     if (status == ND_ERR_OOM && nd_memory_empty_cache(dev) > 0) {
         st->num_alloc_retries++;
         status = attempt(ctx);
     }
     if (status == ND_ERR_OOM && collect_fn != NULL && !collecting) {
-        run_collection(dev, requested, ND_COLLECT_OOM);
+        collected = run_collection(dev, requested, ND_COLLECT_OOM);
         nd_memory_empty_cache(dev);
         st->num_alloc_retries++;
         status = attempt(ctx);
     }
+    ladder_collected = collected;
     return status;
 }
 
@@ -175,8 +183,9 @@ nd_status nd_memory_alloc(nd_device *dev, int64_t nbytes, void **out) {
     if (nbytes < 0)
         return nd_fail(ND_ERR_VALUE, "negative allocation size %lld", (long long)nbytes);
     if (!dev->available) return nd_fail(ND_ERR_DEVICE, "device %s is not available", dev->name);
+    int64_t collected = 0;
     if (st->trigger >= 0 && st->allocated_current + nbytes > st->trigger)
-        run_collection(dev, nbytes, ND_COLLECT_PRESSURE);
+        collected = run_collection(dev, nbytes, ND_COLLECT_PRESSURE);
 
     nd_status status = ND_OK;
     if (nbytes > 0) {
@@ -190,6 +199,8 @@ nd_status nd_memory_alloc(nd_device *dev, int64_t nbytes, void **out) {
             last_oom.allocated = st->allocated_current;
             last_oom.reserved = st->reserved_current;
             last_oom.limit = st->limit;
+            last_oom.collected = collected + ladder_collected;
+            last_oom.largest_free_block = nd_memory_largest_free_block(dev);
             return nd_fail(ND_ERR_OOM,
                            "out of memory on %s: tried to allocate %lld bytes; %lld allocated, "
                            "%lld reserved, limit %lld",

@@ -70,6 +70,10 @@ extern "C" {
     X(GC_WATERMARK, ND_CFG_RUN, ND_CFG_SIZE, 0, 0, "", "the computed trigger",                     \
       "a size above 0 such as 1.5GiB or a fraction of each device's budget such as 50% or 0.5",    \
       "a fixed watermark that replaces the computed trigger: collect when allocations pass it")    \
+    X(OOM_SNAPSHOT, ND_CFG_RUN, ND_CFG_PATH, 0, 0, "", "none (no snapshot)",                       \
+      "a file path whose directory exists and is writable",                                        \
+      "at an out-of-memory error, write the device's memory snapshot (PyTorch's format, with the " \
+      "history when it is recorded) to this file before raising (ndl.memory.set_oom_snapshot)")    \
     /* ------------------------------------------ read by needle: distributed */                   \
     X(DIST_TIMEOUT, ND_CFG_RUN, ND_CFG_NUMBER, 0, 0, "", "300", "a number of seconds > 0",         \
       "seconds a needle.distributed collective waits for the other ranks before raising "          \

@@ -182,10 +182,15 @@ void nd_memory_set_trigger(nd_device *dev, int64_t trigger);
 /* Nonzero while a collection callback is running in this thread. */
 int nd_memory_collecting(void);
 
-/* What the last refused allocation on this thread saw. */
+/* What the last refused allocation on this thread saw. collected: the
+ * allocated bytes that fell while the collections run for that request (the
+ * pressure one before its first try, the out-of-memory ladder's) ran;
+ * largest_free_block: the largest free block left in the device's cache when
+ * it gave up (nd_memory_largest_free_block), 0 for none. */
 typedef struct nd_oom_info {
     int device_id;
     int64_t requested, allocated, reserved, limit;
+    int64_t collected, largest_free_block;
 } nd_oom_info;
 void nd_last_oom(nd_oom_info *out);
 
@@ -242,6 +247,12 @@ typedef struct nd_memory_block {
  * requested bytes to the allocated ones. Uses host memory only; calls
  * nothing. */
 nd_status nd_memory_blocks(nd_device *dev, nd_memory_block *out, int64_t cap, int64_t *count);
+/* The bytes of the largest free (cached, inactive) block of the device's
+ * allocator: the most a request could get without a new segment (on the
+ * CPU, whose blocks are never split, only a request of its exact size); 0
+ * when the cache is empty or the host has no memory for the walk. Uses host
+ * memory only; calls nothing. */
+int64_t nd_memory_largest_free_block(nd_device *dev);
 
 /* ------------------------------------------------------------------ storage */
 

@@ -3,7 +3,8 @@
  *
  * It joins the backend's view (segments, cached blocks: nd_backend
  * .memory_blocks) with the live storages (what was asked for: storage.c),
- * so that it adds up to the allocator's statistics. It reaches the blocks
+ * so that it adds up to the allocator's statistics; also the largest free
+ * block, which an out-of-memory error reports. It reaches the blocks
  * through the backend table only, so the allocator, the backends and the
  * storages never call back up into it.
  */
@@ -70,4 +71,20 @@ nd_status nd_memory_blocks(nd_device *dev, nd_memory_block *out, int64_t cap, in
     if (status == ND_OK && *count > 0 && *count <= cap)
         qsort(out, (size_t)*count, sizeof *out, by_segment_then_address);
     return status;
+}
+
+int64_t nd_memory_largest_free_block(nd_device *dev) {
+    if (dev->backend->memory_blocks == NULL) return 0;
+    /* Free blocks are the backend's own: no live storage is needed to find
+     * them (with none, the CPU backend lists its cache alone). */
+    int64_t count = dev->backend->memory_blocks(dev, NULL, 0, NULL, 0);
+    if (count <= 0) return 0;
+    nd_memory_block *blocks = malloc(sizeof *blocks * (size_t)count);
+    if (blocks == NULL) return 0;
+    int64_t n = dev->backend->memory_blocks(dev, NULL, 0, blocks, count);
+    int64_t largest = 0;
+    for (int64_t i = 0; i < n && i < count; i++)
+        if (blocks[i].state == ND_BLOCK_FREE && blocks[i].size > largest) largest = blocks[i].size;
+    free(blocks);
+    return largest;
 }

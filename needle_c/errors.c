@@ -5,6 +5,16 @@
  *
  * Reads the engine's last error and last OOM; never calls the engine's
  * allocator, so raising never starts a collection.
+ *
+ * The explainer: needle.memory registers a function (_set_oom_explainer) that
+ * is handed each new OutOfMemoryError before it is raised, to name who holds
+ * the memory and write a snapshot; needle_c never imports needle.memory
+ * (python/needle -> needle_c -> csrc). The failed allocation has returned by
+ * then, so the explainer may allocate Python objects, but must not allocate
+ * device memory. Whatever it does, the OutOfMemoryError is raised: an
+ * exception of its own goes to sys.unraisablehook and the message it may have
+ * changed is put back; an out-of-memory error raised while it runs (in the
+ * same thread) is raised plain, unexplained.
  */
 #include "needle_c.h"
 
@@ -24,6 +34,44 @@ static void format_bytes(char *buf, size_t size, int64_t n) {
     snprintf(buf, size, "%lld bytes (%.2f %s)", (long long)n, v, units[u]);
 }
 
+/* Explaining an error runs Python code, which may fail an allocation of its
+ * own: that one is raised unexplained. Per thread, as the allocator's
+ * collecting flag is. */
+static _Thread_local int explaining = 0;
+
+/* Hands err to the registered explainer, if any and not already explaining.
+ * Never fails: the explainer's exception is reported as unraisable and err's
+ * args (its message) are restored as they were. */
+static void explain(needle_state *st, PyObject *err) {
+    if (st->oom_explainer == NULL || explaining) return;
+    PyObject *fn = Py_NewRef(st->oom_explainer); /* the call may replace it */
+    PyObject *args = PyObject_GetAttrString(err, "args");
+    if (args == NULL) {
+        Py_DECREF(fn);
+        PyErr_WriteUnraisable(err);
+        return;
+    }
+    explaining = 1;
+    PyObject *result = PyObject_CallOneArg(fn, err);
+    explaining = 0;
+    if (result == NULL) {
+        PyErr_WriteUnraisable(fn);
+        if (PyObject_SetAttrString(err, "args", args) < 0) PyErr_WriteUnraisable(err);
+    }
+    Py_XDECREF(result);
+    Py_DECREF(args);
+    Py_DECREF(fn);
+}
+
+/* Sets name = value on err and releases value (a new reference, or NULL
+ * with an exception set); -1 on failure. */
+static int set_owned(PyObject *err, const char *name, PyObject *value) {
+    if (value == NULL) return -1;
+    int rc = PyObject_SetAttrString(err, name, value);
+    Py_DECREF(value);
+    return rc;
+}
+
 static PyObject *raise_out_of_memory(needle_state *st) {
     nd_oom_info info;
     nd_last_oom(&info);
@@ -33,7 +81,9 @@ static PyObject *raise_out_of_memory(needle_state *st) {
         PyErr_SetString(st->out_of_memory, nd_last_error());
         return NULL;
     }
-    Py_INCREF(device); /* held across the calls below, which may allocate */
+    nd_memory_stats stats;
+    nd_memory_get_stats(dev, &stats); /* now, before Python code can free anything */
+    Py_INCREF(device);                /* held across the calls below, which may allocate */
     char req[64], alloc[64], res[64], lim[64];
     format_bytes(req, sizeof req, info.requested);
     format_bytes(alloc, sizeof alloc, info.allocated);
@@ -49,21 +99,28 @@ static PyObject *raise_out_of_memory(needle_state *st) {
         Py_DECREF(device);
         return NULL;
     }
-    PyObject *limit = info.limit >= 0 ? PyLong_FromLongLong(info.limit) : Py_NewRef(Py_None);
-    PyObject *requested = PyLong_FromLongLong(info.requested);
-    PyObject *allocated = PyLong_FromLongLong(info.allocated);
-    PyObject *reserved = PyLong_FromLongLong(info.reserved);
-    if (limit && requested && allocated && reserved &&
+    int64_t fragmentation = info.reserved - info.allocated;
+    int ok =
         PyObject_SetAttrString(err, "device", device) == 0 &&
-        PyObject_SetAttrString(err, "requested", requested) == 0 &&
-        PyObject_SetAttrString(err, "allocated", allocated) == 0 &&
-        PyObject_SetAttrString(err, "reserved", reserved) == 0 &&
-        PyObject_SetAttrString(err, "limit", limit) == 0)
-        PyErr_SetObject(st->out_of_memory, err);
-    Py_XDECREF(limit);
-    Py_XDECREF(requested);
-    Py_XDECREF(allocated);
-    Py_XDECREF(reserved);
+        set_owned(err, "requested", PyLong_FromLongLong(info.requested)) == 0 &&
+        set_owned(err, "allocated", PyLong_FromLongLong(info.allocated)) == 0 &&
+        set_owned(err, "reserved", PyLong_FromLongLong(info.reserved)) == 0 &&
+        set_owned(err, "limit",
+                  info.limit >= 0 ? PyLong_FromLongLong(info.limit) : Py_NewRef(Py_None)) == 0 &&
+        set_owned(err, "collected_bytes", PyLong_FromLongLong(info.collected)) == 0 &&
+        set_owned(err, "largest_free_block", PyLong_FromLongLong(info.largest_free_block)) == 0 &&
+        set_owned(err, "fragmentation_bytes",
+                  PyLong_FromLongLong(fragmentation > 0 ? fragmentation : 0)) == 0 &&
+        set_owned(err, "inactive_split_bytes",
+                  PyLong_FromLongLong(stats.inactive_split_bytes.current)) == 0 &&
+        PyObject_SetAttrString(err, "holders", Py_None) == 0 &&
+        PyObject_SetAttrString(err, "snapshot_path", Py_None) == 0;
+    if (ok) {
+        explain(st, err);
+        /* The type from err itself: the module state's field may have been
+         * cleared while Python code ran. */
+        PyErr_SetObject((PyObject *)Py_TYPE(err), err);
+    }
     Py_DECREF(err);
     Py_DECREF(device);
     return NULL;
@@ -82,3 +139,26 @@ PyObject *raise_status(needle_state *st, nd_status status) {
     }
     return NULL;
 }
+
+/* _set_oom_explainer(fn): fn(err) is called with each new OutOfMemoryError
+ * before it is raised (None: no explainer); returns the previous one. */
+static PyObject *set_oom_explainer(PyObject *module, PyObject *fn) {
+    if (fn != Py_None && !PyCallable_Check(fn)) {
+        PyErr_Format(PyExc_TypeError,
+                     "the out-of-memory explainer must be callable or None, got %s",
+                     Py_TYPE(fn)->tp_name);
+        return NULL;
+    }
+    needle_state *st = state_of_module(module);
+    PyObject *previous = st->oom_explainer ? st->oom_explainer : Py_NewRef(Py_None);
+    st->oom_explainer = fn == Py_None ? NULL : Py_NewRef(fn);
+    return previous; /* the state's reference, handed to the caller */
+}
+
+PyMethodDef errors_module_functions[] = {
+    {"_set_oom_explainer", set_oom_explainer, METH_O,
+     "_set_oom_explainer(fn, /)\n--\n\nfn(err) is called with each new needle.OutOfMemoryError "
+     "before it is raised, to add to its message and attributes (None: none); its exceptions "
+     "are reported as unraisable, never raised. Returns the previous explainer (or None)."},
+    {NULL, NULL, 0, NULL},
+};

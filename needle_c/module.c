@@ -41,7 +41,11 @@ static int needle_c_exec(PyObject *module) {
     st->out_of_memory = PyErr_NewExceptionWithDoc(
         "needle.OutOfMemoryError",
         "A device allocation failed after the cache was released and garbage collected.\n\n"
-        "Attributes: device, requested, allocated, reserved (bytes), limit (bytes or None).",
+        "Attributes: device, requested, allocated, reserved (bytes), limit (bytes or None);\n"
+        "collected_bytes (what the collections run for the request freed), largest_free_block,\n"
+        "fragmentation_bytes (reserved - allocated), inactive_split_bytes; holders (the top\n"
+        "rows of needle.memory.holders(device)) and snapshot_path (the memory snapshot written,\n"
+        "see needle.memory.set_oom_snapshot), None when there are none.",
         PyExc_MemoryError, NULL);
     if (st->out_of_memory == NULL ||
         PyModule_AddObjectRef(module, "OutOfMemoryError", st->out_of_memory) < 0)
@@ -74,7 +78,8 @@ static int needle_c_exec(PyObject *module) {
         add_function_table(module, cpu_info_module_functions) < 0 ||
         add_function_table(module, config_module_functions) < 0 ||
         add_function_table(module, interop_module_functions) < 0 ||
-        add_function_table(module, optim_module_functions) < 0)
+        add_function_table(module, optim_module_functions) < 0 ||
+        add_function_table(module, errors_module_functions) < 0)
         return -1;
     if (PyModule_AddIntConstant(module, "MAX_DIMS", ND_MAX_DIMS) < 0) return -1;
     if (autograd_module_init(module, st) < 0) return -1;
@@ -97,6 +102,7 @@ static int needle_c_traverse(PyObject *module, visitproc visit, void *arg) {
     Py_VISIT(st->array_handle_type);
     Py_VISIT(st->device_error);
     Py_VISIT(st->out_of_memory);
+    Py_VISIT(st->oom_explainer);
     Py_VISIT(st->axis_error);
     for (size_t i = 0; i < sizeof st->devices / sizeof st->devices[0]; i++)
         Py_VISIT(st->devices[i]);
@@ -113,6 +119,7 @@ static int needle_c_clear(PyObject *module) {
     Py_CLEAR(st->array_handle_type);
     Py_CLEAR(st->device_error);
     Py_CLEAR(st->out_of_memory);
+    Py_CLEAR(st->oom_explainer);
     Py_CLEAR(st->axis_error);
     for (size_t i = 0; i < sizeof st->devices / sizeof st->devices[0]; i++)
         Py_CLEAR(st->devices[i]);

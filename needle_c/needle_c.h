@@ -22,6 +22,7 @@ typedef struct {
     PyTypeObject *array_handle_type; /* array/course_handle.c: NDArray._handle */
     PyObject *device_error;          /* needle.DeviceError (RuntimeError) */
     PyObject *out_of_memory;         /* needle.OutOfMemoryError (MemoryError) */
+    PyObject *oom_explainer;         /* errors.c: fn(err) before an OOM is raised, or NULL */
     PyObject *axis_error;            /* numpy.exceptions.AxisError, for bad axes (array/parse.c) */
     /* Device objects by engine id, and placeholders for CUDA devices the
      * engine does not have (enabled() is False). */
@@ -67,8 +68,10 @@ static inline needle_state *state_of_type(PyTypeObject *type) {
 }
 
 /* Raises the exception that matches status, with the engine's message
- * (errors.c; ND_ERR_OOM raises needle.OutOfMemoryError with its figures). */
+ * (errors.c; ND_ERR_OOM raises needle.OutOfMemoryError with its figures,
+ * first handed to the explainer needle.memory registers). */
 PyObject *raise_status(needle_state *st, nd_status status);
+extern PyMethodDef errors_module_functions[]; /* _set_oom_explainer */
 
 /* Devices (device.c). */
 /* The Device object of an engine device (borrowed; NULL for none): inline,

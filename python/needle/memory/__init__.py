@@ -12,7 +12,9 @@ one size for every device (``"2GiB"``) or per device
 (``"cpu=1GiB,cuda=8GiB"``, each device named once; a limit on a GPU this process cannot use
 applies to nothing, which a RuntimeWarning says). The caching allocators' settings (PyTorch's
 ``PYTORCH_ALLOC_CONF`` options) are :func:`set_allocator_settings` and
-``NEEDLE_ALLOC_CONF`` (:mod:`.alloc_conf`).
+``NEEDLE_ALLOC_CONF`` (:mod:`.alloc_conf`). An out-of-memory error explains itself (the
+collections' yield, the fragmentation, who holds the memory); :func:`set_oom_snapshot` and
+``NEEDLE_OOM_SNAPSHOT`` also write a memory snapshot when one is raised (:mod:`.oom`).
 
 Diagnostics: :func:`live_tensors` and :func:`live_tensors_summary` list the tensors that
 hold device memory (with ``since=``, those created after a :func:`tensor_snapshot`),
@@ -30,9 +32,10 @@ The package's modules: :mod:`.stats` (statistics, sizes, limits), :mod:`.alloc_c
 collection policy, ``freeze_heap``, :func:`safe_point`), :mod:`.collection_log` (the record of
 every collection), :mod:`.diagnostics` (live tensors,
 cycles, warnings), :mod:`.summary` (``memory_summary``), :mod:`.monitor` (timelines and
-allocation history), :mod:`.snapshot` (PyTorch's memory snapshots) and :mod:`.holders` (who
-holds device memory in a notebook, and releasing what the notebook keeps). Each imports only the
-ones listed before it.
+allocation history), :mod:`.snapshot` (PyTorch's memory snapshots), :mod:`.holders` (who
+holds device memory in a notebook, and releasing what the notebook keeps) and :mod:`.oom` (the
+explainer of out-of-memory errors and the snapshot written at one). Each imports only the ones
+listed before it.
 """
 
 # Private names that other modules (testing, apps) and the tests reach here:
@@ -52,6 +55,12 @@ from .diagnostics import (
 from .diagnostics import _cycle_callback as _cycle_callback
 from .holders import holders, release_notebook_references
 from .monitor import MemoryMonitor, record_history
+from .oom import (
+    _install_explainer,
+    _oom_snapshot_from_environment,
+    get_oom_snapshot,
+    set_oom_snapshot,
+)
 from .policy import (
     _policy_from_environment,
     collect,
@@ -124,6 +133,8 @@ __all__ = [
     "holders",
     "release_notebook_references",
     "collection_history",
+    "set_oom_snapshot",
+    "get_oom_snapshot",
 ]
 
 # The public names are needle.memory's, wherever in the package they are defined.
@@ -134,3 +145,5 @@ del _name
 _limits_from_environment()
 _settings_from_environment()
 _policy_from_environment()
+_oom_snapshot_from_environment()
+_install_explainer()

@@ -263,6 +263,18 @@ def holders(device=None):
     return rows
 
 
+def _notebook_bytes(device=None):
+    """The distinct bytes on ``device`` (every device when None) that the output cache and the
+    last exception's frames reach, together: what :func:`release_notebook_references` lets go
+    of, unless a name holds it too."""
+    engine_id = None if device is None else _engine_id(device)
+    shell = _shell()
+    roots = [value for _, kind, value in _namespace_roots(shell) if kind == "output_cache"]
+    exc, tb = _last_exception(shell)
+    roots.extend(frame for _, _, frame in _traceback_roots(tb))
+    return _reach(roots, engine_id, _stops(shell)).bytes
+
+
 def _holds_tensors(value, stop=()):
     return _reach(value, None, stop).tensors > 0
 
