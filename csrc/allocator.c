@@ -63,6 +63,13 @@ void nd_memory_reset_peaks(nd_device *dev) {
         fragmentation[i]->peak = fragmentation[i]->current;
 }
 
+int64_t nd_memory_window_peak(nd_device *dev) {
+    nd_memory_stats *st = &dev->alloc.stats;
+    int64_t peak = st->allocated_window_peak;
+    st->allocated_window_peak = st->allocated_current;
+    return peak;
+}
+
 void nd_memory_stat_update(nd_memory_stat *stat, int64_t n) {
     stat->current += n;
     if (n > 0) stat->allocated += n;
@@ -212,6 +219,8 @@ nd_status nd_memory_alloc(nd_device *dev, int64_t nbytes, void **out) {
     st->allocated_current += nbytes;
     st->allocated_total += nbytes;
     if (st->allocated_current > st->allocated_peak) st->allocated_peak = st->allocated_current;
+    if (st->allocated_current > st->allocated_window_peak)
+        st->allocated_window_peak = st->allocated_current;
     st->blocks_current++;
     st->blocks_total++;
     if (st->blocks_current > st->blocks_peak) st->blocks_peak = st->blocks_current;

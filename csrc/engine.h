@@ -109,6 +109,11 @@ typedef struct nd_memory_stats {
     int64_t allocated_current, allocated_peak, allocated_total, allocated_freed;
     int64_t reserved_current, reserved_peak, reserved_total, reserved_freed;
     int64_t blocks_current, blocks_peak, blocks_total, blocks_freed;
+    /* A second peak of allocated bytes that only nd_memory_window_peak restarts
+     * (nd_memory_reset_peaks leaves it), so that a tool can measure a stretch
+     * of the program (the notebook extension: one cell) without resetting the
+     * peak the user reads. */
+    int64_t allocated_window_peak;
     int64_t num_alloc_retries; /* allocations retried after freeing memory */
     int64_t num_ooms;          /* allocations refused                      */
     /* The mechanism's view of collections: times the allocator called the
@@ -153,6 +158,9 @@ void nd_memory_get_settings(const nd_device *dev, nd_alloc_settings *out);
 
 void nd_memory_get_stats(const nd_device *dev, nd_memory_stats *out);
 void nd_memory_reset_peaks(nd_device *dev);
+/* The allocated peak since the last call (since start on the first); the
+ * window restarts at the current allocated bytes. */
+int64_t nd_memory_window_peak(nd_device *dev);
 /* limit < 0 removes the limit. Limits apply to reserved bytes. */
 void nd_memory_set_limit(nd_device *dev, int64_t limit);
 int64_t nd_memory_get_limit(const nd_device *dev);

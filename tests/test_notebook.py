@@ -62,6 +62,32 @@ def _stdout(nb):
     )
 
 
+def _displayed(cell):
+    """The text/plain of what a cell displayed (the extension's line, %needle_holders)."""
+    return [
+        out["data"].get("text/plain", "")
+        for out in cell.outputs
+        if out.get("output_type") == "display_data"
+    ]
+
+
+def _cell(nb, start, exact=False):
+    """The one code cell whose source starts with ``start`` (is ``start``, when exact)."""
+    found = [
+        cell
+        for cell in _code_cells(nb)
+        if (cell.source == start if exact else cell.source.startswith(start))
+    ]
+    assert len(found) == 1, f"{len(found)} cells start with {start!r}"
+    return found[0]
+
+
+def _memory_line(cell):
+    lines = [text for text in _displayed(cell) if text.startswith("needle: cpu allocated")]
+    assert len(lines) == 1, _displayed(cell)
+    return lines[0]
+
+
 def _output_kinds(cell):
     """What a cell showed, as a set: ``stdout`` and the MIME types of its results (stderr left
     out: a first import of matplotlib may write a font-cache note there)."""
@@ -116,12 +142,56 @@ def _check_outputs(nb):
     assert _mib("names deleted, collected:", text) > 0
     assert _mib("after %xdel _:", text) == 0.0
     assert "needle memory summary for cpu()" in text and "live tensors by op" in text
-    # 5: the modes in fresh processes.
+    _check_extension(nb, text)
+    # 5: the modes in fresh processes, a line each, without progress lines.
     assert re.search(r"^leak +OOM at step \d+", text, re.MULTILINE)
+    repro = "".join(o.get("text", "") for o in _cell(nb, "from needle import repro").outputs)
+    assert "  hook        10 steps" in repro and "step 1/10" not in repro
+    assert len(repro.splitlines()) < 30
     images = [
         cell for cell in _code_cells(nb) if any("image/png" in k for k in _output_kinds(cell))
     ]
     assert len(images) == 2
+
+
+def _check_extension(nb, text):
+    """%load_ext needle: its line under the cells that moved memory, %needle_holders naming the
+    traceback's frame and Out[n], and what release_notebook_references() frees."""
+    assert "%load_ext needle" in _cell(nb, "%matplotlib inline").source
+    assert _displayed(_cell(nb, "%env")) == []  # before the extension: no line
+    # Section 1: the cycle came and went, the line shows the cell's peak.
+    assert re.fullmatch(
+        r"needle: cpu allocated 0 B \(unchanged\), cell peak 4\.00 MiB, reserved .*",
+        _memory_line(_cell(nb, "gc.collect()\ngc.disable()  # switch")),
+    )
+    # Section 3: the hook's collections during the training cell, counted by the line.
+    assert re.search(r"; [1-9]\d* collections ", _memory_line(_cell(nb, "workdir = ")))
+    # Section 4: the failed step's memory stays, and the out-of-memory path collected.
+    oom = _memory_line(_cell(nb, "corpus, train, model, opt, loss_fn = course_setup"))
+    assert re.search(r"\(\+\d+\.\d\d MiB\).*; [1-9]\d* collections ", oom), oom
+    [table] = _displayed(_cell(nb, "%needle_holders cpu"))
+    rows = table.splitlines()
+    assert rows[0].split() == ["holder", "kind", "bytes", "tensors", "graph", "tensors"]
+    assert rows[1].startswith("traceback: epoch_general_ptb (") and " traceback " in rows[1]
+    assert [r.split()[:2] for r in rows[2:4]] == [["model", "name"], ["opt", "name"]]
+    hint = re.fullmatch(
+        r"ndl\.memory\.release_notebook_references\(\) frees (\d+\.\d\d) MiB held by the "
+        r"last traceback",
+        rows[-1],
+    )
+    assert hint, rows[-1]
+    freed = _mib("release_notebook_references\\(\\) freed", text)
+    assert abs(freed - float(hint.group(1))) < 0.1 and freed > 100
+    # The Out[] section: the displayed loss is Out[n], and only the cache holds its graph.
+    n = _cell(nb, "X, y = get_batch(").execution_count
+    [table] = _displayed(_cell(nb, "%needle_holders", exact=True))
+    rows = table.splitlines()
+    assert rows[1].split()[:2] == [f"Out[{n}]", "output_cache"]
+    assert re.fullmatch(
+        rf"ndl\.memory\.release_notebook_references\(\) frees \d+\.\d\d MiB held by Out\[{n}\]",
+        rows[-1],
+    ), rows[-1]
+    assert "(-" in _memory_line(_cell(nb, "%xdel _"))
 
 
 def test_committed_notebook_has_the_outputs_of_one_clean_run():

@@ -218,13 +218,26 @@ def test_the_leak_block_runs_out_then_completes(tmp_path):
 
 def test_the_jupyter_simulation_frees_memory_when_the_error_is_dropped(tmp_path):
     path = tmp_path / "kernel.py"
-    path.write_text(_block_at("sys.last_traceback", "docs/jupyter.md"))
+    path.write_text(_block_at("after clearing sys.last_*", "docs/jupyter.md"))
     proc = _run([str(path)], tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "still allocated: 16777216" in out
     assert re.search(r"kernel\.py:\d+ 1 16777216", out), out  # the site of `activations`
     assert "after clearing sys.last_*: 0" in out
+
+
+def test_the_holders_block_names_the_frame_and_release_frees_it(tmp_path):
+    path = tmp_path / "holders.py"
+    path.write_text(_block_at("release_notebook_references()", "docs/jupyter.md"))
+    proc = _run([str(path)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "traceback: step traceback 786432 3",
+        "x global 262144 1",
+        "freed 524288",
+        "['x']",
+    ]
 
 
 def test_the_memory_report_block_shows_growth_and_a_cycle(tmp_path):

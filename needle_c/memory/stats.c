@@ -162,6 +162,13 @@ static PyObject *memory_reset_peaks(PyObject *module, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *memory_window_peak(PyObject *module, PyObject *arg) {
+    (void)module;
+    nd_device *dev = device_of_engine_id(arg);
+    if (dev == NULL) return NULL;
+    return PyLong_FromLongLong(nd_memory_window_peak(dev));
+}
+
 static PyObject *memory_empty_cache(PyObject *module, PyObject *arg) {
     (void)module;
     nd_device *dev = device_of_engine_id(arg);
@@ -228,6 +235,10 @@ PyMethodDef memory_module_functions[] = {
      "_memory_allocated(device_id, /)\n--\n\nBytes held by live storages on the device."},
     {"_reset_peak_memory_stats", memory_reset_peaks, METH_O,
      "_reset_peak_memory_stats(device_id, /)\n--\n\nSets every peak to its current value."},
+    {"_memory_window_peak", memory_window_peak, METH_O,
+     "_memory_window_peak(device_id, /)\n--\n\nThe allocated peak since the last call (since "
+     "start on the first), restarting the window at the current allocated bytes; "
+     "reset_peak_memory_stats leaves it. The notebook extension's per-cell peak."},
     {"_empty_cache", memory_empty_cache, METH_O,
      "_empty_cache(device_id, /)\n--\n\nReleases cached blocks; returns the bytes released."},
     {"_set_memory_limit", (PyCFunction)(void (*)(void))memory_set_limit, METH_FASTCALL,

@@ -58,3 +58,19 @@ def from_dlpack(obj, requires_grad=False):
 BACKEND = _c.BACKEND
 
 __version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext needle``: after each cell a line of what the cell did to device memory, and
+    the magics ``%needle_memory`` and ``%needle_holders`` (needle.notebook_extension, imported
+    here so that ``import needle`` imports no IPython)."""
+    from . import notebook_extension
+
+    notebook_extension.load_ipython_extension(ipython)
+
+
+def unload_ipython_extension(ipython):
+    """``%unload_ext needle``: removes the line's callbacks and the magics."""
+    from . import notebook_extension
+
+    notebook_extension.unload_ipython_extension(ipython)

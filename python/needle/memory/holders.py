@@ -248,19 +248,26 @@ def holders(device=None):
 
     Rows that reach no tensor are left out. Works outside IPython: the last exception's
     frames (``sys.last_traceback``/``sys.last_exc``) and ``__main__``'s globals."""
+    return [_row(holder, kind, reach) for holder, kind, reach in _holder_reaches(device)]
+
+
+def _holder_reaches(device=None):
+    """``[(holder, kind, _Reach)]`` for the holders that reach a tensor, in :func:`holders`'
+    order: the walk behind it, with each holder's storages, so that a caller (the notebook
+    extension) can tell which bytes only the output cache and the traceback hold."""
     engine_id = None if device is None else _engine_id(device)
     shell = _shell()
     roots = _namespace_roots(shell)
     exc, tb = _last_exception(shell)
     roots.extend(_traceback_roots(tb))
     stop = _stops(shell)
-    rows = []
+    found = []
     for holder, kind, value in roots:
         reach = _reach(value, engine_id, stop)
         if reach.tensors:
-            rows.append(_row(holder, kind, reach))
-    rows.sort(key=lambda r: (-r["bytes"], -r["tensors"], r["holder"]))
-    return rows
+            found.append((holder, kind, reach))
+    found.sort(key=lambda f: (-f[2].bytes, -f[2].tensors, f[0]))
+    return found
 
 
 def _notebook_bytes(device=None):
