@@ -54,6 +54,10 @@ _OPAQUE = (
     types.TracebackType,
     types.GeneratorType,
 )
+_TENSOR_TYPES = (_c.Tensor, _c.TensorTuple)
+# Referents never worth entering, told by exact type (the common case, cheaply); subclasses of
+# the _OPAQUE types are caught when they are popped.
+_LEAF_TYPES = frozenset({int, float, str, bytes, bool, complex, type(None), type} | set(_OPAQUE))
 # A walk stops after this many objects: a holder that reaches more (a list of a million
 # floats) is reported with what was found so far, so that holders() stays fast.
 _MAX_OBJECTS = 200_000
@@ -83,49 +87,59 @@ class _Reach:
 
 
 def _reach(root, engine_id, stop=()):
-    """Walks from ``root``: Tensors (data, .grad, inputs), NDArrays, containers, objects'
-    ``__dict__``; returns a :class:`_Reach`. Objects in ``stop`` (the shell, its namespace)
-    are not entered: they reach every name."""
+    """Walks from ``root``: containers and objects' attributes breadth first through
+    ``gc.get_referents`` (the interpreter's own traversal, in C), then the Tensors found, each
+    with its data, ``.grad`` and the graph of inputs behind it; returns a :class:`_Reach`.
+    Objects in ``stop`` (the shell, its namespace) are not entered: they reach every name."""
     found = _Reach(engine_id)
     seen = {id(obj) for obj in stop}
-    stack = [(root, False)]
-    while stack and len(seen) < _MAX_OBJECTS:
+    tensors = []
+    frontier = [root]
+    while frontier and len(seen) < _MAX_OBJECTS:
+        generic, extra = [], []
+        for obj in frontier:
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, _TENSOR_TYPES):
+                tensors.append(obj)
+            elif isinstance(obj, _c.NDArray):
+                found.add_array(obj)
+            elif isinstance(obj, BaseException):
+                # An exception keeps its traceback's frames (their locals, not their
+                # globals) and the exceptions it chains.
+                extra.extend(obj.args)
+                extra.extend((obj.__cause__, obj.__context__, getattr(obj, "__dict__", None)))
+                extra.extend(f for _, _, f in _traceback_roots(obj.__traceback__))
+            elif not isinstance(obj, _OPAQUE):
+                generic.append(obj)
+        frontier = [x for x in gc.get_referents(*generic) if type(x) not in _LEAF_TYPES]
+        frontier.extend(x for x in extra if x is not None)
+    _walk_tensors(tensors, found, seen)
+    return found
+
+
+def _walk_tensors(tensors, found, seen):
+    """Counts the Tensors found and what they reach: data, ``.grad`` and (as graph tensors)
+    the inputs behind them."""
+    stack = [(t, False) for t in tensors]
+    for t in tensors:
+        seen.discard(id(t))
+    while stack:
         obj, through_graph = stack.pop()
-        if id(obj) in seen or obj is None:
+        if id(obj) in seen:
             continue
         seen.add(id(obj))
-        if isinstance(obj, (_c.Tensor, _c.TensorTuple)):
-            data = obj.cached_data
-            arrays = [a for a in (data if isinstance(data, (tuple, list)) else (data,))]
-            counted = [found.add_array(a) for a in arrays if isinstance(a, _c.NDArray)]
-            if any(counted):  # a Tensor on another device is walked, not counted
-                found.tensors += 1
-                found.graph_tensors += through_graph
-            grad = getattr(obj, "grad", None) if isinstance(obj, _c.Tensor) else None
-            if grad is not None:
-                stack.append((grad, through_graph))
-            stack.extend((t, True) for t in obj.inputs)
-        elif isinstance(obj, _c.NDArray):
-            found.add_array(obj)
-        elif isinstance(obj, (list, tuple, set, frozenset)):
-            stack.extend((item, through_graph) for item in obj)
-        elif isinstance(obj, dict):
-            stack.extend((value, through_graph) for value in obj.values())
-        elif isinstance(obj, BaseException):
-            # An exception keeps its traceback's frames, and the exceptions it chains.
-            stack.extend((item, through_graph) for item in obj.args)
-            stack.extend((e, through_graph) for e in (obj.__cause__, obj.__context__))
-            stack.extend((f, through_graph) for _, _, f in _traceback_roots(obj.__traceback__))
-            attributes = getattr(obj, "__dict__", None)
-            if isinstance(attributes, dict):
-                stack.extend((value, through_graph) for value in attributes.values())
-        elif isinstance(obj, (str, bytes, int, float, complex, bool) + _OPAQUE):
-            continue
-        else:
-            attributes = getattr(obj, "__dict__", None)
-            if isinstance(attributes, dict):
-                stack.extend((value, through_graph) for value in attributes.values())
-    return found
+        data = obj.cached_data
+        arrays = data if isinstance(data, (tuple, list)) else (data,)
+        counted = [found.add_array(a) for a in arrays if isinstance(a, _c.NDArray)]
+        if any(counted):  # a Tensor on another device is walked, not counted
+            found.tensors += 1
+            found.graph_tensors += through_graph
+        grad = getattr(obj, "grad", None) if isinstance(obj, _c.Tensor) else None
+        if grad is not None:
+            stack.append((grad, through_graph))
+        stack.extend((t, True) for t in obj.inputs)
 
 
 def _row(holder, kind, reach):
