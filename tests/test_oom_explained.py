@@ -210,7 +210,7 @@ def test_holders_and_the_hint_name_the_global_and_the_traceback(device):
         f"top holders on {device}:",
         "  weights (global)                 4.00 MiB in 1 tensor",
         "  traceback: step (<string>:13)    2.00 MiB in 1 tensor",
-        "hint: the last traceback holds 2.00 MiB: "
+        "hint: the last traceback holds 2.00 MiB that no name holds: "
         "ndl.memory.release_notebook_references() frees it",
     ]
 

@@ -21,7 +21,7 @@ import html
 
 import needle_c as _c
 
-from .memory.holders import _holder_reaches
+from .memory.holders import _holder_reaches, _releasable_bytes
 from .memory.stats import _format_bytes
 from .memory.summary import memory_summary
 
@@ -170,16 +170,13 @@ def format_line(moved):
 def _release_hint(found):
     """The line naming what release_notebook_references() would free: the bytes that the
     output cache and the traceback reach and no name does; None when that is nothing."""
-    released, kept, names = {}, set(), []
-    for holder, kind, reach in found:
+    names = []
+    for holder, kind, _ in found:
         if kind in ("output_cache", "traceback"):
-            released.update(reach.storages)
             label = "the last traceback" if kind == "traceback" else holder
             if label not in names:
                 names.append(label)
-        else:
-            kept.update(reach.storages)
-    freed = sum(size for key, size in released.items() if key not in kept)
+    freed = _releasable_bytes(found)
     if not freed:
         return None
     shown = names[:_HINT_NAMES]

@@ -284,16 +284,17 @@ def _holder_reaches(device=None):
     return found
 
 
-def _notebook_bytes(device=None):
-    """The distinct bytes on ``device`` (every device when None) that the output cache and the
-    last exception's frames reach, together: what :func:`release_notebook_references` lets go
-    of, unless a name holds it too."""
-    engine_id = None if device is None else _engine_id(device)
-    shell = _shell()
-    roots = [value for _, kind, value in _namespace_roots(shell) if kind == "output_cache"]
-    exc, tb = _last_exception(shell)
-    roots.extend(frame for _, _, frame in _traceback_roots(tb))
-    return _reach(roots, engine_id, _stops(shell)).bytes
+def _releasable_bytes(found):
+    """What :func:`release_notebook_references` would free, from :func:`_holder_reaches`'
+    result: the distinct storages that the output cache and the last exception's frames reach
+    and no name does."""
+    released, kept = {}, set()
+    for _, kind, reach in found:
+        if kind in ("output_cache", "traceback"):
+            released.update(reach.storages)
+        else:
+            kept.update(reach.storages)
+    return sum(size for key, size in released.items() if key not in kept)
 
 
 def _holds_tensors(value, stop=()):

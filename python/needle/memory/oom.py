@@ -26,7 +26,7 @@ import warnings
 import needle_c as _c
 
 from .. import _environ
-from .holders import _notebook_bytes, holders
+from .holders import _holder_reaches, _releasable_bytes, _row
 from .snapshot import _snapshot
 from .stats import _format_bytes
 
@@ -131,7 +131,8 @@ def _explain(err):
                 RuntimeWarning,
                 stacklevel=2,
             )
-    rows = holders(device)
+    found = _holder_reaches(device)
+    rows = [_row(holder, kind, reach) for holder, kind, reach in found]
     err.holders = rows[:_TOP]
     if rows:
         lines.append(f"top holders on {device}:")
@@ -140,12 +141,12 @@ def _explain(err):
     else:
         lines.append(f"no name, output cache entry or traceback frame holds a tensor on {device}")
     kinds = [k for k in _NOTEBOOK_KINDS if any(r["kind"] == k for r in rows)]
-    if kinds:
-        held = _notebook_bytes(device)
+    held = _releasable_bytes(found)
+    if kinds and held:
         what = " and ".join(_NOTEBOOK_KINDS[k] for k in kinds)
         lines.append(
-            f"hint: {what} hold{'s' if len(kinds) == 1 else ''} {_format_bytes(held)}: "
-            "ndl.memory.release_notebook_references() frees it"
+            f"hint: {what} hold{'s' if len(kinds) == 1 else ''} {_format_bytes(held)} that no "
+            "name holds: ndl.memory.release_notebook_references() frees it"
         )
     if err.snapshot_path is not None:
         lines.append(
