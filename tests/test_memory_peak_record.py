@@ -3,10 +3,11 @@ _peak and _restore_history), which the pytest plugin's limit_device_memory failu
 the frames of the allocation that reached the peak and the blocks live at it, against a
 model of the allocations kept in Python."""
 
-import inspect
 import random
 
 import pytest
+from history_check import caller_line
+from history_check import stop_recording as _stop_recording  # noqa: F401 (autouse)
 
 import needle as ndl
 import needle.backend_ndarray as nd
@@ -16,20 +17,6 @@ from needle import memory
 from devices import DEVICES
 
 dev = pytest.mark.parametrize("device", DEVICES)
-
-
-@pytest.fixture(autouse=True)
-def _stop_recording():
-    yield
-    for param in DEVICES:
-        device = param.values[0]
-        if device.enabled():
-            memory._record_memory_history(None, device=device)
-
-
-def _line():
-    """The caller's line number."""
-    return inspect.currentframe().f_back.f_lineno
 
 
 def _sizes(record):
@@ -43,11 +30,11 @@ def test_the_record_lists_the_blocks_live_at_the_peak(device):
     start = memory.memory_allocated(device)
     memory.reset_peak_memory_stats(device)
     kept = nd.empty((100,), device=device)
-    kept_line = _line() - 1
+    kept_line = caller_line() - 1
     gone_before = nd.empty((200,), device=device)  # freed before the peak: not live at it
     del gone_before
     peak = nd.empty((1000,), device=device)
-    peak_line = _line() - 1
+    peak_line = caller_line() - 1
     del peak  # freed after the peak: live at it all the same
     after = nd.empty((300,), device=device)  # after the peak, which it does not pass
     record = memory._peak(device)
@@ -71,7 +58,7 @@ def test_a_higher_peak_replaces_the_record_and_a_lower_one_does_not(device):
     record = memory._peak(device)
     assert _sizes(record) == [4000]  # the first block's peak; the second stayed under it
     third = nd.empty((600,), device=device)  # 500 + 600 floats pass it: a new peak
-    third_line = _line() - 1
+    third_line = caller_line() - 1
     record = memory._peak(device)
     assert _sizes(record) == [2000, 2400]
     assert record["frames"][0]["line"] == third_line

@@ -12,6 +12,8 @@ import re
 
 import numpy as np
 import pytest
+from history_check import caller_line
+from history_check import stop_recording as _stop_recording  # noqa: F401 (autouse)
 
 import needle as ndl
 from needle import memory
@@ -20,20 +22,6 @@ from devices import DEVICES, needs_cuda
 
 dev = pytest.mark.parametrize("device", DEVICES)
 HERE = os.path.abspath(__file__)
-
-
-@pytest.fixture(autouse=True)
-def _stop_recording():
-    yield
-    for param in DEVICES:
-        device = param.values[0]
-        if device.enabled():
-            memory._record_memory_history(None, device=device)
-
-
-def _line():
-    """The caller's line number."""
-    return inspect.currentframe().f_back.f_lineno
 
 
 def _blocks(snapshot, state=None):
@@ -120,9 +108,9 @@ def test_training_step_renders_in_pytorchs_viewer_with_needles_totals(device):
 def test_frames_point_at_the_lines_that_allocated(device):
     memory._record_memory_history(device=device)
     x = ndl.init.rand(300, 7, device=device)
-    x_line = _line() - 1
+    x_line = caller_line() - 1
     model = ndl.nn.Linear(21, 37, device=device)
-    model_line = _line() - 1
+    model_line = caller_line() - 1
     snapshot = memory._snapshot(device)
 
     def requested_at(line):
@@ -188,7 +176,7 @@ def test_recording_off_records_nothing(device):
 def test_state_records_frames_but_no_trace(device):
     memory._record_memory_history("state", device=device)
     x = ndl.init.rand(123, device=device)
-    line = _line() - 1
+    line = caller_line() - 1
     snapshot = memory._snapshot(device)
     assert _trace(snapshot, device) == []
     assert any(b["frames"] and b["frames"][0]["line"] == line for b in _blocks(snapshot))
@@ -258,7 +246,7 @@ def test_out_of_memory_is_in_the_trace():
     try:
         with pytest.raises(ndl.OutOfMemoryError):
             ndl.init.rand(1 << 22, device=device)
-        line = _line() - 1
+        line = caller_line() - 1
     finally:
         memory.set_memory_limit(device, None)
     oom = [e for e in _trace(memory._snapshot(device), device) if e["action"] == "oom"]

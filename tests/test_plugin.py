@@ -11,6 +11,7 @@ import os
 import re
 
 import pytest
+from pytester_check import failure_section, source_line
 
 import needle as ndl
 from needle import testing as needle_testing
@@ -272,19 +273,6 @@ def test_step_clean(device_memory):
 """
 
 
-def _source_line(source, tag):
-    """The 1-based line of ``source`` (as makepyfile writes it) that carries ``tag``."""
-    lines = source.strip().splitlines()
-    return next(i for i, line in enumerate(lines, 1) if tag in line)
-
-
-def _failure_section(out, test_name):
-    """The text of ``test_name``'s entry in the FAILURES section of a pytest run."""
-    match = re.search(rf"_+ {test_name} _+\n(.*?)(?=\n_{{3,}} \w|\n=+ )", out, re.S)
-    assert match, f"no failure section for {test_name}"
-    return match.group(1)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_failures_list_the_tests_own_tensors_by_site(pytester, device):
     source = CULPRIT_TESTS.format(device=device.name)
@@ -303,14 +291,14 @@ def test_failures_list_the_tests_own_tensors_by_site(pytester, device):
     out = result.stdout.str()
     dev = repr(device)
 
-    marked = _failure_section(out, "test_marked_leak")
+    marked = failure_section(out, "test_marked_leak")
     assert f"limit_device_memory: peak device memory on {dev} exceeded the limit" in marked
     assert (
         f"kept: 3 tensors that the test created are still alive on {dev}, "
         "24576 bytes (24.00 KiB), by allocation site:"
     ) in marked
-    leaf_site = f"{module}:{_source_line(source, 'SITE-LEAF')}"
-    op_site = f"{module}:{_source_line(source, 'SITE-OP')}"
+    leaf_site = f"{module}:{source_line(source, 'SITE-LEAF')}"
+    op_site = f"{module}:{source_line(source, 'SITE-OP')}"
     # exp's result keeps its input alive (the graph): the op's line keeps two tensors, first.
     assert (
         f"  {op_site}: 2 tensors, 16384 bytes (16.00 KiB)\n"
@@ -323,11 +311,11 @@ def test_failures_list_the_tests_own_tensors_by_site(pytester, device):
     # tensor's line is the peak's, named above the kept report).
     kept = marked[marked.index("kept:") :]
     assert "(300, 7)" not in kept and "(64, 64)" not in kept
-    assert f"  peak at:         {module}:{_source_line(source, 'freed at the return')} " in marked
+    assert f"  peak at:         {module}:{source_line(source, 'freed at the return')} " in marked
 
-    step = _failure_section(out, "test_step_leak")
+    step = failure_section(out, "test_step_leak")
     assert "grew by 20480 bytes (20.00 KiB) over 5 steps" in step
-    step_site = f"{module}:{_source_line(source, 'SITE-STEP')}"
+    step_site = f"{module}:{source_line(source, 'SITE-STEP')}"
     # Five measured steps: the two warmup steps' tensors and the other tests' are not listed.
     assert (
         f"kept: 5 tensors that the measured steps created are still alive on {dev}, "
@@ -343,7 +331,7 @@ def test_failures_without_history_group_under_one_unrecorded_site(pytester):
     pytester.makepyfile(source)
     result = pytester.runpytest(*PLUGIN, "-p", "no:cacheprovider", "--needle-no-history")
     result.assert_outcomes(passed=3, failed=2)
-    step = _failure_section(result.stdout.str(), "test_step_leak")
+    step = failure_section(result.stdout.str(), "test_step_leak")
     assert (
         "  (sites not recorded: history off): 5 tensors, 20480 bytes (20.00 KiB)\n"
         "    5 x Tensor(shape=(16, 64), dtype=float32, bytes=4096, op=(leaf))\n"

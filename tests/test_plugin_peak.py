@@ -11,6 +11,7 @@ import os
 import re
 
 import pytest
+from pytester_check import failure_section, source_line
 
 from needle import memory
 
@@ -19,19 +20,6 @@ from devices import DEVICES
 pytest_plugins = ["pytester"]
 
 PLUGIN = ("-p", "needle") if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") else ()
-
-
-def _source_line(source, tag):
-    """The 1-based line of ``source`` (as makepyfile writes it) that carries ``tag``."""
-    lines = source.strip().splitlines()
-    return next(i for i, line in enumerate(lines, 1) if tag in line)
-
-
-def _failure_section(out, test_name):
-    """The text of ``test_name``'s entry in the FAILURES section of a pytest run."""
-    match = re.search(rf"_+ {test_name} _+\n(.*?)(?=\n_{{3,}} \w|\n=+ )", out, re.S)
-    assert match, f"no failure section for {test_name}"
-    return match.group(1)
 
 
 # The peak comes once in the test's own line and once inside a helper of another file; each
@@ -87,13 +75,13 @@ def test_peak_failure_names_the_tests_line_and_what_was_live(pytester, device):
     out = result.stdout.str()
 
     def site(tag, text=source, name=module):
-        return f"{name}:{_source_line(text, tag)}"
+        return f"{name}:{source_line(text, tag)}"
 
     def code(tag, text=source):
-        return text.strip().splitlines()[_source_line(text, tag) - 1].strip()
+        return text.strip().splitlines()[source_line(text, tag) - 1].strip()
 
     # a and big were live at the peak; b was freed before it, `after` came after it.
-    section = _failure_section(out, "test_peak_in_the_test")
+    section = failure_section(out, "test_peak_in_the_test")
     start = _start(section)
     assert f"  peak:            {_bytes(start + 36864)}, {_bytes(36864)} above the start\n" in (
         section
@@ -110,7 +98,7 @@ def test_peak_failure_names_the_tests_line_and_what_was_live(pytester, device):
 
     # The peak is the helper's second allocation: the test's line is the call, the helper's
     # line comes after "via"; the helper's first array and the test's three were live too.
-    section = _failure_section(out, "test_peak_in_a_helper")
+    section = failure_section(out, "test_peak_in_a_helper")
     start = _start(section)
     first, peak = site("HELPER-FIRST", HELPERS, helpers), site("HELPER-PEAK", HELPERS, helpers)
     width = max(len(first), len(peak), len(site("SITE-KEPT")))
@@ -143,8 +131,8 @@ def test_many_lines():
     module = pytester.makepyfile(source).name
     result = pytester.runpytest(*PLUGIN, "-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
-    section = _failure_section(result.stdout.str(), "test_many_lines")
-    first = _source_line(source, "a1 =")
+    section = failure_section(result.stdout.str(), "test_many_lines")
+    first = source_line(source, "a1 =")
     width = len(f"{module}:{first + 4}")  # the sites are padded to the longest listed
     rows = [
         f"    {f'{module}:{first + i}':<{width}}  1 allocation, {_bytes(n * 4)}"
@@ -167,7 +155,7 @@ def test_big():
     )
     result = pytester.runpytest(*PLUGIN, "-p", "no:cacheprovider", "--needle-no-history")
     result.assert_outcomes(failed=1)
-    section = _failure_section(result.stdout.str(), "test_big")
+    section = failure_section(result.stdout.str(), "test_big")
     assert "  peak at:         (not recorded: --needle-no-history was given)\n" in section
     assert "live at the peak" not in section
 
@@ -187,7 +175,7 @@ def test_turns_history_off():
     )
     result = pytester.runpytest(*PLUGIN, "-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
-    section = _failure_section(result.stdout.str(), "test_turns_history_off")
+    section = failure_section(result.stdout.str(), "test_turns_history_off")
     assert (
         "  peak at:         (not recorded: the device's memory history was turned off during "
         "the test)\n"
@@ -292,5 +280,5 @@ def test_users_recording_kept():
     )
     result = pytester.runpytest(*PLUGIN, "-p", "no:cacheprovider", "-v")
     result.assert_outcomes(passed=1, failed=1)
-    section = _failure_section(result.stdout.str(), "test_over_the_limit")
+    section = failure_section(result.stdout.str(), "test_over_the_limit")
     assert "in test_over_the_limit  (a = nd.empty((4096,)))\n" in section
