@@ -4,7 +4,9 @@ runs it under each combination of its switches.
 
 The self-test's kernels check built-in ids, barriers, every warp operation, atomics and
 dynamic shared memory; that broken kernels fail their launch instead of hanging; memory,
-copies, errors, streams and events; and that the switches have teeth: a kernel missing a
+copies, errors, streams and events; stream capture and graphs (tests/c/cuda_sim_capture.cc:
+replays equal to eager runs, and what CUDA refuses during a capture refused and
+invalidating it); and that the switches have teeth: a kernel missing a
 ``__syncthreads`` gives wrong results under ``NEEDLE_SIM_PERTURB=1`` (and right ones in the
 plain order), ``NEEDLE_SIM_MAX_BLOCKS`` caps ``gridDim`` and ``NEEDLE_SIM_MEMORY`` sets the
 capacity, while a malformed switch leaves no device and names the variable. It is built twice:
@@ -45,7 +47,9 @@ def selftest(request, tmp_path_factory):
             *switch,
             f"-I{SIM}",
             f"-I{ROOT / 'csrc'}",
+            "-pthread",  # the capture tests start a thread (older glibc needs the flag)
             str(ROOT / "tests" / "c" / "cuda_sim_selftest.cc"),
+            str(ROOT / "tests" / "c" / "cuda_sim_capture.cc"),
             *map(str, sorted(SIM.glob("*.cc"))),
             "-o",
             str(binary),

@@ -3,7 +3,8 @@
  * dynamic shared memory; the failures a launch must report instead of
  * hanging (a thread that returns before a barrier, divergent barriers, a
  * shuffle with lanes gone, bad configurations); memory, copies, errors,
- * streams and events; and that the switches work: NEEDLE_SIM_MAX_BLOCKS caps
+ * streams and events; stream capture and graphs (cuda_sim_capture.cc, linked
+ * in); and that the switches work: NEEDLE_SIM_MAX_BLOCKS caps
  * gridDim, NEEDLE_SIM_PERTURB=1 turns a missing __syncthreads into wrong
  * results, NEEDLE_SIM_MEMORY sets the capacity.
  *
@@ -11,35 +12,19 @@
  * switches by tests/test_cuda_sim.py; reads the switches it runs under from
  * the simulator. Prints failures, exits nonzero when there are any.
  */
-#include <cuda_runtime.h>
+#include "cuda_sim_selftest.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/cuda_launch.cuh"
-#include "sim_internal.h"
-
 /* ND_LAUNCH counts each launch in the backend's census (cuda_census.cu, not
  * linked here): this count stands in for it, and is checked below. */
 static int launches = 0;
 void nd_cuda_count_launch(const char *site) { launches += site != nullptr; }
 
-/* Records a failure; prints the first few (a wrong kernel fails many checks). */
-static int failures = 0;
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        if (!(cond) && failures++ < 20) printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-    } while (0)
-
-/* Device memory holding n copies of value, or NULL. */
-template <class T> static T *device_array(int64_t n, T value) {
-    T *p = nullptr;
-    if (cudaMalloc(&p, (size_t)n * sizeof(T)) != cudaSuccess) return nullptr;
-    for (int64_t i = 0; i < n; i++) p[i] = value; /* simulated device memory is host memory */
-    return p;
-}
+int failures = 0;
 
 /* ------------------------------------------------------------- kernels */
 
@@ -166,6 +151,7 @@ __global__ void grid_stride_kernel(int n, int *out, unsigned *grid_seen) {
 }
 
 /* Broken kernels: each must fail the launch, not hang. */
+/* Not static: cuda_sim_capture.cc replays them too. */
 __global__ void early_return_kernel(int *out) {
     if (threadIdx.x == 5) return;
     __syncthreads();
@@ -484,6 +470,7 @@ int main() {
         test_by_value_and_block_cap();
         test_failures();
         test_streams_and_events();
+        test_capture(); /* cuda_sim_capture.cc */
     }
     printf("%d failure(s)\n", failures);
     return failures != 0;

@@ -16,7 +16,8 @@ typedef enum cudaError_enum {
     CUDA_SUCCESS = 0,
     CUDA_ERROR_INVALID_VALUE = 1,
     CUDA_ERROR_OUT_OF_MEMORY = 2,
-    CUDA_ERROR_NOT_SUPPORTED = 801
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900
 } CUresult;
 
 typedef unsigned long long CUdeviceptr;

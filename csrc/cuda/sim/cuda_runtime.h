@@ -7,12 +7,14 @@
  * run on the CPU in CI.
  *
  * sim_runtime.cc implements the host API (memory, devices, errors, streams,
- * events); sim_grid.cc runs kernels (one block at a time, every thread a
- * fiber); sim_device.h, included below, is what kernels see (keywords,
- * threadIdx and friends, barriers, warp operations, atomics, intrinsics).
- * Everything is synchronous: a launch or a copy has finished when it returns.
- * It is a test of the kernels' logic, not a GPU: it cannot see streams,
- * asynchrony, timing, cuBLAS or the hardware's arithmetic.
+ * events); sim_graph.cc stream capture and graphs; sim_grid.cc runs kernels
+ * (one block at a time, every thread a fiber); sim_device.h, included below,
+ * is what kernels see (keywords, threadIdx and friends, barriers, warp
+ * operations, atomics, intrinsics). Everything is synchronous: a launch or a
+ * copy has finished when it returns, unless its stream is capturing, when it
+ * is recorded into a graph that cudaGraphLaunch replays. It is a test of the
+ * kernels' logic, not a GPU: it cannot see asynchrony, timing, cuBLAS or the
+ * hardware's arithmetic.
  *
  * Switches (environment, read once): NEEDLE_SIM_MEMORY, NEEDLE_SIM_MAX_BLOCKS,
  * NEEDLE_SIM_PERTURB, NEEDLE_SIM_COMPUTE_CAPABILITY, NEEDLE_SIM_VMM; see
@@ -53,6 +55,7 @@ typedef enum cudaError {
     cudaErrorInvalidDevice = 101,
     cudaErrorNoKernelImageForDevice = 209,
     cudaErrorInvalidResourceHandle = 400,
+    cudaErrorIllegalState = 401,
     cudaErrorNotReady = 600,
     cudaErrorIllegalAddress = 700,
     cudaErrorLaunchOutOfResources = 701,
@@ -63,6 +66,12 @@ typedef enum cudaError {
     cudaErrorNotPermitted = 800,
     cudaErrorNotSupported = 801,
     cudaErrorSystemDriverMismatch = 803,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureUnmatched = 903,
+    cudaErrorStreamCaptureImplicit = 906,
+    cudaErrorCapturedEvent = 907,
+    cudaErrorStreamCaptureWrongThread = 908,
     cudaErrorUnknown = 999
 } cudaError_t;
 
@@ -139,6 +148,34 @@ typedef struct CUevent_st *cudaEvent_t;
 #define cudaEventBlockingSync 0x01
 #define cudaEventDisableTiming 0x02
 
+/* Stream capture and graphs (sim_graph.cc). */
+enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2
+};
+
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2
+};
+
+/* The kinds of node a capture records (CUDA's values); cuBLAS calls are
+ * kernel nodes, as cuBLAS's own kernels are on a GPU. */
+enum cudaGraphNodeType {
+    cudaGraphNodeTypeKernel = 0x00,
+    cudaGraphNodeTypeMemcpy = 0x01,
+    cudaGraphNodeTypeMemset = 0x02,
+    cudaGraphNodeTypeGraph = 0x04
+};
+
+typedef struct CUgraph_st *cudaGraph_t;
+typedef struct CUgraphExec_st *cudaGraphExec_t;
+typedef struct CUgraphNode_st *cudaGraphNode_t;
+
+#define cudaGraphInstantiateFlagAutoFreeOnLaunch 1
+
 struct uint3 {
     unsigned int x, y, z;
 };
@@ -195,6 +232,18 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = 0);
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *pCaptureStatus);
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
+                                 unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *numNodes);
+cudaError_t cudaGraphNodeGetType(cudaGraphNode_t node, enum cudaGraphNodeType *pType);
 
 } /* extern "C" */
 

@@ -3,12 +3,17 @@
  * convention (float32, float64, and float16/bfloat16 through the Ex calls),
  * strided or through arrays of pointers, computed on the CPU. Device memory is host memory in the simulator, so
  * the operands (and the pointer arrays of a batched call, which cuBLAS
- * reads from device memory) are read where they are.
+ * reads from device memory) are read where they are. A call on a handle whose
+ * stream captures (sim_graph.cc) is checked, then recorded as a kernel node:
+ * alpha and beta (host pointers) are read when it is captured, as cuBLAS
+ * reads them, the operands and pointer arrays at every replay.
  */
 #include "sim_cublas.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+#include <new>
 
 #include "sim_internal.h"
 
@@ -18,6 +23,7 @@ enum {
     STATUS_SUCCESS = 0,
     STATUS_NOT_INITIALIZED = 1,
     STATUS_INVALID_VALUE = 7,
+    STATUS_EXECUTION_FAILED = 13,
     STATUS_NOT_SUPPORTED = 15,
 };
 /* cudaDataType_t and cublasComputeType_t values the Ex calls take. */
@@ -150,7 +156,6 @@ static int gemm_batched(int transa, int transb, int m, int n, int k, const void 
                         const void *beta, void *const c[], int ldc, int batch_count) {
     typedef typename elem<E>::acc A;
     if (m == 0 || n == 0 || batch_count == 0) return STATUS_SUCCESS;
-    if (a == nullptr || b == nullptr || c == nullptr) return STATUS_INVALID_VALUE;
     A *column = (A *)malloc((size_t)m * sizeof(A));
     if (column == nullptr) return 3; /* alloc failed */
     for (int z = 0; z < batch_count; z++)
@@ -171,12 +176,74 @@ static int check_call(const struct cublas_context *handle, const void *alpha, co
     return STATUS_SUCCESS;
 }
 
+/* A batched call's pointer arrays, needed when there is anything to compute. */
+static int check_arrays(int m, int n, int batch_count, const void *a, const void *b,
+                        const void *c) {
+    if (m == 0 || n == 0 || batch_count == 0) return STATUS_SUCCESS;
+    return a == nullptr || b == nullptr || c == nullptr ? STATUS_INVALID_VALUE : STATUS_SUCCESS;
+}
+
+/* Runs a checked call now (run() returns its status), or records it into the
+ * capture of the handle's stream; a capture's refusal is an execution failure,
+ * its detail in cudaGetLastError. */
+template <class Run>
+static int run_or_capture(const struct cublas_context *handle, const char *call, Run run) {
+    cudaError_t err = cudaSuccess;
+    const int64_t capture = nd_sim_route(handle->stream, call, &err);
+    if (capture < 0) return STATUS_EXECUTION_FAILED;
+    if (capture == 0) return run();
+    try {
+        err = nd_sim_capture(handle->stream, capture, cudaGraphNodeTypeKernel, call,
+                             [run, call](cudaStream_t) {
+                                 const int st = run();
+                                 if (st == STATUS_SUCCESS) return cudaSuccess;
+                                 return nd_sim_fail(cudaErrorLaunchFailure,
+                                                    "%s replayed from a graph: %s", call,
+                                                    nd_sim_cublas_status_string(st));
+                             });
+    } catch (const std::bad_alloc &) {
+        return 3; /* alloc failed */
+    }
+    return err == cudaSuccess ? STATUS_SUCCESS : STATUS_EXECUTION_FAILED;
+}
+
 /* The Ex calls' type combinations: one type for A, B and C, float compute. */
 static int check_types(int a_type, int b_type, int c_type, int compute_type) {
     if (a_type != b_type || a_type != c_type || compute_type != COMPUTE_32F)
         return STATUS_NOT_SUPPORTED;
     if (a_type != R_32F && a_type != R_16F && a_type != R_16BF) return STATUS_NOT_SUPPORTED;
     return STATUS_SUCCESS;
+}
+
+/* A checked strided GEMM over E, run now or captured: alpha and beta are
+ * copied now, the operands are read when it runs. */
+template <class E>
+static int strided_call(const struct cublas_context *handle, const char *call, int transa,
+                        int transb, int m, int n, int k, const void *alpha, const void *a, int lda,
+                        long long stride_a, const void *b, int ldb, long long stride_b,
+                        const void *beta, void *c, int ldc, long long stride_c, int batch_count) {
+    typedef typename elem<E>::acc A;
+    const A al = *(const A *)alpha, be = *(const A *)beta;
+    return run_or_capture(handle, call, [=]() {
+        return gemm_strided<E>(transa, transb, m, n, k, &al, a, lda, stride_a, b, ldb, stride_b,
+                               &be, c, ldc, stride_c, batch_count);
+    });
+}
+
+/* The same for a batch given by arrays of pointers (read when it runs). */
+template <class E>
+static int batched_call(const struct cublas_context *handle, const char *call, int transa,
+                        int transb, int m, int n, int k, const void *alpha, const void *const a[],
+                        int lda, const void *const b[], int ldb, const void *beta,
+                        void *const c[], int ldc, int batch_count) {
+    typedef typename elem<E>::acc A;
+    const int st = check_arrays(m, n, batch_count, a, b, c);
+    if (st != STATUS_SUCCESS) return st;
+    const A al = *(const A *)alpha, be = *(const A *)beta;
+    return run_or_capture(handle, call, [=]() {
+        return gemm_batched<E>(transa, transb, m, n, k, &al, a, lda, b, ldb, &be, c, ldc,
+                               batch_count);
+    });
 }
 
 extern "C" int nd_sim_cublas_sgemm_strided(struct cublas_context *handle, int transa, int transb,
@@ -186,8 +253,9 @@ extern "C" int nd_sim_cublas_sgemm_strided(struct cublas_context *handle, int tr
                                            long long stride_c, int batch_count) {
     int st = check_call(handle, alpha, beta, transa, transb, m, n, k, lda, ldb, ldc, batch_count);
     if (st != STATUS_SUCCESS) return st;
-    return gemm_strided<float>(transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
-                               beta, c, ldc, stride_c, batch_count);
+    return strided_call<float>(handle, "cublasSgemmStridedBatched", transa, transb, m, n, k, alpha,
+                               a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
+                               batch_count);
 }
 
 extern "C" int nd_sim_cublas_sgemm_batched(struct cublas_context *handle, int transa, int transb,
@@ -197,9 +265,9 @@ extern "C" int nd_sim_cublas_sgemm_batched(struct cublas_context *handle, int tr
                                            int batch_count) {
     int st = check_call(handle, alpha, beta, transa, transb, m, n, k, lda, ldb, ldc, batch_count);
     if (st != STATUS_SUCCESS) return st;
-    return gemm_batched<float>(transa, transb, m, n, k, alpha, (const void *const *)a, lda,
-                               (const void *const *)b, ldb, beta, (void *const *)c, ldc,
-                               batch_count);
+    return batched_call<float>(handle, "cublasSgemmBatched", transa, transb, m, n, k, alpha,
+                               (const void *const *)a, lda, (const void *const *)b, ldb, beta,
+                               (void *const *)c, ldc, batch_count);
 }
 
 extern "C" int nd_sim_cublas_dgemm_strided(struct cublas_context *handle, int transa, int transb,
@@ -210,8 +278,9 @@ extern "C" int nd_sim_cublas_dgemm_strided(struct cublas_context *handle, int tr
                                            long long stride_c, int batch_count) {
     int st = check_call(handle, alpha, beta, transa, transb, m, n, k, lda, ldb, ldc, batch_count);
     if (st != STATUS_SUCCESS) return st;
-    return gemm_strided<double>(transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
-                                beta, c, ldc, stride_c, batch_count);
+    return strided_call<double>(handle, "cublasDgemmStridedBatched", transa, transb, m, n, k,
+                                alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
+                                batch_count);
 }
 
 extern "C" int nd_sim_cublas_dgemm_batched(struct cublas_context *handle, int transa, int transb,
@@ -221,9 +290,9 @@ extern "C" int nd_sim_cublas_dgemm_batched(struct cublas_context *handle, int tr
                                            double *const c[], int ldc, int batch_count) {
     int st = check_call(handle, alpha, beta, transa, transb, m, n, k, lda, ldb, ldc, batch_count);
     if (st != STATUS_SUCCESS) return st;
-    return gemm_batched<double>(transa, transb, m, n, k, alpha, (const void *const *)a, lda,
-                                (const void *const *)b, ldb, beta, (void *const *)c, ldc,
-                                batch_count);
+    return batched_call<double>(handle, "cublasDgemmBatched", transa, transb, m, n, k, alpha,
+                                (const void *const *)a, lda, (const void *const *)b, ldb, beta,
+                                (void *const *)c, ldc, batch_count);
 }
 
 extern "C" int nd_sim_cublas_gemm_strided_ex(struct cublas_context *handle, int transa, int transb,
@@ -237,16 +306,19 @@ extern "C" int nd_sim_cublas_gemm_strided_ex(struct cublas_context *handle, int 
     int st = check_call(handle, alpha, beta, transa, transb, m, n, k, lda, ldb, ldc, batch_count);
     if (st == STATUS_SUCCESS) st = check_types(a_type, b_type, c_type, compute_type);
     if (st != STATUS_SUCCESS) return st;
+    const char *call = "cublasGemmStridedBatchedEx";
     switch (a_type) {
     case R_16F:
-        return gemm_strided<half_elem>(transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb,
-                                       stride_b, beta, c, ldc, stride_c, batch_count);
+        return strided_call<half_elem>(handle, call, transa, transb, m, n, k, alpha, a, lda,
+                                       stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
+                                       batch_count);
     case R_16BF:
-        return gemm_strided<bf16_elem>(transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb,
-                                       stride_b, beta, c, ldc, stride_c, batch_count);
+        return strided_call<bf16_elem>(handle, call, transa, transb, m, n, k, alpha, a, lda,
+                                       stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
+                                       batch_count);
     default:
-        return gemm_strided<float>(transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb,
-                                   stride_b, beta, c, ldc, stride_c, batch_count);
+        return strided_call<float>(handle, call, transa, transb, m, n, k, alpha, a, lda, stride_a,
+                                   b, ldb, stride_b, beta, c, ldc, stride_c, batch_count);
     }
 }
 
@@ -260,16 +332,17 @@ extern "C" int nd_sim_cublas_gemm_batched_ex(struct cublas_context *handle, int 
     int st = check_call(handle, alpha, beta, transa, transb, m, n, k, lda, ldb, ldc, batch_count);
     if (st == STATUS_SUCCESS) st = check_types(a_type, b_type, c_type, compute_type);
     if (st != STATUS_SUCCESS) return st;
+    const char *call = "cublasGemmBatchedEx";
     switch (a_type) {
     case R_16F:
-        return gemm_batched<half_elem>(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
-                                       batch_count);
+        return batched_call<half_elem>(handle, call, transa, transb, m, n, k, alpha, a, lda, b,
+                                       ldb, beta, c, ldc, batch_count);
     case R_16BF:
-        return gemm_batched<bf16_elem>(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
-                                       batch_count);
+        return batched_call<bf16_elem>(handle, call, transa, transb, m, n, k, alpha, a, lda, b,
+                                       ldb, beta, c, ldc, batch_count);
     default:
-        return gemm_batched<float>(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
-                                   batch_count);
+        return batched_call<float>(handle, call, transa, transb, m, n, k, alpha, a, lda, b, ldb,
+                                   beta, c, ldc, batch_count);
     }
 }
 
@@ -279,6 +352,7 @@ extern "C" const char *nd_sim_cublas_status_string(int status) {
     case STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
     case 3: return "CUBLAS_STATUS_ALLOC_FAILED";
     case STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
     case STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
     default: return "CUBLAS_STATUS_UNKNOWN (simulated cuBLAS)";
     }

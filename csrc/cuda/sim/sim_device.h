@@ -25,6 +25,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <new>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -240,23 +241,30 @@ template <class T> static inline T max(T a, T b) { return a < b ? b : a; }
 /* ------------------------------------------------------------------ launch */
 
 /* A launch as sim_grid.cc receives it: body(ctx) runs the kernel for the
- * calling thread with the launch's arguments. */
+ * calling thread with the launch's arguments. ctx lives on the launching
+ * caller's stack, so a launch into a capturing stream keeps clone(ctx), a
+ * heap copy (NULL when out of memory) that destroy frees. */
 typedef struct nd_sim_kernel {
     const char *name; /* as written at the launch */
     const char *file; /* the launch site */
     int line;
     void (*body)(void *ctx);
     void *ctx;
+    void *(*clone)(const void *ctx);
+    void (*destroy)(void *ctx);
 } nd_sim_kernel;
 
-/* Runs a grid to completion; returns (and records as the last error) a
- * launch-configuration error or cudaErrorLaunchFailure. */
+/* Runs a grid to completion, or records it when stream captures; returns
+ * (and records as the last error) a launch-configuration error,
+ * cudaErrorLaunchFailure, or a capture's refusal. name and file must live as
+ * long as the graphs that capture the launch (ND_LAUNCH passes literals). */
 cudaError_t nd_sim_run(const nd_sim_kernel *kernel, dim3 grid, dim3 block, size_t shared_bytes,
                        cudaStream_t stream);
 
 /* The arguments are converted to the kernel's parameter types once, as a
  * real launch copies them to the GPU; every thread then gets its own copy
- * (by-value parameters on its fiber's stack). */
+ * (by-value parameters on its fiber's stack). A captured launch keeps a copy
+ * of those converted values, which every replay of the graph runs with. */
 template <class... P, class... A>
 static inline cudaError_t nd_sim_launch(const char *name, const char *file, int line,
                                         void (*kernel)(P...), dim3 grid, dim3 block,
@@ -266,12 +274,19 @@ static inline cudaError_t nd_sim_launch(const char *name, const char *file, int 
         void (*kernel)(P...);
         std::tuple<typename std::decay<P>::type...> params;
     } c{kernel, std::tuple<typename std::decay<P>::type...>(std::forward<A>(args)...)};
-    nd_sim_kernel k = {name, file, line,
-                       [](void *ctx) {
-                           closure *cl = static_cast<closure *>(ctx);
-                           std::apply(cl->kernel, cl->params);
-                       },
-                       &c};
+    nd_sim_kernel k = {
+        name,
+        file,
+        line,
+        [](void *ctx) {
+            closure *cl = static_cast<closure *>(ctx);
+            std::apply(cl->kernel, cl->params);
+        },
+        &c,
+        [](const void *ctx) -> void * {
+            return new (std::nothrow) closure(*static_cast<const closure *>(ctx));
+        },
+        [](void *ctx) { delete static_cast<closure *>(ctx); }};
     return nd_sim_run(&k, grid, block, shared_bytes, stream);
 }
 

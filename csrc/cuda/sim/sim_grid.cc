@@ -23,9 +23,14 @@
  * threads wait at different barriers or warp operations, or when nothing can
  * run and some threads are still waiting; the error's string says which
  * kernel, block, barrier and threads. Launches are serialised by one mutex
- * (a GPU's default stream runs them in order too). Never prints, exits or
- * aborts.
+ * (a GPU's default stream runs them in order too). A launch into a capturing
+ * stream (sim_graph.cc) is checked as any other, then recorded with a heap
+ * copy of its arguments and run at each replay of the graph. Never prints,
+ * exits or aborts.
  */
+/* <memory> before sim_internal.h: it trips on sim_device.h's __noinline__ macro. */
+#include <memory>
+
 #include "sim_internal.h"
 
 #include <stdarg.h>
@@ -577,6 +582,9 @@ void *nd_sim_dynamic_shared(void) {
 
 /* ============================================================= host side */
 
+static cudaError_t run_grid(const nd_sim_kernel *kernel, dim3 grid, dim3 block,
+                            size_t shared_bytes);
+
 cudaError_t nd_sim_run(const nd_sim_kernel *kernel, dim3 grid, dim3 block, size_t shared_bytes,
                        cudaStream_t stream) {
     const nd_sim_options *o = nd_sim_get_options();
@@ -598,7 +606,41 @@ cudaError_t nd_sim_run(const nd_sim_kernel *kernel, dim3 grid, dim3 block, size_
     if (!nd_sim_stream_valid(stream))
         return nd_sim_fail(cudaErrorInvalidResourceHandle, "%s at %s:%d: stream %p", name, site,
                            kernel->line, (void *)stream);
+    cudaError_t err = cudaSuccess;
+    const int64_t capture = nd_sim_route(stream, name, &err);
+    if (capture < 0) return err;
+    if (capture == 0) return run_grid(kernel, grid, block, shared_bytes);
 
+    /* Captured: the graph keeps a heap copy of the arguments, shared by the
+     * instantiated graphs, and replays the grid with it. */
+    if (kernel->clone == nullptr || kernel->destroy == nullptr)
+        return nd_sim_fail(cudaErrorInvalidDeviceFunction,
+                           "%s at %s:%d: a launch without clone/destroy cannot be captured", name,
+                           site, kernel->line);
+    try {
+        std::shared_ptr<void> ctx(kernel->clone(kernel->ctx), kernel->destroy);
+        if (ctx != nullptr) {
+            const nd_sim_kernel k = *kernel; /* name and file are string literals */
+            return nd_sim_capture(stream, capture, cudaGraphNodeTypeKernel, name,
+                                  [k, ctx, grid, block, shared_bytes](cudaStream_t) {
+                                      nd_sim_kernel replay = k;
+                                      replay.ctx = ctx.get();
+                                      return run_grid(&replay, grid, block, shared_bytes);
+                                  });
+        }
+    } catch (const std::bad_alloc &) {
+    }
+    return nd_sim_fail(cudaErrorMemoryAllocation,
+                       "%s at %s:%d: no host memory to capture the launch's arguments", name, site,
+                       kernel->line);
+}
+
+/* Runs a launch whose configuration was checked. */
+static cudaError_t run_grid(const nd_sim_kernel *kernel, dim3 grid, dim3 block,
+                            size_t shared_bytes) {
+    const nd_sim_options *o = nd_sim_get_options();
+    const char *name = kernel->name, *site = base_name(kernel->file);
+    const uint64_t threads = (uint64_t)block.x * block.y * block.z;
     std::lock_guard<std::mutex> lock(launch_mutex);
     if (!allocate_state())
         return nd_sim_fail(cudaErrorMemoryAllocation,

@@ -1,7 +1,9 @@
 /* sim_internal.h: what the CUDA simulator's sources share (sim_runtime.cc,
- * sim_grid.cc, sim_vm.cc) and its self-test reads: the switches read from the
- * environment, the recording of an error with the simulator's detail, and
- * the check of a stream handle. Not seen by the backend's .cu files.
+ * sim_grid.cc, sim_vm.cc, sim_graph.cc, sim_cublas.cc) and its self-test
+ * reads: the switches read from the environment, the recording of an error
+ * with the simulator's detail, the check of a stream handle, and the hooks of
+ * stream capture (sim_graph.cc) that every queued operation and every call
+ * that capture restricts goes through. Not seen by the backend's .cu files.
  *
  * Switches (read once, at the first CUDA call; a malformed value makes device
  * discovery fail with cudaErrorInvalidValue, naming the variable). Each is a
@@ -28,6 +30,9 @@
  */
 #ifndef NEEDLE_SIM_INTERNAL_H
 #define NEEDLE_SIM_INTERNAL_H
+
+/* Before cuda_runtime.h, whose __noinline__ macro libstdc++'s headers trip on. */
+#include <functional>
 
 #include "cuda_runtime.h"
 
@@ -61,5 +66,58 @@ int nd_sim_vm_mapped(const void *p, size_t n);
 
 /* 1 for the default streams and streams made by cudaStreamCreate*. */
 int nd_sim_stream_valid(cudaStream_t stream);
+
+/* 1 for a stream that synchronises with the legacy stream: made without
+ * cudaStreamNonBlocking, or cudaStreamPerThread. */
+int nd_sim_stream_blocking(cudaStream_t stream);
+
+/* ------------------------------------------------ stream capture (sim_graph.cc)
+ *
+ * An operation queued on a stream (a launch, an async copy or memset, a cuBLAS
+ * call, a graph launch) asks nd_sim_route where it goes: run now, recorded
+ * into the stream's capture, or refused. What it does is an nd_sim_work, run
+ * now or at every replay of the graph, on the stream the replay is launched
+ * into; it returns cudaSuccess or the error it recorded with nd_sim_fail. */
+typedef std::function<cudaError_t(cudaStream_t)> nd_sim_work;
+
+/* 0: run the operation now; > 0: the id of the capture to record it into
+ * (nd_sim_capture); -1: refused, *err recorded: the stream's capture was
+ * invalidated (cudaErrorStreamCaptureInvalidated), or it is the legacy stream
+ * while a blocking stream captures (cudaErrorStreamCaptureImplicit, which
+ * invalidates that capture). The stream must be valid. */
+int64_t nd_sim_route(cudaStream_t stream, const char *call, cudaError_t *err);
+
+/* Records work as a node of capture id; runs it now if that capture has ended
+ * since nd_sim_route. call names the node in errors (a string literal). */
+cudaError_t nd_sim_capture(cudaStream_t stream, int64_t id, enum cudaGraphNodeType kind,
+                           const char *call, nd_sim_work work);
+
+/* The capture-mode rule for a "potentially unsafe" call (cudaMalloc, cudaFree,
+ * cudaMallocHost, cudaFreeHost, synchronous copies and memsets,
+ * cudaDeviceSynchronize, the driver's cuMemCreate/Map/Unmap/Release): refused
+ * with cudaErrorStreamCaptureUnsupported, invalidating the captures that
+ * forbid it, as cudaThreadExchangeStreamCaptureMode describes; else cudaSuccess. */
+cudaError_t nd_sim_unsafe(const char *call);
+
+/* cudaStreamSynchronize / cudaStreamQuery of stream during a capture: refused
+ * for a capturing stream (cudaErrorStreamCaptureUnsupported, invalidating; or
+ * cudaErrorStreamCaptureInvalidated when it was already) and for the legacy
+ * stream while a blocking stream captures (cudaErrorStreamCaptureImplicit). */
+cudaError_t nd_sim_sync_check(cudaStream_t stream, const char *call);
+
+/* An event last recorded into capture `event_capture` (0: none) is queried,
+ * synchronised or timed: while that capture goes on, cudaErrorCapturedEvent,
+ * invalidating it. */
+cudaError_t nd_sim_event_check(int64_t event_capture, const char *call);
+
+/* A stream in capture `stream_capture` (0: none) waits on such an event: fine
+ * within the same capture; from outside it CUDA would join the stream to the
+ * capture, which the simulator does not model: cudaErrorStreamCaptureUnsupported,
+ * invalidating the event's capture. */
+cudaError_t nd_sim_event_wait_check(int64_t event_capture, int64_t stream_capture,
+                                    const char *call);
+
+/* 1 while stream captures (active or invalidated, not yet ended). */
+int nd_sim_stream_capturing(cudaStream_t stream);
 
 #endif /* NEEDLE_SIM_INTERNAL_H */

@@ -2,7 +2,10 @@
  * memory (host memory with a capacity, so that running out of it is real),
  * device queries, the per-thread last error with CUDA's names and strings,
  * and streams and events that exist and are checked but are synchronous
- * (everything has finished when the call that started it returns).
+ * (everything has finished when the call that started it returns). What a
+ * stream capture (sim_graph.cc) changes goes through its hooks: copies and
+ * memsets queued on a capturing stream are recorded, not run; the calls that
+ * capture restricts ask whether the capture forbids them.
  *
  * Device pointers are host pointers. Every cudaMalloc'd block is kept in a
  * table, so copies and memsets check that the device side of a transfer lies
@@ -152,6 +155,8 @@ const error_entry kErrors[] = {
     {cudaErrorNoKernelImageForDevice, "cudaErrorNoKernelImageForDevice",
      "no kernel image is available for execution on the device"},
     {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState",
+     "the operation cannot be performed in the present state"},
     {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
     {cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
      "an illegal memory access was encountered"},
@@ -165,6 +170,18 @@ const error_entry kErrors[] = {
     {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
     {cudaErrorSystemDriverMismatch, "cudaErrorSystemDriverMismatch",
      "system has unsupported display driver / cuda driver combination"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {cudaErrorStreamCaptureUnmatched, "cudaErrorStreamCaptureUnmatched",
+     "capture was not ended in the same stream as it began"},
+    {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit",
+     "operation would make the legacy stream depend on a capturing blocking stream"},
+    {cudaErrorCapturedEvent, "cudaErrorCapturedEvent",
+     "operation not permitted on an event last recorded in a capturing stream"},
+    {cudaErrorStreamCaptureWrongThread, "cudaErrorStreamCaptureWrongThread",
+     "attempt to terminate a thread-local capture sequence from another thread"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
 
@@ -201,12 +218,31 @@ cudaError_t check_range(const void *p, size_t n, const char *what, const char *c
     return cudaSuccess;
 }
 
+/* The copy of a cudaMemcpy whose arguments were checked: its device sides are
+ * checked again at the time it runs (a graph replays it later). */
+cudaError_t copy_now(void *dst, const void *src, size_t count, int dst_device, int src_device) {
+    cudaError_t err = cudaSuccess;
+    if (dst_device) err = check_range(dst, count, "destination", "cudaMemcpy");
+    if (err == cudaSuccess && src_device) err = check_range(src, count, "source", "cudaMemcpy");
+    if (err != cudaSuccess) return err;
+    memmove(dst, src, count);
+    return cudaSuccess;
+}
+
+cudaError_t memset_now(void *ptr, int value, size_t count) {
+    cudaError_t err = check_range(ptr, count, "device", "cudaMemset");
+    if (err != cudaSuccess) return err;
+    memset(ptr, value, count);
+    return cudaSuccess;
+}
+
 /* ------------------------------------------------------ streams, events */
 
 struct sim_event {
     unsigned flags;
     int recorded;
     std::chrono::steady_clock::time_point when;
+    int64_t capture; /* the capture it was last recorded into (0: none) */
 };
 
 std::mutex handle_mutex;
@@ -269,6 +305,13 @@ int nd_sim_stream_valid(cudaStream_t stream) {
     if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return 1;
     std::lock_guard<std::mutex> lock(handle_mutex);
     return streams.count(stream) != 0;
+}
+
+/* A created stream's one byte holds its flags. */
+int nd_sim_stream_blocking(cudaStream_t stream) {
+    if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return 1;
+    std::lock_guard<std::mutex> lock(handle_mutex);
+    return streams.count(stream) != 0 && (*(const unsigned char *)stream & cudaStreamNonBlocking) == 0;
 }
 
 /* ============================================================ the CUDA API */
@@ -377,7 +420,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 }
 
 /* Launches and copies are synchronous: there is never anything to wait for. */
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return nd_sim_unsafe("cudaDeviceSynchronize"); }
 
 cudaError_t cudaDriverGetVersion(int *version) {
     if (version == nullptr) return nd_sim_fail(cudaErrorInvalidValue, "cudaDriverGetVersion");
@@ -396,7 +439,9 @@ cudaError_t cudaRuntimeGetVersion(int *version) {
 cudaError_t cudaMalloc(void **ptr, size_t size) {
     if (ptr == nullptr) return nd_sim_fail(cudaErrorInvalidValue, "cudaMalloc: NULL result");
     *ptr = nullptr;
-    cudaError_t err = check_options("cudaMalloc");
+    cudaError_t err = nd_sim_unsafe("cudaMalloc");
+    if (err != cudaSuccess) return err;
+    err = check_options("cudaMalloc");
     if (err != cudaSuccess) return err;
     if (size == 0) return cudaSuccess; /* as CUDA: success, NULL */
     int64_t capacity = nd_sim_get_options()->memory;
@@ -428,6 +473,8 @@ cudaError_t cudaMalloc(void **ptr, size_t size) {
 }
 
 cudaError_t cudaFree(void *ptr) {
+    cudaError_t err = nd_sim_unsafe("cudaFree"); /* even cudaFree(NULL), as CUDA */
+    if (err != cudaSuccess) return err;
     if (ptr == nullptr) return cudaSuccess;
     {
         std::lock_guard<std::mutex> lock(memory_mutex);
@@ -444,6 +491,9 @@ cudaError_t cudaFree(void *ptr) {
 
 cudaError_t cudaMallocHost(void **ptr, size_t size) {
     if (ptr == nullptr) return nd_sim_fail(cudaErrorInvalidValue, "cudaMallocHost: NULL result");
+    *ptr = nullptr;
+    cudaError_t err = nd_sim_unsafe("cudaMallocHost");
+    if (err != cudaSuccess) return err;
     *ptr = size == 0 ? nullptr : malloc(size);
     if (size != 0 && *ptr == nullptr)
         return nd_sim_fail(cudaErrorMemoryAllocation, "cudaMallocHost of %zu bytes", size);
@@ -451,6 +501,8 @@ cudaError_t cudaMallocHost(void **ptr, size_t size) {
 }
 
 cudaError_t cudaFreeHost(void *ptr) {
+    cudaError_t err = nd_sim_unsafe("cudaFreeHost");
+    if (err != cudaSuccess) return err;
     free(ptr);
     return cudaSuccess;
 }
@@ -488,14 +540,23 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
     default: return nd_sim_fail(cudaErrorInvalidMemcpyDirection, "cudaMemcpy kind %d", (int)kind);
     }
     cudaError_t err = cudaSuccess;
+    const int64_t capture = nd_sim_route(stream, "cudaMemcpyAsync", &err);
+    if (capture < 0) return err;
+    if (capture == 0) return copy_now(dst, src, count, dst_device, src_device);
+    /* Checked now as well as at every replay, as CUDA checks a captured copy. */
     if (dst_device) err = check_range(dst, count, "destination", "cudaMemcpy");
     if (err == cudaSuccess && src_device) err = check_range(src, count, "source", "cudaMemcpy");
     if (err != cudaSuccess) return err;
-    memmove(dst, src, count);
-    return cudaSuccess;
+    return nd_sim_capture(stream, capture, cudaGraphNodeTypeMemcpy, "cudaMemcpyAsync",
+                          [=](cudaStream_t) {
+                              return copy_now(dst, (const void *)src, count, dst_device,
+                                              src_device);
+                          });
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
+    cudaError_t err = nd_sim_unsafe("cudaMemcpy");
+    if (err != cudaSuccess) return err;
     return cudaMemcpyAsync(dst, src, count, kind, nullptr);
 }
 
@@ -503,13 +564,19 @@ cudaError_t cudaMemsetAsync(void *ptr, int value, size_t count, cudaStream_t str
     if (!nd_sim_stream_valid(stream))
         return nd_sim_fail(cudaErrorInvalidResourceHandle, "cudaMemset: stream %p", (void *)stream);
     if (count == 0) return cudaSuccess;
-    cudaError_t err = check_range(ptr, count, "device", "cudaMemset");
+    cudaError_t err = cudaSuccess;
+    const int64_t capture = nd_sim_route(stream, "cudaMemsetAsync", &err);
+    if (capture < 0) return err;
+    if (capture == 0) return memset_now(ptr, value, count);
+    err = check_range(ptr, count, "device", "cudaMemset");
     if (err != cudaSuccess) return err;
-    memset(ptr, value, count);
-    return cudaSuccess;
+    return nd_sim_capture(stream, capture, cudaGraphNodeTypeMemset, "cudaMemsetAsync",
+                          [=](cudaStream_t) { return memset_now(ptr, value, count); });
 }
 
 cudaError_t cudaMemset(void *ptr, int value, size_t count) {
+    cudaError_t err = nd_sim_unsafe("cudaMemset");
+    if (err != cudaSuccess) return err;
     return cudaMemsetAsync(ptr, value, count, nullptr);
 }
 
@@ -531,9 +598,10 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, c
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) {
     if (stream == nullptr || (flags & ~(unsigned)cudaStreamNonBlocking) != 0)
         return nd_sim_fail(cudaErrorInvalidValue, "cudaStreamCreateWithFlags(flags %u)", flags);
-    /* A handle is a unique address; it points at nothing. */
+    /* A handle is a unique address; its byte holds the flags. */
     cudaStream_t s = (cudaStream_t)malloc(1);
     if (s == nullptr) return nd_sim_fail(cudaErrorMemoryAllocation, "cudaStreamCreate");
+    *(unsigned char *)s = (unsigned char)flags;
     std::lock_guard<std::mutex> lock(handle_mutex);
     streams.insert(s);
     *stream = s;
@@ -545,6 +613,11 @@ cudaError_t cudaStreamCreate(cudaStream_t *stream) {
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    if (nd_sim_stream_valid(stream) && nd_sim_stream_capturing(stream))
+        return nd_sim_fail(cudaErrorStreamCaptureUnsupported,
+                           "cudaStreamDestroy(%p): the stream is capturing; end the capture "
+                           "first",
+                           (void *)stream);
     std::lock_guard<std::mutex> lock(handle_mutex);
     if (streams.erase(stream) == 0)
         return nd_sim_fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy(%p)", (void *)stream);
@@ -556,18 +629,27 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     if (!nd_sim_stream_valid(stream))
         return nd_sim_fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize(%p)",
                            (void *)stream);
-    return cudaSuccess;
+    return nd_sim_sync_check(stream, "cudaStreamSynchronize");
 }
 
-cudaError_t cudaStreamQuery(cudaStream_t stream) { return cudaStreamSynchronize(stream); }
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+    if (!nd_sim_stream_valid(stream))
+        return nd_sim_fail(cudaErrorInvalidResourceHandle, "cudaStreamQuery(%p)", (void *)stream);
+    return nd_sim_sync_check(stream, "cudaStreamQuery");
+}
 
+/* Within a capture a wait adds no node: the capture is one stream, in order. */
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
     if (!nd_sim_stream_valid(stream) || !event_valid(event))
         return nd_sim_fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent(%p, %p)",
                            (void *)stream, (void *)event);
     if (flags != 0)
         return nd_sim_fail(cudaErrorInvalidValue, "cudaStreamWaitEvent(flags %u)", flags);
-    return cudaSuccess;
+    cudaError_t err = cudaSuccess;
+    const int64_t capture = nd_sim_route(stream, "cudaStreamWaitEvent", &err);
+    if (capture < 0) return err;
+    return nd_sim_event_wait_check(((const sim_event *)event)->capture, capture,
+                                   "cudaStreamWaitEvent");
 }
 
 /* ---------------------------------------------------------------- events */
@@ -576,7 +658,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
     const unsigned known = cudaEventBlockingSync | cudaEventDisableTiming;
     if (event == nullptr || (flags & ~known) != 0)
         return nd_sim_fail(cudaErrorInvalidValue, "cudaEventCreateWithFlags(flags %u)", flags);
-    sim_event *e = new (std::nothrow) sim_event{flags, 0, {}};
+    sim_event *e = new (std::nothrow) sim_event{flags, 0, {}, 0};
     if (e == nullptr) return nd_sim_fail(cudaErrorMemoryAllocation, "cudaEventCreate");
     std::lock_guard<std::mutex> lock(handle_mutex);
     events.insert((cudaEvent_t)e);
@@ -600,8 +682,13 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     if (!event_valid(event) || !nd_sim_stream_valid(stream))
         return nd_sim_fail(cudaErrorInvalidResourceHandle, "cudaEventRecord(%p, %p)", (void *)event,
                            (void *)stream);
+    cudaError_t err = cudaSuccess;
+    const int64_t capture = nd_sim_route(stream, "cudaEventRecord", &err);
+    if (capture < 0) return err;
     sim_event *e = (sim_event *)event;
-    e->recorded = 1;
+    e->capture = capture;
+    /* Recorded into a capture, it stands for work that has not run: no time. */
+    e->recorded = capture == 0;
     e->when = std::chrono::steady_clock::now();
     return cudaSuccess;
 }
@@ -610,10 +697,15 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (!event_valid(event))
         return nd_sim_fail(cudaErrorInvalidResourceHandle, "cudaEventQuery(%p)", (void *)event);
-    return cudaSuccess;
+    return nd_sim_event_check(((const sim_event *)event)->capture, "cudaEventQuery");
 }
 
-cudaError_t cudaEventSynchronize(cudaEvent_t event) { return cudaEventQuery(event); }
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    if (!event_valid(event))
+        return nd_sim_fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize(%p)",
+                           (void *)event);
+    return nd_sim_event_check(((const sim_event *)event)->capture, "cudaEventSynchronize");
+}
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
     if (ms == nullptr) return nd_sim_fail(cudaErrorInvalidValue, "cudaEventElapsedTime: NULL");
@@ -621,6 +713,9 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
         return nd_sim_fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime(%p, %p)",
                            (void *)start, (void *)end);
     const sim_event *a = (const sim_event *)start, *b = (const sim_event *)end;
+    cudaError_t err = nd_sim_event_check(a->capture, "cudaEventElapsedTime");
+    if (err == cudaSuccess) err = nd_sim_event_check(b->capture, "cudaEventElapsedTime");
+    if (err != cudaSuccess) return err;
     if (!a->recorded || !b->recorded || ((a->flags | b->flags) & cudaEventDisableTiming))
         return nd_sim_fail(cudaErrorInvalidResourceHandle,
                            "cudaEventElapsedTime: an event was not recorded or has no timing");

@@ -12,7 +12,10 @@
  * is set, filled with 0xFF bytes (float NaN) as cudaMalloc's blocks are, and
  * their memory goes back to the host when they are unmapped. Copies and
  * memsets accept ranges that lie in accessible mapped chunks
- * (nd_sim_vm_mapped). Never prints, exits or aborts.
+ * (nd_sim_vm_mapped). Creating, mapping, unmapping and releasing chunks are
+ * refused during a stream capture as cudaMalloc and cudaFree are
+ * (nd_sim_unsafe): CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED. Never prints,
+ * exits or aborts.
  */
 #include "cuda.h"
 #include "sim_internal.h"
@@ -51,6 +54,13 @@ CUresult fail(CUresult code, const char *what) {
                       "%s", what);
     (void)cudaGetLastError(); /* the driver API has no last-error slot */
     return code;
+}
+
+/* The capture-mode rule (sim_graph.cc) for a call that changes device memory. */
+bool capture_forbids(const char *call) {
+    if (nd_sim_unsafe(call) == cudaSuccess) return false;
+    (void)cudaGetLastError(); /* the driver API has no last-error slot */
+    return true;
 }
 
 bool prop_valid(const CUmemAllocationProp *prop) {
@@ -134,6 +144,7 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                      const CUmemAllocationProp *prop, unsigned long long flags) {
+    if (capture_forbids("cuMemCreate")) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (!nd_sim_get_options()->vmm)
         return fail(CUDA_ERROR_NOT_SUPPORTED, "cuMemCreate: NEEDLE_SIM_VMM=0");
     if (handle == nullptr || size == 0 || size % kGranularity != 0 || !prop_valid(prop) ||
@@ -148,6 +159,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 }
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    if (capture_forbids("cuMemRelease")) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     std::lock_guard<std::mutex> lock(vm_mutex);
     auto it = chunks.find(handle);
     if (it == chunks.end() || it->second.released)
@@ -163,6 +175,7 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
 
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                   unsigned long long flags) {
+    if (capture_forbids("cuMemMap")) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     std::lock_guard<std::mutex> lock(vm_mutex);
     auto c = chunks.find(handle);
     uintptr_t p = (uintptr_t)ptr;
@@ -202,6 +215,7 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
 }
 
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    if (capture_forbids("cuMemUnmap")) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     std::lock_guard<std::mutex> lock(vm_mutex);
     uintptr_t p = (uintptr_t)ptr, end = p + size;
     for (uintptr_t at = p; at < end;) {
@@ -234,6 +248,9 @@ CUresult cuGetErrorName(CUresult error, const char **name) {
     case CUDA_ERROR_INVALID_VALUE: *name = "CUDA_ERROR_INVALID_VALUE"; break;
     case CUDA_ERROR_OUT_OF_MEMORY: *name = "CUDA_ERROR_OUT_OF_MEMORY"; break;
     case CUDA_ERROR_NOT_SUPPORTED: *name = "CUDA_ERROR_NOT_SUPPORTED"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+        *name = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
+        break;
     default: *name = nullptr; return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;
