@@ -98,7 +98,7 @@ static void test_capture_and_replay() {
 
     cudaGraphExec_t exec = nullptr;
     CHECK(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
-    CHECK(cudaGraphDestroy(graph) == cudaSuccess); /* the exec owns its copies */
+    CHECK(cudaGraphDestroy(graph) == cudaSuccess);    /* the exec owns its copies */
     cudaGraphNodeType gone = cudaGraphNodeTypeKernel; /* the graph's nodes went with it */
     CHECK(cudaGraphNodeGetType(nodes[0], &gone) == cudaErrorInvalidValue);
     for (int r = 0; r < 3; r++) {
@@ -198,7 +198,7 @@ static void check_refused(const char *what, cudaStream_t s, cudaStreamCaptureMod
     CHECK(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated);
     CHECK(graph == nullptr && capture_status(s) == cudaStreamCaptureStatusNone);
     CHECK(cudaGetLastError() == cudaErrorStreamCaptureInvalidated);
-    CHECK(x[0] == 0.0f); /* nothing captured ran */
+    CHECK(x[0] == 0.0f);                           /* nothing captured ran */
     ND_LAUNCH(add_one_kernel, 1, 64, 0, s, x, 64); /* usable again, eagerly */
     CHECK(cudaGetLastError() == cudaSuccess && x[63] == 1.0f);
     CHECK(cudaStreamBeginCapture(s, mode) == cudaSuccess);
@@ -235,9 +235,8 @@ static void test_capture_refusals() {
                   });
     check_refused("cudaFreeHost", s, global, unsupported,
                   [](cudaEvent_t) { return cudaFreeHost(nullptr); });
-    check_refused("cudaMemcpy", s, global, unsupported, [&](cudaEvent_t) {
-        return cudaMemcpy(block, host, 16, cudaMemcpyHostToDevice);
-    });
+    check_refused("cudaMemcpy", s, global, unsupported,
+                  [&](cudaEvent_t) { return cudaMemcpy(block, host, 16, cudaMemcpyHostToDevice); });
     check_refused("cudaMemset", s, global, unsupported,
                   [&](cudaEvent_t) { return cudaMemset(block, 0, 16); });
     check_refused("cudaDeviceSynchronize", s, global, unsupported,
@@ -354,13 +353,13 @@ static void test_capture_modes() {
             CHECK(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureWrongThread);
             CHECK(capture_status(s) == cudaStreamCaptureStatusActive);
             set_thread_mode(mine);
-            const bool forbidden = theirs == cudaStreamCaptureModeGlobal &&
-                                   mine == cudaStreamCaptureModeGlobal;
+            const bool forbidden =
+                theirs == cudaStreamCaptureModeGlobal && mine == cudaStreamCaptureModeGlobal;
             CHECK(cudaMalloc(&p, 256) == (forbidden ? cudaErrorStreamCaptureUnsupported : 0));
             CHECK(cudaFree(p) == (forbidden ? cudaErrorStreamCaptureUnsupported : 0));
             set_thread_mode(cudaStreamCaptureModeGlobal);
-            CHECK(capture_status(s) == (forbidden ? cudaStreamCaptureStatusInvalidated
-                                                  : cudaStreamCaptureStatusActive));
+            CHECK(capture_status(s) ==
+                  (forbidden ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive));
             other.run([&] { err = cudaStreamEndCapture(s, &graph); });
             CHECK(err == (forbidden ? cudaErrorStreamCaptureInvalidated : cudaSuccess));
             if (err == cudaSuccess) CHECK(cudaGraphDestroy(graph) == cudaSuccess);

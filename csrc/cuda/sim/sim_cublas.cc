@@ -193,17 +193,14 @@ static int run_or_capture(const struct cublas_context *handle, const char *call,
     if (capture < 0) return STATUS_EXECUTION_FAILED;
     if (capture == 0) return run();
     try {
-        err = nd_sim_capture(handle->stream, capture, cudaGraphNodeTypeKernel, call,
-                             [run, call](cudaStream_t) {
-                                 const int st = run();
-                                 if (st == STATUS_SUCCESS) return cudaSuccess;
-                                 return nd_sim_fail(cudaErrorLaunchFailure,
-                                                    "%s replayed from a graph: %s", call,
-                                                    nd_sim_cublas_status_string(st));
-                             });
-    } catch (const std::bad_alloc &) {
-        return 3; /* alloc failed */
-    }
+        err = nd_sim_capture(
+            handle->stream, capture, cudaGraphNodeTypeKernel, call, [run, call](cudaStream_t) {
+                const int st = run();
+                if (st == STATUS_SUCCESS) return cudaSuccess;
+                return nd_sim_fail(cudaErrorLaunchFailure, "%s replayed from a graph: %s", call,
+                                   nd_sim_cublas_status_string(st));
+            });
+    } catch (const std::bad_alloc &) { return 3; /* alloc failed */ }
     return err == cudaSuccess ? STATUS_SUCCESS : STATUS_EXECUTION_FAILED;
 }
 
@@ -234,8 +231,8 @@ static int strided_call(const struct cublas_context *handle, const char *call, i
 template <class E>
 static int batched_call(const struct cublas_context *handle, const char *call, int transa,
                         int transb, int m, int n, int k, const void *alpha, const void *const a[],
-                        int lda, const void *const b[], int ldb, const void *beta,
-                        void *const c[], int ldc, int batch_count) {
+                        int lda, const void *const b[], int ldb, const void *beta, void *const c[],
+                        int ldc, int batch_count) {
     typedef typename elem<E>::acc A;
     const int st = check_arrays(m, n, batch_count, a, b, c);
     if (st != STATUS_SUCCESS) return st;
@@ -278,8 +275,8 @@ extern "C" int nd_sim_cublas_dgemm_strided(struct cublas_context *handle, int tr
                                            long long stride_c, int batch_count) {
     int st = check_call(handle, alpha, beta, transa, transb, m, n, k, lda, ldb, ldc, batch_count);
     if (st != STATUS_SUCCESS) return st;
-    return strided_call<double>(handle, "cublasDgemmStridedBatched", transa, transb, m, n, k,
-                                alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
+    return strided_call<double>(handle, "cublasDgemmStridedBatched", transa, transb, m, n, k, alpha,
+                                a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
                                 batch_count);
 }
 
@@ -335,11 +332,11 @@ extern "C" int nd_sim_cublas_gemm_batched_ex(struct cublas_context *handle, int 
     const char *call = "cublasGemmBatchedEx";
     switch (a_type) {
     case R_16F:
-        return batched_call<half_elem>(handle, call, transa, transb, m, n, k, alpha, a, lda, b,
-                                       ldb, beta, c, ldc, batch_count);
+        return batched_call<half_elem>(handle, call, transa, transb, m, n, k, alpha, a, lda, b, ldb,
+                                       beta, c, ldc, batch_count);
     case R_16BF:
-        return batched_call<bf16_elem>(handle, call, transa, transb, m, n, k, alpha, a, lda, b,
-                                       ldb, beta, c, ldc, batch_count);
+        return batched_call<bf16_elem>(handle, call, transa, transb, m, n, k, alpha, a, lda, b, ldb,
+                                       beta, c, ldc, batch_count);
     default:
         return batched_call<float>(handle, call, transa, transb, m, n, k, alpha, a, lda, b, ldb,
                                    beta, c, ldc, batch_count);

@@ -274,19 +274,18 @@ static inline cudaError_t nd_sim_launch(const char *name, const char *file, int 
         void (*kernel)(P...);
         std::tuple<typename std::decay<P>::type...> params;
     } c{kernel, std::tuple<typename std::decay<P>::type...>(std::forward<A>(args)...)};
-    nd_sim_kernel k = {
-        name,
-        file,
-        line,
-        [](void *ctx) {
-            closure *cl = static_cast<closure *>(ctx);
-            std::apply(cl->kernel, cl->params);
-        },
-        &c,
-        [](const void *ctx) -> void * {
-            return new (std::nothrow) closure(*static_cast<const closure *>(ctx));
-        },
-        [](void *ctx) { delete static_cast<closure *>(ctx); }};
+    nd_sim_kernel k = {name,
+                       file,
+                       line,
+                       [](void *ctx) {
+                           closure *cl = static_cast<closure *>(ctx);
+                           std::apply(cl->kernel, cl->params);
+                       },
+                       &c,
+                       [](const void *ctx) -> void * {
+                           return new (std::nothrow) closure(*static_cast<const closure *>(ctx));
+                       },
+                       [](void *ctx) { delete static_cast<closure *>(ctx); }};
     return nd_sim_run(&k, grid, block, shared_bytes, stream);
 }
 

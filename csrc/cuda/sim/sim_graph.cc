@@ -78,7 +78,7 @@ struct capture {
     std::vector<std::unique_ptr<node>> nodes;
 };
 
-std::mutex graph_mutex; /* guards everything below */
+std::mutex graph_mutex;                   /* guards everything below */
 std::map<const void *, capture> captures; /* by stream_key */
 int64_t next_capture_id = 1;
 std::set<sim_graph *> graphs;
@@ -134,8 +134,7 @@ cudaError_t legacy_use_locked(const char *call, bool invalidate) {
     if (blocking == nullptr) return cudaSuccess;
     return nd_sim_fail(cudaErrorStreamCaptureImplicit,
                        "%s on the legacy stream while blocking stream %p captures%s", call,
-                       (void *)blocking->stream,
-                       invalidate ? "; the capture is invalidated" : "");
+                       (void *)blocking->stream, invalidate ? "; the capture is invalidated" : "");
 }
 
 cudaError_t run_nodes(const std::vector<node> &nodes, cudaStream_t stream) {
@@ -349,8 +348,8 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureSta
     if (is_legacy(stream)) return legacy_use_locked("cudaStreamIsCapturing", false);
     const capture *c = find_locked(stream);
     if (c != nullptr)
-        *status = c->invalidated ? cudaStreamCaptureStatusInvalidated
-                                 : cudaStreamCaptureStatusActive;
+        *status =
+            c->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
     return cudaSuccess;
 }
 
@@ -445,8 +444,7 @@ cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t 
     std::lock_guard<std::mutex> lock(graph_mutex);
     const sim_graph *g = (const sim_graph *)graph;
     if (graphs.count((sim_graph *)g) == 0)
-        return nd_sim_fail(cudaErrorInvalidResourceHandle, "cudaGraphGetNodes(%p)",
-                           (void *)graph);
+        return nd_sim_fail(cudaErrorInvalidResourceHandle, "cudaGraphGetNodes(%p)", (void *)graph);
     const size_t count = g->nodes.size();
     if (nodes == nullptr) {
         *numNodes = count;

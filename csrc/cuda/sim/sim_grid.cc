@@ -628,7 +628,7 @@ cudaError_t nd_sim_run(const nd_sim_kernel *kernel, dim3 grid, dim3 block, size_
                                       return run_grid(&replay, grid, block, shared_bytes);
                                   });
         }
-    } catch (const std::bad_alloc &) {
+    } catch (const std::bad_alloc &) { /* out of memory: reported below */
     }
     return nd_sim_fail(cudaErrorMemoryAllocation,
                        "%s at %s:%d: no host memory to capture the launch's arguments", name, site,

@@ -311,7 +311,8 @@ int nd_sim_stream_valid(cudaStream_t stream) {
 int nd_sim_stream_blocking(cudaStream_t stream) {
     if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return 1;
     std::lock_guard<std::mutex> lock(handle_mutex);
-    return streams.count(stream) != 0 && (*(const unsigned char *)stream & cudaStreamNonBlocking) == 0;
+    return streams.count(stream) != 0 &&
+           (*(const unsigned char *)stream & cudaStreamNonBlocking) == 0;
 }
 
 /* ============================================================ the CUDA API */
@@ -547,11 +548,9 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
     if (dst_device) err = check_range(dst, count, "destination", "cudaMemcpy");
     if (err == cudaSuccess && src_device) err = check_range(src, count, "source", "cudaMemcpy");
     if (err != cudaSuccess) return err;
-    return nd_sim_capture(stream, capture, cudaGraphNodeTypeMemcpy, "cudaMemcpyAsync",
-                          [=](cudaStream_t) {
-                              return copy_now(dst, (const void *)src, count, dst_device,
-                                              src_device);
-                          });
+    return nd_sim_capture(
+        stream, capture, cudaGraphNodeTypeMemcpy, "cudaMemcpyAsync",
+        [=](cudaStream_t) { return copy_now(dst, src, count, dst_device, src_device); });
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
