@@ -141,6 +141,10 @@ void nd_memory_unreserve(nd_device *dev, int64_t nbytes) {
 /* Returns the allocated bytes that fell while the host collected. */
 static int64_t run_collection(nd_device *dev, int64_t requested, nd_collect_reason reason) {
     if (collect_fn == NULL || collecting) return 0;
+    if (dev->alloc.capturing) {
+        dev->alloc.collection_deferred = 1;
+        return 0;
+    }
     nd_memory_stats *st = &dev->alloc.stats;
     int64_t before = st->allocated_current;
     collecting = 1;
@@ -159,6 +163,12 @@ nd_status nd_memory_retry(nd_device *dev, int64_t requested, nd_attempt_fn attem
     nd_memory_stats *st = &dev->alloc.stats;
     int64_t collected = 0;
     nd_status status = attempt(ctx);
+    /* During a capture the cache cannot go back (cudaFree) nor a collection
+     * run: the first refusal stands. */
+    if (status == ND_ERR_OOM && dev->alloc.capturing) {
+        ladder_collected = 0;
+        return status;
+    }
     if (status == ND_ERR_OOM && nd_memory_empty_cache(dev) > 0) {
         st->num_alloc_retries++;
         status = attempt(ctx);
@@ -210,9 +220,13 @@ nd_status nd_memory_alloc(nd_device *dev, int64_t nbytes, void **out) {
             last_oom.largest_free_block = nd_memory_largest_free_block(dev);
             return nd_fail(ND_ERR_OOM,
                            "out of memory on %s: tried to allocate %lld bytes; %lld allocated, "
-                           "%lld reserved, limit %lld",
+                           "%lld reserved, limit %lld%s",
                            dev->name, (long long)nbytes, (long long)st->allocated_current,
-                           (long long)st->reserved_current, (long long)st->limit);
+                           (long long)st->reserved_current, (long long)st->limit,
+                           dev->alloc.capturing
+                               ? " (during a CUDA graph capture, which neither collects nor "
+                                 "releases the cache)"
+                               : "");
         }
         if (status != ND_OK) return status;
     }
@@ -241,4 +255,34 @@ void nd_memory_free(nd_device *dev, void *ptr, int64_t nbytes) {
     st->blocks_current--;
     st->blocks_freed++;
     if (nd_memory_oversize(dev, nbytes)) nd_memory_stat_update(&st->oversize_allocations, -1);
+}
+
+/* ------------------------------------------------------- graph captures */
+
+void nd_memory_begin_capture(nd_device *dev) {
+    dev->alloc.capturing = 1;
+    dev->alloc.collection_deferred = 0;
+}
+
+void nd_memory_end_capture(nd_device *dev) {
+    dev->alloc.capturing = 0;
+    if (dev->alloc.collection_deferred) {
+        dev->alloc.collection_deferred = 0;
+        (void)run_collection(dev, 0, ND_COLLECT_PRESSURE);
+    }
+}
+
+int nd_memory_capturing(void) {
+    for (int id = 0; id < nd_device_count() && id < ND_MAX_DEVICES; id++) {
+        nd_device *dev = nd_device_at(id);
+        if (dev != NULL && dev->alloc.capturing) return 1;
+    }
+    return 0;
+}
+
+void nd_memory_defer_collection(void) {
+    for (int id = 0; id < nd_device_count() && id < ND_MAX_DEVICES; id++) {
+        nd_device *dev = nd_device_at(id);
+        if (dev != NULL && dev->alloc.capturing) dev->alloc.collection_deferred = 1;
+    }
 }

@@ -190,6 +190,20 @@ void nd_memory_set_trigger(nd_device *dev, int64_t trigger);
 /* Nonzero while a collection callback is running in this thread. */
 int nd_memory_collecting(void);
 
+/* A CUDA graph capture on dev begins / ends (the CUDA backend's calls).
+ * Between them nothing collects or gives the cache back: the pressure
+ * collection, the out-of-memory ladder's release and collection, and aligned
+ * collections are deferred (a cudaFree, or a finalizer's work, cannot run
+ * inside a capture), and an allocation that does not fit fails at once. The
+ * end runs a collection that was asked for meanwhile (through the callback,
+ * as a pressure collection). nd_memory_capturing: nonzero while any device
+ * captures; nd_memory_defer_collection: marks every capturing device's
+ * collection as asked for. */
+void nd_memory_begin_capture(nd_device *dev);
+void nd_memory_end_capture(nd_device *dev);
+int nd_memory_capturing(void);
+void nd_memory_defer_collection(void);
+
 /* What the last refused allocation on this thread saw. collected: the
  * allocated bytes that fell while the collections run for that request (the
  * pressure one before its first try, the out-of-memory ladder's) ran;

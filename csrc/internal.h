@@ -295,6 +295,10 @@ typedef struct nd_backend {
 typedef struct nd_allocator {
     nd_memory_stats stats;
     nd_alloc_settings settings;
+    /* A CUDA graph is being captured on the device: nothing may collect or
+     * release the cache until it ends (nd_memory_begin_capture). */
+    int capturing;
+    int collection_deferred; /* a collection was asked for during the capture */
 } nd_allocator;
 
 struct nd_device {

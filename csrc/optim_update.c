@@ -151,6 +151,14 @@ nd_status nd_array_adam_update(const nd_array *param, const nd_array *grad, cons
     memset(param_out, 0, sizeof *param_out);
     nd_status status = check_operands("adam_update", param, grad, 2, states, names);
     if (status != ND_OK) return status;
+    /* The bias corrections and the learning rate are the kernel's arguments,
+     * fixed at the capture: replays would repeat that step's. */
+    if (param->storage->device->alloc.capturing)
+        return nd_fail(ND_ERR_BACKEND,
+                       "Adam's step cannot be captured in a CUDA graph on %s: its bias "
+                       "corrections change every step and a replay would repeat the captured "
+                       "step's (SGD, whose constants do not change, can be captured)",
+                       param->storage->device->name);
     const nd_array *in[4] = {param, grad, m, v};
     const nd_dtype dtype = compute_dtype(4, in);
     if (!all_of_dtype(4, in, dtype)) { /* dtype_island.c: m and v written back, param_out

@@ -13,7 +13,9 @@
 
 /* ------------------------------------------------------------- module */
 
-extern PyMethodDef cuda_info_module_functions[]; /* cuda_info.c */
+extern PyMethodDef cuda_info_module_functions[];    /* cuda_info.c */
+extern PyMethodDef cuda_streams_module_functions[]; /* cuda_streams.c */
+extern PyMethodDef cuda_graphs_module_functions[];  /* cuda_graphs.c */
 extern PyMethodDef cpu_info_module_functions[];  /* cpu_info.c */
 extern PyMethodDef config_module_functions[];    /* config_table.c */
 
@@ -75,6 +77,8 @@ static int needle_c_exec(PyObject *module) {
         add_function_table(module, collection_log_module_functions) < 0 ||
         add_function_table(module, scoped_module_functions) < 0 ||
         add_function_table(module, cuda_info_module_functions) < 0 ||
+        add_function_table(module, cuda_streams_module_functions) < 0 ||
+        add_function_table(module, cuda_graphs_module_functions) < 0 ||
         add_function_table(module, cpu_info_module_functions) < 0 ||
         add_function_table(module, config_module_functions) < 0 ||
         add_function_table(module, interop_module_functions) < 0 ||

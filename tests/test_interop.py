@@ -382,8 +382,13 @@ def test_cuda_dlpack_device_and_interfaces():
     a = _array(device=_CUDA)
     assert a.__dlpack_device__() == (2, _CUDA.index)
     iface = a.__cuda_array_interface__
-    # v3: the stream consumers order their work after: needle's, the legacy default (1).
-    assert iface["version"] == 3 and iface["typestr"] == "<f4" and iface["stream"] == 1
+    # v3: the stream consumers order their work after: needle's current one (not the legacy
+    # default stream, 1: needle's own stream is non-blocking).
+    assert iface["version"] == 3 and iface["typestr"] == "<f4"
+    assert iface["stream"] == ndl.cuda.current_stream().cuda_stream not in (0, 1, 2)
+    side = ndl.cuda.Stream()
+    with ndl.cuda.stream(side):
+        assert a.__cuda_array_interface__["stream"] == side.cuda_stream
     assert iface["shape"] == (3, 4) and iface["strides"] is None
     with pytest.raises(AttributeError):
         a.__array_interface__

@@ -54,6 +54,8 @@ typedef struct cuda_block {
     int oversize_segment; /* the head of a segment counted in oversize_segments */
     int expandable;       /* part of the GPU's expandable segment */
     int mapped;           /* 0: an expandable segment's address range without memory */
+    int graph_pool;       /* 0: the GPU's cache; else the CUDA graph pool whose segment it is */
+    int deferred;         /* freed during a capture, given back when it ends */
 } cuda_block;
 
 /* A sorted array of blocks. */
@@ -83,6 +85,8 @@ typedef struct cuda_allocator {
     expandable_segment es;
     int64_t releases; /* release_cache calls that gave something back: plans made before
                        * one (nd_memory_reserve may run it) are stale */
+    int capture_pool; /* a CUDA graph is being captured into this pool (0: none) */
+    int64_t deferred; /* blocks freed during the capture (see nd_cuda_raw_free) */
 } cuda_allocator;
 
 static cuda_allocator allocators[ND_CUDA_MAX_DEVICES];
@@ -91,7 +95,9 @@ static cuda_allocator *allocator_of(nd_device *dev) { return &allocators[dev->or
 
 /* ----------------------------------------------------------- sorted arrays */
 
+/* By pool first: each graph pool's free blocks are one run of the list. */
 static int by_size_less(const cuda_block *a, const cuda_block *b) {
+    if (a->graph_pool != b->graph_pool) return a->graph_pool < b->graph_pool;
     return a->size < b->size || (a->size == b->size && a->ptr < b->ptr);
 }
 
@@ -198,6 +204,8 @@ static void split(nd_device *dev, cuda_block *b, int64_t size) {
     r->oversize_segment = 0;
     r->expandable = b->expandable;
     r->mapped = 1;
+    r->graph_pool = b->graph_pool;
+    r->deferred = 0;
     if (b->next != NULL) b->next->prev = r;
     b->next = r;
     b->size = size;
@@ -215,7 +223,14 @@ static nd_status new_segment(nd_device *dev, int pool, int64_t seg_size, cuda_bl
         return status;
     }
     void *ptr = NULL;
+    const int graph_pool = allocator_of(dev)->capture_pool;
+    /* During a capture cudaMalloc is not captured but would invalidate a
+     * capture in CUDA's global mode; relaxed mode lets it run, as PyTorch's
+     * allocator does for its graph pools. */
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    if (graph_pool != 0) (void)cudaThreadExchangeStreamCaptureMode(&mode);
     cudaError_t err = nd_cuda_malloc(&ptr, (size_t)seg_size);
+    if (graph_pool != 0) (void)cudaThreadExchangeStreamCaptureMode(&mode);
     if (err != cudaSuccess) {
         (void)cudaGetLastError();
         nd_memory_unreserve(dev, seg_size);
@@ -242,6 +257,8 @@ static nd_status new_segment(nd_device *dev, int pool, int64_t seg_size, cuda_bl
     b->oversize_segment = nd_memory_oversize(dev, seg_size);
     b->expandable = 0;
     b->mapped = 1;
+    b->graph_pool = graph_pool;
+    b->deferred = 0;
     allocator_of(dev)->blocks[pool]++;
     nd_memory_stat_update(&dev->alloc.stats.segment, 1);
     if (b->oversize_segment) nd_memory_stat_update(&dev->alloc.stats.oversize_segments, 1);
@@ -281,7 +298,7 @@ static int64_t es_page_index(const expandable_segment *es, const char *p) {
 static cuda_block *new_es_block(char *ptr, int64_t size, int mapped) {
     cuda_block *b = (cuda_block *)malloc(sizeof *b);
     if (b == NULL) return NULL;
-    *b = (cuda_block){ptr, size, POOL_LARGE, 0, NULL, NULL, 0, 1, mapped};
+    *b = (cuda_block){ptr, size, POOL_LARGE, 0, NULL, NULL, 0, 1, mapped, 0, 0};
     return b;
 }
 
@@ -502,10 +519,10 @@ static int64_t es_unmap(nd_device *dev, cuda_block *b) {
         spare[0] = NULL;
     }
     cuda_block *mid = b;
-    *mid = (cuda_block){es->base + cut, hi - cut, POOL_LARGE, 0, NULL, NULL, 0, 1, 0};
+    *mid = (cuda_block){es->base + cut, hi - cut, POOL_LARGE, 0, NULL, NULL, 0, 1, 0, 0, 0};
     pieces[n++] = mid;
     if (end > hi) {
-        *spare[1] = (cuda_block){es->base + hi, end - hi, POOL_LARGE, 0, NULL, NULL, 0, 1, 1};
+        *spare[1] = (cuda_block){es->base + hi, end - hi, POOL_LARGE, 0, NULL, NULL, 0, 1, 1, 0, 0};
         pieces[n++] = spare[1];
         spare[1] = NULL;
     }
@@ -622,14 +639,18 @@ nd_status nd_cuda_raw_alloc(nd_device *dev, int64_t nbytes, void **out) {
 
     /* Best fit: the smallest cached block that holds size. */
     block_vec *free_list = &a->free_blocks[pool];
-    cuda_block key = {NULL, size, pool, 0, NULL, NULL, 0, 0, 1};
+    cuda_block key = {NULL, size, pool, 0, NULL, NULL, 0, 0, 1, a->capture_pool, 0};
     int64_t at = lower_bound(free_list, &key, by_size_less);
     cuda_block *b = NULL;
-    /* The smallest that holds size decides: a larger one fits no better. */
-    if (at < free_list->count && block_fits(dev, free_list->items[at], size)) {
+    /* The smallest that holds size decides: a larger one fits no better. During
+     * a capture only the graph's pool serves (its blocks are the graph's to
+     * reuse); otherwise only the cache does. */
+    if (at < free_list->count && free_list->items[at]->graph_pool == key.graph_pool &&
+        block_fits(dev, free_list->items[at], size)) {
         b = free_list->items[at];
         free_remove(dev, b);
-    } else if (pool == POOL_LARGE && dev->alloc.settings.expandable_segments) {
+    } else if (pool == POOL_LARGE && dev->alloc.settings.expandable_segments &&
+               a->capture_pool == 0) {
         ND_TRY(expandable_alloc(dev, size, &b));
     } else {
         int64_t seg_size = pool == POOL_SMALL ? SMALL_SEGMENT : round_up(size, LARGE_ROUND);
@@ -650,10 +671,19 @@ nd_status nd_cuda_raw_alloc(nd_device *dev, int64_t nbytes, void **out) {
 void nd_cuda_raw_free(nd_device *dev, void *ptr, int64_t nbytes) {
     (void)nbytes;
     cuda_allocator *a = allocator_of(dev);
-    cuda_block key = {(char *)ptr, 0, 0, 0, NULL, NULL, 0, 0, 1};
+    cuda_block key = {(char *)ptr, 0, 0, 0, NULL, NULL, 0, 0, 1, 0, 0};
     int64_t at = lower_bound(&a->live, &key, by_ptr_less);
     if (at >= a->live.count || a->live.items[at]->ptr != (char *)ptr) return; /* not ours */
     cuda_block *b = a->live.items[at];
+    if (a->capture_pool != 0 && b->graph_pool == 0) {
+        /* A block of the cache freed while a graph is captured (a finalizer in
+         * a collection, a dropped tensor): the cache must not hand it to work
+         * after the capture that the graph's kernels may still touch, so it
+         * comes back when the capture ends. */
+        if (!b->deferred) a->deferred++;
+        b->deferred = 1;
+        return;
+    }
     vec_remove(&a->live, b, by_ptr_less);
     b->allocated = 0;
     nd_memory_stat_update(&dev->alloc.stats.active, -1);
@@ -684,13 +714,16 @@ void nd_cuda_raw_free(nd_device *dev, void *ptr, int64_t nbytes) {
 int64_t nd_cuda_release_cache(nd_device *dev) {
     cuda_allocator *a = allocator_of(dev);
     int64_t released = 0;
+    /* cudaFree cannot run during a capture: the cache waits for its end. */
+    if (a->capture_pool != 0) return 0;
     if (nd_cuda_set_device(dev->ordinal) != ND_OK) return 0;
     for (int pool = 0; pool < POOL_COUNT; pool++) {
         block_vec *v = &a->free_blocks[pool];
         int64_t kept = 0;
         for (int64_t i = 0; i < v->count; i++) {
             cuda_block *b = v->items[i];
-            if (b->expandable || b->prev != NULL || b->next != NULL) {
+            /* A live graph pool's segments stay its own. */
+            if (b->expandable || b->prev != NULL || b->next != NULL || b->graph_pool != 0) {
                 v->items[kept++] = b; /* part of a segment still in use */
                 continue;
             }
@@ -708,7 +741,7 @@ int64_t nd_cuda_release_cache(nd_device *dev) {
             a->blocks[pool]--;
             free(b);
         }
-        v->count = kept; /* the order by (size, ptr) is kept by the compaction */
+        v->count = kept; /* the order by (pool, size, ptr) is kept by the compaction */
     }
     released += expandable_release(dev);
     if (released > 0) a->releases++;
@@ -741,4 +774,48 @@ int64_t nd_cuda_blocks(nd_device *dev, nd_memory_block *out, int64_t cap) {
                 n = segment_blocks(v->items[i], out, n, cap);
     }
     return expandable_blocks(a, out, n, cap);
+}
+
+/* ------------------------------------------------------ CUDA graph pools */
+
+void nd_cuda_allocator_begin_capture(nd_device *dev, int graph_pool) {
+    allocator_of(dev)->capture_pool = graph_pool;
+}
+
+void nd_cuda_allocator_end_capture(nd_device *dev) {
+    cuda_allocator *a = allocator_of(dev);
+    a->capture_pool = 0;
+    /* The frees the capture deferred, now that the cache may reuse them. */
+    while (a->deferred > 0) {
+        cuda_block *found = NULL;
+        for (int64_t i = 0; i < a->live.count && found == NULL; i++)
+            if (a->live.items[i]->deferred) found = a->live.items[i];
+        a->deferred--;
+        if (found == NULL) continue;
+        found->deferred = 0;
+        nd_cuda_raw_free(dev, found->ptr, found->size);
+    }
+}
+
+/* Moves pool p's free blocks of one list back to the cache (tag 0): they are
+ * one run of the list, which re-sorts them among the cache's. */
+static void dissolve_free_list(nd_device *dev, block_vec *v, int graph_pool) {
+    for (;;) {
+        cuda_block key = {NULL, 0, 0, 0, NULL, NULL, 0, 0, 1, graph_pool, 0};
+        int64_t at = lower_bound(v, &key, by_size_less);
+        if (at >= v->count || v->items[at]->graph_pool != graph_pool) return;
+        cuda_block *b = v->items[at];
+        free_remove(dev, b);
+        b->graph_pool = 0;
+        free_insert(dev, b); /* fits: the list just held it */
+    }
+}
+
+void nd_cuda_allocator_dissolve_pool(nd_device *dev, int graph_pool) {
+    cuda_allocator *a = allocator_of(dev);
+    for (int pool = 0; pool < POOL_COUNT; pool++)
+        dissolve_free_list(dev, &a->free_blocks[pool], graph_pool);
+    /* Blocks still held by tensors return to the cache when those are freed. */
+    for (int64_t i = 0; i < a->live.count; i++)
+        if (a->live.items[i]->graph_pool == graph_pool) a->live.items[i]->graph_pool = 0;
 }

@@ -72,7 +72,7 @@ nd_status nd_cuda_amp_unscale(const nd_amp_unscale_desc *d) {
     nd_cuda_iter_make(&it, d->layout->ndim, d->layout->shape, 1, layouts);
     if (it.numel == 0) return ND_OK;
     ND_TRY(nd_cuda_activate(d->grad, NULL));
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nd_cuda_stream();
     const unsigned int blocks = nd_cuda_blocks(it.numel, ND_CUDA_THREADS);
     if (d->dtype == ND_FLOAT64)
         ND_LAUNCH(amp_unscale_f64_kernel, blocks, ND_CUDA_THREADS, 0, stream, it,

@@ -42,9 +42,30 @@ nd_status nd_cuda_set_cublas_dirs(int count, const char *const *dirs);
 /* The directories set, up to max of them, into out; returns how many. */
 int nd_cuda_cublas_dirs(const char **out, int max);
 
+/* Streams (cuda_stream.cu), as intptr_t handles: 0 names needle's own
+ * non-blocking stream of GPU `ordinal`, anything else a cudaStream_t the
+ * caller got from nd_cuda_stream_create (or another library). Each makes
+ * `ordinal` the current GPU; ND_ERR_DEVICE when it is not a registered GPU.
+ * stream_default/current: needle's stream / the calling thread's current one
+ * on that GPU (as a cudaStream_t value, never 0). stream_set: makes `handle`
+ * the calling thread's current stream there (0: back to needle's own).
+ * stream_create: a new non-blocking stream. stream_destroy: destroys one made
+ * by stream_create (needle's own: ND_ERR_VALUE); a thread that had it current
+ * goes back to needle's. stream_wait: `waiter`'s later work waits for the
+ * work queued on `waited` so far (no host wait). stream_query: *done is 1
+ * when all its work has finished. */
+nd_status nd_cuda_stream_default(int ordinal, intptr_t *out);
+nd_status nd_cuda_stream_current(int ordinal, intptr_t *out);
+nd_status nd_cuda_stream_set(int ordinal, intptr_t handle);
+nd_status nd_cuda_stream_create(int ordinal, intptr_t *out);
+nd_status nd_cuda_stream_destroy(int ordinal, intptr_t handle);
+nd_status nd_cuda_stream_synchronize(int ordinal, intptr_t handle);
+nd_status nd_cuda_stream_query(int ordinal, intptr_t handle, int *done);
+nd_status nd_cuda_stream_wait(int ordinal, intptr_t waiter, intptr_t waited);
+
 /* Stream order for exports (DLPack, CUDA Array Interface). `stream` is a
- * protocol value: 1 the legacy default stream (needle's: nothing to do),
- * 2 the per-thread default stream, > 2 a cudaStream_t, -1 "no
+ * protocol value: 1 the legacy default stream, 2 the per-thread default
+ * stream, > 2 a cudaStream_t (needle's current one: nothing to do), -1 "no
  * synchronisation" (nothing to do); 0 and values below -1 are ND_ERR_VALUE.
  * export_to_stream: work queued later on `stream` waits for needle's work so
  * far on GPU `ordinal`. release_from_stream: needle's later work waits for
@@ -70,6 +91,10 @@ typedef struct nd_cuda_work {
     int64_t device_frees;    /* cudaFree */
     int64_t h2d_copies, h2d_bytes;
     int64_t d2h_copies, d2h_bytes;
+    int64_t graph_launches;  /* CUDA graph replays: one host launch each */
+    int64_t graph_nodes;     /* the kernels, copies and memsets those replays ran */
+    int64_t legacy_stream_work; /* launches, copies, memsets queued on the legacy default
+                                 * stream: 0 unless a bug, since a capture misses them */
 } nd_cuda_work;
 
 /* GPU `ordinal`'s census into *out, or zeroes it; ND_ERR_DEVICE when there
@@ -85,6 +110,41 @@ int nd_cuda_work_sites(int ordinal, const char **names, int64_t *counts, int max
  * the earliest bad index or label since the last synchronisation (the GPU's
  * index checks report asynchronously). ND_ERR_DEVICE for no such GPU. */
 nd_status nd_cuda_synchronize_device(int ordinal);
+
+/* CUDA graphs (cuda_graph.cu), PyTorch's torch.cuda.CUDAGraph underneath.
+ *
+ * A graph pool is memory that only captures into it allocate from: blocks a
+ * capture allocates stay the pool's (freed ones are reused by later captures
+ * into it, never by the cache) while anything references the pool, since a
+ * replay writes them. pool_create: a new pool with one reference;
+ * pool_retain/release: its references (the last release gives its blocks to
+ * the GPU's cache; those still in use follow when they are freed).
+ *
+ * capture_begin: captures the calling thread's current stream of GPU
+ * `ordinal` into pool `pool` (0: a new pool of the graph's own), in CUDA's
+ * global mode, so that work that cannot be captured fails. Only one capture
+ * at a time per GPU (ND_ERR_VALUE). While it runs, allocations come from the
+ * pool, frees of other blocks wait for its end, and nothing collects or
+ * releases the cache (nd_memory_begin_capture). capture_end: ends it and
+ * instantiates the graph into *out; when an operation could not be captured
+ * it fails (ND_ERR_BACKEND) and the capture is abandoned with the allocator
+ * consistent (so does capture_abandon, for an exception inside the capture).
+ * Either way the GPU leaves capture mode. graph_replay: launches the graph on
+ * the calling thread's current stream (one host launch). graph_destroy:
+ * frees it and drops its pool reference. graph_pool/graph_nodes: its pool,
+ * and how many kernels, copies and memsets one replay runs. */
+typedef struct nd_cuda_graph nd_cuda_graph;
+nd_status nd_cuda_graph_pool_create(int ordinal, int *out);
+nd_status nd_cuda_graph_pool_retain(int ordinal, int pool);
+void nd_cuda_graph_pool_release(int ordinal, int pool);
+nd_status nd_cuda_graph_capture_begin(int ordinal, int pool);
+nd_status nd_cuda_graph_capture_end(int ordinal, nd_cuda_graph **out);
+void nd_cuda_graph_capture_abandon(int ordinal);
+int nd_cuda_graph_capturing(int ordinal);
+nd_status nd_cuda_graph_replay(nd_cuda_graph *g);
+void nd_cuda_graph_destroy(nd_cuda_graph *g);
+int nd_cuda_graph_pool(const nd_cuda_graph *g);
+int64_t nd_cuda_graph_nodes(const nd_cuda_graph *g);
 
 /* 1 when the backend runs on the CUDA simulator (a NEEDLE_CUDA=sim build:
  * csrc/cuda/sim), 0 on a real GPU runtime. */

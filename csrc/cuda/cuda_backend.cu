@@ -159,12 +159,18 @@ int nd_cuda_registered(int ordinal) {
     return ordinal >= 0 && ordinal < ND_CUDA_MAX_DEVICES && cuda_devices[ordinal] != NULL;
 }
 
+nd_device *nd_cuda_device(int ordinal) {
+    return nd_cuda_registered(ordinal) ? cuda_devices[ordinal] : NULL;
+}
+
 nd_status nd_cuda_set_device(int ordinal) {
     nd_cuda_census_set_current(ordinal);
     int current = -1;
     ND_CUDA_CHECK(cudaGetDevice(&current));
     if (current != ordinal) ND_CUDA_CHECK(cudaSetDevice(ordinal));
-    return ND_OK;
+    /* Every GPU's first use passes here (the allocator's first segment), so
+     * needle's stream exists before any work is queued on the GPU. */
+    return nd_cuda_stream_prepare(ordinal);
 }
 
 nd_status nd_cuda_activate(const void *ptr, nd_device **dev) {

@@ -53,10 +53,19 @@ void nd_cuda_census_set_current(int ordinal) {
     if (ordinal >= 0 && ordinal < ND_CUDA_MAX_DEVICES) current_ordinal = ordinal;
 }
 
+int nd_cuda_current_ordinal(void) { return current_ordinal; }
+
 static nd_cuda_work *here(void) { return &census[current_ordinal]; }
 
-void nd_cuda_count_launch(const char *site) {
+/* Work queued on the legacy default stream (0, cudaStreamLegacy): none of
+ * needle's should be, since a capture of needle's stream would miss it. */
+static void count_stream(cudaStream_t stream) {
+    if (stream == NULL || stream == cudaStreamLegacy) here()->legacy_stream_work++;
+}
+
+void nd_cuda_count_launch(const char *site, const void *stream) {
     here()->kernel_launches++;
+    count_stream((cudaStream_t)stream);
     site_count *table = sites[current_ordinal];
     uintptr_t h = ((uintptr_t)site >> 3) * (uintptr_t)0x9E3779B97F4A7C15ull;
     for (int probe = 0; probe < SITE_SLOTS; probe++) {
@@ -117,7 +126,12 @@ cudaError_t nd_cuda_copy_to_host(void *host, const void *device, size_t bytes) {
     w->d2h_copies++;
     w->d2h_bytes += (int64_t)bytes;
     w->host_syncs++;
-    return cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost);
+    /* On needle's stream, behind the kernels that wrote the data: a plain
+     * cudaMemcpy would go to the legacy stream, which does not wait for a
+     * non-blocking one. */
+    cudaStream_t stream = nd_cuda_stream();
+    cudaError_t err = cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream);
+    return err != cudaSuccess ? err : cudaStreamSynchronize(stream);
 }
 
 cudaError_t nd_cuda_copy_from_host(void *device, const void *host, size_t bytes) {
@@ -125,7 +139,11 @@ cudaError_t nd_cuda_copy_from_host(void *device, const void *host, size_t bytes)
     w->h2d_copies++;
     w->h2d_bytes += (int64_t)bytes;
     w->host_syncs++;
-    return cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice);
+    /* Synchronous, as cudaMemcpy from pageable memory was: the caller may
+     * reuse its buffer on return. */
+    cudaStream_t stream = nd_cuda_stream();
+    cudaError_t err = cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream);
+    return err != cudaSuccess ? err : cudaStreamSynchronize(stream);
 }
 
 cudaError_t nd_cuda_copy_from_pinned(void *device, const void *pinned, size_t bytes,
@@ -133,22 +151,37 @@ cudaError_t nd_cuda_copy_from_pinned(void *device, const void *pinned, size_t by
     nd_cuda_work *w = here();
     w->h2d_copies++;
     w->h2d_bytes += (int64_t)bytes;
+    count_stream(stream);
     return cudaMemcpyAsync(device, pinned, bytes, cudaMemcpyHostToDevice, stream);
 }
 
 cudaError_t nd_cuda_copy_on_device(void *dst, const void *src, size_t bytes, cudaStream_t stream) {
     here()->d2d_copies++;
+    count_stream(stream);
     return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
 }
 
 cudaError_t nd_cuda_memset(void *ptr, int value, size_t bytes, cudaStream_t stream) {
     here()->memsets++;
+    count_stream(stream);
     return cudaMemsetAsync(ptr, value, bytes, stream);
+}
+
+cudaError_t nd_cuda_stream_sync(cudaStream_t stream) {
+    here()->host_syncs++;
+    return cudaStreamSynchronize(stream);
 }
 
 cudaError_t nd_cuda_synchronize(void) {
     here()->host_syncs++;
     return cudaDeviceSynchronize();
+}
+
+cudaError_t nd_cuda_graph_launch(cudaGraphExec_t exec, int64_t nodes, cudaStream_t stream) {
+    nd_cuda_work *w = here();
+    w->graph_launches++;
+    w->graph_nodes += nodes;
+    return cudaGraphLaunch(exec, stream);
 }
 
 cudaError_t nd_cuda_event_wait(cudaEvent_t event) {

@@ -133,6 +133,16 @@ nd_status nd_cuda_set_device(int ordinal);
 
 /* 1 when `ordinal` is a registered GPU (cuda_backend.cu). */
 int nd_cuda_registered(int ordinal);
+/* The engine device of GPU `ordinal`; NULL when it is not registered. */
+nd_device *nd_cuda_device(int ordinal);
+
+/* ---------------------------------------------------------------- streams */
+
+/* cuda_stream.cu: the calling thread's current stream on its current GPU,
+ * which every launch, copy, memset and cuBLAS call of the backend uses. */
+cudaStream_t nd_cuda_stream(void);
+/* Makes needle's own stream of GPU ordinal (that GPU current) if missing. */
+nd_status nd_cuda_stream_prepare(int ordinal);
 
 /* ---------------------------------------------------------------- census */
 
@@ -141,6 +151,8 @@ int nd_cuda_registered(int ordinal);
  * nd_cuda_work). The backend calls the CUDA runtime for these through here
  * only (tests/test_cuda_census.py checks the sources). */
 void nd_cuda_census_set_current(int ordinal);
+/* The GPU the calling thread works on, as nd_cuda_set_device last set it. */
+int nd_cuda_current_ordinal(void);
 void nd_cuda_count_blas(void);
 cudaError_t nd_cuda_malloc(void **ptr, size_t bytes);
 cudaError_t nd_cuda_free(void *ptr);
@@ -153,6 +165,11 @@ cudaError_t nd_cuda_copy_from_pinned(void *device, const void *pinned, size_t by
 cudaError_t nd_cuda_copy_on_device(void *dst, const void *src, size_t bytes, cudaStream_t stream);
 cudaError_t nd_cuda_memset(void *ptr, int value, size_t bytes, cudaStream_t stream);
 cudaError_t nd_cuda_synchronize(void);
+/* Replays a CUDA graph of `nodes` kernels, copies and memsets on stream:
+ * one host launch (graph_launches), its nodes counted apart (graph_nodes). */
+cudaError_t nd_cuda_graph_launch(cudaGraphExec_t exec, int64_t nodes, cudaStream_t stream);
+/* Waits for one stream's work (a host sync). */
+cudaError_t nd_cuda_stream_sync(cudaStream_t stream);
 
 /* The driver's virtual memory calls, for expandable segments (loaded from
  * libcuda at run time by the census; the simulator's own on a sim build).
@@ -175,6 +192,13 @@ cudaError_t nd_cuda_event_wait(cudaEvent_t event);
 
 /* cuda_allocator.cu */
 nd_status nd_cuda_raw_alloc(nd_device *dev, int64_t nbytes, void **out);
+/* CUDA graph pools (cuda_graph.cu decides when): during a capture into
+ * graph_pool, allocations come from that pool's blocks or new segments of its
+ * own, and frees of the cache's blocks wait for the end; dissolve gives a
+ * pool's blocks to the cache. */
+void nd_cuda_allocator_begin_capture(nd_device *dev, int graph_pool);
+void nd_cuda_allocator_end_capture(nd_device *dev);
+void nd_cuda_allocator_dissolve_pool(nd_device *dev, int graph_pool);
 void nd_cuda_raw_free(nd_device *dev, void *ptr, int64_t nbytes);
 int64_t nd_cuda_release_cache(nd_device *dev);
 nd_status nd_cuda_check_expandable(nd_device *dev);

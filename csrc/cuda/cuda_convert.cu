@@ -32,7 +32,7 @@ template <class D> struct convert_from {
     const void *src;
     template <class S> nd_status operator()() {
         ND_LAUNCH((convert_kernel<D, S>), nd_cuda_blocks(it->numel, ND_CUDA_THREADS),
-                  ND_CUDA_THREADS, 0, 0, *it, dst, (const S *)src);
+                  ND_CUDA_THREADS, 0, nd_cuda_stream(), *it, dst, (const S *)src);
         ND_CUDA_CHECK(cudaGetLastError());
         return ND_OK;
     }
@@ -51,7 +51,7 @@ struct convert_to {
         D *d = (D *)dst + dst_offset;
         if (src == NULL) {
             ND_LAUNCH(fill_kernel<D>, nd_cuda_blocks(it->numel, ND_CUDA_THREADS), ND_CUDA_THREADS,
-                      0, 0, *it, d, nd_dtype_traits<D>::store(scalar));
+                      0, nd_cuda_stream(), *it, d, nd_dtype_traits<D>::store(scalar));
             ND_CUDA_CHECK(cudaGetLastError());
             return ND_OK;
         }

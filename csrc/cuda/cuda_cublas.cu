@@ -122,6 +122,7 @@ static int hint_count = 0;
  * multiplies matrices: those nested calls use the kernel. */
 typedef struct cublas_gpu {
     nd_cublas_handle handle;
+    cudaStream_t stream; /* the handle's, as last set: the thread's current stream */
     void *workspace;
     int64_t workspace_bytes;
     int ready;  /* handle (and workspace, when cuBLAS takes one) in place */
@@ -362,7 +363,8 @@ static void set_up(cublas_gpu *g, nd_device *dev) {
             give_up(g, nd_last_error());
             return;
         }
-        int st = cublas.set_stream(g->handle, 0);
+        g->stream = nd_cuda_stream();
+        int st = cublas.set_stream(g->handle, g->stream);
         if (st != CUBLAS_OK) {
             give_up_status(g, "cublasSetStream", st);
             return;
@@ -393,6 +395,8 @@ static void set_up(cublas_gpu *g, nd_device *dev) {
  * is grown now and then, without the ladder: only if memory is there now. */
 static void maybe_grow_workspace(cublas_gpu *g, nd_device *dev) {
     if (g->workspace == NULL || g->calls % 4096 != 0) return;
+    /* A capture's GEMMs keep the workspace they were captured with. */
+    if (nd_cuda_graph_capturing(dev->ordinal)) return;
     const int64_t want = recommended_workspace(dev->ordinal);
     if (g->workspace_bytes >= want) return;
     void *ptr = NULL;
@@ -404,10 +408,21 @@ nd_cublas_handle nd_cublas_handle_for(nd_device *dev) {
     cublas_gpu *g = &gpus[dev->ordinal];
     g->calls++;
     if (g->ready) {
+        /* The calls go to the calling thread's current stream, as kernels do
+         * (one workspace serves them all: calls on two streams at once would
+         * need one each, and needle's are ordered by the stream switch). */
+        cudaStream_t stream = nd_cuda_stream();
+        if (stream != g->stream) {
+            if (cublas.set_stream(g->handle, stream) != CUBLAS_OK) return NULL;
+            g->stream = stream;
+        }
         maybe_grow_workspace(g, dev);
         return g->handle;
     }
     if (g->failed || g->busy || g->calls < g->retry_at) return NULL;
+    /* cublasCreate cannot be captured: a capture before the first GEMM on the
+     * GPU (PyTorch warms up first for this) runs needle's kernel instead. */
+    if (nd_cuda_graph_capturing(dev->ordinal)) return NULL;
     if (g->backoff == 0) g->backoff = 1;
     g->busy = 1;
     set_up(g, dev);

@@ -237,7 +237,7 @@ nd_status nd_cuda_copy(const nd_layout *dst_layout, void *dst, nd_kernel_operand
     if (it.numel == 0) return ND_OK;
     ND_TRY(nd_cuda_activate(dst, NULL));
     float *d = (float *)dst + dst_layout->offset;
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nd_cuda_stream();
     if (src.data == NULL) return fill(it, d, src.scalar, stream);
     const float *s = (const float *)src.data + src.layout->offset;
     if (it.ndim == 1 && it.strides[0][0] == 1 && it.strides[1][0] == 1) {
@@ -268,7 +268,8 @@ static nd_status binary_typed(nd_binary_op op, const nd_cuda_iter &it, const nd_
     T *o = (T *)out + out_layout->offset;
     const T *x = a.data != NULL ? (const T *)(const void *)a.data + a.layout->offset : NULL;
     const T *y = b.data != NULL ? (const T *)(const void *)b.data + b.layout->offset : NULL;
-    return binary_op<T>(op, pow_form_of<C>(b), it, o, x, scalar_in<C>(a), y, scalar_in<C>(b), 0);
+    return binary_op<T>(op, pow_form_of<C>(b), it, o, x, scalar_in<C>(a), y, scalar_in<C>(b),
+                       nd_cuda_stream());
 }
 
 nd_status nd_cuda_binary(nd_binary_op op, nd_dtype dtype, const nd_layout *out_layout, void *out,
@@ -291,7 +292,8 @@ nd_status nd_cuda_binary(nd_binary_op op, nd_dtype dtype, const nd_layout *out_l
 template <class T>
 static nd_status unary_typed(nd_unary_op op, const nd_cuda_iter &it, const nd_layout *out_layout,
                              void *out, const nd_layout *a_layout, const void *a) {
-    return unary_op<T>(op, it, (T *)out + out_layout->offset, (const T *)a + a_layout->offset, 0);
+    return unary_op<T>(op, it, (T *)out + out_layout->offset, (const T *)a + a_layout->offset,
+                       nd_cuda_stream());
 }
 
 nd_status nd_cuda_unary(nd_unary_op op, nd_dtype dtype, const nd_layout *out_layout, void *out,

@@ -145,7 +145,7 @@ __global__ void layer_norm_grad_sum_kernel(nd_norm_desc d) {
 
 nd_status nd_cuda_layer_norm(const nd_norm_desc *d) {
     ND_TRY(nd_cuda_activate(d->out, NULL));
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nd_cuda_stream();
     ND_LAUNCH(layer_norm_kernel, nd_cuda_blocks(d->rows, WARPS_PER_BLOCK), ND_CUDA_THREADS, 0,
               stream, *d);
     ND_CUDA_CHECK(cudaGetLastError());
@@ -154,7 +154,7 @@ nd_status nd_cuda_layer_norm(const nd_norm_desc *d) {
 
 nd_status nd_cuda_layer_norm_grad(const nd_norm_desc *d) {
     ND_TRY(nd_cuda_activate(d->out, NULL));
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nd_cuda_stream();
     ND_LAUNCH(layer_norm_grad_kernel, nd_cuda_blocks(d->chunks, 1), ND_CUDA_THREADS, 0, stream, *d);
     ND_CUDA_CHECK(cudaGetLastError());
     ND_LAUNCH(layer_norm_grad_sum_kernel, nd_cuda_blocks(2 * d->cols, ND_CUDA_THREADS),
@@ -210,7 +210,7 @@ __global__ void attention_softmax_grad_kernel(nd_attn_desc d) {
 
 nd_status nd_cuda_attention_softmax(const nd_attn_desc *d) {
     ND_TRY(nd_cuda_activate(d->out, NULL));
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nd_cuda_stream();
     ND_LAUNCH(attention_softmax_kernel, nd_cuda_blocks(d->rows, WARPS_PER_BLOCK), ND_CUDA_THREADS,
               0, stream, *d);
     ND_CUDA_CHECK(cudaGetLastError());
@@ -219,7 +219,7 @@ nd_status nd_cuda_attention_softmax(const nd_attn_desc *d) {
 
 nd_status nd_cuda_attention_softmax_grad(const nd_attn_desc *d) {
     ND_TRY(nd_cuda_activate(d->out, NULL));
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nd_cuda_stream();
     ND_LAUNCH(attention_softmax_grad_kernel, nd_cuda_blocks(d->rows, WARPS_PER_BLOCK),
               ND_CUDA_THREADS, 0, stream, *d);
     ND_CUDA_CHECK(cudaGetLastError());

@@ -156,8 +156,8 @@ nd_status nd_cuda_check_indices(const nd_layout *idx_layout, const float *idx, i
     const int64_t n = idx_layout->shape[0];
     unsigned long long *first_bad = NULL;
     ND_TRY(arm(dev, n, count, what, unit, &first_bad));
-    ND_LAUNCH(check_indices_kernel, nd_cuda_blocks(n, ND_CUDA_THREADS), ND_CUDA_THREADS, 0, 0, n,
-              idx + idx_layout->offset, idx_layout->strides[0], count, first_bad);
+    ND_LAUNCH(check_indices_kernel, nd_cuda_blocks(n, ND_CUDA_THREADS), ND_CUDA_THREADS, 0,
+              nd_cuda_stream(), n, idx + idx_layout->offset, idx_layout->strides[0], count, first_bad);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }
@@ -169,7 +169,7 @@ nd_status nd_cuda_gather_rows(const nd_layout *out_layout, float *out,
     if (n == 0) return ND_OK;
     nd_device *dev = NULL;
     ND_TRY(nd_cuda_activate(idx, &dev));
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nd_cuda_stream();
     const float *ip = idx + idx_layout->offset;
     const int64_t rows = table_layout->shape[0];
     unsigned long long *first_bad = NULL;
@@ -196,7 +196,7 @@ nd_status nd_cuda_scatter_add_rows(const nd_layout *out_layout, float *out,
     if (n == 0) return ND_OK;
     nd_device *dev = NULL;
     ND_TRY(nd_cuda_activate(idx, &dev));
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nd_cuda_stream();
     const float *ip = idx + idx_layout->offset;
     const int64_t rows = out_layout->shape[0];
     unsigned long long *first_bad = NULL;

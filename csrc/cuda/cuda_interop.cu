@@ -1,17 +1,16 @@
 /* cuda_interop.cu: stream order for zero-copy exchange with other CUDA
  * libraries (DLPack, the CUDA Array Interface), for needle_c/array/interop.c.
  *
- * needle runs all its work on the legacy default stream, which the protocols
- * name 1 (2 is the per-thread default stream, other values are cudaStream_t
- * handles, and both protocols use the runtime's own values for the special
- * streams: cudaStreamLegacy == 1, cudaStreamPerThread == 2). A consumer that
- * names another stream must wait for needle's work on the data so far
- * (export), and needle's later work (a kernel reusing the block after the
- * export is released) must wait for the consumer's work on it (release).
- * Both are an event recorded on one stream and waited on by the other, so
- * nothing blocks the host. Blocking streams already order themselves with
- * the legacy stream; the event makes non-blocking ones (torch's side
- * streams) safe too.
+ * needle runs its work on its own non-blocking stream (cuda_stream.cu; the
+ * thread's current one). The protocols name streams by the runtime's values:
+ * 1 the legacy default stream (cudaStreamLegacy), 2 the per-thread default
+ * stream (cudaStreamPerThread), others cudaStream_t handles. A consumer on
+ * any stream but needle's current one must wait for needle's work on the
+ * data so far (export), and needle's later work (a kernel reusing the block
+ * after the export is released) must wait for the consumer's work on it
+ * (release). Both are an event recorded on one stream and waited on by the
+ * other, so nothing blocks the host. The legacy stream needs it too: it does
+ * not order itself with non-blocking streams.
  *
  * The stream handle is the consumer's; the engine cannot check it. Never
  * prints, exits or aborts; the caller's current GPU is restored.
@@ -35,21 +34,32 @@ static nd_status order_streams(int ordinal, cudaStream_t from, cudaStream_t to) 
     return ND_OK;
 }
 
-/* Whether stream (a protocol value, not -1) is needle's own stream. */
-static int is_needle_stream(intptr_t stream) { return stream == 1; }
+/* needle's current stream on GPU ordinal, where its work on the data is. */
+static nd_status needle_stream(int ordinal, cudaStream_t *out) {
+    intptr_t handle = 0;
+    ND_TRY(nd_cuda_stream_current(ordinal, &handle));
+    *out = (cudaStream_t)handle;
+    return ND_OK;
+}
 
 extern "C" nd_status nd_cuda_export_to_stream(int ordinal, intptr_t stream) {
-    if (stream == -1 || is_needle_stream(stream)) return ND_OK;
+    if (stream == -1) return ND_OK;
     if (stream == 0 || stream < -1)
         return nd_fail(ND_ERR_VALUE, "stream %lld is not a CUDA stream value", (long long)stream);
-    return order_streams(ordinal, cudaStreamLegacy, (cudaStream_t)stream);
+    cudaStream_t mine = NULL;
+    ND_TRY(needle_stream(ordinal, &mine));
+    if ((cudaStream_t)stream == mine) return ND_OK;
+    return order_streams(ordinal, mine, (cudaStream_t)stream);
 }
 
 extern "C" nd_status nd_cuda_release_from_stream(int ordinal, intptr_t stream) {
-    if (stream == -1 || is_needle_stream(stream)) return ND_OK;
+    if (stream == -1) return ND_OK;
     if (stream == 0 || stream < -1)
         return nd_fail(ND_ERR_VALUE, "stream %lld is not a CUDA stream value", (long long)stream);
-    nd_status status = order_streams(ordinal, (cudaStream_t)stream, cudaStreamLegacy);
+    cudaStream_t mine = NULL;
+    nd_status status = needle_stream(ordinal, &mine);
+    if (status == ND_OK && (cudaStream_t)stream == mine) return ND_OK;
+    if (status == ND_OK) status = order_streams(ordinal, (cudaStream_t)stream, mine);
     if (status != ND_OK) {
         /* The consumer's stream is gone (or never was one): wait for all the
          * GPU's work instead, so that the block is still safe to reuse. */

@@ -10,7 +10,8 @@
  * comma goes in parentheses: ND_LAUNCH((reduce_kernel<R, 32>), ...).
  *
  * Every launch is counted in the census of the current GPU (cuda_census.cu),
- * by call site ("kernel file:line", one string literal per ND_LAUNCH).
+ * by call site ("kernel file:line", one string literal per ND_LAUNCH), and
+ * apart when it goes to the legacy default stream (which no capture records).
  *
  * ND_DYNAMIC_SHARED(type, name) declares a kernel's dynamic shared memory
  * (the launch's shared_bytes), which is `extern __shared__ type name[]` under
@@ -19,7 +20,7 @@
 #ifndef NEEDLE_CUDA_LAUNCH_CUH
 #define NEEDLE_CUDA_LAUNCH_CUH
 
-void nd_cuda_count_launch(const char *site);
+void nd_cuda_count_launch(const char *site, const void *stream);
 
 #define ND_LAUNCH_STR2(x) #x
 #define ND_LAUNCH_STR(x) ND_LAUNCH_STR2(x)
@@ -27,14 +28,14 @@ void nd_cuda_count_launch(const char *site);
 
 #ifdef NEEDLE_CUDA_SIM
 #define ND_LAUNCH(kernel, grid, block, shared_bytes, stream, ...)                        \
-    (nd_cuda_count_launch(ND_LAUNCH_SITE(kernel)),                                       \
+    (nd_cuda_count_launch(ND_LAUNCH_SITE(kernel), (const void *)(stream)),               \
      (void)nd_sim_launch(#kernel, __FILE__, __LINE__, kernel, grid, block, shared_bytes, \
                          stream, ##__VA_ARGS__))
 #define ND_DYNAMIC_SHARED(type, name) type *const name = (type *)nd_sim_dynamic_shared()
 #else
 #define ND_LAUNCH(kernel, grid, block, shared_bytes, stream, ...)   \
     do {                                                            \
-        nd_cuda_count_launch(ND_LAUNCH_SITE(kernel));               \
+        nd_cuda_count_launch(ND_LAUNCH_SITE(kernel), (const void *)(stream)); \
         kernel<<<grid, block, shared_bytes, stream>>>(__VA_ARGS__); \
     } while (0)
 #define ND_DYNAMIC_SHARED(type, name) extern __shared__ type name[]

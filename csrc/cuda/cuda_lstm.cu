@@ -75,7 +75,7 @@ nd_status nd_cuda_lstm_step(const nd_lstm_step_desc *d) {
     const int64_t cells = d->batch * d->hidden;
     if (cells == 0) return ND_OK;
     ND_TRY(nd_cuda_activate(d->h_out, NULL));
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nd_cuda_stream();
     ND_LAUNCH(lstm_step_kernel, nd_cuda_blocks(cells, ND_CUDA_THREADS), ND_CUDA_THREADS, 0, stream,
               *d);
     ND_CUDA_CHECK(cudaGetLastError());
@@ -86,7 +86,7 @@ nd_status nd_cuda_lstm_step_grad(const nd_lstm_step_grad_desc *d) {
     const int64_t cells = d->batch * d->hidden;
     if (cells == 0) return ND_OK;
     ND_TRY(nd_cuda_activate(d->dgates, NULL));
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nd_cuda_stream();
     ND_LAUNCH(lstm_step_grad_kernel, nd_cuda_blocks(cells, ND_CUDA_THREADS), ND_CUDA_THREADS, 0,
               stream, *d);
     ND_CUDA_CHECK(cudaGetLastError());

@@ -245,7 +245,7 @@ static nd_status cublas_matmul_pointers(nd_cublas_handle h, nd_device *dev, cons
     const void **a_ptrs = (const void **)scratch;
     const void **b_ptrs = a_ptrs + g.count;
     void **out_ptrs = (void **)(b_ptrs + g.count);
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nd_cuda_stream();
     switch (d->dtype) {
     case ND_FLOAT16: launch_pointers<nd_half_t>(d, g, a_ptrs, b_ptrs, out_ptrs, stream); break;
     case ND_BFLOAT16: launch_pointers<nd_bf16_t>(d, g, a_ptrs, b_ptrs, out_ptrs, stream); break;
@@ -293,7 +293,7 @@ typedef struct cublas_attempt {
 
 static nd_status try_cublas(void *ctx) {
     const cublas_attempt *at = (const cublas_attempt *)ctx;
-    if (at->d->bias != NULL) ND_TRY(fill_bias_rows(at->d, at->g->count, 0));
+    if (at->d->bias != NULL) ND_TRY(fill_bias_rows(at->d, at->g->count, nd_cuda_stream()));
     return cublas_matmul(at->h, at->dev, at->d, *at->g);
 }
 
@@ -306,7 +306,7 @@ nd_status nd_cuda_matmul(const nd_matmul_desc *d) {
     if (g.count == 0 || d->m == 0 || d->n == 0) return ND_OK;
     nd_device *dev = NULL;
     ND_TRY(nd_cuda_activate(d->out, &dev));
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nd_cuda_stream();
     if (d->k == 0 && d->bias != NULL) return fill_bias_rows(d, g.count, stream);
     if (d->k == 0) {
         ND_CUDA_CHECK(nd_cuda_memset(

@@ -157,7 +157,7 @@ __global__ void sgd_update_f64_kernel(int64_t n, double *out, const double *para
 
 nd_status nd_cuda_adam_update(const nd_adam_desc *d) {
     ND_TRY(nd_cuda_activate(d->param_out, NULL));
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nd_cuda_stream();
     const unsigned int blocks = nd_cuda_blocks(d->n, ND_CUDA_THREADS);
     if (d->dtype == ND_FLOAT64)
         ND_LAUNCH(adam_update_f64_kernel, blocks, ND_CUDA_THREADS, 0, stream, d->n,
@@ -173,7 +173,7 @@ nd_status nd_cuda_adam_update(const nd_adam_desc *d) {
 
 nd_status nd_cuda_sgd_update(const nd_sgd_desc *d) {
     ND_TRY(nd_cuda_activate(d->param_out, NULL));
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nd_cuda_stream();
     const unsigned int blocks = nd_cuda_blocks(d->n, ND_CUDA_THREADS);
     if (d->dtype == ND_FLOAT64)
         ND_LAUNCH(sgd_update_f64_kernel, blocks, ND_CUDA_THREADS, 0, stream, d->n,

@@ -33,8 +33,8 @@ __global__ void random_kernel(nd_random_params params, int64_t n, float *out) {
 nd_status nd_cuda_random(const nd_random_params *params, int64_t n, float *out) {
     ND_TRY(nd_cuda_activate(out, NULL));
     const int64_t blocks = (n + 3) / 4;
-    ND_LAUNCH(random_kernel, nd_cuda_blocks(blocks, ND_CUDA_THREADS), ND_CUDA_THREADS, 0, 0,
-              *params, n, out);
+    ND_LAUNCH(random_kernel, nd_cuda_blocks(blocks, ND_CUDA_THREADS), ND_CUDA_THREADS, 0,
+              nd_cuda_stream(), *params, n, out);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }

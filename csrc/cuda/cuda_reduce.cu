@@ -610,7 +610,7 @@ static nd_status reduce_columns(nd_device *dev, const nd_cuda_iter &kept,
 template <class R>
 static nd_status reduce_any(nd_device *dev, const nd_cuda_iter &kept, const nd_cuda_iter &reduced,
                             float *out, const float *a) {
-    const cudaStream_t stream = 0;
+    const cudaStream_t stream = nd_cuda_stream();
     /* After ordering, the innermost dims are the fastest: lanes of the
      * columns kernel read neighbouring elements when the kept one is faster. */
     if (kept.numel > 1 && kept.strides[1][kept.ndim - 1] < reduced.strides[0][reduced.ndim - 1])
@@ -622,7 +622,8 @@ template <class T, class R, int G>
 static nd_status launch_typed_with(const nd_cuda_iter &kept, const nd_cuda_iter &reduced, T *out,
                                    const T *a) {
     const unsigned int blocks = nd_cuda_blocks(kept.numel, REDUCE_THREADS / G);
-    ND_LAUNCH((reduce_typed_kernel<T, R, G>), blocks, REDUCE_THREADS, 0, 0, kept, reduced, out, a);
+    ND_LAUNCH((reduce_typed_kernel<T, R, G>), blocks, REDUCE_THREADS, 0, nd_cuda_stream(), kept,
+              reduced, out, a);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }

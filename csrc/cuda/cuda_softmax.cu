@@ -200,7 +200,7 @@ template <class T> __global__ void xent_loss_kernel(nd_rows_desc d) {
 static int row_group(int64_t cols) { return cols <= WARP_ROW_MAX ? 32 : ND_CUDA_THREADS; }
 
 template <class T> static nd_status row_stats_as(const nd_rows_desc *d) {
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nd_cuda_stream();
     const int group = row_group(d->cols);
     const unsigned int blocks = nd_cuda_blocks(d->rows, ND_CUDA_THREADS / group);
     if (group == 32) ND_LAUNCH((row_stats_kernel<32, T>), blocks, ND_CUDA_THREADS, 0, stream, *d);
@@ -210,7 +210,7 @@ template <class T> static nd_status row_stats_as(const nd_rows_desc *d) {
 }
 
 template <class T> static nd_status row_apply_as(const nd_rows_desc *d) {
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nd_cuda_stream();
     const int group = row_group(d->cols);
     const unsigned int blocks = nd_cuda_blocks(d->rows, ND_CUDA_THREADS / group);
     if (group == 32) ND_LAUNCH((row_apply_kernel<32, T>), blocks, ND_CUDA_THREADS, 0, stream, *d);
@@ -220,7 +220,7 @@ template <class T> static nd_status row_apply_as(const nd_rows_desc *d) {
 }
 
 template <class T> static nd_status xent_loss_as(const nd_rows_desc *d) {
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nd_cuda_stream();
     ND_LAUNCH(xent_loss_kernel<T>, 1, ND_CUDA_THREADS, 0, stream, *d);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;

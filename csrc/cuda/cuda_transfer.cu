@@ -130,7 +130,7 @@ static cudaError_t upload(nd_device *dev, void *dst, const void *host, size_t by
     stage_slot *s = bytes <= STAGE_BYTES && dev != NULL ? stage_take(dev) : NULL;
     if (s == NULL) return nd_cuda_copy_from_host(dst, host, bytes);
     memcpy(s->pinned, host, bytes);
-    cudaStream_t stream = 0;
+    cudaStream_t stream = nd_cuda_stream();
     cudaError_t err = nd_cuda_copy_from_pinned(dst, s->pinned, bytes, stream);
     if (err != cudaSuccess) return err;
     return cudaEventRecord(s->done, stream);

@@ -7,12 +7,15 @@
  * storage (nd_storage_wrap) that gives it back through the producer's
  * deleter when the last needle view goes.
  *
- * Streams: needle's CUDA work runs on the legacy default stream, which both
- * protocols call 1. __dlpack__(stream=s) makes the consumer's stream s wait
- * for needle's work on the data (an event, csrc/cuda/cuda_interop.cu), and
- * when the consumer releases the capsule's tensor needle's later work waits
- * for what s had queued, so the block is not reused under the consumer.
- * __cuda_array_interface__ reports stream 1 for its consumers to order on.
+ * Streams: needle's CUDA work runs on its current stream (its own
+ * non-blocking one unless ndl.cuda.stream chose another; both protocols name
+ * the legacy default stream 1). __dlpack__(stream=s) makes the consumer's
+ * stream s wait for needle's work on the data (an event,
+ * csrc/cuda/cuda_interop.cu), and when the consumer releases the capsule's
+ * tensor needle's later work waits for what s had queued, so the block is
+ * not reused under the consumer. __cuda_array_interface__ reports needle's
+ * current stream for its consumers to order on, and an import asks the
+ * producer to order its work before that stream.
  *
  * The DLPack structs are declared here from the ABI (v0.8 for the unversioned
  * capsule, v1.0 for the versioned one) rather than vendoring dlpack.h: the
@@ -85,7 +88,7 @@ static const char USED_VERSIONED_CAPSULE_NAME[] = "used_dltensor_versioned";
 /* One allocation per export: the managed tensor (either flavour) and the
  * shape/strides it points at, plus the storage reference that keeps the
  * memory alive until the consumer calls the deleter, and the consumer's CUDA
- * stream (a protocol value; 1 or -1: nothing to order on release). */
+ * stream (a protocol value; -1: nothing to order on release). */
 typedef struct {
     DLManagedTensor managed;
     DLManagedTensorVersioned versioned;
@@ -95,7 +98,7 @@ typedef struct {
     intptr_t stream;
 } export_ctx;
 
-/* The stream value meaning "the legacy default stream", needle's own. */
+/* The protocols' value for the legacy default stream, what None means. */
 #define LEGACY_STREAM ((intptr_t)1)
 
 static void export_ctx_free(export_ctx *ctx) {
@@ -364,12 +367,23 @@ static PyObject *array_interface(NDArrayObject *self, int cuda) {
         Py_BuildValue("{s:N,s:s,s:(NO),s:N,s:i}", "shape", shape, "typestr", typestr[dtype], "data",
                       ptr, Py_False, "strides", strides, "version", 3);
     /* CUDA Array Interface v3: the stream the consumer must order its work
-     * after: needle's, the legacy default stream (1; 0 is not allowed). */
+     * after: needle's current stream on the array's GPU (a cudaStream_t). */
+#ifdef NEEDLE_WITH_CUDA
     if (dict != NULL && cuda) {
-        PyObject *stream = PyLong_FromLong((long)LEGACY_STREAM);
+        nd_device *dev = nd_storage_device(self->array.storage);
+        intptr_t handle = 0;
+        nd_status status = nd_cuda_stream_current(nd_device_ordinal(dev), &handle);
+        if (status != ND_OK) {
+            Py_DECREF(dict);
+            return raise_status(ndarray_state((PyObject *)self), status);
+        }
+        PyObject *stream = PyLong_FromVoidPtr((void *)handle);
         if (stream == NULL || PyDict_SetItemString(dict, "stream", stream) < 0) Py_CLEAR(dict);
         Py_XDECREF(stream);
     }
+#else
+    (void)cuda; /* no CUDA arrays without the backend */
+#endif
     return dict;
 }
 
@@ -649,13 +663,29 @@ static PyObject *request_capsule(needle_state *st, PyObject *obj) {
     if (device_for(st, (DLDevice){.device_type = type, .device_id = id}) == NULL) return NULL;
     PyObject *method = PyObject_GetAttrString(obj, "__dlpack__");
     if (method == NULL) return NULL;
-    /* On CUDA, stream 1 (the legacy default stream) is where the engine's
-     * kernels run, so the producer orders its pending work before them. */
+    /* On CUDA, the producer orders its pending work before needle's current
+     * stream on that GPU, where the engine's kernels will read the data. */
+    PyObject *stream = Py_NewRef(Py_None);
+#ifdef NEEDLE_WITH_CUDA
+    if (type == kDLCUDA) {
+        intptr_t handle = 0;
+        nd_status status = nd_cuda_stream_current(id, &handle);
+        Py_DECREF(stream);
+        if (status != ND_OK) {
+            Py_DECREF(method);
+            return raise_status(st, status);
+        }
+        stream = PyLong_FromVoidPtr((void *)handle);
+        if (stream == NULL) {
+            Py_DECREF(method);
+            return NULL;
+        }
+    }
+#endif
     PyObject *kwargs = Py_BuildValue("{s:(ii)}", "max_version", 1, 0);
     PyObject *capsule = NULL;
     if (kwargs != NULL) {
-        PyObject *stream = type == kDLCUDA ? PyLong_FromLong(1) : Py_NewRef(Py_None);
-        if (stream != NULL && PyDict_SetItemString(kwargs, "stream", stream) == 0) {
+        if (PyDict_SetItemString(kwargs, "stream", stream) == 0) {
             PyObject *empty = PyTuple_New(0);
             if (empty != NULL) {
                 capsule = PyObject_Call(method, empty, kwargs);
@@ -667,9 +697,9 @@ static PyObject *request_capsule(needle_state *st, PyObject *obj) {
                 Py_DECREF(empty);
             }
         }
-        Py_XDECREF(stream);
         Py_DECREF(kwargs);
     }
+    Py_DECREF(stream);
     Py_DECREF(method);
     return capsule;
 }

@@ -268,6 +268,62 @@ static PyObject *get_dtype(PyObject *op, void *c) {
 
 /* -------------------------------------------------------- methods */
 
+/* copy_(src), torch.Tensor.copy_: src's values (a Tensor, an NDArray, a NumPy
+ * array, a list or a number; broadcast to self's shape, converted to its
+ * dtype, moved to its device) written into self's memory in place, so that a
+ * CUDA graph's static inputs take a new batch without a new address. Returns
+ * self. The course's tensors require grad by default and its optimizers
+ * write leaves' data, so unlike PyTorch a leaf that requires grad may be
+ * written (as `.data = ...` may). No gradient is recorded to src: a src that
+ * is an op's output in a recorded graph (grad enabled) is refused, where
+ * PyTorch would pass the gradient on, rather than cut off silently. */
+static PyObject *value_copy_(PyObject *op, PyObject *src) {
+    needle_state *st = state_of_value(op);
+    if (st == NULL) return NULL;
+    PyObject *values;
+    if (is_tensor(st, src)) {
+        if (is_recording() && Tensor_CAST(src)->requires_grad && Tensor_CAST(src)->op != NULL) {
+            PyErr_SetString(PyExc_RuntimeError,
+                            "copy_: src is an op's output that requires grad, and needle's copy_ "
+                            "records no gradient to it; copy src.detach(), or copy under "
+                            "needle.no_grad()");
+            return NULL;
+        }
+        values = realize(st, src);
+    } else {
+        values = Py_NewRef(src);
+    }
+    if (values == NULL) return NULL;
+    PyObject *dst = realize(st, op); /* held: the conversions below allocate */
+    if (dst == NULL) {
+        Py_DECREF(values);
+        return NULL;
+    }
+    int rc = -1;
+    if (PyTuple_Check(dst) || PyTuple_Check(values)) {
+        PyErr_SetString(PyExc_TypeError, "copy_: a TensorTuple has no single value to copy");
+    } else {
+        PyObject *moved = values;
+        Py_INCREF(moved);
+        /* Another device's array comes over first (the setitem below keeps
+         * to one device). */
+        if (ndarray_check(st, values)) {
+            PyObject *dst_device = PyObject_GetAttrString(dst, "device");
+            PyObject *src_device = dst_device ? PyObject_GetAttrString(values, "device") : NULL;
+            int same = src_device ? PyObject_RichCompareBool(dst_device, src_device, Py_EQ) : -1;
+            Py_XDECREF(src_device);
+            if (same == 0) Py_SETREF(moved, PyObject_CallMethod(values, "to", "O", dst_device));
+            else if (same < 0) Py_CLEAR(moved);
+            Py_XDECREF(dst_device);
+        }
+        if (moved != NULL) rc = PyObject_SetItem(dst, Py_Ellipsis, moved);
+        Py_XDECREF(moved);
+    }
+    Py_DECREF(dst);
+    Py_DECREF(values);
+    return rc < 0 ? NULL : Py_NewRef(op);
+}
+
 static PyObject *value_realize_cached_data(PyObject *op, PyObject *Py_UNUSED(ignored)) {
     needle_state *st = state_of_value(op);
     if (st == NULL) return NULL;
@@ -426,6 +482,10 @@ static PyGetSetDef tensor_getset[] = {
 };
 
 static PyMethodDef value_methods[] = {
+    {"copy_", value_copy_, METH_O,
+     "copy_($self, src, /)\n--\n\nWrites src (a Tensor, NDArray, NumPy array, list or number; "
+     "broadcast to self's shape, converted to its dtype and device) into self's memory in place "
+     "and returns self, as torch.Tensor.copy_ (no gradient is recorded to src)."},
     {"realize_cached_data", value_realize_cached_data, METH_NOARGS,
      "realize_cached_data($self, /)\n--\n\nThe node's data, computed if needed."},
     {"is_leaf", value_is_leaf, METH_NOARGS, "is_leaf($self, /)\n--\n\nTrue when op is None."},

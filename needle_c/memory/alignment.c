@@ -98,6 +98,12 @@ static PyObject *run_aligned(PyObject *module, PyObject *args) {
                                             "(needle.memory.alignment.enable(True))");
         return NULL;
     }
+    /* During a CUDA graph capture the collection waits for its end (a
+     * finalizer's frees cannot run inside it); the end runs it. */
+    if (nd_memory_capturing()) {
+        nd_memory_defer_collection();
+        Py_RETURN_NONE;
+    }
     /* Another thread's collection is running: it is this rank's collection. */
     if (!pressure_other_thread_collecting(rt)) run_aligned_collection(rt, ladder, generation);
     Py_RETURN_NONE;

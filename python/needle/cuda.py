@@ -14,6 +14,10 @@ share the one name::
     ndl.cuda.launches_by_kernel()
     ndl.cuda.memory._record_memory_history(), ndl.cuda.memory._snapshot(),
     ndl.cuda.memory._dump_snapshot("snapshot.pickle")     # PyTorch's memory_viz format
+    ndl.cuda.Stream(), ndl.cuda.current_stream(), ndl.cuda.default_stream(),
+    ndl.cuda.set_stream(s), with ndl.cuda.stream(s): ...   # needle/_cuda_stream.py
+    ndl.cuda.CUDAGraph(), with ndl.cuda.graph(g): ..., g.replay(),
+    ndl.cuda.graph_pool_handle()                           # needle/_cuda_graphs.py
 
 Every function takes ``device=None`` (meaning ``cuda(0)``), a device index, a CUDA
 device object or a name such as ``"cuda"`` / ``"cuda:1"``, and counts bytes. They are
@@ -36,6 +40,15 @@ import types
 import needle_c as _c
 
 from . import memory as _memory
+from ._cuda_graphs import CUDAGraph, graph, graph_pool_handle, is_current_stream_capturing
+from ._cuda_stream import (
+    Stream,
+    StreamContext,
+    current_stream,
+    default_stream,
+    set_stream,
+    stream,
+)
 
 __all__ = [
     "is_available",
@@ -58,6 +71,16 @@ __all__ = [
     "work_counters",
     "reset_work_counters",
     "launches_by_kernel",
+    "Stream",
+    "StreamContext",
+    "current_stream",
+    "default_stream",
+    "set_stream",
+    "stream",
+    "CUDAGraph",
+    "graph",
+    "graph_pool_handle",
+    "is_current_stream_capturing",
 ]
 
 # The census keys of work_counters(), in the engine's order (csrc/cuda/cuda_api.h).
@@ -73,6 +96,9 @@ WORK_COUNTERS = (
     "h2d_bytes",
     "d2h_copies",
     "d2h_bytes",
+    "graph_launches",
+    "graph_nodes",
+    "legacy_stream_work",
 )
 
 
@@ -218,7 +244,11 @@ def work_counters(device=None, reset=False):
     waited for the GPU: a device-to-host copy, a synchronous host-to-device copy, a
     synchronize, ``cudaFree``), ``device_mallocs`` and ``device_frees`` (``cudaMalloc`` /
     ``cudaFree``: the caching allocator's segments), ``h2d_copies``/``h2d_bytes`` and
-    ``d2h_copies``/``d2h_bytes``. They count the same calls on a GPU and on the CUDA
+    ``d2h_copies``/``d2h_bytes``, ``graph_launches`` (CUDA graph replays, one host launch
+    each) and ``graph_nodes`` (the kernels, copies and memsets those replays ran, which
+    the other counts leave out), and ``legacy_stream_work`` (needle's launches, copies
+    and memsets queued on the legacy default stream: always 0, since a CUDA graph capture
+    of needle's stream would miss them). They count the same calls on a GPU and on the CUDA
     simulator (``NEEDLE_CUDA=sim``). ``reset=True`` zeroes them after reading. Every
     count is 0 without CUDA."""
     dev = _device(device)
