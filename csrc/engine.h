@@ -589,6 +589,10 @@ typedef struct nd_random_params {
     uint64_t key;
     uint64_t stream;
     float p; /* ND_RANDOM_BERNOULLI: in [0, 1] */
+    /* Set by the CUDA backend in a draw it captures into a graph: a device
+     * counter that each replay of the graph advances, mixed into the stream
+     * so that every replay draws new numbers (NULL otherwise). */
+    const uint64_t *replay_counter;
 } nd_random_params;
 
 /* Fills dst (contiguous; row-major element i gets value i) in one kernel.

@@ -87,6 +87,13 @@ ND_PHILOX_FN void nd_philox_normal2(uint32_t a, uint32_t b, float *z0, float *z1
  * bernoulli 1.0 where the element's uniform is <= p, else 0.0 (the course's
  * `rand(...) <= p`: a bernoulli draw equals the uniform draw of the same key
  * compared with p). */
+/* The Philox stream of replay r of a captured draw whose stream is `stream`:
+ * the golden-ratio increment keeps replays' streams apart from each other
+ * and from eager draws' (stream 0 with another key). */
+ND_PHILOX_FN uint64_t nd_philox_replay_stream(uint64_t stream, uint64_t replay) {
+    return stream + (replay + 1) * 0x9E3779B97F4A7C15ull;
+}
+
 ND_PHILOX_FN void nd_random_block(nd_random_kind kind, uint64_t key, uint64_t stream,
                                   uint64_t block, float p, float out[4]) {
     nd_philox4 ctr;

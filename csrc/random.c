@@ -19,13 +19,8 @@ nd_status nd_array_fill_random(const nd_array *dst, const nd_random_params *para
                        (double)params->p);
     if (!nd_layout_is_contiguous(&dst->layout))
         return nd_fail(ND_ERR_VALUE, "random fills write contiguous arrays only");
-    /* The draw's key and offset are arguments of its kernel: a replay would
-     * draw the same numbers again (the same dropout mask every step). */
-    if (dst->storage->device->alloc.capturing)
-        return nd_fail(ND_ERR_BACKEND,
-                       "a random draw (dropout, rand, randn) cannot be captured in a CUDA graph "
-                       "on %s: its replays would repeat the captured numbers",
-                       dst->storage->device->name);
+    /* A draw captured into a CUDA graph reads the graph's replay counter
+     * (the CUDA backend sets params->replay_counter), so replays differ. */
     int64_t n = nd_layout_numel(&dst->layout);
     if (n == 0) return ND_OK;
     if (dst->storage->dtype != ND_FLOAT32) { /* drawn in float32, stored in the dtype */

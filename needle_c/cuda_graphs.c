@@ -123,7 +123,16 @@ static PyObject *cuda_graph_info(PyObject *module, PyObject *capsule) {
 #endif
 }
 
+/* _graph_capturing() -> bool: whether any device is capturing a CUDA graph
+ * (for Python code that must then update state in place; every build). */
+static PyObject *graph_capturing(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    (void)module;
+    return PyBool_FromLong(nd_memory_capturing());
+}
+
 PyMethodDef cuda_graphs_module_functions[] = {
+    {"_graph_capturing", graph_capturing, METH_NOARGS,
+     "_graph_capturing(): whether a CUDA graph is being captured on any device."},
     {"_cuda_graph_pool", cuda_graph_pool, METH_VARARGS,
      "_cuda_graph_pool(op, ordinal, pool=0): create / retain / release a CUDA graph pool."},
     {"_cuda_graph_capture", cuda_graph_capture, METH_VARARGS,

@@ -141,7 +141,7 @@ static PyObject *device_random(PyObject *op, PyObject *args, PyObject *kwargs,
     if (shape == NULL) return NULL;
     PyObject *result;
     if (uses_device_generator(st, dev)) {
-        nd_random_params params = {kind, 0, 0, (float)p};
+        nd_random_params params = {kind, 0, 0, (float)p, NULL};
         result = generated_array(st, dev, shape, &params, 1);
     } else if (kind != ND_RANDOM_BERNOULLI) {
         result = host_array(st, dev, shape, name);
@@ -226,7 +226,7 @@ static PyObject *module_philox(PyObject *module, PyObject *args, PyObject *kwarg
                      distribution);
         return NULL;
     }
-    nd_random_params params = {(nd_random_kind)kind, 0, 0, (float)p};
+    nd_random_params params = {(nd_random_kind)kind, 0, 0, (float)p, NULL};
     if (parse_u64(key_obj, "key", &params.key) < 0) return NULL;
     if (stream_obj != NULL && parse_u64(stream_obj, "stream", &params.stream) < 0) return NULL;
     if (!(p >= 0.0 && p <= 1.0)) { /* in double: (float)p could round into range */

@@ -11,31 +11,42 @@ import numpy as np
 import pytest
 
 import needle as ndl
+
 from devices import CUDA_UNAVAILABLE, needs_cuda
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA_DIR = os.path.join(ROOT, "csrc", "cuda")
 
 
+def _call_arguments(source, start):
+    """The arguments of the call whose "(" ends at ``start``, split at top-level commas."""
+    i, depth, args, cur = start, 1, [], ""
+    while depth:
+        c = source[i]
+        i += 1
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        if depth == 1 and c == ",":
+            args.append(cur.strip())
+            cur = ""
+        elif depth:
+            cur += c
+    args.append(cur.strip())
+    return args
+
+
+def _stream_taking_functions(source):
+    """Names of the functions defined in source whose last parameter is a cudaStream_t."""
+    return set(re.findall(r"(\w+)\s*\([^;{}()]*cudaStream_t\s+\w+\)\s*\{", source))
+
+
 def _launch_stream_arguments(source):
     """The stream argument (the fifth) of every ND_LAUNCH in source, with its line."""
     found = []
     for m in re.finditer(r"\bND_LAUNCH\(", source):
-        i, depth, args, cur = m.end(), 1, [], ""
-        while depth:
-            c = source[i]
-            i += 1
-            if c in "([{":
-                depth += 1
-            elif c in ")]}":
-                depth -= 1
-            if depth == 1 and c == ",":
-                args.append(cur.strip())
-                cur = ""
-            elif depth:
-                cur += c
-        args.append(cur.strip())
-        found.append((source.count("\n", 0, m.start()) + 1, args[4]))
+        found.append((source.count("\n", 0, m.start()) + 1, _call_arguments(source, m.end())[4]))
     return found
 
 
@@ -51,17 +62,37 @@ def test_every_launch_goes_to_the_current_stream():
         for line, stream in _launch_stream_arguments(source):
             if stream not in ("stream", "s", "nd_cuda_stream()"):
                 offenders.append(f"{name}:{line}: ND_LAUNCH on stream {stream!r}")
+        # A helper that takes the stream last, called with the legacy stream.
+        for fn in _stream_taking_functions(source):
+            for m in re.finditer(rf"\b{fn}\s*(<[^;()]*>)?\s*\(", source):
+                args = _call_arguments(source, m.end())
+                if args[-1] in ("0", "NULL", "nullptr", "cudaStreamLegacy"):
+                    line = source.count("\n", 0, m.start()) + 1
+                    offenders.append(f"{name}:{line}: {fn}(..., {args[-1]})")
         for number, text in enumerate(source.splitlines(), 1):
             code = text.split("//")[0]
             if re.search(r"cudaStream_t\s+\w+\s*=\s*0\s*;", code):
                 offenders.append(f"{name}:{number}: {text.strip()}")
-            if "cudaStreamLegacy" in code and name != "cuda_stream.cu" and "*" not in code[:3]:
+            legacy_allowed = ("cuda_stream.cu", "cuda_census.cu")  # the fallback, the count
+            if "cudaStreamLegacy" in code and name not in legacy_allowed and "*" not in code[:3]:
                 offenders.append(f"{name}:{number}: {text.strip()}")
     assert not offenders, "work on the legacy stream:\n" + "\n".join(offenders)
 
 
+def test_stream_helper_calls_are_found():
+    src = (
+        "static nd_status fill(float *d, int n, cudaStream_t stream) {\n}\n"
+        "x = fill(d, 3, 0);\ny = fill(d, f(1, 2), stream);\n"
+    )
+    assert _stream_taking_functions(src) == {"fill"}
+    calls = [_call_arguments(src, m.end())[-1] for m in re.finditer(r"\bfill\s*\(", src)]
+    assert calls == ["cudaStream_t stream", "0", "stream"]  # the definition, then the calls
+
+
 def test_launch_stream_parser_reads_the_fifth_argument():
-    src = "ND_LAUNCH((k<a, b>), grid, f(1, 2), 0, nd_cuda_stream(), x, y);\nND_LAUNCH(k, g, b, 0, 0);"
+    src = (
+        "ND_LAUNCH((k<a, b>), grid, f(1, 2), 0, nd_cuda_stream(), x, y);\nND_LAUNCH(k, g, b, 0, 0);"
+    )
     assert _launch_stream_arguments(src) == [(1, "nd_cuda_stream()"), (2, "0")]
 
 

@@ -190,6 +190,10 @@ cudaError_t nd_cuda_event_wait(cudaEvent_t event);
 
 /* ------------------------------------------------- backend entry points */
 
+/* cuda_graph.cu: the device counter of the capture under way on GPU
+ * `ordinal`, which each replay of its graph advances (random draws read it). */
+nd_status nd_cuda_graph_replay_counter(int ordinal, const uint64_t **out);
+
 /* cuda_allocator.cu */
 nd_status nd_cuda_raw_alloc(nd_device *dev, int64_t nbytes, void **out);
 /* CUDA graph pools (cuda_graph.cu decides when): during a capture into

@@ -22,6 +22,7 @@
 struct nd_cuda_graph {
     int ordinal;
     int pool;
+    uint64_t *replay_counter; /* device memory: how many replays ran (random draws read it) */
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     int64_t nodes;
@@ -42,10 +43,22 @@ static struct {
     /* The capture under way: its pool and stream (NULL stream: none). */
     int capture_pool;
     cudaStream_t capture_stream;
-    nd_cuda_graph *doomed; /* graphs destroyed during the capture */
+    uint64_t *capture_counter; /* the capture's replay counter (the graph's once it ends) */
+    int capture_draws;         /* random draws captured: the graph must advance the counter */
+    nd_cuda_graph *doomed;     /* graphs destroyed during the capture */
 } gpus[ND_CUDA_MAX_DEVICES];
 
 static int next_pool_id = 1;
+
+/* The last node of a graph with random draws: the next replay draws anew. */
+__global__ void advance_replay_counter_kernel(uint64_t *counter) { *counter += 1; }
+
+/* The replay counter's memory: one allocation (a small block) per graph. */
+#define COUNTER_BYTES ((int64_t)sizeof(uint64_t))
+
+static void free_counter(int ordinal, uint64_t *counter) {
+    if (counter != NULL) nd_memory_free(nd_cuda_device(ordinal), counter, COUNTER_BYTES);
+}
 
 static pool_ref *find_pool(int ordinal, int id) {
     for (int i = 0; i < gpus[ordinal].npools; i++)
@@ -112,9 +125,25 @@ extern "C" nd_status nd_cuda_graph_capture_begin(int ordinal, int pool) {
     }
     cudaStream_t stream = nd_cuda_stream();
     nd_device *dev = nd_cuda_device(ordinal);
+    /* The replay counter, zeroed before the capture so the zeroing is not
+     * part of the graph (the first replay reads 0). */
+    void *counter = NULL;
+    nd_status status = nd_memory_alloc(dev, COUNTER_BYTES, &counter);
+    if (status == ND_OK && nd_cuda_memset(counter, 0, (size_t)COUNTER_BYTES, stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        status = nd_fail(ND_ERR_BACKEND, "could not zero a CUDA graph's replay counter on cuda:%d",
+                         ordinal);
+    }
+    if (status != ND_OK) {
+        free_counter(ordinal, (uint64_t *)counter);
+        nd_cuda_graph_pool_release(ordinal, pool);
+        return status;
+    }
     /* The pool's reference is the capture's until the graph takes it. */
     gpus[ordinal].capture_pool = pool;
     gpus[ordinal].capture_stream = stream;
+    gpus[ordinal].capture_counter = (uint64_t *)counter;
+    gpus[ordinal].capture_draws = 0;
     nd_cuda_allocator_begin_capture(dev, pool);
     nd_memory_begin_capture(dev);
     cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal);
@@ -132,6 +161,7 @@ extern "C" nd_status nd_cuda_graph_capture_begin(int ordinal, int pool) {
 static void leave_capture(int ordinal) {
     nd_device *dev = nd_cuda_device(ordinal);
     gpus[ordinal].capture_stream = NULL;
+    gpus[ordinal].capture_counter = NULL; /* the caller keeps it: the graph's, or freed */
     nd_cuda_allocator_end_capture(dev);
     while (gpus[ordinal].doomed != NULL) {
         nd_cuda_graph *g = gpus[ordinal].doomed;
@@ -154,8 +184,19 @@ extern "C" void nd_cuda_graph_capture_abandon(int ordinal) {
     }
     (void)cudaGetLastError();
     const int pool = gpus[ordinal].capture_pool;
+    uint64_t *counter = gpus[ordinal].capture_counter;
     leave_capture(ordinal);
+    free_counter(ordinal, counter);
     nd_cuda_graph_pool_release(ordinal, pool);
+}
+
+nd_status nd_cuda_graph_replay_counter(int ordinal, const uint64_t **out) {
+    *out = NULL;
+    if (!nd_cuda_graph_capturing(ordinal))
+        return nd_fail(ND_ERR_INTERNAL, "no CUDA graph is being captured on cuda:%d", ordinal);
+    gpus[ordinal].capture_draws++;
+    *out = gpus[ordinal].capture_counter;
+    return ND_OK;
 }
 
 extern "C" nd_status nd_cuda_graph_capture_end(int ordinal, nd_cuda_graph **out) {
@@ -173,12 +214,18 @@ extern "C" nd_status nd_cuda_graph_capture_end(int ordinal, nd_cuda_graph **out)
                        "on; the capture is abandoned",
                        ordinal);
     }
+    uint64_t *counter = gpus[ordinal].capture_counter;
+    if (gpus[ordinal].capture_draws > 0) {
+        ND_LAUNCH(advance_replay_counter_kernel, 1, 1, 0, stream, counter);
+        (void)cudaGetLastError(); /* a failure here fails the capture, reported below */
+    }
     cudaGraph_t graph = NULL;
     cudaError_t err = cudaStreamEndCapture(stream, &graph);
     if (err != cudaSuccess || graph == NULL) {
         (void)cudaGetLastError();
         if (graph != NULL) (void)cudaGraphDestroy(graph);
         leave_capture(ordinal);
+        free_counter(ordinal, counter);
         nd_cuda_graph_pool_release(ordinal, pool);
         return nd_fail(ND_ERR_BACKEND,
                        "the CUDA graph capture on cuda:%d failed (%s: %s): an operation inside "
@@ -196,6 +243,7 @@ extern "C" nd_status nd_cuda_graph_capture_end(int ordinal, nd_cuda_graph **out)
         (void)cudaGetLastError();
         (void)cudaGraphDestroy(graph);
         free(g);
+        free_counter(ordinal, counter);
         nd_cuda_graph_pool_release(ordinal, pool);
         if (g == NULL) return nd_fail(ND_ERR_BACKEND, "out of host memory for a CUDA graph");
         return nd_fail(ND_ERR_BACKEND, "CUDA error %s (%s): cudaGraphInstantiate on cuda:%d",
@@ -203,6 +251,7 @@ extern "C" nd_status nd_cuda_graph_capture_end(int ordinal, nd_cuda_graph **out)
     }
     g->ordinal = ordinal;
     g->pool = pool; /* the capture's reference is the graph's now */
+    g->replay_counter = counter;
     g->graph = graph;
     g->exec = exec;
     g->nodes = (int64_t)nodes;
@@ -237,6 +286,7 @@ extern "C" void nd_cuda_graph_destroy(nd_cuda_graph *g) {
         (void)cudaGraphDestroy(g->graph);
     }
     (void)cudaGetLastError();
+    free_counter(g->ordinal, g->replay_counter);
     nd_cuda_graph_pool_release(g->ordinal, g->pool);
     free(g);
 }

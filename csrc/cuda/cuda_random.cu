@@ -4,8 +4,9 @@
  * values (bit for bit where the math library agrees, see philox.h) and no
  * value depends on the grid's size.
  *
- * No host synchronisation, no device memory beyond the output, the default
- * stream like the other kernels.
+ * No host synchronisation, no device memory beyond the output, the current
+ * stream like the other kernels. A draw captured into a CUDA graph mixes the
+ * graph's replay counter into its Philox stream (nd_philox_replay_stream).
  */
 #include "cuda_common.cuh"
 
@@ -14,10 +15,13 @@
 /* out (n,) contiguous: element i = element i of the draw params describes. */
 __global__ void random_kernel(nd_random_params params, int64_t n, float *out) {
     const int64_t blocks = (n + 3) / 4;
+    const uint64_t stream = params.replay_counter == NULL
+                                ? params.stream
+                                : nd_philox_replay_stream(params.stream, *params.replay_counter);
     for (int64_t block = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; block < blocks;
          block += (int64_t)gridDim.x * blockDim.x) {
         float values[4];
-        nd_random_block(params.kind, params.key, params.stream, (uint64_t)block, params.p, values);
+        nd_random_block(params.kind, params.key, stream, (uint64_t)block, params.p, values);
         const int64_t first = 4 * block;
         if (first + 4 <= n) {
             out[first] = values[0];
@@ -31,10 +35,16 @@ __global__ void random_kernel(nd_random_params params, int64_t n, float *out) {
 }
 
 nd_status nd_cuda_random(const nd_random_params *params, int64_t n, float *out) {
-    ND_TRY(nd_cuda_activate(out, NULL));
+    nd_device *dev = NULL;
+    ND_TRY(nd_cuda_activate(out, &dev));
+    nd_random_params p = *params;
+    /* Captured: each replay reads the graph's counter (the capture's last
+     * node advances it), so dropout differs between replays as between steps. */
+    if (nd_cuda_graph_capturing(dev->ordinal))
+        ND_TRY(nd_cuda_graph_replay_counter(dev->ordinal, &p.replay_counter));
     const int64_t blocks = (n + 3) / 4;
     ND_LAUNCH(random_kernel, nd_cuda_blocks(blocks, ND_CUDA_THREADS), ND_CUDA_THREADS, 0,
-              nd_cuda_stream(), *params, n, out);
+              nd_cuda_stream(), p, n, out);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }

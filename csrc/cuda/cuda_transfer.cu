@@ -178,6 +178,18 @@ static nd_status view_to_host(nd_device *dev, const nd_layout *src_layout, const
     return ND_OK;
 }
 
+/* Transfers with the host cannot be part of a CUDA graph: one to the host
+ * waits for the GPU, and one from the host would be replayed from a staging
+ * buffer that other copies reuse, not from the caller's data. Refused before
+ * anything is queued, so the capture stays valid. */
+static nd_status refuse_in_capture(nd_device *dev, const char *what) {
+    if (!nd_cuda_graph_capturing(dev->ordinal)) return ND_OK;
+    return nd_fail(ND_ERR_BACKEND,
+                   "%s cannot be captured in a CUDA graph on %s:%d: do it before the capture "
+                   "or between replays (copy_ new inputs into the graph's static tensors)",
+                   what, dev->name, dev->ordinal);
+}
+
 nd_status nd_cuda_to_host(const nd_layout *src_layout, const void *src, nd_dtype dtype,
                           void *host) {
     if (nd_dtype_size(dtype) == 0) return nd_backend_lacks_dtype("cuda", "a transfer", dtype);
@@ -187,6 +199,7 @@ nd_status nd_cuda_to_host(const nd_layout *src_layout, const void *src, nd_dtype
     if (it.numel == 0) return ND_OK;
     nd_device *dev = NULL;
     ND_TRY(nd_cuda_activate(src, &dev));
+    ND_TRY(refuse_in_capture(dev, "a copy to the host (.numpy(), printing, a Python number)"));
     ND_TRY(view_to_host(dev, src_layout, it, src, dtype, host));
     /* The copy waited for the GPU: errors its kernels found are reported now. */
     return nd_cuda_index_errors(dev);
@@ -222,6 +235,8 @@ nd_status nd_cuda_from_host(const nd_layout *dst_layout, void *dst, nd_dtype dty
     if (it.numel == 0) return ND_OK;
     nd_device *dev = NULL;
     ND_TRY(nd_cuda_activate(dst, &dev));
+    ND_TRY(refuse_in_capture(dev, "a copy from the host (a new tensor from NumPy or a list, "
+                                  "a host random draw, copy_ of host data)"));
     char *first = (char *)dst + dst_layout->offset * (int64_t)es;
     const int64_t nbytes = it.numel * (int64_t)es;
     if (it.ndim == 1 && it.strides[0][0] == 1) {

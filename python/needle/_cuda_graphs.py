@@ -167,9 +167,13 @@ class graph:
 
     def __init__(self, cuda_graph, pool=None, stream=None, capture_error_mode="global"):
         if not isinstance(cuda_graph, CUDAGraph):
-            raise TypeError(f"graph() expects a needle.cuda.CUDAGraph, got {type(cuda_graph).__name__}")
+            raise TypeError(
+                f"graph() expects a needle.cuda.CUDAGraph, got {type(cuda_graph).__name__}"
+            )
         if stream is not None and not isinstance(stream, Stream):
-            raise TypeError(f"stream must be a needle.cuda.Stream or None, got {type(stream).__name__}")
+            raise TypeError(
+                f"stream must be a needle.cuda.Stream or None, got {type(stream).__name__}"
+            )
         self.cuda_graph = cuda_graph
         self.pool = pool
         self.capture_error_mode = capture_error_mode

@@ -147,7 +147,9 @@ class StreamContext:
 
     def __init__(self, s):
         if s is not None and not isinstance(s, Stream):
-            raise TypeError(f"stream() expects a needle.cuda.Stream or None, got {type(s).__name__}")
+            raise TypeError(
+                f"stream() expects a needle.cuda.Stream or None, got {type(s).__name__}"
+            )
         self.stream = s
         self._previous = []
 

@@ -33,6 +33,7 @@ import weakref
 
 import numpy as np
 
+import needle_c as _c
 from needle_c import adam_update as _adam_update
 from needle_c import sgd_update as _sgd_update
 
@@ -53,6 +54,17 @@ def _register_grad_check(checker):
 def _check_grads(params):
     for checker in list(_GRAD_CHECKS):
         checker.check_grads(params)
+
+
+def _set_param_data(p, new, capturing):
+    """``p``'s data becomes ``new``: a new array as the course's optimizers do, or, while a
+    CUDA graph is being captured, ``new``'s values written into ``p``'s own memory, since
+    each replay must read the parameters the previous replay wrote (a new array would leave
+    every replay stepping from the captured values)."""
+    if capturing:
+        p.cached_data[...] = new
+    else:
+        p.cached_data = new
 
 
 class Optimizer:
@@ -168,6 +180,7 @@ class SGD(Optimizer):
         one is not modified), ``self.u[p]`` is updated in place; returns None."""
         lr, momentum, wd = self.lr, self.momentum, self.weight_decay
         states = self.u
+        capturing = _c._graph_capturing()
         for p in self.params:
             grad = getattr(p, "grad", None)
             if grad is None:
@@ -175,7 +188,7 @@ class SGD(Optimizer):
             u = states.get(p)
             if u is None:
                 u = states[p] = self._zeros_like(p)
-            p.cached_data = _sgd_update(p, grad, u, lr, momentum, wd)
+            _set_param_data(p, _sgd_update(p, grad, u, lr, momentum, wd), capturing)
 
 
 class Adam(Optimizer):

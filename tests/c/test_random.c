@@ -52,7 +52,7 @@ static void test_fill(void) {
     nd_device *cpu = nd_device_at(0);
     nd_array a;
     CHECK(nd_array_empty(cpu, 2, (int64_t[]){3, 5}, &a) == ND_OK);
-    nd_random_params params = {ND_RANDOM_UNIFORM, 0, 0, 0.0f};
+    nd_random_params params = {ND_RANDOM_UNIFORM, 0, 0, 0.0f, NULL};
     CHECK(nd_array_fill_random(&a, &params) == ND_OK);
     float host[15];
     CHECK(nd_array_to_host(&a, host) == ND_OK);
@@ -73,7 +73,7 @@ static void test_fill(void) {
     /* Bad requests: nothing written. */
     float before[15], after[15];
     CHECK(nd_array_to_host(&a, before) == ND_OK);
-    nd_random_params bad = {ND_RANDOM_BERNOULLI, 1, 0, -0.25f};
+    nd_random_params bad = {ND_RANDOM_BERNOULLI, 1, 0, -0.25f, NULL};
     CHECK(nd_array_fill_random(&a, &bad) == ND_ERR_VALUE);
     CHECK(strstr(nd_last_error(), "[0, 1]") != NULL);
     bad.p = 1.5f;

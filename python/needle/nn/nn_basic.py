@@ -11,6 +11,7 @@ from collections.abc import Mapping as _Mapping
 
 import numpy as _np
 
+import needle_c as _c
 from needle import init, ops
 from needle import random as _random
 from needle._checks import check_count, check_real
@@ -533,8 +534,14 @@ class BatchNorm1d(Module):
             centered = x - mean.reshape((1, self.dim)).broadcast_to(x.shape)
             var = (centered**2).sum((0,)) / n
             m = self.momentum
-            self.running_mean = (self.running_mean * (1 - m) + mean.data * m).data
-            self.running_var = (self.running_var * (1 - m) + var.data * m).data
+            running_mean = (self.running_mean * (1 - m) + mean.data * m).data
+            running_var = (self.running_var * (1 - m) + var.data * m).data
+            if _c._graph_capturing():
+                # A CUDA graph's replays must read what the previous replay wrote.
+                self.running_mean.copy_(running_mean)
+                self.running_var.copy_(running_var)
+            else:
+                self.running_mean, self.running_var = running_mean, running_var
         else:
             mean, var = self.running_mean, self.running_var
             centered = x - mean.reshape((1, self.dim)).broadcast_to(x.shape)
