@@ -17,7 +17,12 @@ same model in PyTorch with its profiler: CUDA kernels, memsets and copies, and
 synchronisations, so that the two stand side by side.
 
     python bench/gpu_census.py [--configs transformer,lstm] [--steps 3] [--warmup 2] [--small]
-                               [--torch] [--check] [--device cuda]
+                               [--torch] [--check] [--device cuda] [--graphs]
+
+``--graphs`` counts a replay of the step captured into a CUDA graph instead (the batch copied
+into static tensors, forward, backward and a capturable Adam step in one graph): what the host
+queues per replayed step (``host_launches_per_step``: the graph launch plus any kernel, copy
+or BLAS call outside it) and the graph's nodes; ``--check`` then holds it to at most 3.
 
 ``--check`` exits 1 when a configuration misses issue 20's targets (launches + BLAS calls per
 step: transformer <= 250, lstm <= 200; host syncs <= 1; device mallocs 0; host-to-device bytes
@@ -39,6 +44,8 @@ TARGETS = {
     "lstm": dict(launches=200),
     "all": dict(host_syncs=1, device_mallocs=0, h2d_bytes=64 * 1024),
 }
+# --graphs: what the host queues per replayed step (issue 37).
+GRAPH_HOST_LAUNCHES = 3
 
 
 def needle_census(name, cfg, vocab, batch, steps, warmup):
@@ -81,6 +88,51 @@ def needle_census(name, cfg, vocab, batch, steps, warmup):
         **{f"{k}_per_step": v for k, v in per_step.items()},
         last_loss=losses[-1],
         kernels_per_step=by_kernel,
+    )
+
+
+def needle_graph_census(name, cfg, vocab, batch, steps, warmup):
+    """``--graphs``: the same step captured into a CUDA graph and replayed
+    (``ptb_train.NeedleGraphedStep``); per replayed step, ``host_launches_per_step`` counts
+    what the host queued: the graph launch, kernels, memsets, device copies, BLAS calls and
+    copies from the host (the batch)."""
+    import needle as ndl
+    from needle import nn, optim
+
+    device = ndl.cuda()
+    if not device.enabled():
+        raise SystemExit(f"gpu_census: CUDA is unavailable: {ndl.cuda.unavailable_reason()}")
+    np.random.seed(0)
+    seq_len = ptb_train.COURSE.seq_len
+    rows = (warmup + steps + 2) * seq_len + 1
+    batches = np.random.randint(0, vocab, size=(rows, batch)).astype(np.float32)
+    model = cfg.language_model(vocab, seq_len, device)
+    model.train()
+    opt = optim.Adam(model.parameters(), lr=ptb_train.COURSE.lr, capturable=True)
+    graphed = ptb_train.NeedleGraphedStep(model, opt, nn.SoftmaxLoss(), device)
+    for n in range(warmup):
+        graphed.warmup(batches, n * seq_len)
+    graphed.capture(batches, warmup * seq_len)
+    ndl.cuda.synchronize(device)
+    ndl.cuda.reset_work_counters(device)
+    losses = [graphed.step(batches, (warmup + 1 + n) * seq_len) for n in range(steps)]
+    work = ndl.cuda.work_counters(device)
+    per_step = {k: v / steps for k, v in work.items()}
+    queued = ("graph_launches", "kernel_launches", "memsets", "d2d_copies", "blas_calls")
+    return dict(
+        config=name,
+        framework="needle",
+        graphs=True,
+        device=ndl.cuda.get_device_name(device),
+        simulated=bool(__import__("needle_c")._cuda_simulated()),
+        vocab=vocab,
+        batch=batch,
+        seq_len=seq_len,
+        steps=steps,
+        graph_nodes=graphed.graph.num_nodes,
+        host_launches_per_step=sum(per_step[k] for k in queued) + per_step["h2d_copies"],
+        **{f"{k}_per_step": v for k, v in per_step.items()},
+        last_loss=losses[-1],
     )
 
 
@@ -151,8 +203,18 @@ def torch_census(name, cfg, vocab, batch, steps, warmup):
 
 
 def misses(row):
-    """Issue 20's census targets this row misses, in words."""
+    """The census targets this row misses, in words: issue 20's for eager steps, issue 37's
+    (at most GRAPH_HOST_LAUNCHES host launches per replayed step) with ``--graphs``."""
     out = []
+    if row.get("graphs"):
+        if row["host_launches_per_step"] > GRAPH_HOST_LAUNCHES:
+            out.append(
+                f"host launches per replay {row['host_launches_per_step']:.1f} > "
+                f"{GRAPH_HOST_LAUNCHES}"
+            )
+        if row["device_mallocs_per_step"] > 0:
+            out.append(f"device mallocs {row['device_mallocs_per_step']:.2f} > 0")
+        return out
     limit = TARGETS.get(row["config"], {}).get("launches")
     if limit is not None and row["launches_per_step"] > limit:
         out.append(f"launches + BLAS {row['launches_per_step']:.0f} > {limit}")
@@ -177,6 +239,9 @@ def main(argv=None):
     parser.add_argument("--small", action="store_true", help="vocabulary 1000, batch 16")
     parser.add_argument("--torch", action="store_true", help="also count PyTorch's step")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument(
+        "--graphs", action="store_true", help="count a replay of the step captured in a CUDA graph"
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
         parser.error("--steps and --warmup must be >= 1 (the first step allocates)")
@@ -189,15 +254,30 @@ def main(argv=None):
     )
     failed = []
     rows = []
+    census = needle_graph_census if args.graphs else needle_census
     for name in names:
         cfg = ptb_train.CONFIGS[name]
-        row = needle_census(name, cfg, vocab, batch, args.steps, args.warmup)
+        row = census(name, cfg, vocab, batch, args.steps, args.warmup)
         row["misses"] = misses(row)
         failed += [f"{name}: {m}" for m in row["misses"]]
         print(json.dumps(row), flush=True)
         rows.append(row)
         if args.torch:
             print(json.dumps(torch_census(name, cfg, vocab, batch, args.steps, args.warmup)))
+    if args.graphs:
+        print(
+            f"\n{'config':<12} {'host launches':>13} {'graph nodes':>11} {'syncs':>6} "
+            f"{'mallocs':>8}"
+        )
+        for r in rows:
+            print(
+                f"{r['config']:<12} {r['host_launches_per_step']:>13.1f} {r['graph_nodes']:>11} "
+                f"{r['host_syncs_per_step']:>6.2f} {r['device_mallocs_per_step']:>8.2f}"
+            )
+        if args.check and failed:
+            print("gpu_census: targets missed: " + "; ".join(failed), file=sys.stderr)
+            return 1
+        return 0
     print(
         f"\n{'config':<12} {'launch+BLAS':>11} {'kernels':>8} {'BLAS':>5} {'syncs':>6} "
         f"{'mallocs':>8} {'h2d B':>8} {'d2h B':>7}"

@@ -23,7 +23,9 @@
 #               pytest arguments for one plain run
 #   census      bench/gpu_census.py --device cuda --torch: the step's kernel launches, BLAS
 #               calls, host syncs, device mallocs and copies, beside PyTorch's profiler's
-#   ptb         bench/ptb_train.py --device cuda: needle against PyTorch on the GPU
+#   ptb         bench/ptb_train.py --device cuda --graphs: needle against PyTorch on the GPU,
+#               eager and each captured in a CUDA graph; then bench/gpu_census.py --graphs
+#               --check: the host launches of a replayed step (issue 37: at most 3)
 #   dtypes      bench/gemm_dtype_bench.py --n 4096: float32/bfloat16/float16 products against
 #               PyTorch's (issue 22: bfloat16 >= 0.8 of PyTorch's throughput), then
 #               bench/amp_bench.py --device cuda: the course transformer's step under autocast
@@ -41,8 +43,8 @@
 #               needle has (pointer arrays, compaction, its own kernel) against PyTorch
 #   repro       python -m needle.repro --device cuda (its calibrated memory limit)
 #   memcheck    compute-sanitizer --tool memcheck over the CUDA tests of test_cuda_ops.py,
-#               test_cuda_transfer.py, test_cuda_memory.py, test_cuda_device.py and
-#               test_cuda_cublas.py
+#               test_cuda_transfer.py, test_cuda_memory.py, test_cuda_device.py,
+#               test_cuda_cublas.py, test_cuda_streams.py and test_cuda_graphs.py
 #   racecheck   compute-sanitizer --tool racecheck over the reduction tests
 # Within the default budget the sanitizers, last, may be cut short or skipped ("skipped: out of
 # time"); `--only memcheck,racecheck` runs them in a call of their own.
@@ -388,7 +390,8 @@ PYEOF
 }
 
 MEMCHECK_TESTS=(tests/test_cuda_ops.py tests/test_cuda_transfer.py tests/test_cuda_memory.py
-    tests/test_cuda_device.py tests/test_cuda_cublas.py)
+    tests/test_cuda_device.py tests/test_cuda_cublas.py tests/test_cuda_streams.py
+    tests/test_cuda_graphs.py)
 RACE_TESTS=(tests/test_reduce_outer.py tests/test_sum_accuracy.py)
 CENSUS_SCRIPT=bench/gpu_census.py
 NCCL_SCRIPT=tests/distributed/collectives.py
@@ -424,7 +427,8 @@ the environment: ${COMPILERS}$(if [ -z "$COMPUTE_CAP" ]; then
         fi
     fi
     if wanted ptb; then
-        check ptb "file:bench/ptb_train.py" "help:bench/ptb_train.py:--device" "module:torch"
+        check ptb "file:bench/ptb_train.py" "help:bench/ptb_train.py:--device" \
+            "help:bench/ptb_train.py:--graphs" "help:$CENSUS_SCRIPT:--graphs" "module:torch"
     fi
     if wanted dtypes; then
         check dtypes "help:bench/gemm_dtype_bench.py:--n" "help:bench/amp_bench.py:--modes"
@@ -537,10 +541,13 @@ assert ndl.cuda.is_available(), ndl.cuda.unavailable_reason()
     fi
 
     if wanted ptb; then
-        # ptb: a training step, needle against PyTorch, both on the GPU.
-        run ptb 120 "$PY" bench/ptb_train.py --device cuda --steps 20 --warmup 3
+        # ptb: a training step, needle against PyTorch, both on the GPU, eager and in CUDA
+        # graphs; then the host launches of a replayed step.
+        run ptb 180 bash -c "$(quoted "$PY" bench/ptb_train.py --device cuda --steps 20 \
+            --warmup 3 --graphs) && $(quoted "$PY" "$CENSUS_SCRIPT" --graphs --check)"
         TABLE="$(sed -n '/^device: cuda/,$p' "$LOG" | sed 's/^/    /')"
-        RATIO="$(awk '$2 == "needle" { print $1 " " $NF }' "$LOG" | tr '\n' ' ')"
+        RATIO="$(awk '$2 ~ /^needle/ { print $1 " " $2 " " $(NF-1) " " $NF }' "$LOG" |
+            tr '\n' ' ')"
         record ptb "$STATUS" "$SECS" "needle/torch step time: ${RATIO:--}" \
             "${TABLE:-$(tail_of "$LOG" 20)}"
     fi

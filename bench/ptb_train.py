@@ -25,7 +25,11 @@ weights. Data: needle's synthetic corpus by default, ``--data DIR`` for real PTB
 (``pip install torch==2.13.0``) only needle's numbers are printed.
 
     python bench/ptb_train.py [--data DIR] [--steps 20] [--warmup 3] [--configs transformer,lstm]
-                              [--device cpu|cuda]
+                              [--device cpu|cuda] [--graphs]
+
+``--graphs`` (with ``--device cuda``) adds each framework's step captured into a CUDA graph and
+replayed (needle: ``NeedleGraphedStep``, capturable Adam; PyTorch: torch.cuda.graphs' recipe,
+capturable Adam), rows ``needle+graphs`` and ``torch+graphs``.
 """
 
 import argparse
@@ -46,6 +50,9 @@ from needle.apps.course_config import COURSE
 
 # The course's configuration and its LSTM twin; both train with the course's seq_len, batch
 # and learning rate.
+# The runs a worker subprocess does: each framework eager, and captured in a CUDA graph.
+WORKERS = ("needle", "torch", "needle+graphs", "torch+graphs")
+
 CONFIGS = {
     "transformer": COURSE,
     "lstm": dataclasses.replace(COURSE, seq_model="lstm"),
@@ -140,7 +147,65 @@ def needle_step(model, opt, loss_fn, batches, i, h, device):
     return float(loss.numpy().reshape(-1)[0]), h
 
 
-def run_needle(cfg, batches, vocab, steps, warmup, device_name="cpu"):
+class NeedleGraphedStep:
+    """``needle_step`` captured into a CUDA graph (``--graphs``): the batch is copied into
+    static tensors (``copy_``), the carried state is copied inside the graph into the static
+    state the next replay reads (as ``needle_step``'s detach carries it), and one replay is
+    the whole forward, backward and Adam step. Adam keeps its step and learning rate on the
+    GPU (``capturable=True``) so that replays equal eager steps. ``warmup`` runs eager steps
+    on the static tensors (the optimizer state and the carried state come to exist), then
+    ``capture`` records one step; ``step`` feeds a batch, replays and reads the loss."""
+
+    def __init__(self, model, opt, loss_fn, device):
+        import needle as ndl
+
+        self.ndl, self.model, self.opt, self.loss_fn = ndl, model, opt, loss_fn
+        self.graph = None
+        self.device = device
+        self.X = self.y = self.h = None
+
+    def feed(self, batches, i):
+        X = batches[i : i + COURSE.seq_len]
+        y = batches[i + 1 : i + 1 + COURSE.seq_len].reshape(-1)
+        if self.X is None:
+            self.X = self.ndl.Tensor(X, device=self.device, requires_grad=False)
+            self.y = self.ndl.Tensor(y, device=self.device, requires_grad=False)
+        else:
+            self.X.copy_(X)
+            self.y.copy_(y)
+
+    def _step(self):
+        logits, h = self.model(self.X, self.h)
+        loss = self.loss_fn(logits, self.y)
+        self.opt.reset_grad()
+        loss.backward()
+        self.opt.step()
+        with self.ndl.no_grad():  # the carried state, detached, at a fixed address
+            if self.h is None:
+                self.h = tuple(t.detach() for t in h) if isinstance(h, tuple) else h.detach()
+            else:
+                pairs = zip(self.h, h) if isinstance(h, tuple) else [(self.h, h)]
+                for static, new in pairs:
+                    static.copy_(new.detach())
+        return loss
+
+    def warmup(self, batches, i):
+        self.feed(batches, i)
+        return float(self._step().numpy().reshape(-1)[0])
+
+    def capture(self, batches, i):
+        self.feed(batches, i)
+        self.graph = self.ndl.cuda.CUDAGraph()
+        with self.ndl.cuda.graph(self.graph):
+            self.loss = self._step()
+
+    def step(self, batches, i):
+        self.feed(batches, i)
+        self.graph.replay()
+        return float(self.loss.numpy().reshape(-1)[0])
+
+
+def run_needle(cfg, batches, vocab, steps, warmup, device_name="cpu", graphs=False):
     import needle as ndl
     from needle import nn, optim
 
@@ -150,16 +215,24 @@ def run_needle(cfg, batches, vocab, steps, warmup, device_name="cpu"):
     np.random.seed(0)
     model = cfg.language_model(vocab, COURSE.seq_len, device)
     model.train()
-    opt = optim.Adam(model.parameters(), lr=COURSE.lr)
+    opt = optim.Adam(model.parameters(), lr=COURSE.lr, capturable=graphs)
     loss_fn = nn.SoftmaxLoss()
+    graphed = NeedleGraphedStep(model, opt, loss_fn, device) if graphs else None
     h, times, losses, faults = None, [], [], 0
     rss0 = reset_peak_rss()
     ndl.memory.reset_peak_memory_stats(device)
     for n, i in enumerate(batch_starts(batches.shape[0], warmup + steps)):
         if n == warmup:
+            if graphed is not None:
+                graphed.capture(batches, i)
             faults, cpu0 = minor_faults(), cpu_seconds()
         start = time.perf_counter()
-        loss, h = needle_step(model, opt, loss_fn, batches, i, h, device)
+        if graphed is None:
+            loss, h = needle_step(model, opt, loss_fn, batches, i, h, device)
+        elif n < warmup:
+            loss = graphed.warmup(batches, i)
+        else:
+            loss = graphed.step(batches, i)
         losses.append(loss)
         if n >= warmup:
             times.append(time.perf_counter() - start)
@@ -292,7 +365,7 @@ def copy_needle_parameters(model, cfg, vocab):
             t.copy_(torch.from_numpy(np.ascontiguousarray(a).reshape(t.shape)))
 
 
-def run_torch(cfg, batches, vocab, steps, warmup, device_name="cpu"):
+def run_torch(cfg, batches, vocab, steps, warmup, device_name="cpu", graphs=False):
     import torch
 
     if device_name == "cuda" and not torch.cuda.is_available():
@@ -304,12 +377,14 @@ def run_torch(cfg, batches, vocab, steps, warmup, device_name="cpu"):
     copy_needle_parameters(model, cfg, vocab)
     model.to(device_name)
     model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=COURSE.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=COURSE.lr, capturable=graphs)
     data = torch.from_numpy(batches.astype(np.int64)).to(device_name)
     h, times, losses, faults = None, [], [], 0
     rss0 = reset_peak_rss()
     if device_name == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    if graphs:
+        return _run_torch_graphed(model, opt, data, batches, steps, warmup, rss0)
     for n, i in enumerate(batch_starts(batches.shape[0], warmup + steps)):
         if n == warmup:
             faults, cpu0 = minor_faults(), cpu_seconds()
@@ -338,6 +413,68 @@ def run_torch(cfg, batches, vocab, steps, warmup, device_name="cpu"):
     )
 
 
+def _run_torch_graphed(model, opt, data, batches, steps, warmup, rss0):
+    """PyTorch's step captured with torch.cuda.graphs, the documented recipe: warm-up on a
+    side stream, static inputs and carried state, capturable Adam, one replay per step."""
+    import torch
+
+    seq = COURSE.seq_len
+    static_X = data[0:seq].clone()
+    static_y = data[1 : 1 + seq].reshape(-1).clone()
+    state = {"h": None}
+
+    def body():
+        logits, h = model(static_X, state["h"])
+        loss = torch.nn.functional.cross_entropy(logits, static_y)
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            if state["h"] is None and isinstance(h, tuple):
+                state["h"] = tuple(t.detach().clone() for t in h)
+            elif isinstance(h, tuple):
+                for static, new in zip(state["h"], h):
+                    static.copy_(new)
+        return loss
+
+    def feed(i):
+        static_X.copy_(data[i : i + seq])
+        static_y.copy_(data[i + 1 : i + 1 + seq].reshape(-1))
+
+    starts = batch_starts(batches.shape[0], warmup + steps + 1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    losses, times = [], []
+    with torch.cuda.stream(side):
+        for i in starts[:warmup]:
+            feed(i)
+            opt.zero_grad(set_to_none=True)
+            losses.append(body().item())
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    feed(starts[warmup])
+    with torch.cuda.graph(graph):
+        static_loss = body()
+    faults, cpu0 = minor_faults(), cpu_seconds()
+    for i in starts[warmup + 1 :]:
+        start = time.perf_counter()
+        feed(i)
+        graph.replay()
+        losses.append(static_loss.item())
+        times.append(time.perf_counter() - start)
+    return dict(
+        times=times,
+        losses=losses,
+        faults=(minor_faults() - faults) / steps,
+        cpu=[(b - a) / steps for a, b in zip(cpu0, cpu_seconds())],
+        peak_allocated=torch.cuda.max_memory_allocated(),
+        rss_delta=None if rss0 is None else peak_rss() - rss0,
+        params=sum(p.numel() for p in model.parameters()),
+        version=torch.__version__,
+        threads=torch.get_num_threads(),
+    )
+
+
 # --------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------
@@ -346,8 +483,9 @@ def run_torch(cfg, batches, vocab, steps, warmup, device_name="cpu"):
 def worker(args):
     batches, vocab, train_name = load_batches(args.data, args.vocab)
     cfg = CONFIGS[args.config]
-    run = run_needle if args.worker == "needle" else run_torch
-    result = run(cfg, batches, vocab, args.steps, args.warmup, args.device)
+    run = run_needle if args.worker.startswith("needle") else run_torch
+    graphs = args.worker.endswith("+graphs")
+    result = run(cfg, batches, vocab, args.steps, args.warmup, args.device, graphs)
     step = statistics.median(result["times"])
     row = {
         "config": args.config,
@@ -450,7 +588,12 @@ def main():
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="where both frameworks train"
     )
-    parser.add_argument("--worker", choices=("needle", "torch"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--graphs",
+        action="store_true",
+        help="also run each framework's step captured in a CUDA graph (--device cuda)",
+    )
+    parser.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
     parser.add_argument("--config", choices=tuple(CONFIGS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -463,7 +606,11 @@ def main():
     for c in configs:
         if c not in CONFIGS:
             parser.error(f"unknown configuration {c!r} (choose from {', '.join(CONFIGS)})")
+    if args.graphs and args.device != "cuda":
+        parser.error("--graphs needs --device cuda (CUDA graphs are the GPU's)")
     frameworks = ["needle"] + (["torch"] if info["torch"] else [])
+    if args.graphs:
+        frameworks += [f"{fw}+graphs" for fw in frameworks]
     with tempfile.TemporaryDirectory(prefix="needle-ptb-bench-") as tmp:
         if args.data is None:
             from needle.data import write_synthetic_corpus
@@ -526,24 +673,27 @@ def main():
             if r.get("cpu_kernels"):
                 print(f"{r['config']}: {kernels_line(r['cpu_kernels'])}")
     print(
-        f"{'config':<13}{'framework':<10}{'params':>9}{'step ms':>10}{'tokens/s':>11}"
+        f"{'config':<13}{'framework':<14}{'params':>9}{'step ms':>10}{'tokens/s':>11}"
         f"{'user ms':>9}{'sys ms':>8}"
         f"{'peak alloc MiB':>16}{'peak RSS+ MiB':>15}{'faults/step':>13}"
-        f"{'loss first->last':>19}{'vs torch':>10}"
+        f"{'loss first->last':>19}{'vs torch':>10}{'vs torch+graphs':>17}"
     )
     by_key = {(r["config"], r["framework"]): r for r in rows}
+
+    def versus(r, peer_name):
+        peer = by_key.get((r["config"], peer_name))
+        mine = r["framework"].startswith("needle")
+        return f"{r['step_ms'] / peer['step_ms']:.2f}x" if peer and mine else "-"
+
     for r in rows:
-        peer = by_key.get((r["config"], "torch"))
-        ratio = (
-            f"{r['step_ms'] / peer['step_ms']:.2f}x" if peer and r["framework"] == "needle" else "-"
-        )
+        ratio = f"{versus(r, 'torch'):>10}{versus(r, 'torch+graphs'):>17}"
         losses = f"{r['first_loss']:.2f}->{r['last_loss']:.2f}"
         print(
-            f"{r['config']:<13}{r['framework']:<10}{r['params']:>9}{r['step_ms']:>10.1f}"
+            f"{r['config']:<13}{r['framework']:<14}{r['params']:>9}{r['step_ms']:>10.1f}"
             f"{r['tokens_per_s']:>11.0f}{r['user_ms_per_step']:>9.0f}{r['sys_ms_per_step']:>8.0f}"
             f"{mib(r['peak_allocated_bytes']):>16}"
             f"{mib(r['rss_delta_bytes']):>15}{r['minor_faults_per_step']:>13.0f}"
-            f"{losses:>19}{ratio:>10}"
+            f"{losses:>19}{ratio}"
         )
 
 
