@@ -149,7 +149,9 @@ class _Graphed:
         self.grad_outputs = ()  # static seeds of the backward, one per output with a graph
         self.input_grads = ()  # static gradients of the inputs requiring grad
         self.leaf_grads = ()
-        self.arrays = []  # (tensor, the array the graphs read, a tensor holding that array)
+        # (the tensor, or the (module, attribute) holding it, the array the graphs read, a
+        # tensor holding that array), for each tensor the graphs read that is not an input
+        self.arrays = []
         self.training = None
 
     def _run(self):
@@ -217,13 +219,13 @@ class _Graphed:
             self._clear_grads()
 
     def capture_forward(self, pool, module):
-        buffers = list(module.named_buffers()) if module is not None else []
+        buffers = _buffers(module) if module is not None else []
         with graph(self.fwd_graph, pool=pool):
             outputs, self.single = self._run()
-        rebound = [name for name, b in buffers if _buffer(module, name) is not b]
+        rebound = [key for m, key, b in buffers if getattr(m, key) is not b]
         if rebound:
-            for name, b in buffers:
-                _set_buffer(module, name, b)
+            for m, key, b in buffers:
+                setattr(m, key, b)
             raise RuntimeError(
                 f"{_NAME}: the forward of {self.where} rebinds the buffer(s) "
                 f"{', '.join(rebound)} on every call (BatchNorm's running statistics in "
@@ -255,13 +257,19 @@ class _Graphed:
         """Notes what a call needs: which inputs get gradients, and the arrays the graphs
         read for every parameter, buffer and closed-over leaf (to refresh when rebound)."""
         self.arg_slots = [
-            k for k, g in enumerate(self.input_grads) if g is not None and self.inputs[k].requires_grad
+            k
+            for k, g in enumerate(self.input_grads)
+            if g is not None and self.inputs[k].requires_grad
         ]
         self.leaf_slots = [j for j, g in enumerate(self.leaf_grads) if g is not None]
         self.used = self.bwd_graph is not None and bool(self.arg_slots or self.leaf_slots)
-        buffers = [b for _, b in module.named_buffers()] if module is not None else []
         seen, self.arrays = set(), []
-        for x in (*self.params, *buffers, *self.leaves):
+        # BatchNorm gives a buffer a new tensor (an attribute rebound), an optimizer gives a
+        # parameter a new array (the same tensor): either is looked up again at each call
+        for m, key, b in _buffers(module) if module is not None else []:
+            seen.add(id(b))
+            self.arrays.append(((m, key), b.realize_cached_data(), b.detach()))
+        for x in (*self.params, *self.leaves):
             if id(x) not in seen:
                 seen.add(id(x))
                 self.arrays.append((x, x.realize_cached_data(), x.detach()))
@@ -298,12 +306,15 @@ class _Graphed:
                         "has no gradient for it; give the sample arg requires_grad=True"
                     )
         # The optimizers give a parameter a new array each step; the graphs read the old one.
-        for x, array, holder in self.arrays:
-            if x.realize_cached_data() is not array:
-                holder.copy_(x)
-        for a, s in zip(args, self.inputs):
-            if a.realize_cached_data() is not s.realize_cached_data():
-                s.copy_(a)
+        with autograd.no_grad():  # values only: the graphed node records the edges
+            for x, array, holder in self.arrays:
+                if isinstance(x, tuple):
+                    x = getattr(*x)
+                if x.realize_cached_data() is not array:
+                    holder.copy_(x)
+            for a, s in zip(args, self.inputs):
+                if a.realize_cached_data() is not s.realize_cached_data():
+                    s.copy_(a)
         self.fwd_graph.replay()
         copies = [_copy(o) for o in self.outputs]
         if not self.used or not autograd.is_grad_enabled():
@@ -325,20 +336,11 @@ class _Graphed:
         return tuple(_copy(g) for g in grads)
 
 
-def _buffer(module, name):
-    owner = module
-    *path, leaf = name.split(".")
-    for part in path:
-        owner = owner[int(part)] if isinstance(owner, (list, tuple)) else getattr(owner, part)
-    return getattr(owner, leaf)
-
-
-def _set_buffer(module, name, value):
-    owner = module
-    *path, leaf = name.split(".")
-    for part in path:
-        owner = owner[int(part)] if isinstance(owner, (list, tuple)) else getattr(owner, part)
-    setattr(owner, leaf, value)
+def _buffers(module):
+    """(owner module, attribute, tensor) of every buffer of ``module`` and its children."""
+    return [
+        (m, key, b) for _, m in module.named_modules() for key, b in m.named_buffers(recurse=False)
+    ]
 
 
 class _GraphedMixin:
@@ -471,21 +473,25 @@ def make_graphed_callables(
 
     from . import cuda as _cuda
 
-    # Lazy set-up work (cuBLAS handles, workspaces) happens here, outside the captures.
-    with (
-        autograd.graph_mode("cycle_free"),
-        autograd._hooks_paused(),
-    ):
-        _cuda.synchronize(ordinal)
-        with _stream_context(Stream(ordinal)):
+    # Lazy set-up work (cuBLAS handles, workspaces) happens in the warm-up, outside the
+    # captures; hooks fire in the live backward, on the gradients the graphed node hands on.
+    with autograd.graph_mode("cycle_free"), autograd._hooks_paused():
+        try:
+            _cuda.synchronize(ordinal)
+            with _stream_context(Stream(ordinal)):
+                for g in graphed:
+                    g.warm_up(num_warmup_iters, allow_unused_input)
+            _cuda.synchronize(ordinal)
+            for g, (c, *_rest) in zip(graphed, states):
+                g.capture_forward(pool, c if isinstance(c, module_type) else None)
+            # the backward graphs in reverse order, as the live backward runs them
+            for g in reversed(graphed):
+                g.capture_backward(pool, allow_unused_input)
+        except BaseException:
+            # leave no .grad from the warm-up or a capture (they were None on entry)
             for g in graphed:
-                g.warm_up(num_warmup_iters, allow_unused_input)
-        _cuda.synchronize(ordinal)
-        for g, (c, *_rest) in zip(graphed, states):
-            g.capture_forward(pool, c if isinstance(c, module_type) else None)
-        # backward graphs in reverse order, as the live backward runs them
-        for g in reversed(graphed):
-            g.capture_backward(pool, allow_unused_input)
+                g._clear_grads()
+            raise
     results = []
     for g, (c, *_rest) in zip(graphed, states):
         g.freeze(c if isinstance(c, module_type) else None)

@@ -42,7 +42,6 @@ import needle_c as _c
 
 from . import memory as _memory
 from ._cuda_graphs import CUDAGraph, graph, graph_pool_handle, is_current_stream_capturing
-from ._graphed_callables import make_graphed_callables
 from ._cuda_stream import (
     Stream,
     StreamContext,
@@ -51,6 +50,7 @@ from ._cuda_stream import (
     set_stream,
     stream,
 )
+from ._graphed_callables import make_graphed_callables
 
 __all__ = [
     "is_available",
