@@ -327,3 +327,29 @@ def test_cpu_sample_args_are_a_value_error():
         make(lambda t: t * 2.0, (x,))
     with pytest.raises(TypeError, match="tuple of Tensors"):
         make(lambda t: t * 2.0, [x])
+
+
+@_cuda
+def test_needle_graph_mode_and_hooks_see_the_eager_gradients():
+    eager, model = _mlp(0), _mlp(0)
+    seen = []
+    model.modules[0].weight.register_post_accumulate_grad_hook(
+        lambda p: seen.append(p.grad.numpy())
+    )
+    graphed = make(model, (_tensor(np.zeros((2, 4))),))
+    x = _batches(1, (2, 4))[0]
+    with ndl.autograd.graph_mode("needle"):
+        ndl.ops.summation(eager(_tensor(x)) ** 2).backward()
+        ndl.ops.summation(graphed(_tensor(x)) ** 2).backward()
+    for pe, pg in zip(eager.parameters(), model.parameters()):
+        _same(pe.grad, pg.grad)
+    assert len(seen) == 1  # once, in the live backward, not in the warm-up or the capture
+    np.testing.assert_array_equal(seen[0], eager.modules[0].weight.grad.numpy())
+
+
+@_cuda
+def test_a_closed_over_tensor_with_a_grad_is_refused():
+    w = _tensor(np.ones((4, 4)), requires_grad=True)
+    w.grad = ndl.init.zeros(4, 4, device=ndl.cuda())
+    with pytest.raises(RuntimeError, match=r"reads \(shape \(4, 4\)\) has a \.grad"):
+        make(lambda x: x @ w, (_tensor(np.ones((2, 4))),))

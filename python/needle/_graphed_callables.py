@@ -38,6 +38,7 @@ from ._cuda_stream import Stream, _ordinal
 from ._cuda_stream import stream as _stream_context
 from .autograd import Tensor, TensorOp, TensorTuple, TensorTupleOp
 from .backend_ndarray import ndarray as _nd
+from .nn.nn_basic import Module
 
 __all__ = ["make_graphed_callables"]
 
@@ -54,12 +55,6 @@ def _copy(t):
     out = _empty_like(t)
     out.copy_(t.detach() if t.requires_grad else t)
     return out
-
-
-def _module_type():
-    from .nn.nn_basic import Module  # needle.nn imports needle.cuda's neighbours
-
-    return Module
 
 
 def _walk_leaves(outputs, stop):
@@ -178,9 +173,9 @@ class _Graphed:
         for x in leaves:
             if x.grad is not None:
                 raise RuntimeError(
-                    f"{_NAME}: a parameter of {self.where} (shape {tuple(x.shape)}) has a .grad; "
-                    "the captured backward writes .grad, so it must be None when the callables "
-                    "are graphed (opt.reset_grad() or p.grad = None first)"
+                    f"{_NAME}: a tensor requiring grad that {self.where} reads (shape "
+                    f"{tuple(x.shape)}) has a .grad; the captured backward writes .grad, so it "
+                    "must be None when the callables are graphed (x.grad = None first)"
                 )
         return leaves
 
@@ -328,8 +323,9 @@ class _Graphed:
     def gradient(self, out_grads):
         """Copies of the static gradients of the op's inputs (the args, then the leaves, that
         the outputs reach), after copying ``out_grads`` in and replaying the backward."""
-        for static, k in zip(self.grad_outputs, self.with_graph):
-            static.copy_(out_grads[k])
+        with autograd.no_grad():  # in "needle" mode the incoming gradients are recorded
+            for static, k in zip(self.grad_outputs, self.with_graph):
+                static.copy_(out_grads[k])
         self.bwd_graph.replay()
         grads = [self.input_grads[k] for k in self.arg_slots]
         grads += [self.leaf_grads[j] for j in self.leaf_slots]
@@ -416,7 +412,6 @@ def make_graphed_callables(
     not on one CUDA device; RuntimeError for a parameter whose ``.grad`` is not None or a
     module that rebinds a buffer; ``needle.DeviceError`` without CUDA.
     """
-    module_type = _module_type()
     single = not isinstance(callables, tuple)
     if single:
         callables, sample_args = (callables,), (sample_args,)
@@ -450,7 +445,7 @@ def make_graphed_callables(
         if not callable(c):
             raise TypeError(f"{_NAME}: callables[{i}] is not callable: {type(c).__name__}")
         device = _check_args(where, args, device)
-        params = list(c.parameters()) if isinstance(c, module_type) else []
+        params = list(c.parameters()) if isinstance(c, Module) else []
         for p in params:
             if p.device != device and device is not None:
                 raise ValueError(
@@ -483,7 +478,7 @@ def make_graphed_callables(
                     g.warm_up(num_warmup_iters, allow_unused_input)
             _cuda.synchronize(ordinal)
             for g, (c, *_rest) in zip(graphed, states):
-                g.capture_forward(pool, c if isinstance(c, module_type) else None)
+                g.capture_forward(pool, c if isinstance(c, Module) else None)
             # the backward graphs in reverse order, as the live backward runs them
             for g in reversed(graphed):
                 g.capture_backward(pool, allow_unused_input)
@@ -494,8 +489,8 @@ def make_graphed_callables(
             raise
     results = []
     for g, (c, *_rest) in zip(graphed, states):
-        g.freeze(c if isinstance(c, module_type) else None)
-        if isinstance(c, module_type):
+        g.freeze(c if isinstance(c, Module) else None)
+        if isinstance(c, Module):
             c.forward = _graphed_forward(c, g)
             results.append(c)
         else:
