@@ -18,6 +18,7 @@ share the one name::
     ndl.cuda.set_stream(s), with ndl.cuda.stream(s): ...   # needle/_cuda_stream.py
     ndl.cuda.CUDAGraph(), with ndl.cuda.graph(g): ..., g.replay(),
     ndl.cuda.graph_pool_handle()                           # needle/_cuda_graphs.py
+    ndl.cuda.make_graphed_callables(model, (x,))           # needle/_graphed_callables.py
 
 Every function takes ``device=None`` (meaning ``cuda(0)``), a device index, a CUDA
 device object or a name such as ``"cuda"`` / ``"cuda:1"``, and counts bytes. They are
@@ -49,6 +50,7 @@ from ._cuda_stream import (
     set_stream,
     stream,
 )
+from ._graphed_callables import make_graphed_callables
 
 __all__ = [
     "is_available",
@@ -81,6 +83,7 @@ __all__ = [
     "graph",
     "graph_pool_handle",
     "is_current_stream_capturing",
+    "make_graphed_callables",
 ]
 
 # The census keys of work_counters(), in the engine's order (csrc/cuda/cuda_api.h).
