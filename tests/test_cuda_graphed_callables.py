@@ -237,14 +237,16 @@ def _bn_net():
 
 
 @_cuda
-def test_a_forward_that_rebinds_a_buffer_is_refused():
-    net = _bn_net()
-    bn = net.modules[1]
-    before = (bn.running_mean, bn.running_var)
-    with pytest.raises(RuntimeError, match="running_mean, running_var"):
-        make(net, (_tensor(np.ones((3, 4))),), num_warmup_iters=0)
-    assert (bn.running_mean, bn.running_var) == before
-    assert all(p.grad is None for p in net.parameters())
+def test_batch_norm_in_training_mode_updates_its_statistics_each_replay():
+    """While capturing, BatchNorm writes its running statistics in place (it rebinds them
+    eagerly), so each call's replay moves them as an eager forward does."""
+    eager, model = _bn_net(), _bn_net()
+    bn = model.modules[1]
+    model = make(model, (_tensor(np.zeros((3, 4))),), num_warmup_iters=0)
+    for batch in _batches(3, (3, 4), seed=8):
+        _same(eager(_tensor(batch)), model(_tensor(batch)))
+    _same(eager.modules[1].running_mean, bn.running_mean)
+    _same(eager.modules[1].running_var, bn.running_var)
 
 
 @_cuda
@@ -311,14 +313,28 @@ def test_bad_arguments_of_make_graphed_callables():
 
 
 @_cuda
-def test_a_random_draw_fails_the_capture_cleanly():
+def test_dropout_draws_anew_on_each_call():
+    """A random draw captured in the forward graph reads the graph's replay counter: each
+    call keeps a different half, and the gradient follows that call's mask."""
     np.random.seed(0)
-    model = ndl.nn.Sequential(ndl.nn.Linear(4, 4, device=ndl.cuda()), ndl.nn.Dropout(0.5))
-    with pytest.raises(ndl.DeviceError):
-        make(model, (_tensor(np.ones((2, 4))),), num_warmup_iters=1)
-    assert ndl.cuda.is_current_stream_capturing() is False
-    assert all(p.grad is None for p in model.parameters())
-    _same(_tensor([1.0, 2.0]) * 2.0, _tensor([2.0, 4.0]))  # the device still works
+    model = ndl.nn.Sequential(ndl.nn.Linear(4, 64, device=ndl.cuda()), ndl.nn.Dropout(0.5))
+    weight = model.modules[0].weight
+    plain = model.modules[0]
+    graphed = make(model, (_tensor(np.ones((2, 4))),), num_warmup_iters=1)
+    x = _tensor(np.ones((2, 4)))
+    masks = []
+    for _ in range(2):
+        out = graphed(x)
+        kept = out.numpy() != 0
+        masks.append(kept)
+        np.testing.assert_allclose(out.numpy()[kept], 2.0 * plain(x).numpy()[kept], rtol=1e-6)
+        out.sum().backward()
+        expected = np.ones((2, 4), np.float32).T @ (2.0 * kept.astype(np.float32))
+        np.testing.assert_allclose(weight.grad.numpy(), expected, rtol=1e-6)
+        weight.grad = None
+        model.modules[0].bias.grad = None
+    assert not np.array_equal(masks[0], masks[1])
+    assert 32 < masks[0].sum() < 96
 
 
 def test_cpu_sample_args_are_a_value_error():

@@ -32,7 +32,11 @@ PYTEST_MARK = "<!-- readme-test: pytest -->"
 SKIP_MARK = re.compile(r"^<!-- docs-test: skip \((.+)\) -->$")
 # The blocks that do not run here: page -> the reasons of its skip markers, in page order. A
 # marker not listed here, or an entry with no marker, fails test_skipped_blocks_are_listed.
-SKIPPED = {}
+SKIPPED = {
+    "docs/cuda.md": [
+        "needs a GPU: CUDA graphs; tests/test_cuda_graphs.py runs this on the simulator"
+    ],
+}
 # A fence's info string (```python), its body, and the line before it (for the pytest mark).
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.M | re.S)
 # Seconds one block may take: each is a few steps of a tiny model.

@@ -23,8 +23,9 @@ machinery (version counters, AccumulateGrad's buffer stealing):
   (closed over, not module parameters) get their gradients too.
 - The captured backward writes ``.grad`` on the parameters, so their ``.grad`` must be None
   when the callables are made (RuntimeError otherwise); the result leaves them None.
-- A module whose forward rebinds a buffer (BatchNorm's running statistics in training
-  mode) cannot be replayed (a replay would not move the statistics): RuntimeError.
+- A module whose forward rebinds a buffer while capturing cannot be replayed (a replay would
+  not move it): RuntimeError. (BatchNorm writes its running statistics in place while a
+  capture runs, so it replays in training mode.)
 As in PyTorch, a graphed call's backward is valid for its last call only (the static
 tensors hold one call's activations), callables that share a pool must run in the order
 they were given, and the gradient cannot be differentiated again.
