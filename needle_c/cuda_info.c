@@ -104,17 +104,15 @@ static PyObject *cuda_work(PyObject *module, PyObject *const *args, Py_ssize_t n
     if (status != ND_OK) return raise_status(state_of_module(module), status);
     if (reset && (status = nd_cuda_work_reset((int)ordinal)) != ND_OK)
         return raise_status(state_of_module(module), status);
-    return Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L}",
-                         "kernel_launches",
-                         (long long)w.kernel_launches, "memsets", (long long)w.memsets,
-                         "d2d_copies", (long long)w.d2d_copies, "blas_calls",
-                         (long long)w.blas_calls, "host_syncs", (long long)w.host_syncs,
-                         "device_mallocs", (long long)w.device_mallocs, "device_frees",
-                         (long long)w.device_frees, "h2d_copies", (long long)w.h2d_copies,
-                         "h2d_bytes", (long long)w.h2d_bytes, "d2h_copies", (long long)w.d2h_copies,
-                         "d2h_bytes", (long long)w.d2h_bytes, "graph_launches",
-                         (long long)w.graph_launches, "graph_nodes", (long long)w.graph_nodes,
-                         "legacy_stream_work", (long long)w.legacy_stream_work);
+    return Py_BuildValue(
+        "{s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L}", "kernel_launches",
+        (long long)w.kernel_launches, "memsets", (long long)w.memsets, "d2d_copies",
+        (long long)w.d2d_copies, "blas_calls", (long long)w.blas_calls, "host_syncs",
+        (long long)w.host_syncs, "device_mallocs", (long long)w.device_mallocs, "device_frees",
+        (long long)w.device_frees, "h2d_copies", (long long)w.h2d_copies, "h2d_bytes",
+        (long long)w.h2d_bytes, "d2h_copies", (long long)w.d2h_copies, "d2h_bytes",
+        (long long)w.d2h_bytes, "graph_launches", (long long)w.graph_launches, "graph_nodes",
+        (long long)w.graph_nodes, "legacy_stream_work", (long long)w.legacy_stream_work);
 #else
     (void)module;
     Py_RETURN_NONE;

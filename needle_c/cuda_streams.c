@@ -18,8 +18,7 @@ static PyObject *cuda_stream(PyObject *module, PyObject *args) {
     const char *op = NULL;
     int ordinal = 0;
     unsigned long long handle = 0, other = 0;
-    if (!PyArg_ParseTuple(args, "si|KK:_cuda_stream", &op, &ordinal, &handle, &other))
-        return NULL;
+    if (!PyArg_ParseTuple(args, "si|KK:_cuda_stream", &op, &ordinal, &handle, &other)) return NULL;
     needle_state *st = state_of_module(module);
 #ifdef NEEDLE_WITH_CUDA
     intptr_t out = 0;
@@ -32,7 +31,8 @@ static PyObject *cuda_stream(PyObject *module, PyObject *args) {
     else if (strcmp(op, "destroy") == 0) status = nd_cuda_stream_destroy(ordinal, (intptr_t)handle);
     else if (strcmp(op, "synchronize") == 0)
         status = nd_cuda_stream_synchronize(ordinal, (intptr_t)handle);
-    else if (strcmp(op, "query") == 0) status = nd_cuda_stream_query(ordinal, (intptr_t)handle, &done);
+    else if (strcmp(op, "query") == 0)
+        status = nd_cuda_stream_query(ordinal, (intptr_t)handle, &done);
     else if (strcmp(op, "wait") == 0)
         status = nd_cuda_stream_wait(ordinal, (intptr_t)handle, (intptr_t)other);
     else {
@@ -46,8 +46,8 @@ static PyObject *cuda_stream(PyObject *module, PyObject *args) {
 #else
     (void)handle;
     (void)other;
-    PyErr_Format(st->device_error, "CUDA stream %.40s on GPU %d: needle was built without CUDA",
-                 op, ordinal);
+    PyErr_Format(st->device_error, "CUDA stream %.40s on GPU %d: needle was built without CUDA", op,
+                 ordinal);
     return NULL;
 #endif
 }

@@ -16,8 +16,8 @@
 extern PyMethodDef cuda_info_module_functions[];    /* cuda_info.c */
 extern PyMethodDef cuda_streams_module_functions[]; /* cuda_streams.c */
 extern PyMethodDef cuda_graphs_module_functions[];  /* cuda_graphs.c */
-extern PyMethodDef cpu_info_module_functions[];  /* cpu_info.c */
-extern PyMethodDef config_module_functions[];    /* config_table.c */
+extern PyMethodDef cpu_info_module_functions[];     /* cpu_info.c */
+extern PyMethodDef config_module_functions[];       /* config_table.c */
 
 static int add_function_table(PyObject *module, PyMethodDef *table) {
     return PyModule_AddFunctions(module, table);

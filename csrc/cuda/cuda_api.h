@@ -91,8 +91,8 @@ typedef struct nd_cuda_work {
     int64_t device_frees;    /* cudaFree */
     int64_t h2d_copies, h2d_bytes;
     int64_t d2h_copies, d2h_bytes;
-    int64_t graph_launches;  /* CUDA graph replays: one host launch each */
-    int64_t graph_nodes;     /* the kernels, copies and memsets those replays ran */
+    int64_t graph_launches;     /* CUDA graph replays: one host launch each */
+    int64_t graph_nodes;        /* the kernels, copies and memsets those replays ran */
     int64_t legacy_stream_work; /* launches, copies, memsets queued on the legacy default
                                  * stream: 0 unless a bug, since a capture misses them */
 } nd_cuda_work;

@@ -269,7 +269,7 @@ static nd_status binary_typed(nd_binary_op op, const nd_cuda_iter &it, const nd_
     const T *x = a.data != NULL ? (const T *)(const void *)a.data + a.layout->offset : NULL;
     const T *y = b.data != NULL ? (const T *)(const void *)b.data + b.layout->offset : NULL;
     return binary_op<T>(op, pow_form_of<C>(b), it, o, x, scalar_in<C>(a), y, scalar_in<C>(b),
-                       nd_cuda_stream());
+                        nd_cuda_stream());
 }
 
 nd_status nd_cuda_binary(nd_binary_op op, nd_dtype dtype, const nd_layout *out_layout, void *out,

@@ -157,7 +157,8 @@ nd_status nd_cuda_check_indices(const nd_layout *idx_layout, const float *idx, i
     unsigned long long *first_bad = NULL;
     ND_TRY(arm(dev, n, count, what, unit, &first_bad));
     ND_LAUNCH(check_indices_kernel, nd_cuda_blocks(n, ND_CUDA_THREADS), ND_CUDA_THREADS, 0,
-              nd_cuda_stream(), n, idx + idx_layout->offset, idx_layout->strides[0], count, first_bad);
+              nd_cuda_stream(), n, idx + idx_layout->offset, idx_layout->strides[0], count,
+              first_bad);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }

@@ -129,7 +129,8 @@ extern "C" nd_status nd_cuda_graph_capture_begin(int ordinal, int pool) {
      * part of the graph (the first replay reads 0). */
     void *counter = NULL;
     nd_status status = nd_memory_alloc(dev, COUNTER_BYTES, &counter);
-    if (status == ND_OK && nd_cuda_memset(counter, 0, (size_t)COUNTER_BYTES, stream) != cudaSuccess) {
+    if (status == ND_OK &&
+        nd_cuda_memset(counter, 0, (size_t)COUNTER_BYTES, stream) != cudaSuccess) {
         (void)cudaGetLastError();
         status = nd_fail(ND_ERR_BACKEND, "could not zero a CUDA graph's replay counter on cuda:%d",
                          ordinal);

@@ -33,10 +33,10 @@ void nd_cuda_count_launch(const char *site, const void *stream);
                          stream, ##__VA_ARGS__))
 #define ND_DYNAMIC_SHARED(type, name) type *const name = (type *)nd_sim_dynamic_shared()
 #else
-#define ND_LAUNCH(kernel, grid, block, shared_bytes, stream, ...)   \
-    do {                                                            \
+#define ND_LAUNCH(kernel, grid, block, shared_bytes, stream, ...)             \
+    do {                                                                      \
         nd_cuda_count_launch(ND_LAUNCH_SITE(kernel), (const void *)(stream)); \
-        kernel<<<grid, block, shared_bytes, stream>>>(__VA_ARGS__); \
+        kernel<<<grid, block, shared_bytes, stream>>>(__VA_ARGS__);           \
     } while (0)
 #define ND_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
 #endif
