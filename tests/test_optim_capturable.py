@@ -18,7 +18,8 @@ import needle_c
 from cuda_check import cuda_test
 from devices import DEVICES
 
-SHAPES = [(4, 3), (5,), (2, 3, 2)]
+# (3, 300): more than one block of ND_CUDA_THREADS on a GPU (each computes the coefficients).
+SHAPES = [(4, 3), (5,), (2, 3, 2), (3, 300)]
 
 
 def _params(device, seed, dtype="float32", shapes=SHAPES):

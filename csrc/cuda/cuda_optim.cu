@@ -102,16 +102,25 @@ struct adam_state {
 };
 
 /* h, or with a state the lr and bias corrections read from it now (the same
- * inline double arithmetic as the host's, rounded to T as the host's are). */
+ * inline double arithmetic as the host's, rounded to T as the host's are).
+ * Thread 0 of each block computes them into `now` (the kernel's __shared__):
+ * the double-double power is some hundred double operations, slow on a GPU
+ * with few double units if every thread ran it. s.state is the same for the
+ * whole grid, so every thread of a block reaches the barrier or none does. */
 template <typename T>
-__device__ __forceinline__ adam_coefs<T> adam_coefs_now(adam_coefs<T> h, const adam_state &s) {
-    if (s.state != NULL) {
+__device__ __forceinline__ adam_coefs<T> adam_coefs_now(const adam_coefs<T> &h, const adam_state &s,
+                                                        adam_coefs<T> *now) {
+    if (s.state == NULL) return h;
+    if (threadIdx.x == 0) {
         const double t = s.state[0];
-        h.lr = (T)s.state[1];
-        h.bias_correction1 = (T)nd_adam_bias_correction_inline(s.beta1, t);
-        h.bias_correction2 = (T)nd_adam_bias_correction_inline(s.beta2, t);
+        adam_coefs<T> c = h;
+        c.lr = (T)s.state[1];
+        c.bias_correction1 = (T)nd_adam_bias_correction_inline(s.beta1, t);
+        c.bias_correction2 = (T)nd_adam_bias_correction_inline(s.beta2, t);
+        *now = c;
     }
-    return h;
+    __syncthreads();
+    return *now;
 }
 
 template <typename T> struct sgd_coefs {
@@ -153,7 +162,8 @@ __device__ __forceinline__ void sgd_element(int64_t i, T *out, const T *param, c
  * each element is read before it is written, by the same thread). */
 __global__ void adam_update_kernel(int64_t n, float *out, const float *param, const float *grad,
                                    float *m, float *v, adam_coefs<float> h, adam_state s) {
-    const adam_coefs<float> c = adam_coefs_now(h, s);
+    __shared__ adam_coefs<float> now;
+    const adam_coefs<float> c = adam_coefs_now(h, s, &now);
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         adam_element(i, out, param, grad, m, v, c);
@@ -162,7 +172,8 @@ __global__ void adam_update_kernel(int64_t n, float *out, const float *param, co
 __global__ void adam_update_f64_kernel(int64_t n, double *out, const double *param,
                                        const double *grad, double *m, double *v,
                                        adam_coefs<double> h, adam_state s) {
-    const adam_coefs<double> c = adam_coefs_now(h, s);
+    __shared__ adam_coefs<double> now;
+    const adam_coefs<double> c = adam_coefs_now(h, s, &now);
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         adam_element(i, out, param, grad, m, v, c);
