@@ -617,15 +617,32 @@ nd_status nd_array_fill_random(const nd_array *dst, const nd_random_params *para
  * updates a float64 parameter in float64), else in float32: float16 and
  * bfloat16 operands are widened to float32 and the results rounded once, as
  * PyTorch's opmath does. The coefficients are what the host computed in
- * double (one_minus_beta1 = 1.0 - beta1, bias_correction1 = 1.0 - pow(beta1,
- * t)); float32 arithmetic uses each one rounded to float32 ((float)(1.0 -
- * beta1), not 1.0f - (float)beta1), which is what the unfused code
- * multiplies by. sqrt is correctly rounded where the unfused code's v**0.5 is
- * a pow within an ulp. */
+ * double (one_minus_beta1 = 1.0 - beta1, bias_correction1 =
+ * nd_adam_bias_correction(beta1, t)); float32 arithmetic uses each one
+ * rounded to float32 ((float)(1.0 - beta1), not 1.0f - (float)beta1), which
+ * is what the unfused code multiplies by. sqrt is correctly rounded where the
+ * unfused code's v**0.5 is a pow within an ulp.
+ *
+ * A capturable Adam (PyTorch's capturable=True, for CUDA graphs) sets
+ * `state`: a float64 (2,) contiguous array [t, lr] on the parameter's
+ * device. The update then takes lr and t from that memory when it runs (on a
+ * GPU, in the kernel), computing the bias corrections from t there with the
+ * same nd_adam_bias_correction, so the host passes nothing that changes from
+ * step to step and a replayed graph reads each step's values: lr and the
+ * bias corrections above are ignored. With a state the parameter is updated
+ * IN PLACE (a replay reads and writes the captured addresses) and param_out
+ * is left empty. NULL: the host scalars above, a new param_out. */
 typedef struct nd_adam_hyper {
     double lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay;
     double bias_correction1, bias_correction2;
+    const nd_array *state;
 } nd_adam_hyper;
+
+/* 1 - beta**t for an integer t >= 1, the same bits on the host and in a
+ * GPU kernel (no libm pow, whose last bit differs between them): beta**t by
+ * squaring in double-double arithmetic, within an ulp of the exact power
+ * (the correctly rounded one but in rare near-ties), then 1 - it in double. */
+double nd_adam_bias_correction(double beta, double t);
 
 typedef struct nd_sgd_hyper {
     double lr, momentum, one_minus_momentum, weight_decay;
@@ -642,6 +659,11 @@ typedef struct nd_sgd_hyper {
  * param and grad are never written. On failure nothing was written. */
 nd_status nd_array_adam_update(const nd_array *param, const nd_array *grad, const nd_array *m,
                                const nd_array *v, const nd_adam_hyper *hyper, nd_array *param_out);
+/* Adds 1 to t in a capturable Adam's state (see nd_adam_hyper: float64 (2,)
+ * contiguous, [t, lr]) where it lives: on a GPU one single-thread kernel on
+ * the current stream, no host synchronisation, so a CUDA graph can capture
+ * it. ND_ERR_VALUE for a state of another dtype or shape. */
+nd_status nd_array_adam_count_step(const nd_array *state);
 nd_status nd_array_sgd_update(const nd_array *param, const nd_array *grad, const nd_array *u,
                               const nd_sgd_hyper *hyper, nd_array *param_out);
 

@@ -96,9 +96,10 @@ static nd_status check_operands(const char *op, const nd_array *param, const nd_
 }
 
 /* Makes param_out and the contiguous inputs of checked operands that all
- * have the dtype computed in. On failure nothing is held. */
-static nd_status prepare(const nd_array *param, const nd_array *grad, nd_array *param_out,
-                         prepared *pr) {
+ * have the dtype computed in. in_place (a contiguous param): param_out stays
+ * empty and the backend writes param itself. On failure nothing is held. */
+static nd_status prepare(const nd_array *param, const nd_array *grad, int in_place,
+                         nd_array *param_out, prepared *pr) {
     nd_device *dev = param->storage->device;
     nd_status status = ND_OK;
     pr->n = nd_layout_numel(&param->layout);
@@ -107,6 +108,10 @@ static nd_status prepare(const nd_array *param, const nd_array *grad, nd_array *
                       (status = contiguous_input(grad, &pr->grad_copy, &pr->grad)) != ND_OK)) {
         release_copies(pr);
         return status;
+    }
+    if (in_place) {
+        pr->param_out = data_of(param);
+        return ND_OK;
     }
     status =
         nd_array_empty_typed(dev, param->layout.ndim, param->layout.shape, pr->dtype, param_out);
@@ -121,7 +126,7 @@ static nd_status prepare(const nd_array *param, const nd_array *grad, nd_array *
 /* Releases what prepare made; param_out too when the backend failed. */
 static nd_status finish(prepared *pr, nd_status status, nd_array *param_out) {
     release_copies(pr);
-    if (status != ND_OK) nd_array_release(param_out);
+    if (status != ND_OK && param_out->storage != NULL) nd_array_release(param_out);
     return status;
 }
 
@@ -144,47 +149,116 @@ static int all_of_dtype(int n, const nd_array *const *arrays, nd_dtype dtype) {
     return 1;
 }
 
+/* A capturable Adam's state (engine.h's nd_adam_hyper): float64, shape
+ * (2,), contiguous, on dev when dev is not NULL. */
+static nd_status check_adam_state(const char *op, const nd_array *state, const nd_device *dev) {
+    nd_device *ds = state->storage->device;
+    if (dev != NULL && ds != dev)
+        return nd_fail(ND_ERR_DEVICE, "%s: the step state is on %s() but the parameter is on %s()",
+                       op, ds->name, dev->name);
+    if (state->storage->dtype != ND_FLOAT64 || state->layout.ndim != 1 ||
+        state->layout.shape[0] != 2 || !nd_layout_is_contiguous(&state->layout))
+        return nd_fail(ND_ERR_VALUE,
+                       "%s: the step state must be a contiguous float64 array of shape (2,) "
+                       "holding [t, lr]",
+                       op);
+    return ND_OK;
+}
+
+/* The capturable step's extra checks, on the caller's arrays: the state, and
+ * no gradient in the parameter's memory (the parameter is written in place
+ * while the gradient is read). */
+static nd_status check_capturable(const nd_array *param, const nd_array *grad, const nd_array *m,
+                                  const nd_array *v, const nd_array *state) {
+    nd_status status = check_adam_state("adam_update", state, param->storage->device);
+    if (status != ND_OK) return status;
+    const nd_storage *st = state->storage;
+    if (st == param->storage || st == grad->storage || st == m->storage || st == v->storage)
+        return nd_fail(ND_ERR_VALUE,
+                       "adam_update: the step state shares memory with another operand");
+    if (grad->storage == param->storage)
+        return nd_fail(ND_ERR_VALUE,
+                       "adam_update: the gradient shares memory with the parameter, which a "
+                       "capturable step updates in place");
+    return ND_OK;
+}
+
+double nd_adam_bias_correction(double beta, double t) {
+    return nd_adam_bias_correction_inline(beta, t);
+}
+
 nd_status nd_array_adam_update(const nd_array *param, const nd_array *grad, const nd_array *m,
                                const nd_array *v, const nd_adam_hyper *hyper, nd_array *param_out) {
     static const char *const names[2] = {"the first moment m", "the second moment v"};
     const nd_array *states[2] = {m, v};
+    const nd_array *state = hyper->state;
     memset(param_out, 0, sizeof *param_out);
     nd_status status = check_operands("adam_update", param, grad, 2, states, names);
     if (status != ND_OK) return status;
-    /* The bias corrections and the learning rate are the kernel's arguments,
-     * fixed at the capture: replays would repeat that step's. */
-    if (param->storage->device->alloc.capturing)
+    if (state != NULL) {
+        if ((status = check_capturable(param, grad, m, v, state)) != ND_OK) return status;
+    } else if (param->storage->device->alloc.capturing) {
+        /* The bias corrections and the learning rate are the kernel's
+         * arguments, fixed at the capture: replays would repeat that step's. */
         return nd_fail(ND_ERR_BACKEND,
-                       "Adam's step cannot be captured in a CUDA graph on %s: its bias "
-                       "corrections change every step and a replay would repeat the captured "
-                       "step's (SGD, whose constants do not change, can be captured)",
+                       "Adam's step cannot be captured in a CUDA graph on %s: its learning rate "
+                       "and bias corrections are host numbers fixed at the capture, and a replay "
+                       "would repeat the captured step's; pass capturable=True to "
+                       "needle.optim.Adam, which keeps them in device memory",
                        param->storage->device->name);
+    }
     const nd_array *in[4] = {param, grad, m, v};
     const nd_dtype dtype = compute_dtype(4, in);
-    if (!all_of_dtype(4, in, dtype)) { /* dtype_island.c: m and v written back, param_out
-                                          in param's dtype */
+    if (!all_of_dtype(4, in, dtype)) { /* dtype_island.c: m and v (and a capturable step's
+                                          param) written back, else param_out in param's
+                                          dtype */
         nd_island is = {0};
         status = nd_island_enter_as(&is, 4, in, dtype);
         if (status == ND_OK)
             status = nd_array_adam_update(in[0], in[1], in[2], in[3], hyper, param_out);
+        if (status == ND_OK && state != NULL) status = nd_island_write_back(param, in[0]);
         if (status == ND_OK && (status = nd_island_write_back(m, in[2])) == ND_OK)
             status = nd_island_write_back(v, in[3]);
         nd_island_release(&is);
-        if (status == ND_OK) return nd_island_leave(param_out, param->storage->dtype);
+        if (status == ND_OK)
+            return state != NULL ? ND_OK : nd_island_leave(param_out, param->storage->dtype);
         if (param_out->storage != NULL) nd_array_release(param_out);
         return status;
     }
+    if (state != NULL && !nd_layout_is_contiguous(&param->layout)) {
+        /* In place through a contiguous copy, written back into the view. */
+        nd_array copy;
+        if ((status = nd_array_compact_copy(param, NULL, &copy)) != ND_OK) return status;
+        status = nd_array_adam_update(&copy, grad, m, v, hyper, param_out);
+        if (status == ND_OK) status = nd_array_assign(param, &copy);
+        nd_array_release(&copy);
+        return status;
+    }
     prepared pr = {0};
-    if ((status = prepare(param, grad, param_out, &pr)) != ND_OK) return status;
+    if ((status = prepare(param, grad, state != NULL, param_out, &pr)) != ND_OK) return status;
     const nd_backend *backend = param->storage->device->backend;
     if (backend->adam_update == NULL) {
         status = unsupported("adam_update", param);
     } else if (pr.n > 0) {
-        nd_adam_desc d = {pr.n,    pr.dtype,   pr.param_out, pr.param,
-                          pr.grad, data_of(m), data_of(v),   *hyper};
+        nd_adam_desc d = {pr.n,       pr.dtype, pr.param_out,
+                          pr.param,   pr.grad,  data_of(m),
+                          data_of(v), *hyper,   state != NULL ? data_of(state) : NULL,
+                          0};
         status = backend->adam_update(&d);
     }
     return finish(&pr, status, param_out);
+}
+
+nd_status nd_array_adam_count_step(const nd_array *state) {
+    nd_status status = check_adam_state("adam_count_step", state, NULL);
+    if (status != ND_OK) return status;
+    const nd_backend *backend = state->storage->device->backend;
+    if (backend->adam_update == NULL) return unsupported("adam_count_step", state);
+    nd_adam_desc d = {0};
+    d.dtype = ND_FLOAT64;
+    d.state = data_of(state);
+    d.count = 1;
+    return backend->adam_update(&d);
 }
 
 nd_status nd_array_sgd_update(const nd_array *param, const nd_array *grad, const nd_array *u,
@@ -207,7 +281,7 @@ nd_status nd_array_sgd_update(const nd_array *param, const nd_array *grad, const
         return status;
     }
     prepared pr = {0};
-    if ((status = prepare(param, grad, param_out, &pr)) != ND_OK) return status;
+    if ((status = prepare(param, grad, 0, param_out, &pr)) != ND_OK) return status;
     const nd_backend *backend = param->storage->device->backend;
     if (backend->sgd_update == NULL) {
         status = unsupported("sgd_update", param);

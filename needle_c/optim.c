@@ -10,7 +10,9 @@
  * as an NDArray: the caller stores it as the parameter's data, so a user
  * holding the old data keeps the old values, while the moments are updated
  * in place. Everything a step passes is positional (METH_FASTCALL): this
- * runs once per parameter per step.
+ * runs once per parameter per step. A capturable Adam passes its device
+ * state instead of lr and t and gets its parameter updated in place
+ * (engine.h's nd_adam_hyper), and counts its steps with adam_count_step.
  */
 #include "autograd/tensor.h"
 
@@ -76,24 +78,52 @@ static void release_arrays(PyObject **arrays, int n) {
 
 #define ARRAY(obj) (&NDArray_CAST(obj)->array)
 
+/* adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step,
+ * state=None): with a state (a capturable Adam's [t, lr] on the parameter's
+ * device) lr and step must be None, as the update reads them from it when it
+ * runs, and the parameter is updated in place (returns None). */
 static PyObject *optim_adam_update(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    static const char *const array_names[] = {"param", "grad", "m", "v"};
+    static const char fname[] = "adam_update";
+    static const char *const array_names[] = {"param", "grad", "m", "v", "state"};
     static const char *const number_names[] = {"lr",  "beta1",        "beta2",
                                                "eps", "weight_decay", "step"};
     needle_state *st = state_of_module(module);
-    PyObject *arrays[MAX_ARRAYS];
-    double x[MAX_NUMBERS];
-    if (parse_update_args(st, "adam_update", args, nargs, 4, array_names, 6, number_names, arrays,
-                          x) < 0) {
-        release_arrays(arrays, 4);
+    if (nargs != 10 && nargs != 11) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s() takes 10 positional arguments, or 11 with a state (%zd given)", fname,
+                     nargs);
         return NULL;
     }
+    const int narrays = nargs == 11 && args[10] != Py_None ? 5 : 4;
+    const int capturable = narrays == 5;
+    double x[MAX_NUMBERS];
+    for (int i = 0; i < 6; i++) {
+        PyObject *arg = args[4 + i];
+        if (capturable && (i == 0 || i == 5)) { /* lr and step: read from the state */
+            if (arg != Py_None) {
+                PyErr_Format(PyExc_TypeError,
+                             "%s: %s must be None when a state is given (the update reads it "
+                             "from the state), got %.100s",
+                             fname, number_names[i], Py_TYPE(arg)->tp_name);
+                return NULL;
+            }
+            x[i] = i == 0 ? 0.0 : 1.0;
+        } else if (real_arg(arg, fname, number_names[i], &x[i]) < 0) {
+            return NULL;
+        }
+    }
     double lr = x[0], beta1 = x[1], beta2 = x[2], eps = x[3], weight_decay = x[4], step = x[5];
-    if (!(step >= 1.0) || step != floor(step)) {
-        release_arrays(arrays, 4);
-        PyErr_Format(PyExc_ValueError, "adam_update: step must be an integer >= 1, got %R",
-                     args[9]);
+    if (!(step >= 1.0) || step != floor(step) || step >= 9007199254740992.0) {
+        PyErr_Format(PyExc_ValueError, "%s: step must be an integer >= 1 (below 2**53), got %R",
+                     fname, args[9]);
         return NULL;
+    }
+    PyObject *arrays[MAX_ARRAYS + 1] = {NULL};
+    for (int i = 0; i < narrays; i++) {
+        if ((arrays[i] = array_of(st, args[i < 4 ? i : 10], fname, array_names[i])) == NULL) {
+            release_arrays(arrays, narrays);
+            return NULL;
+        }
     }
     nd_adam_hyper h = {
         .lr = lr,
@@ -103,15 +133,28 @@ static PyObject *optim_adam_update(PyObject *module, PyObject *const *args, Py_s
         .one_minus_beta2 = 1.0 - beta2,
         .eps = eps,
         .weight_decay = weight_decay,
-        .bias_correction1 = 1.0 - pow(beta1, step),
-        .bias_correction2 = 1.0 - pow(beta2, step),
+        .bias_correction1 = nd_adam_bias_correction(beta1, step),
+        .bias_correction2 = nd_adam_bias_correction(beta2, step),
+        .state = capturable ? ARRAY(arrays[4]) : NULL,
     };
     nd_array out;
     nd_status status = nd_array_adam_update(ARRAY(arrays[0]), ARRAY(arrays[1]), ARRAY(arrays[2]),
                                             ARRAY(arrays[3]), &h, &out);
-    release_arrays(arrays, 4);
+    release_arrays(arrays, narrays);
     if (status != ND_OK) return raise_status(st, status);
+    if (capturable) Py_RETURN_NONE;
     return ndarray_wrap(st, &out);
+}
+
+/* adam_count_step(state): t += 1 in a capturable Adam's state, on its device. */
+static PyObject *optim_adam_count_step(PyObject *module, PyObject *arg) {
+    needle_state *st = state_of_module(module);
+    PyObject *state = array_of(st, arg, "adam_count_step", "state");
+    if (state == NULL) return NULL;
+    nd_status status = nd_array_adam_count_step(ARRAY(state));
+    Py_DECREF(state);
+    if (status != ND_OK) return raise_status(st, status);
+    Py_RETURN_NONE;
 }
 
 static PyObject *optim_sgd_update(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -192,13 +235,20 @@ done:
 
 PyMethodDef optim_module_functions[] = {
     {"adam_update", (PyCFunction)(void (*)(void))optim_adam_update, METH_FASTCALL,
-     "adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step, /)\n--\n\n"
+     "adam_update(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step, state=None, "
+     "/)\n--\n\n"
      "One fused Adam step of needle.optim.Adam for one parameter: returns the new parameter "
      "(a new NDArray, param's shape) and updates the moments m and v IN PLACE. Arrays are "
      "NDArrays or Tensors of one shape on one device; m and v contiguous, sharing no memory "
      "with the others. step (t >= 1) sets the bias corrections 1 - beta**t. Computes in float64 "
      "when any array is float64, else in float32; the result has param's dtype and m and v "
-     "keep theirs."},
+     "keep theirs. With state (capturable=True: a float64 (2,) array [t, lr] on param's "
+     "device) lr and step must be None: the update reads them from state when it runs, so a "
+     "CUDA graph can capture it; param is then updated IN PLACE and None is returned."},
+    {"adam_count_step", (PyCFunction)optim_adam_count_step, METH_O,
+     "adam_count_step(state, /)\n--\n\n"
+     "Adds 1 to t in a capturable Adam's state (a float64 (2,) array [t, lr]) on its device: "
+     "one single-thread kernel on a GPU, no host synchronisation. Returns None."},
     {"sgd_update", (PyCFunction)(void (*)(void))optim_sgd_update, METH_FASTCALL,
      "sgd_update(param, grad, u, lr, momentum, weight_decay, /)\n--\n\n"
      "One fused step of needle.optim.SGD (the course's dampened momentum) for one parameter: "

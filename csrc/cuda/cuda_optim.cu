@@ -9,8 +9,11 @@
  * time (nvcc would otherwise contract a*b + c into an FMA), division and sqrt
  * are IEEE-rounded (nvcc's default -prec-div, -prec-sqrt for float; always
  * for double), so both backends give the same bits. Operands are
- * contiguous (optim_update.c compacts strided ones); the default stream; no
- * device memory is allocated and the host never waits here.
+ * contiguous (optim_update.c compacts strided ones); the current stream; no
+ * device memory is allocated and the host never waits here. A capturable Adam
+ * (PyTorch's capturable=True) keeps t and lr in device memory: its kernels
+ * read them, and compute the bias corrections from t, when they run, so a
+ * CUDA graph replay takes each step's values; its t += 1 is a kernel too.
  */
 #include "cuda_common.cuh"
 
@@ -90,6 +93,36 @@ template <typename T> static adam_coefs<T> adam_coefs_of(const nd_adam_hyper &h)
                        (T)h.bias_correction2};
     return c;
 }
+/* Where a capturable step's lr and t are (optim_update.h's desc.state: NULL
+ * for the host's coefficients), with the betas in double to compute the bias
+ * corrections from t in the kernel, as the host does for the others. */
+struct adam_state {
+    const double *state; /* (2,): t, lr */
+    double beta1, beta2;
+};
+
+/* h, or with a state the lr and bias corrections read from it now (the same
+ * inline double arithmetic as the host's, rounded to T as the host's are).
+ * Thread 0 of each block computes them into `now` (the kernel's __shared__):
+ * the double-double power is some hundred double operations, slow on a GPU
+ * with few double units if every thread ran it. s.state is the same for the
+ * whole grid, so every thread of a block reaches the barrier or none does. */
+template <typename T>
+__device__ __forceinline__ adam_coefs<T> adam_coefs_now(const adam_coefs<T> &h, const adam_state &s,
+                                                        adam_coefs<T> *now) {
+    if (s.state == NULL) return h;
+    if (threadIdx.x == 0) {
+        const double t = s.state[0];
+        adam_coefs<T> c = h;
+        c.lr = (T)s.state[1];
+        c.bias_correction1 = (T)nd_adam_bias_correction_inline(s.beta1, t);
+        c.bias_correction2 = (T)nd_adam_bias_correction_inline(s.beta2, t);
+        *now = c;
+    }
+    __syncthreads();
+    return *now;
+}
+
 template <typename T> struct sgd_coefs {
     T lr, momentum, one_minus_momentum, weight_decay;
 };
@@ -125,21 +158,30 @@ __device__ __forceinline__ void sgd_element(int64_t i, T *out, const T *param, c
 
 /* The kernels, one per dtype, named apart (not one template) so that the
  * census reports which ran. out, param, grad and the state: (n,) contiguous;
- * the state updated in place. */
+ * the state updated in place; out may be param (a capturable step, in place:
+ * each element is read before it is written, by the same thread). */
 __global__ void adam_update_kernel(int64_t n, float *out, const float *param, const float *grad,
-                                   float *m, float *v, adam_coefs<float> h) {
+                                   float *m, float *v, adam_coefs<float> h, adam_state s) {
+    __shared__ adam_coefs<float> now;
+    const adam_coefs<float> c = adam_coefs_now(h, s, &now);
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        adam_element(i, out, param, grad, m, v, h);
+        adam_element(i, out, param, grad, m, v, c);
 }
 
 __global__ void adam_update_f64_kernel(int64_t n, double *out, const double *param,
                                        const double *grad, double *m, double *v,
-                                       adam_coefs<double> h) {
+                                       adam_coefs<double> h, adam_state s) {
+    __shared__ adam_coefs<double> now;
+    const adam_coefs<double> c = adam_coefs_now(h, s, &now);
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        adam_element(i, out, param, grad, m, v, h);
+        adam_element(i, out, param, grad, m, v, c);
 }
+
+/* A capturable Adam's t += 1 (state (2,): t, lr), one thread, queued before
+ * the step's updates on the same stream. */
+__global__ void adam_count_step_kernel(double *state) { state[0] = state[0] + 1.0; }
 
 __global__ void sgd_update_kernel(int64_t n, float *out, const float *param, const float *grad,
                                   float *u, sgd_coefs<float> h) {
@@ -156,17 +198,24 @@ __global__ void sgd_update_f64_kernel(int64_t n, double *out, const double *para
 }
 
 nd_status nd_cuda_adam_update(const nd_adam_desc *d) {
+    if (d->count) {
+        ND_TRY(nd_cuda_activate(d->state, NULL));
+        ND_LAUNCH(adam_count_step_kernel, 1, 1, 0, nd_cuda_stream(), d->state);
+        ND_CUDA_CHECK(cudaGetLastError());
+        return ND_OK;
+    }
     ND_TRY(nd_cuda_activate(d->param_out, NULL));
     cudaStream_t stream = nd_cuda_stream();
     const unsigned int blocks = nd_cuda_blocks(d->n, ND_CUDA_THREADS);
+    const adam_state s = {d->state, d->hyper.beta1, d->hyper.beta2};
     if (d->dtype == ND_FLOAT64)
         ND_LAUNCH(adam_update_f64_kernel, blocks, ND_CUDA_THREADS, 0, stream, d->n,
                   (double *)d->param_out, (const double *)d->param, (const double *)d->grad,
-                  (double *)d->m, (double *)d->v, adam_coefs_of<double>(d->hyper));
+                  (double *)d->m, (double *)d->v, adam_coefs_of<double>(d->hyper), s);
     else
         ND_LAUNCH(adam_update_kernel, blocks, ND_CUDA_THREADS, 0, stream, d->n,
                   (float *)d->param_out, (const float *)d->param, (const float *)d->grad,
-                  (float *)d->m, (float *)d->v, adam_coefs_of<float>(d->hyper));
+                  (float *)d->m, (float *)d->v, adam_coefs_of<float>(d->hyper), s);
     ND_CUDA_CHECK(cudaGetLastError());
     return ND_OK;
 }

@@ -23,7 +23,8 @@ collections run once it ends), a ``gc.collect()`` inside it frees no memory that
 might touch (those frees wait for the end), and a graph dropped during another capture is
 destroyed after it. What cannot be captured fails loudly and abandons the capture with
 the allocator consistent: a host synchronisation (``.numpy()``, ``.item()``, printing a GPU
-tensor), a random draw, an optimizer step whose constants change every step (Adam).
+tensor), a draw from NumPy's generator (``NEEDLE_RNG=host``), an Adam step without
+``capturable=True`` (its bias corrections change every step).
 """
 
 import needle_c as _c

@@ -8,7 +8,9 @@ bfloat16 parameter is widened and its results rounded once, as PyTorch's opmath 
 state is kept in the parameter's dtype. The parameter gets a NEW array (``p.data = new``
 in the course), so a tensor holding the old ``p.data`` keeps the old values; the
 optimizer's state (``m``, ``v``, ``u``) is private and is updated IN PLACE: a tensor taken
-from ``opt.m[p]`` follows the updates.
+from ``opt.m[p]`` follows the updates. ``Adam(..., capturable=True)`` (for CUDA graphs, see
+:class:`Adam`) keeps its step counter and learning rate in device memory and updates each
+parameter in place.
 
 Hyper-parameters are checked at construction, as ``torch.optim`` does, and NaN and
 infinities are refused as well: ValueError ("Invalid ...") for ``lr < 0``, ``momentum``
@@ -34,12 +36,14 @@ import weakref
 import numpy as np
 
 import needle_c as _c
+from needle_c import adam_count_step as _adam_count_step
 from needle_c import adam_update as _adam_update
 from needle_c import sgd_update as _sgd_update
 
 from . import init, memory
-from ._checks import check_real
+from ._checks import check_count, check_real
 from .autograd import Tensor, no_grad
+from .backend_ndarray import NDArray
 
 # Objects with a check_grads(params) method that raises when the gradients of params must not
 # be read yet (DistributedDataParallel's reducers); weak, so a dropped wrapper stops checking.
@@ -198,7 +202,27 @@ class Adam(Optimizer):
     ``g = grad + weight_decay * p``, then ``p = p - lr * m_hat / (sqrt(v_hat) + eps)`` with
     ``m_hat = m / (1 - beta1**t)`` and ``v_hat = v / (1 - beta2**t)``. State: step counter
     ``self.t`` (incremented once per ``step()``) and the moment estimates ``self.m`` /
-    ``self.v`` keyed by the parameter object (updated in place each step).
+    ``self.v`` keyed by the parameter object (updated in place each step). ``beta**t`` is
+    computed by squaring in double-double arithmetic (the correctly rounded power but in
+    rare near-ties), the same bits on the host and in a GPU kernel.
+
+    ``capturable=True`` (PyTorch's flag, for CUDA graphs; a bool, TypeError otherwise):
+    the step counter and the learning rate live in device memory, one float64 array
+    ``[t, lr]`` per device the parameters are on, and ``step()`` queues only device work
+    that reads them when it runs: a one-thread kernel per device that adds 1 to ``t``, then
+    the fused update of each parameter, which computes the bias corrections from ``t`` on
+    the device. Nothing on the host changes from step to step, so a step can be captured
+    into a CUDA graph (``with ndl.cuda.graph(g): opt.step()``, after one eager step as
+    PyTorch asks) and each ``g.replay()`` is one more step; without the flag a step inside
+    a capture raises ``needle.DeviceError`` (its lr and bias corrections would be frozen).
+    Capturable and non-capturable steps compute the same formula in the same order and
+    give the same bits. Differences with the flag: each parameter is updated IN PLACE, as
+    PyTorch does (a replay reads and writes the captured memory), so a tensor holding the
+    old ``p.data`` sees the new values; reading ``opt.t`` copies ``t`` back from the
+    device (a host synchronisation, and outside a capture); setting ``opt.lr`` or
+    ``opt.t`` writes the device copies (host-to-device copies, outside a capture: a
+    captured graph reads the new lr at its next replay). ``capturable`` cannot be changed
+    after construction.
     """
 
     def __init__(
@@ -209,6 +233,7 @@ class Adam(Optimizer):
         beta2=0.999,
         eps=1e-8,
         weight_decay=0.0,
+        capturable=False,
     ):
         super().__init__(params)
         check_real("lr", lr, low=0.0)
@@ -216,28 +241,82 @@ class Adam(Optimizer):
         check_real("beta2", beta2, low=0.0, high=1.0, high_open=True)
         check_real("eps", eps, low=0.0, low_open=True)
         check_real("weight_decay", weight_decay, low=0.0)
-        self.lr = lr
+        if not isinstance(capturable, bool):
+            raise TypeError(f"capturable must be a bool, got {type(capturable).__name__}")
+        self._capturable = capturable
+        self._device_states = {}  # capturable: device -> float64 NDArray [t, lr]
+        self._lr = lr
+        self._t = 0
         self.beta1 = beta1
         self.beta2 = beta2
         self.eps = eps
         self.weight_decay = weight_decay
-        self.t = 0
+        if capturable:
+            for p in self.params:
+                self._device_state(p.device)
 
         self.m = {}
         self.v = {}
 
+    @property
+    def capturable(self):
+        """Whether ``t`` and ``lr`` live in device memory (fixed at construction)."""
+        return self._capturable
+
+    @property
+    def lr(self):
+        """The learning rate (a float); setting it checks it as the constructor does and,
+        when capturable, writes every device copy."""
+        return self._lr
+
+    @lr.setter
+    def lr(self, value):
+        check_real("lr", value, low=0.0)
+        if self._capturable:
+            for state in self._device_states.values():
+                state[1:2] = np.array([float(value)])
+        self._lr = value
+
+    @property
+    def t(self):
+        """Steps taken (an int). When capturable it is read from the device, a host
+        synchronisation (it counts the replays of a captured step too)."""
+        if self._capturable and self._device_states:
+            state = next(iter(self._device_states.values()))
+            return int(state.numpy()[0])
+        return self._t
+
+    @t.setter
+    def t(self, value):
+        value = check_count("t", value, low=0)
+        if self._capturable:
+            for state in self._device_states.values():
+                state[0:1] = np.array([float(value)])
+        self._t = value
+
+    def _device_state(self, device):
+        """The ``[t, lr]`` float64 array on ``device``, made (host-to-device) when new."""
+        state = self._device_states.get(device)
+        if state is None:
+            t = self.t  # another device's count, when there is one
+            state = NDArray(np.array([t, self._lr], np.float64), device=device, dtype="float64")
+            self._device_states[device] = state
+        return state
+
     def step(self):
         """Updates every parameter with a gradient: ``p.data`` becomes a new array (the old
-        one is not modified), ``self.m[p]`` and ``self.v[p]`` are updated in place; returns
-        None."""
-        self.t += 1
+        one is not modified; with ``capturable=True`` it is updated in place instead),
+        ``self.m[p]`` and ``self.v[p]`` are updated in place; returns None."""
+        if self._capturable:
+            self._capturable_step()
+            return
         lr, beta1, beta2, eps, wd, t = (
-            self.lr,
+            self._lr,
             self.beta1,
             self.beta2,
             self.eps,
             self.weight_decay,
-            self.t,
+            self._t + 1,
         )
         ms, vs = self.m, self.v
         for p in self.params:
@@ -251,3 +330,26 @@ class Adam(Optimizer):
             if v is None:
                 v = vs[p] = self._zeros_like(p)
             p.cached_data = _adam_update(p, grad, m, v, lr, beta1, beta2, eps, wd, t)
+        # Counted once the updates ran: a step refused at its first parameter (one inside a
+        # CUDA graph capture) leaves t as it was.
+        self._t = t
+
+    def _capturable_step(self):
+        # Device work only, in stream order: each device's t += 1, then the updates, which
+        # read t and lr when they run.
+        with_grad = [p for p in self.params if getattr(p, "grad", None) is not None]
+        for p in with_grad:  # a parameter moved to a new device since construction
+            if p.device not in self._device_states:
+                self._device_state(p.device)
+        for state in self._device_states.values():
+            _adam_count_step(state)
+        beta1, beta2, eps, wd = self.beta1, self.beta2, self.eps, self.weight_decay
+        ms, vs, states = self.m, self.v, self._device_states
+        for p in with_grad:
+            m = ms.get(p)
+            if m is None:
+                m = ms[p] = self._zeros_like(p)
+            v = vs.get(p)
+            if v is None:
+                v = vs[p] = self._zeros_like(p)
+            _adam_update(p, p.grad, m, v, None, beta1, beta2, eps, wd, None, states[p.device])
