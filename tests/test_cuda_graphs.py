@@ -116,8 +116,9 @@ def _course_model(seq_model, device, vocab=50):
 
 
 @_cuda
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("seq_model", ["transformer", "lstm"])
-def test_course_models_replayed_steps_equal_eager_steps(seq_model):
+def test_course_models_replayed_steps_equal_eager_steps(seq_model, optimizer):
     dev = ndl.cuda()
     vocab, seq_len, batch = 50, 6, 4
     rng = np.random.default_rng(2)
@@ -126,7 +127,10 @@ def test_course_models_replayed_steps_equal_eager_steps(seq_model):
 
     def make():
         model = _course_model(seq_model, dev, vocab)
-        opt = ndl.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
+        if optimizer == "sgd":
+            opt = ndl.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)
+        else:  # the course's optimizer, its step and learning rate on the GPU
+            opt = ndl.optim.Adam(model.parameters(), lr=3e-3, capturable=True)
         x = ndl.Tensor(xs[0], device=dev, requires_grad=False)
         y = ndl.Tensor(ys[0], device=dev, requires_grad=False)
         loss_fn = nn.SoftmaxLoss()

@@ -642,6 +642,27 @@ static int ndarray_setitem(PyObject *op, PyObject *key, PyObject *value) {
             return -1;
         }
         nd_dtype dtype = nd_array_dtype(&self->array);
+        /* A NumPy array of the view's shape goes straight into it: one copy
+         * from the host (Tensor.copy_ feeding a CUDA graph's static inputs),
+         * not a new device array and a device copy. */
+        if (PyArray_Check(value) && dtype != ND_BFLOAT16) {
+            int same = PyArray_NDIM((PyArrayObject *)value) == layout.ndim;
+            for (int i = 0; same && i < layout.ndim; i++)
+                same = PyArray_DIM((PyArrayObject *)value, i) == layout.shape[i];
+            if (same) {
+                PyArrayObject *host = (PyArrayObject *)PyArray_FromAny(
+                    value, PyArray_DescrFromType(dtype_npy_type(dtype)), 0, 0,
+                    NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST, NULL);
+                if (host == NULL) return -1;
+                status = nd_array_from_host(&view, PyArray_DATA(host));
+                Py_DECREF(host);
+                if (status != ND_OK) {
+                    raise_status(st, status);
+                    return -1;
+                }
+                return 0;
+            }
+        }
         PyObject *converted =
             ndarray_from_object(st, value, nd_storage_device(self->array.storage), &dtype);
         if (converted == NULL) return -1;
