@@ -9,7 +9,8 @@
 # grid-stride into wrong results. The two runs go side by side (one core each;
 # no cuda-marked test is timing-sensitive) and their logs are printed after;
 # either failing fails the script. Then prints the census of the course's PTB training steps
-# on the simulated GPU (bench/gpu_census.py). Prints how long each step took.
+# on the simulated GPU (bench/gpu_census.py), eager and replayed from a CUDA graph (--graphs
+# --check fails the script past 3 host launches per replay). Prints how long each step took.
 #   bash tests/cuda_sim.sh [pytest args...]     (default: every cuda-marked test in tests/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,5 +59,8 @@ echo "cuda_sim: both runs took $((SECONDS - t0)) s"
 # the step's launches, syncs, mallocs and bytes shows in CI's log.
 t0=$SECONDS
 python bench/gpu_census.py --small --steps 2 --warmup 2 || status=1
+# ...and of the same steps captured in CUDA graphs and replayed (issue 37: at most 3 host
+# launches per replayed step).
+python bench/gpu_census.py --small --steps 2 --warmup 2 --graphs --check || status=1
 echo "cuda_sim: the census took $((SECONDS - t0)) s; $((SECONDS - start)) s in all"
 exit "$status"
