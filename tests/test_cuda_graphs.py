@@ -390,6 +390,35 @@ def test_a_failure_found_at_capture_end_abandons_it():
 
 
 @_cuda
+def test_the_pool_is_reserved_memory_and_the_limit_holds_in_a_capture():
+    dev = ndl.cuda()
+    x = ndl.Tensor(np.ones(1024, dtype=np.float32), device=dev, requires_grad=False)
+    ndl.cuda.synchronize()
+    before = ndl.cuda.memory_allocated()
+    reserved = ndl.cuda.memory_reserved()
+    g = ndl.cuda.CUDAGraph()
+    with ndl.cuda.graph(g):
+        y = x * 2.0
+    # The pool's first segment is reserved like any other (the statistics and limits see it).
+    assert ndl.cuda.memory_reserved() > reserved
+    ndl.memory.set_memory_limit(dev, ndl.cuda.memory_reserved() + 1)
+    try:
+        big = ndl.cuda.CUDAGraph()
+        with pytest.raises(ndl.OutOfMemoryError, match="during a CUDA graph capture"):
+            with ndl.cuda.graph(big):
+                x.broadcast_to((4096, 1024)) * 3.0  # 16 MiB: past the limit, no cache release
+    finally:
+        ndl.memory.set_memory_limit(dev, None)
+    assert not ndl.cuda.is_current_stream_capturing()
+    g.replay()
+    np.testing.assert_array_equal(y.numpy(), np.full(1024, 2.0))
+    del y
+    g.reset()
+    gc.collect()
+    assert ndl.cuda.memory_allocated() == before
+
+
+@_cuda
 def test_host_rng_draws_and_adam_are_refused():
     dev = ndl.cuda()
     model = _mlp(0, dev)

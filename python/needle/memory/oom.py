@@ -120,6 +120,11 @@ def _explain(err):
         f"{_format_bytes(err.fragmentation_bytes)} reserved but not allocated "
         f"({_format_bytes(err.inactive_split_bytes)} in inactive splits)"
     ]
+    if _c._graph_capturing():
+        lines.append(
+            "during a CUDA graph capture, which neither collects nor releases the cache (they "
+            "wait for its end): allocate before capturing, or free memory first"
+        )
     path = _path
     if path is not None:
         try:
