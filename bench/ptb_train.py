@@ -400,6 +400,13 @@ def run_torch(cfg, batches, vocab, steps, warmup, device_name="cpu", graphs=Fals
         losses.append(loss.item())  # waits for the GPU too
         if n >= warmup:
             times.append(time.perf_counter() - start)
+    return _torch_result(model, times, losses, steps, faults, cpu0, rss0, device_name)
+
+
+def _torch_result(model, times, losses, steps, faults, cpu0, rss0, device_name):
+    """What a PyTorch run reports, from its timings and the counters taken before them."""
+    import torch
+
     return dict(
         times=times,
         losses=losses,
@@ -462,17 +469,7 @@ def _run_torch_graphed(model, opt, data, batches, steps, warmup, rss0):
         graph.replay()
         losses.append(static_loss.item())
         times.append(time.perf_counter() - start)
-    return dict(
-        times=times,
-        losses=losses,
-        faults=(minor_faults() - faults) / steps,
-        cpu=[(b - a) / steps for a, b in zip(cpu0, cpu_seconds())],
-        peak_allocated=torch.cuda.max_memory_allocated(),
-        rss_delta=None if rss0 is None else peak_rss() - rss0,
-        params=sum(p.numel() for p in model.parameters()),
-        version=torch.__version__,
-        threads=torch.get_num_threads(),
-    )
+    return _torch_result(model, times, losses, steps, faults, cpu0, rss0, "cuda")
 
 
 # --------------------------------------------------------------------------

@@ -41,7 +41,7 @@ README_NAMES = [
 # Calls every function of needle.cuda in the process it runs in and prints what each gave.
 _CALL_ALL = textwrap.dedent(
     """
-    import json, sys, types
+    import inspect, json, sys, types
     import needle as ndl
 
     assert isinstance(ndl.cuda, types.ModuleType), type(ndl.cuda)
@@ -50,8 +50,17 @@ _CALL_ALL = textwrap.dedent(
     out = {}
     for name in ndl.cuda.__all__:
         fn = getattr(ndl.cuda, name)
+        required = [
+            p for p in inspect.signature(fn).parameters.values()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
         try:
-            value = fn(None) if name == "set_per_process_memory_fraction" else fn()
+            if name == "set_per_process_memory_fraction":
+                value = fn(None)
+            elif required:  # the stream and graph API takes what it works on
+                value = "takes " + ", ".join(p.name for p in required)
+            else:
+                value = fn()
         except ndl.DeviceError:
             value = "DeviceError"
         out[name] = value if isinstance(value, (bool, int, str, type(None))) else repr(value)

@@ -318,21 +318,25 @@ class Adam(Optimizer):
             self.weight_decay,
             self._t + 1,
         )
-        ms, vs = self.m, self.v
         for p in self.params:
             grad = getattr(p, "grad", None)
             if grad is None:
                 continue
-            m = ms.get(p)
-            if m is None:
-                m = ms[p] = self._zeros_like(p)
-            v = vs.get(p)
-            if v is None:
-                v = vs[p] = self._zeros_like(p)
+            m, v = self._moments(p)
             p.cached_data = _adam_update(p, grad, m, v, lr, beta1, beta2, eps, wd, t)
         # Counted once the updates ran: a step refused at its first parameter (one inside a
         # CUDA graph capture) leaves t as it was.
         self._t = t
+
+    def _moments(self, p):
+        """``p``'s moment estimates (m, v), zeros the first time."""
+        m = self.m.get(p)
+        if m is None:
+            m = self.m[p] = self._zeros_like(p)
+        v = self.v.get(p)
+        if v is None:
+            v = self.v[p] = self._zeros_like(p)
+        return m, v
 
     def _capturable_step(self):
         # Device work only, in stream order: each device's t += 1, then the updates, which
@@ -344,12 +348,7 @@ class Adam(Optimizer):
         for state in self._device_states.values():
             _adam_count_step(state)
         beta1, beta2, eps, wd = self.beta1, self.beta2, self.eps, self.weight_decay
-        ms, vs, states = self.m, self.v, self._device_states
+        states = self._device_states
         for p in with_grad:
-            m = ms.get(p)
-            if m is None:
-                m = ms[p] = self._zeros_like(p)
-            v = vs.get(p)
-            if v is None:
-                v = vs[p] = self._zeros_like(p)
+            m, v = self._moments(p)
             _adam_update(p, p.grad, m, v, None, beta1, beta2, eps, wd, None, states[p.device])
