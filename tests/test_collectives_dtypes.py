@@ -326,3 +326,31 @@ def test_ddp_all_reduce_runs_on_the_side_stream_between_events(stub_comm):
     comm.all_reduce(arr, dist.ReduceOp.SUM, "all_reduce").wait()
     (call,) = calls()
     assert call["call"] == "ncclAllReduce" and "stream" not in call
+
+
+def test_collectives_queue_on_needles_current_stream(stub_comm):
+    """On a GPU the collectives go to needle's current stream (non-blocking: the legacy
+    stream, 0, would order nothing against its kernels), and a side-stream all-reduce is
+    fenced by events on it. The stub reads the simulated GPU's memory, which is host memory."""
+    if not (ndl.cuda().enabled() and __import__("needle_c")._cuda_simulated()):
+        pytest.skip("needs the CUDA simulator (its device memory is host memory)")
+    comm, calls = stub_comm
+    comm.pg = type("GroupOnCuda", (_GroupOfTwo,), {"device": ndl.cuda()})()
+    mine = str(ndl.cuda.current_stream().cuda_stream)
+    arr = ndl.NDArray(np.arange(6.0).reshape(2, 3), device=ndl.cuda())
+    comm.all_reduce(arr, dist.ReduceOp.SUM, "all_reduce").wait()
+    comm.broadcast(arr, 0, "broadcast").wait()
+    log = calls()
+    assert [(c["call"], c.get("stream")) for c in log] == [
+        ("ncclAllReduce", mine),
+        ("ncclBroadcast", mine),
+    ]
+    work = comm.all_reduce(arr, dist.ReduceOp.SUM, "DistributedDataParallel", side_stream=True)
+    log = calls()
+    assert log[2] == {"call": "cuEventRecord", "event": log[1]["event"], "stream": mine}
+    work.wait()
+    assert calls()[0]["stream"] == mine  # needle's stream waits for the side stream
+    side = ndl.cuda.Stream()
+    with ndl.cuda.stream(side):  # the current stream is whatever the thread chose
+        comm.all_reduce(arr, dist.ReduceOp.SUM, "all_reduce").wait()
+    assert calls()[0]["stream"] == str(side.cuda_stream)

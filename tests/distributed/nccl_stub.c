@@ -9,8 +9,8 @@
  * memory NCCL would read. A dtype outside nccl.h's enum is ncclInvalidArgument, logged.
  * Collectives on one process: all_gather copies the send buffer into every rank's slot of
  * the receive buffer; all_reduce and broadcast leave the data as it is (one rank's sum).
- * A collective queued on a stream other than NULL adds stream=<handle>. The driver's stream
- * and event calls (the side stream of DistributedDataParallel's all-reduces) append
+ * Any collective queued on a stream other than NULL adds stream=<handle>. The driver's
+ * stream and event calls (the side stream of DistributedDataParallel's all-reduces) append
  *   <call> [flags=<flags>] [stream=<handle>] [event=<handle>]
  * with small integer handles (streams from 0x5000, events from 0x6000; NULL is 0). */
 
@@ -110,9 +110,9 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, i
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, int datatype,
                            int root, ncclComm_t comm, void *stream) {
     (void)comm;
-    (void)stream;
-    char extra[32];
-    snprintf(extra, sizeof extra, " root=%d", root);
+    char extra[64];
+    if (stream == NULL) snprintf(extra, sizeof extra, " root=%d", root);
+    else snprintf(extra, sizeof extra, " root=%d stream=%zu", root, (size_t)stream);
     record("ncclBroadcast", datatype, count, extra, sendbuff);
     if (!known(datatype)) return ncclInvalidArgument;
     if (recvbuff != sendbuff) memcpy(recvbuff, sendbuff, count * dtype_size[datatype]);
@@ -121,8 +121,9 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, i
 
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, int datatype,
                            ncclComm_t comm, void *stream) {
-    (void)stream;
-    record("ncclAllGather", datatype, sendcount, "", sendbuff);
+    char extra[48] = "";
+    if (stream != NULL) snprintf(extra, sizeof extra, " stream=%zu", (size_t)stream);
+    record("ncclAllGather", datatype, sendcount, extra, sendbuff);
     if (!known(datatype)) return ncclInvalidArgument;
     size_t bytes = sendcount * dtype_size[datatype];
     for (int r = 0; r < comm->nranks; r++)

@@ -5,19 +5,21 @@ The library comes from ``NEEDLE_NCCL`` (a path or soname), the ``nvidia-nccl-cu1
 then the loader's path. Rank 0 makes the unique id and broadcasts it over MPI; each rank
 joins with ``ncclCommInitRank`` on its local rank's GPU.
 
-Streams: needle runs all its CUDA work on the legacy default stream (see docs/api.md's
-interoperability section), so the collectives' calls are queued on stream 0 (NULL, the legacy
-default stream for a library built without per-thread default streams, as NCCL is): they start
-after needle's kernels that produced the data and needle's later kernels wait for them, with
-no synchronisation. :meth:`Communicator` works' waits poll that stream (``cuStreamQuery``) and
-NCCL's asynchronous error under the group's timeout; on a timeout the communicator is
-aborted (``ncclCommAbort``) so that no kernel stays waiting for a dead peer.
+Streams: needle runs its CUDA work on its current stream of the GPU (its own non-blocking
+stream unless ``ndl.cuda.stream`` chose another; docs/cuda.md), so the collectives' calls are
+queued on that stream: they start after needle's kernels that produced the data and needle's
+later kernels wait for them, with no synchronisation (the legacy default stream, stream 0,
+would order nothing against a non-blocking stream). :meth:`Communicator` works' waits poll
+that stream (``cuStreamQuery``) and NCCL's asynchronous error under the group's timeout; on a
+timeout the communicator is aborted (``ncclCommAbort``) so that no kernel stays waiting for a
+dead peer.
 
 DistributedDataParallel's bucket all-reduces (``side_stream=True``) run on the communicator's
 own non-blocking stream instead, so that they overlap the rest of the backward on the GPU: an
-event recorded on stream 0 once the bucket is packed makes the side stream wait for it, the
-all-reduce follows there, and its work's ``wait()`` makes stream 0 wait for an event recorded
-after it (``cuStreamWaitEvent``): ordered on the device, without blocking the host.
+event recorded on needle's stream once the bucket is packed makes the side stream wait for
+it, the all-reduce follows there, and its work's ``wait()`` makes needle's stream wait for an
+event recorded after it (``cuStreamWaitEvent``): ordered on the device, without blocking the
+host.
 
 Buffers NCCL needs beyond the arrays (all_gather's gathered block, a compact copy of a view)
 come from needle's allocator, so they are counted and go through its out-of-memory ladder.
@@ -134,14 +136,14 @@ def unavailable_reason(device):
 
 class _StreamRequest:
     """An NCCL call in flight, as an MPI-request-like object for ProcessGroup.wait: done when
-    the legacy default stream is idle; raises NCCL's asynchronous error."""
+    the stream it was queued on (needle's) is idle; raises NCCL's asynchronous error."""
 
-    def __init__(self, comm):
-        self._comm = comm
+    def __init__(self, comm, stream):
+        self._comm, self._stream = comm, stream
 
     def Test(self):  # noqa: N802 - the name ProcessGroup.wait calls, as on an MPI request
         self._comm.check_async()
-        status = self._comm.driver.cuStreamQuery(None)
+        status = self._comm.driver.cuStreamQuery(self._stream)
         if status == _CUDA_ERROR_NOT_READY:
             return False
         if status != _CUDA_SUCCESS:
@@ -233,7 +235,16 @@ class Communicator:
     def _work(self, what, finish, keep):
         from .collectives import Work
 
-        return Work(self.pg, what, _StreamRequest(self), finish, keep)
+        return Work(self.pg, what, _StreamRequest(self, self._needle_stream()), finish, keep)
+
+    def _needle_stream(self):
+        """needle's current stream on this rank's GPU (a CUstream), where its kernels run and
+        the collectives queue; None (the legacy stream) off a usable GPU, where the tests' stub
+        library takes host arrays."""
+        device = self.pg.device
+        if getattr(device, "name", None) != "cuda" or not device.enabled():
+            return None
+        return ctypes.c_void_p(_c._cuda_stream("current", device.index))
 
     def _write_back(self, arr, buf):
         return (lambda: arr.__setitem__(Ellipsis, buf)) if buf is not arr else (lambda: None)
@@ -258,9 +269,10 @@ class Communicator:
 
     def all_reduce(self, arr, op, what, side_stream=False):
         buf = self._compact(arr, what)
-        stream = self._side_stream() if side_stream and buf.size else None
-        if stream is not None:
-            ready = self._recorded_event(None)
+        mine = self._needle_stream()
+        stream = self._side_stream() if side_stream and buf.size else mine
+        if stream is not mine:
+            ready = self._recorded_event(mine)
             self._driver("cuStreamWaitEvent", stream, ready, 0)
             self._driver("cuEventDestroy", ready)  # released once the device is past it
         if buf.size:
@@ -271,14 +283,15 @@ class Communicator:
                 ),
                 "ncclAllReduce",
             )
-        if stream is None:
+        if stream is mine:
             return self._work(what, self._write_back(arr, buf), (arr, buf))
         done = self._recorded_event(stream)
         write_back = self._write_back(arr, buf)
 
         def finish():
-            # stream 0 waits on the device; NCCL's asynchronous error is checked on the host
-            self._driver("cuStreamWaitEvent", None, done, 0)
+            # needle's stream waits on the device; NCCL's asynchronous error is checked on
+            # the host
+            self._driver("cuStreamWaitEvent", mine, done, 0)
             self._driver("cuEventDestroy", done)
             self.check_async()
             write_back()
@@ -292,7 +305,9 @@ class Communicator:
         if buf.size:
             ptr, count, dtype = self._arguments(buf, what)
             self._check(
-                self.lib.ncclBroadcast(ptr, ptr, count, dtype, ctypes.c_int(src), self.comm, None),
+                self.lib.ncclBroadcast(
+                    ptr, ptr, count, dtype, ctypes.c_int(src), self.comm, self._needle_stream()
+                ),
                 "ncclBroadcast",
             )
         return self._work(what, self._write_back(arr, buf), (arr, buf))
@@ -303,7 +318,9 @@ class Communicator:
         if buf.size:
             ptr, count, dtype = self._arguments(buf, what)
             self._check(
-                self.lib.ncclAllGather(ptr, data_pointer(every), count, dtype, self.comm, None),
+                self.lib.ncclAllGather(
+                    ptr, data_pointer(every), count, dtype, self.comm, self._needle_stream()
+                ),
                 "ncclAllGather",
             )
 
