@@ -5,6 +5,7 @@ collector and the cache stay out of a capture, a failed capture leaves the alloc
 statistics consistent, bad input raises, and a replay is one host launch in the census."""
 
 import gc
+import os
 
 import numpy as np
 import pytest
@@ -52,6 +53,18 @@ def _data(n, seed=1):
 
 def _params(model):
     return [p.numpy().copy() for p in model.parameters()]
+
+
+def _assert_same_run(replayed, eager):
+    """Bit for bit: a replay runs the eager step's kernels on the same values. Except under
+    NEEDLE_SIM_PERTURB=1, where the simulator orders each launch's threads by its launch
+    count, which differs between a replay and an eager step, so a kernel that adds floats
+    atomically (the embeddings' gradient) may round differently in the last bits, as it may
+    between two runs on a GPU."""
+    if os.environ.get("NEEDLE_SIM_PERTURB") == "1":
+        np.testing.assert_allclose(replayed, eager, rtol=1e-4, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(replayed, eager)
 
 
 class _Step:
@@ -162,9 +175,9 @@ def test_course_models_replayed_steps_equal_eager_steps(seq_model, optimizer):
         x_g.copy_(x)
         y_g.copy_(y)
         g.replay()
-        np.testing.assert_array_equal(static_loss.numpy(), loss.numpy())
+        _assert_same_run(static_loss.numpy(), loss.numpy())
     for a, b in zip(_params(m_graph), _params(m_eager)):
-        np.testing.assert_array_equal(a, b)
+        _assert_same_run(a, b)
 
 
 @_cuda
