@@ -256,6 +256,7 @@ typedef struct nd_memory_block {
     int64_t segment_size;
     int segment_small;      /* 1: a segment of the small-block pool (CUDA's <= 1 MiB requests) */
     int segment_expandable; /* 1: a mapped run of an expandable segment (expandable_segments) */
+    int segment_pool;       /* 0: the device's cache; else the CUDA graph pool it belongs to */
     uintptr_t address;
     int64_t size;      /* the block's bytes, rounding included */
     int64_t requested; /* ND_BLOCK_STORAGE: the bytes asked for; else size (engine) or 0 */

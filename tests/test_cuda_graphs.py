@@ -412,8 +412,11 @@ def test_the_pool_is_reserved_memory_and_the_limit_holds_in_a_capture():
     g = ndl.cuda.CUDAGraph()
     with ndl.cuda.graph(g):
         y = x * 2.0
-    # The pool's first segment is reserved like any other (the statistics and limits see it).
+    # The pool's first segment is reserved like any other (the statistics and limits see it),
+    # and a snapshot shows it as a graph pool's (PyTorch's segment_pool_id).
     assert ndl.cuda.memory_reserved() > reserved
+    pools = {seg["segment_pool_id"] for seg in ndl.cuda.memory._snapshot()["segments"]}
+    assert (0, 0) in pools and any(p != (0, 0) for p in pools)
     ndl.memory.set_memory_limit(dev, ndl.cuda.memory_reserved() + 1)
     try:
         big = ndl.cuda.CUDAGraph()

@@ -598,6 +598,7 @@ static void put_block(nd_memory_block *out, const cuda_block *b, const char *seg
     out->segment_size = seg_size;
     out->segment_small = b->pool == POOL_SMALL;
     out->segment_expandable = b->expandable;
+    out->segment_pool = b->graph_pool;
     out->address = (uintptr_t)b->ptr;
     out->size = b->size;
     out->requested = b->allocated ? b->size : 0;

@@ -606,7 +606,8 @@ no_memory:
 static const char *const BLOCK_STATES[] = {"inactive", "active_allocated", "active_allocated"};
 
 /* (blocks, trace): blocks as (segment_address, segment_size, segment_small,
- * segment_expandable, address, size, requested_size, state, engine, frames), trace entries as
+ * segment_expandable, segment_pool, address, size, requested_size, state, engine, frames),
+ * trace entries as
  * (action, address, size, time_us, device_free, frames). */
 static PyObject *history_snapshot(snapshot_copy *copy) {
     snapshot_copy c = *copy;
@@ -619,9 +620,9 @@ static PyObject *history_snapshot(snapshot_copy *copy) {
         PyObject *row =
             frames == NULL
                 ? NULL
-                : Py_BuildValue("(KLiOKLLsON)", (unsigned long long)b->segment_address,
+                : Py_BuildValue("(KLiOiKLLsON)", (unsigned long long)b->segment_address,
                                 (long long)b->segment_size, b->segment_small,
-                                b->segment_expandable ? Py_True : Py_False,
+                                b->segment_expandable ? Py_True : Py_False, b->segment_pool,
                                 (unsigned long long)b->address, (long long)b->size,
                                 (long long)b->requested, BLOCK_STATES[b->state],
                                 b->state == ND_BLOCK_ENGINE ? Py_True : Py_False, frames);

@@ -172,7 +172,8 @@ def _snapshot(device=None):
     ``{"segments": [segment], "device_traces": [[entry]]}``, where a segment is a dict with
     ``device``, ``address``, ``total_size``, ``allocated_size``, ``active_size``,
     ``requested_size``, ``stream`` (0), ``segment_type`` (``"small"`` or ``"large"``),
-    ``segment_pool_id``, ``is_expandable`` and ``blocks``, each block a dict with
+    ``segment_pool_id`` (``(0, 0)``: the cache; ``(id, 0)``: CUDA graph pool ``id``),
+    ``is_expandable`` and ``blocks``, each block a dict with
     ``address``, ``size``, ``requested_size``, ``state`` (``"active_allocated"`` or
     ``"inactive"``) and ``frames`` (``[{"filename", "line", "name"}]``, innermost first;
     empty when the block was allocated while nothing was recorded). ``device_traces[i]`` is
@@ -192,6 +193,7 @@ def _snapshot(device=None):
         seg_size,
         small,
         expandable,
+        pool,
         addr,
         size,
         requested,
@@ -210,7 +212,8 @@ def _snapshot(device=None):
                 "requested_size": 0,
                 "stream": 0,
                 "segment_type": "small" if small else "large",
-                "segment_pool_id": (0, 0),
+                # PyTorch's MempoolId: (0, 0) the cache, (id, 0) a CUDA graph's pool.
+                "segment_pool_id": (pool, 0),
                 "is_expandable": expandable,
                 "frames": [],
                 "blocks": [],
